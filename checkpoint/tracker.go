@@ -1,0 +1,162 @@
+package checkpoint
+
+import (
+	"context"
+	"sync"
+
+	"github.com/jackc/pglogrepl"
+)
+
+// LSN is a Postgres WAL position.
+type LSN = pglogrepl.LSN
+
+// Tracker tracks transactions in commit order and computes the highest
+// position that is safe to confirm. See the package documentation.
+type Tracker struct {
+	mu        sync.Mutex
+	queue     []*Txn // transactions not yet confirmed, in commit order
+	head      int    // index of the first live entry in queue
+	confirmed LSN
+	inFlight  int           // records added and not yet acknowledged
+	idle      chan struct{} // closed and replaced when inFlight drops to 0
+}
+
+// Txn is one transaction inside a Tracker.
+type Txn struct {
+	t         *Tracker
+	pending   int
+	committed bool
+	end       LSN
+}
+
+// New returns a Tracker whose confirmed position starts at start.
+func New(start LSN) *Tracker {
+	return &Tracker{confirmed: start, idle: make(chan struct{})}
+}
+
+// Begin opens the next transaction in commit order.
+func (t *Tracker) Begin() *Txn {
+	x := &Txn{t: t}
+	t.mu.Lock()
+	t.queue = append(t.queue, x)
+	t.mu.Unlock()
+	return x
+}
+
+// Add records that one more record of x was handed to the producer.
+func (x *Txn) Add() {
+	t := x.t
+	t.mu.Lock()
+	x.pending++
+	t.inFlight++
+	t.mu.Unlock()
+}
+
+// Ack records that one record of x was acknowledged by Kafka.
+func (x *Txn) Ack() {
+	t := x.t
+	t.mu.Lock()
+	if x.pending <= 0 {
+		t.mu.Unlock()
+		panic("checkpoint: Ack without a matching Add")
+	}
+	x.pending--
+	t.inFlight--
+	if t.inFlight == 0 {
+		close(t.idle)
+		t.idle = make(chan struct{})
+	}
+	if x.pending == 0 && x.committed {
+		t.advance()
+	}
+	t.mu.Unlock()
+}
+
+// Commit closes x: all its records have been added, and end is the end LSN
+// of its commit record.
+func (x *Txn) Commit(end LSN) {
+	t := x.t
+	t.mu.Lock()
+	x.committed = true
+	x.end = end
+	if x.pending == 0 {
+		t.advance()
+	}
+	t.mu.Unlock()
+}
+
+// advance pops every fully acknowledged committed transaction from the front
+// of the queue. The caller holds t.mu.
+func (t *Tracker) advance() {
+	for t.head < len(t.queue) {
+		x := t.queue[t.head]
+		if !x.committed || x.pending > 0 {
+			break
+		}
+		if x.end > t.confirmed {
+			t.confirmed = x.end
+		}
+		t.queue[t.head] = nil
+		t.head++
+	}
+	if t.head == len(t.queue) {
+		t.queue = t.queue[:0]
+		t.head = 0
+	} else if t.head > 1024 && t.head*2 > len(t.queue) {
+		n := copy(t.queue, t.queue[t.head:])
+		clear(t.queue[n:])
+		t.queue = t.queue[:n]
+		t.head = 0
+	}
+}
+
+// Idle advances the confirmed position to walEnd when no transaction is open
+// or waiting for acknowledgements. It reports whether it did.
+func (t *Tracker) Idle(walEnd LSN) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.head < len(t.queue) || walEnd <= t.confirmed {
+		return false
+	}
+	t.confirmed = walEnd
+	return true
+}
+
+// Confirmed returns the highest position that is safe to confirm.
+func (t *Tracker) Confirmed() LSN {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.confirmed
+}
+
+// InFlight returns the number of records added and not yet acknowledged.
+func (t *Tracker) InFlight() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.inFlight
+}
+
+// Pending returns the number of transactions not yet confirmed.
+func (t *Tracker) Pending() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.queue) - t.head
+}
+
+// WaitAcked blocks until no record is in flight or ctx is done.
+func (t *Tracker) WaitAcked(ctx context.Context) error {
+	for {
+		t.mu.Lock()
+		if t.inFlight == 0 {
+			t.mu.Unlock()
+			return nil
+		}
+		ch := t.idle
+		t.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}

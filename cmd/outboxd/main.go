@@ -1,0 +1,159 @@
+// Command outboxd streams transactional-outbox events from a PostgreSQL
+// logical replication slot to Kafka. Run "outboxd -h" for usage.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"syscall"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"golang.org/x/sync/errgroup"
+	"gopkg.in/yaml.v3"
+
+	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/metrics"
+	"github.com/outboxd/outboxd/migrations"
+	"github.com/outboxd/outboxd/relay"
+)
+
+// version is stamped at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+const usage = `Usage:
+  outboxd [-config FILE] [-check-config]   stream the outbox to Kafka
+  outboxd migrate [-config FILE]           create the outbox table
+  outboxd version                          print the version
+
+Settings come from defaults, then FILE (YAML), then OUTBOXD_* environment
+variables (OUTBOXD_POSTGRES_DSN, OUTBOXD_KAFKA_BROKERS, ...).
+`
+
+func main() {
+	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		if !errors.Is(err, errReported) {
+			fmt.Fprintf(os.Stderr, "outboxd: %v\n", err)
+		}
+		os.Exit(1)
+	}
+}
+
+// errReported: the error was already logged.
+var errReported = errors.New("reported")
+
+func run(args []string, stdout, stderr io.Writer) error {
+	cmd := "run"
+	if len(args) > 0 && (args[0] == "migrate" || args[0] == "version") {
+		cmd, args = args[0], args[1:]
+	}
+	fs := flag.NewFlagSet("outboxd", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprint(stderr, usage); fs.PrintDefaults() }
+	path := fs.String("config", "", "YAML configuration `file`")
+	check := fs.Bool("check-config", false, "validate the configuration, print it with secrets hidden, and exit")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return errReported
+	}
+	if cmd == "version" {
+		fmt.Fprintf(stdout, "outboxd %s %s\n", version, buildInfo())
+		return nil
+	}
+	cfg, err := config.Load(*path, os.Environ())
+	if err != nil {
+		return err
+	}
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("invalid configuration:\n%w", err)
+	}
+	if *check {
+		out, _ := yaml.Marshal(cfg.Redacted())
+		fmt.Fprintf(stdout, "configuration is valid\n%s", out)
+		return nil
+	}
+	log := newLogger(cfg.Log, stderr)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if cmd == "migrate" {
+		return migrate(ctx, cfg, log)
+	}
+	if err := serve(ctx, cfg, log); err != nil {
+		log.Error("outboxd stopped", "err", err, "slot", cfg.Postgres.Slot)
+		return errReported
+	}
+	return nil
+}
+
+func serve(ctx context.Context, cfg config.Config, log *slog.Logger) error {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	r, err := relay.New(cfg, log, reg)
+	if err != nil {
+		return err
+	}
+	if err := r.Check(ctx); err != nil {
+		return err
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	if cfg.HTTP.Listen != "" {
+		srv, err := metrics.Listen(cfg.HTTP.Listen, reg, r.LastError)
+		if err != nil {
+			return err
+		}
+		log.Info("serving metrics and health", "addr", srv.Addr())
+		g.Go(func() error { return srv.Run(gctx) })
+	}
+	// The pipeline ending (cleanly or not) ends the other components.
+	runCtx, endAll := context.WithCancel(gctx)
+	g.Go(func() error { defer endAll(); return r.Run(runCtx) })
+	g.Go(func() error { return r.MonitorSlot(runCtx) })
+	return g.Wait()
+}
+
+func migrate(ctx context.Context, cfg config.Config, log *slog.Logger) error {
+	conn, err := relay.Connect(ctx, cfg.Postgres.DSN)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	schema, table := cfg.Postgres.TableName()
+	if err := migrations.Apply(ctx, conn, schema, table); err != nil {
+		return err
+	}
+	log.Info("outbox table ready", "table", cfg.Postgres.Table)
+	return nil
+}
+
+func newLogger(cfg config.Log, w io.Writer) *slog.Logger {
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(cfg.Level))
+	opts := &slog.HandlerOptions{Level: level}
+	if cfg.Format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+func buildInfo() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return ""
+	}
+	commit := "unknown"
+	for _, s := range bi.Settings {
+		if s.Key == "vcs.revision" {
+			commit = s.Value
+		}
+	}
+	return fmt.Sprintf("commit %s %s", commit, bi.GoVersion)
+}

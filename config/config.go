@@ -1,0 +1,367 @@
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"gopkg.in/yaml.v3"
+)
+
+// Config is the whole configuration of one outboxd.
+type Config struct {
+	Postgres Postgres `yaml:"postgres"`
+	Kafka    Kafka    `yaml:"kafka"`
+	Router   Router   `yaml:"router"`
+	HTTP     HTTP     `yaml:"http"`
+	Log      Log      `yaml:"log"`
+	// ShutdownTimeout bounds the wait for in-flight records on SIGTERM.
+	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
+}
+
+// Postgres says where the outbox lives and how to read it.
+type Postgres struct {
+	// DSN is a libpq connection string or URL. outboxd adds
+	// replication=database itself for the replication connection.
+	DSN               string        `yaml:"dsn"`
+	Slot              string        `yaml:"slot"`
+	Publication       string        `yaml:"publication"`
+	Table             string        `yaml:"table"` // schema-qualified
+	CreateSlot        bool          `yaml:"create_slot"`
+	CreatePublication bool          `yaml:"create_publication"`
+	StatusInterval    time.Duration `yaml:"status_interval"`
+	// SlotLagInterval is how often slot lag is read from pg_replication_slots.
+	SlotLagInterval time.Duration `yaml:"slot_lag_interval"`
+}
+
+// Kafka says where events go.
+type Kafka struct {
+	Brokers  []string `yaml:"brokers"`
+	ClientID string   `yaml:"client_id"`
+	// TopicCreation is "admin" (outboxd creates missing topics with
+	// TopicPartitions and TopicReplicationFactor) or "broker" (left to the
+	// broker's auto.create.topics.enable).
+	TopicCreation          string `yaml:"topic_creation"`
+	TopicPartitions        int    `yaml:"topic_partitions"`
+	TopicReplicationFactor int    `yaml:"topic_replication_factor"` // -1: the broker's default
+	// MaxBufferedRecords caps records handed to Kafka and not yet acked;
+	// at the cap outboxd stops reading WAL.
+	MaxBufferedRecords int `yaml:"max_buffered_records"`
+	// DeliveryTimeout bounds how long one record may take to be acked,
+	// retries included; past it the pipeline restarts from the slot.
+	DeliveryTimeout time.Duration `yaml:"delivery_timeout"`
+	Linger          time.Duration `yaml:"linger"`
+	// Compression is none, gzip, snappy, lz4 or zstd.
+	Compression string `yaml:"compression"`
+}
+
+// Router maps outbox columns to Kafka records.
+type Router struct {
+	// TopicTemplate names the topic; ${routedByValue} stands for the
+	// route-by column's value, as in Debezium's route.topic.replacement.
+	TopicTemplate   string `yaml:"topic_template"`
+	RouteByColumn   string `yaml:"route_by_column"`
+	IDColumn        string `yaml:"id_column"`
+	KeyColumn       string `yaml:"key_column"`
+	PayloadColumn   string `yaml:"payload_column"`
+	EventTypeColumn string `yaml:"event_type_column"` // "" sends no type header
+	IDHeader        string `yaml:"id_header"`
+	EventTypeHeader string `yaml:"event_type_header"`
+}
+
+// HTTP serves /metrics and /healthz.
+type HTTP struct {
+	Listen string `yaml:"listen"` // "" disables the server
+}
+
+// Log configures log/slog output on stderr.
+type Log struct {
+	Level  string `yaml:"level"`  // debug, info, warn, error
+	Format string `yaml:"format"` // text or json
+}
+
+// Default returns the configuration used for every field a file and the
+// environment leave unset.
+func Default() Config {
+	return Config{
+		Postgres: Postgres{
+			DSN:               "postgres://postgres@127.0.0.1:5432/postgres",
+			Slot:              "outboxd",
+			Publication:       "outboxd",
+			Table:             "public.outbox",
+			CreateSlot:        true,
+			CreatePublication: true,
+			StatusInterval:    time.Second,
+			SlotLagInterval:   10 * time.Second,
+		},
+		Kafka: Kafka{
+			Brokers:                []string{"127.0.0.1:9092"},
+			ClientID:               "outboxd",
+			TopicCreation:          "admin",
+			TopicPartitions:        6,
+			TopicReplicationFactor: -1,
+			MaxBufferedRecords:     10000,
+			DeliveryTimeout:        2 * time.Minute,
+			Linger:                 0,
+			Compression:            "none",
+		},
+		Router: Router{
+			TopicTemplate:   "${routedByValue}-events",
+			RouteByColumn:   "aggregate_type",
+			IDColumn:        "id",
+			KeyColumn:       "aggregate_id",
+			PayloadColumn:   "payload",
+			EventTypeColumn: "event_type",
+			IDHeader:        "id",
+			EventTypeHeader: "eventType",
+		},
+		HTTP:            HTTP{Listen: ":8080"},
+		Log:             Log{Level: "info", Format: "text"},
+		ShutdownTimeout: 10 * time.Second,
+	}
+}
+
+// Load returns the defaults overlaid with the YAML file at path (skipped when
+// path is "") and then with the OUTBOXD_* variables in environ.
+func Load(path string, environ []string) (Config, error) {
+	cfg := Default()
+	if path != "" {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return cfg, fmt.Errorf("reading config file: %w", err)
+		}
+		if err := Decode(data, &cfg); err != nil {
+			return cfg, fmt.Errorf("config file %s: %w", path, err)
+		}
+	}
+	if err := applyEnv(&cfg, environ); err != nil {
+		return cfg, err
+	}
+	return cfg, nil
+}
+
+// Decode overlays YAML data onto cfg. Unknown keys are errors.
+func Decode(data []byte, cfg *Config) error {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(cfg); err != nil && !errors.Is(err, io.EOF) {
+		return fmt.Errorf("%s", strings.ReplaceAll(err.Error(), "yaml: ", ""))
+	}
+	return nil
+}
+
+// EnvPrefix starts every environment override.
+const EnvPrefix = "OUTBOXD_"
+
+// applyEnv sets fields from OUTBOXD_* variables.
+func applyEnv(cfg *Config, environ []string) error {
+	fields := map[string]reflect.Value{}
+	collect(reflect.ValueOf(cfg).Elem(), EnvPrefix, fields)
+	var errs []error
+	for _, kv := range environ {
+		name, value, _ := strings.Cut(kv, "=")
+		if !strings.HasPrefix(name, EnvPrefix) || strings.HasPrefix(name, EnvPrefix+"TEST") {
+			continue
+		}
+		f, ok := fields[name]
+		if !ok {
+			errs = append(errs, fmt.Errorf("environment variable %s names no setting; see the README for the OUTBOXD_* names", name))
+			continue
+		}
+		if err := setField(f, value); err != nil {
+			errs = append(errs, fmt.Errorf("environment variable %s: %w", name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func collect(v reflect.Value, prefix string, out map[string]reflect.Value) {
+	t := v.Type()
+	for i := range t.NumField() {
+		tag, _, _ := strings.Cut(t.Field(i).Tag.Get("yaml"), ",")
+		name := prefix + strings.ToUpper(tag)
+		f := v.Field(i)
+		if f.Kind() == reflect.Struct {
+			collect(f, name+"_", out)
+			continue
+		}
+		out[name] = f
+	}
+}
+
+func setField(f reflect.Value, s string) error {
+	switch f.Interface().(type) {
+	case time.Duration:
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			return fmt.Errorf("%q is not a duration such as 500ms or 10s", s)
+		}
+		f.Set(reflect.ValueOf(d))
+	case string:
+		f.SetString(s)
+	case bool:
+		b, err := strconv.ParseBool(s)
+		if err != nil {
+			return fmt.Errorf("%q is not true or false", s)
+		}
+		f.SetBool(b)
+	case int:
+		n, err := strconv.Atoi(s)
+		if err != nil {
+			return fmt.Errorf("%q is not a whole number", s)
+		}
+		f.SetInt(int64(n))
+	case []string:
+		var list []string
+		for _, part := range strings.Split(s, ",") {
+			if part = strings.TrimSpace(part); part != "" {
+				list = append(list, part)
+			}
+		}
+		f.Set(reflect.ValueOf(list))
+	default:
+		return fmt.Errorf("unsupported field type %s", f.Type())
+	}
+	return nil
+}
+
+// TableName splits Postgres.Table into schema and table.
+func (p Postgres) TableName() (schema, table string) {
+	schema, table, ok := strings.Cut(p.Table, ".")
+	if !ok {
+		return "public", p.Table
+	}
+	return schema, table
+}
+
+// Validate checks every field and names each bad one.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...)))
+	}
+	if _, err := pgconn.ParseConfig(c.Postgres.DSN); err != nil {
+		bad("postgres.dsn", "not a valid connection string (%s)", dsnError(err))
+	}
+	if !validSlotName(c.Postgres.Slot) {
+		bad("postgres.slot", "%q must be 1-63 characters of lower-case letters, digits and underscores", c.Postgres.Slot)
+	}
+	if c.Postgres.Publication == "" {
+		bad("postgres.publication", "must not be empty")
+	}
+	if schema, table, ok := strings.Cut(c.Postgres.Table, "."); !ok || schema == "" || table == "" || strings.Contains(table, ".") {
+		bad("postgres.table", "%q must be schema-qualified, like public.outbox", c.Postgres.Table)
+	}
+	if c.Postgres.StatusInterval < 10*time.Millisecond || c.Postgres.StatusInterval > 30*time.Second {
+		bad("postgres.status_interval", "%s must be between 10ms and 30s (Postgres drops replication connections silent for wal_sender_timeout, 60s by default)", c.Postgres.StatusInterval)
+	}
+	if c.Postgres.SlotLagInterval < 100*time.Millisecond {
+		bad("postgres.slot_lag_interval", "%s must be at least 100ms", c.Postgres.SlotLagInterval)
+	}
+	if len(c.Kafka.Brokers) == 0 {
+		bad("kafka.brokers", "must list at least one host:port")
+	}
+	for _, b := range c.Kafka.Brokers {
+		if _, port, err := net.SplitHostPort(b); err != nil || port == "" {
+			bad("kafka.brokers", "%q is not host:port", b)
+		}
+	}
+	switch c.Kafka.TopicCreation {
+	case "admin", "broker":
+	default:
+		bad("kafka.topic_creation", "%q must be admin (outboxd creates missing topics) or broker (the broker's auto-creation)", c.Kafka.TopicCreation)
+	}
+	if c.Kafka.TopicPartitions < 1 {
+		bad("kafka.topic_partitions", "%d must be at least 1", c.Kafka.TopicPartitions)
+	}
+	if c.Kafka.TopicReplicationFactor == 0 || c.Kafka.TopicReplicationFactor < -1 {
+		bad("kafka.topic_replication_factor", "%d must be -1 (the broker's default) or at least 1", c.Kafka.TopicReplicationFactor)
+	}
+	if c.Kafka.MaxBufferedRecords < 1 {
+		bad("kafka.max_buffered_records", "%d must be at least 1", c.Kafka.MaxBufferedRecords)
+	}
+	if c.Kafka.DeliveryTimeout < time.Second {
+		bad("kafka.delivery_timeout", "%s must be at least 1s", c.Kafka.DeliveryTimeout)
+	}
+	if c.Kafka.Linger < 0 || c.Kafka.Linger > time.Minute {
+		bad("kafka.linger", "%s must be between 0 and 1m", c.Kafka.Linger)
+	}
+	switch c.Kafka.Compression {
+	case "none", "gzip", "snappy", "lz4", "zstd":
+	default:
+		bad("kafka.compression", "%q must be none, gzip, snappy, lz4 or zstd", c.Kafka.Compression)
+	}
+	r := c.Router
+	if r.TopicTemplate == "" {
+		bad("router.topic_template", "must not be empty")
+	}
+	for field, v := range map[string]string{
+		"router.route_by_column": r.RouteByColumn, "router.id_column": r.IDColumn,
+		"router.key_column": r.KeyColumn, "router.payload_column": r.PayloadColumn,
+		"router.id_header": r.IDHeader,
+	} {
+		if v == "" {
+			bad(field, "must not be empty")
+		}
+	}
+	if r.EventTypeColumn != "" && r.EventTypeHeader == "" {
+		bad("router.event_type_header", "must not be empty while router.event_type_column is set")
+	}
+	if c.HTTP.Listen != "" {
+		if _, _, err := net.SplitHostPort(c.HTTP.Listen); err != nil {
+			bad("http.listen", "%q is not host:port (or :port)", c.HTTP.Listen)
+		}
+	}
+	switch c.Log.Level {
+	case "debug", "info", "warn", "error":
+	default:
+		bad("log.level", "%q must be debug, info, warn or error", c.Log.Level)
+	}
+	switch c.Log.Format {
+	case "text", "json":
+	default:
+		bad("log.format", "%q must be text or json", c.Log.Format)
+	}
+	if c.ShutdownTimeout < 0 {
+		bad("shutdown_timeout", "%s must not be negative", c.ShutdownTimeout)
+	}
+	slices.SortFunc(errs, func(a, b error) int { return strings.Compare(a.Error(), b.Error()) })
+	return errors.Join(errs...)
+}
+
+func validSlotName(s string) bool {
+	if s == "" || len(s) > 63 {
+		return false
+	}
+	for _, c := range s {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// dsnError returns pgconn's parse error text, which masks passwords.
+func dsnError(err error) string {
+	var pe *pgconn.ParseConfigError
+	if errors.As(err, &pe) {
+		return pe.Error()
+	}
+	return "unparseable"
+}
+
+// Redacted returns a copy of c with the DSN's password replaced, for
+// --check-config output and logs.
+func (c Config) Redacted() Config {
+	c.Postgres.DSN = RedactDSN(c.Postgres.DSN)
+	return c
+}

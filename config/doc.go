@@ -1,0 +1,14 @@
+// Package config defines outboxd's configuration: one Config struct, filled
+// from defaults, then a YAML file decoded strictly (an unknown key is an
+// error), then OUTBOXD_* environment variables, and checked by Validate, whose
+// errors name the offending field.
+//
+// Environment variable names are OUTBOXD_ followed by the YAML path in upper
+// case joined by underscores: postgres.dsn is OUTBOXD_POSTGRES_DSN,
+// kafka.brokers is OUTBOXD_KAFKA_BROKERS (comma-separated). An OUTBOXD_*
+// variable that names no field is an error, except the OUTBOXD_TEST* names
+// reserved for the test bed.
+//
+// Secrets: the Postgres DSN may carry a password. Redacted returns a copy safe
+// to print; errors from this package never include the DSN.
+package config

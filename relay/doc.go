@@ -1,0 +1,25 @@
+// Package relay wires one outboxd pipeline: the replication stream (package
+// wal) feeds the router, the router feeds the Kafka producer (package sink),
+// and the checkpoint tracker decides what the stream confirms to Postgres.
+//
+// Goroutines and ownership, for one pipeline run:
+//
+//   - the stream goroutine owns the replication connection: it receives,
+//     decodes, sends standby status and hands typed messages to a bounded
+//     channel;
+//   - the pipeline goroutine consumes that channel in order, routes inserts
+//     and hands records to the producer, registering each with the tracker
+//     first;
+//   - franz-go's goroutines call each record's done function, which acks the
+//     tracker or, on failure, cancels the run with the error.
+//
+// Run supervises runs: a failed run is torn down (the producer is closed, the
+// last safe position is reported) and a new one starts from the slot's
+// confirmed position after a backoff. Errors that a restart cannot fix (a
+// row that cannot be routed, an invalidated or dropped slot, a dropped
+// publication, a decoding failure) end Run with the error.
+//
+// Shutdown (ctx done): the stream stops at the next transaction boundary,
+// in-flight records get until shutdown_timeout to be acknowledged, and the
+// final status reports the last fully delivered transaction.
+package relay

@@ -1,0 +1,51 @@
+package relay
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// MonitorSlot reads the slot's lag from pg_replication_slots every
+// postgres.slot_lag_interval until ctx is done. Failures only leave the
+// gauges at their last value; the pipeline reports its own errors.
+func (r *Relay) MonitorSlot(ctx context.Context) error {
+	var conn *pgx.Conn
+	defer func() {
+		if conn != nil {
+			conn.Close(context.Background())
+		}
+	}()
+	tick := time.NewTicker(r.cfg.Postgres.SlotLagInterval)
+	defer tick.Stop()
+	for {
+		if conn == nil || conn.IsClosed() {
+			conn, _ = Connect(ctx, r.cfg.Postgres.DSN)
+		}
+		if conn != nil {
+			var lag *int64
+			var active bool
+			err := conn.QueryRow(ctx, `SELECT (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint, active
+				FROM pg_replication_slots WHERE slot_name = $1`, r.cfg.Postgres.Slot).Scan(&lag, &active)
+			if err == nil && lag != nil {
+				r.m.slotLag.Set(float64(*lag))
+				r.m.slotActive.Set(b2f(active))
+			} else if err != nil && ctx.Err() == nil {
+				r.log.Debug("reading slot lag", "err", err, "slot", r.cfg.Postgres.Slot)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+	}
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,280 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/outboxd/outboxd/checkpoint"
+	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/router"
+	"github.com/outboxd/outboxd/sink"
+	"github.com/outboxd/outboxd/wal"
+)
+
+// Relay streams one outbox table to Kafka.
+type Relay struct {
+	cfg    config.Config
+	log    *slog.Logger
+	router *router.Router
+	m      *metrics
+	sinkM  *sink.Metrics
+
+	schema, table string
+	lastErr       atomic.Pointer[string]
+}
+
+// New returns a Relay for a validated cfg, with its metrics on reg.
+func New(cfg config.Config, log *slog.Logger, reg prometheus.Registerer) (*Relay, error) {
+	rt, err := router.New(cfg.Router)
+	if err != nil {
+		return nil, err
+	}
+	r := &Relay{cfg: cfg, log: log, router: rt, m: newMetrics(reg), sinkM: sink.NewMetrics(reg)}
+	r.schema, r.table = cfg.Postgres.TableName()
+	return r, nil
+}
+
+func (r *Relay) newProducer() (*sink.Producer, error) {
+	return sink.New(r.cfg.Kafka, r.sinkM, r.log)
+}
+
+// LastError returns the error that last stopped a pipeline run, or "".
+func (r *Relay) LastError() string {
+	if p := r.lastErr.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+// Fatal reports errors that a pipeline restart cannot fix.
+func Fatal(err error) bool {
+	var rowErr *router.RowError
+	var decErr *wal.DecodeError
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &rowErr), errors.As(err, &decErr),
+		errors.Is(err, wal.ErrSlotMissing), errors.Is(err, wal.ErrSlotLost), errors.Is(err, wal.ErrPublicationMissing):
+		return true
+	case errors.As(err, &pgErr):
+		switch pgErr.Code {
+		case "42704", // undefined_object: the publication or slot is gone
+			"55000",          // object_not_in_prerequisite_state: the slot was invalidated
+			"28000", "28P01", // authentication
+			"42501": // insufficient_privilege
+			return true
+		}
+	}
+	return false
+}
+
+// Run streams until ctx is done, restarting after retryable failures. It
+// returns nil after a clean shutdown and the error for a fatal failure.
+func (r *Relay) Run(ctx context.Context) error {
+	const minBackoff, maxBackoff = 500 * time.Millisecond, 30 * time.Second
+	backoff := minBackoff
+	for {
+		started := time.Now()
+		err := r.runOnce(ctx)
+		if ctx.Err() != nil && (err == nil || !Fatal(err)) {
+			return nil
+		}
+		if err == nil {
+			err = errors.New("replication stream ended without an error")
+		}
+		msg := err.Error()
+		r.lastErr.Store(&msg)
+		if Fatal(err) {
+			return err
+		}
+		if time.Since(started) > time.Minute {
+			backoff = minBackoff
+		}
+		var active *wal.SlotActiveError
+		if errors.As(err, &active) {
+			r.log.Warn(err.Error(), "slot", r.cfg.Postgres.Slot, "retry_in", backoff)
+		} else {
+			r.log.Warn("pipeline stopped; restarting from the slot's confirmed position", "err", err, "retry_in", backoff)
+		}
+		r.m.restarts.Inc()
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, maxBackoff)
+	}
+}
+
+var errShutdownTimeout = errors.New("shutdown timeout reached")
+
+// runOnce runs one pipeline from the slot's confirmed position.
+func (r *Relay) runOnce(ctx context.Context) error {
+	pg := r.cfg.Postgres
+	start, err := r.inspectSlot(ctx)
+	if err != nil {
+		return err
+	}
+	conn, err := connectReplication(ctx, pg.DSN)
+	if err != nil {
+		return err
+	}
+	producer, err := r.newProducer()
+	if err != nil {
+		conn.Close(context.Background())
+		return err
+	}
+	defer producer.Close()
+
+	// hard ends the run at once; it is cut shutdown_timeout after ctx ends.
+	hard, cancelHard := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer cancelHard(nil)
+	stopTimer := context.AfterFunc(ctx, func() {
+		time.AfterFunc(r.cfg.ShutdownTimeout, func() { cancelHard(errShutdownTimeout) })
+	})
+	defer stopTimer()
+	// run ends on a delivery failure, with the failure as its cause.
+	run, fail := context.WithCancelCause(hard)
+	defer fail(nil)
+
+	tracker := checkpoint.New(start)
+	stream, err := wal.StartStream(run, conn, wal.StreamConfig{
+		Slot: pg.Slot, Publication: pg.Publication, StatusInterval: pg.StatusInterval,
+	}, 0, tracker.Confirmed)
+	if err != nil {
+		conn.Close(context.Background())
+		return err
+	}
+	stream.OnStatus = func(written, flushed wal.LSN) {
+		r.m.confirmedLSN.Set(float64(flushed))
+		r.m.receivedLSN.Set(float64(written))
+		r.m.inFlight.Set(float64(tracker.InFlight()))
+	}
+	r.log.Info("streaming", "slot", pg.Slot, "lsn", start, "publication", pg.Publication)
+
+	g, gctx := errgroup.WithContext(run)
+	graceful, stopReading := context.WithCancel(gctx)
+	defer stopReading()
+	stopGraceful := context.AfterFunc(ctx, stopReading)
+	defer stopGraceful()
+
+	items := make(chan any, 1024)
+	g.Go(func() error {
+		defer close(items)
+		return stream.Run(gctx, graceful, items)
+	})
+	g.Go(func() error {
+		return r.pipe(gctx, items, tracker, producer, fail)
+	})
+	err = g.Wait()
+	if cause := context.Cause(run); cause != nil && !errors.Is(cause, context.Canceled) && !errors.Is(cause, errShutdownTimeout) {
+		err = cause // the delivery failure that ended the run
+	}
+	if err == nil {
+		if werr := tracker.WaitAcked(hard); werr != nil {
+			r.log.Warn("shutdown timeout reached before Kafka acknowledged every record; they will be sent again on restart",
+				"in_flight", tracker.InFlight(), "slot", pg.Slot)
+		}
+	}
+	closeCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if cerr := stream.Close(closeCtx); cerr != nil && err == nil {
+		r.log.Warn("final status update failed; Postgres keeps the previous confirmed position", "err", cerr, "slot", pg.Slot)
+	}
+	r.m.confirmedLSN.Set(float64(tracker.Confirmed()))
+	if err == nil && ctx.Err() != nil {
+		r.log.Info("stopped", "slot", pg.Slot, "lsn", tracker.Confirmed())
+	}
+	return err
+}
+
+// inspectSlot checks the slot before a run and returns its confirmed position.
+func (r *Relay) inspectSlot(ctx context.Context) (wal.LSN, error) {
+	conn, err := Connect(ctx, r.cfg.Postgres.DSN)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	info, ok, err := wal.InspectSlot(ctx, conn, r.cfg.Postgres.Slot)
+	if err != nil {
+		return 0, err
+	}
+	if !ok {
+		return 0, fmt.Errorf("%w: slot %q was dropped while outboxd used it; events committed since its last confirmed position may never be delivered. "+
+			"Find them in the outbox table or the application; restart outboxd to create a new slot from the current position",
+			wal.ErrSlotMissing, r.cfg.Postgres.Slot)
+	}
+	var db string
+	if err := conn.QueryRow(ctx, "SELECT current_database()").Scan(&db); err != nil {
+		return 0, fmt.Errorf("reading current database: %w", err)
+	}
+	if err := wal.CheckSlot(info, db); err != nil {
+		return 0, err
+	}
+	return info.ConfirmedFlushLSN, nil
+}
+
+// pipe consumes the stream's items in order: it routes inserts and hands
+// them to the producer, registering each with the tracker first.
+func (r *Relay) pipe(ctx context.Context, items <-chan any, tracker *checkpoint.Tracker, producer *sink.Producer, fail context.CancelCauseFunc) error {
+	var (
+		txn          *checkpoint.Txn
+		warnedUpdate bool
+		inserts      = r.m.changes.WithLabelValues("insert")
+		updates      = r.m.changes.WithLabelValues("update")
+		deletes      = r.m.changes.WithLabelValues("delete")
+	)
+	for item := range items {
+		switch m := item.(type) {
+		case *wal.Begin:
+			txn = tracker.Begin()
+		case *wal.Change:
+			if m.Relation.Namespace != r.schema || m.Relation.Name != r.table {
+				continue // another table in a shared publication
+			}
+			switch m.Op {
+			case wal.Insert:
+				inserts.Inc()
+				rec, err := r.router.Route(m)
+				if err != nil {
+					return err
+				}
+				x := txn
+				x.Add()
+				err = producer.Produce(ctx, rec, func(err error) {
+					if err != nil {
+						fail(err)
+						return
+					}
+					x.Ack()
+				})
+				if err != nil {
+					return err
+				}
+			case wal.Update:
+				updates.Inc()
+				if !warnedUpdate {
+					warnedUpdate = true
+					r.log.Warn("UPDATE on the outbox table is not delivered; outbox rows should only be inserted (counted in outboxd_wal_changes_total{op=\"update\"})",
+						"lsn", m.LSN, "xid", m.XID)
+				}
+			case wal.Delete:
+				deletes.Inc() // insert-then-delete keeps the table empty; the insert was delivered
+			}
+		case *wal.Commit:
+			txn.Commit(m.EndLSN)
+			txn = nil
+			r.m.transactions.Inc()
+		case wal.Keepalive:
+			tracker.Idle(m.WALEnd)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,26 @@
+// Package wal reads an outbox table's changes from a Postgres logical
+// replication slot with the pgoutput plugin (protocol version 1).
+//
+// It has two layers:
+//
+//   - Decoder turns pgoutput message bytes into typed messages (Begin,
+//     Change, Commit, Message) and checks that they arrive in a valid order.
+//     It owns no connection, logger or clock; its state (the relation cache
+//     and the open transaction) belongs to one stream.
+//   - Stream owns the replication connection. One goroutine (the one calling
+//     Run) receives, decodes and hands messages on, and sends every standby
+//     status update itself: on a timer, at once when the server asks, and a
+//     final one on shutdown. Other goroutines only publish the confirmed
+//     position, through the Position function given to it.
+//
+// The caller's duties:
+//
+//  1. Check the slot and publication (Inspect*, Ensure*) before streaming.
+//  2. Consume every item Stream.Run sends, in order, and keep the position
+//     function honest: it must return only a position whose transactions are
+//     all delivered (package checkpoint computes it).
+//  3. After Run returns, call Close, which sends the final status update.
+//
+// Bytes handed out by the decoder (column values, message content) alias one
+// copy of the message made by the stream and stay valid after later reads.
+package wal

@@ -1,0 +1,141 @@
+package wal
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+)
+
+// Errors about the slot and publication that callers branch on.
+var (
+	// ErrSlotMissing: the slot does not exist and may not be created.
+	ErrSlotMissing = errors.New("replication slot does not exist")
+	// ErrSlotLost: Postgres invalidated the slot (wal_status = lost).
+	ErrSlotLost = errors.New("replication slot is invalidated")
+	// ErrPublicationMissing: the publication does not exist and may not be created.
+	ErrPublicationMissing = errors.New("publication does not exist")
+)
+
+// SlotActiveError reports a slot held by another process.
+type SlotActiveError struct {
+	Slot string
+	PID  int
+}
+
+func (e *SlotActiveError) Error() string {
+	return fmt.Sprintf("replication slot %q is in use by process %d (another outboxd, or a leftover session); waiting for it to be released", e.Slot, e.PID)
+}
+
+// SlotInfo is a row of pg_replication_slots.
+type SlotInfo struct {
+	Name              string
+	Plugin            string
+	Database          string
+	Active            bool
+	ActivePID         int
+	WALStatus         string
+	ConfirmedFlushLSN LSN
+}
+
+// InspectSlot reads the slot's row; ok is false when there is none.
+func InspectSlot(ctx context.Context, conn *pgx.Conn, name string) (info SlotInfo, ok bool, err error) {
+	var pid *int32
+	var plugin, db, walStatus *string
+	var confirmed *string
+	err = conn.QueryRow(ctx, `SELECT slot_name, plugin, database, active, active_pid, wal_status, confirmed_flush_lsn::text
+		FROM pg_replication_slots WHERE slot_name = $1`, name).
+		Scan(&info.Name, &plugin, &db, &info.Active, &pid, &walStatus, &confirmed)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return info, false, nil
+	}
+	if err != nil {
+		return info, false, fmt.Errorf("reading replication slot %q: %w", name, err)
+	}
+	info.Plugin, info.Database, info.WALStatus = deref(plugin), deref(db), deref(walStatus)
+	if pid != nil {
+		info.ActivePID = int(*pid)
+	}
+	if confirmed != nil {
+		if info.ConfirmedFlushLSN, err = parseLSN(*confirmed); err != nil {
+			return info, false, fmt.Errorf("reading replication slot %q: %w", name, err)
+		}
+	}
+	return info, true, nil
+}
+
+// CheckSlot verifies that an existing slot can be streamed from by this
+// database with pgoutput right now.
+func CheckSlot(info SlotInfo, database string) error {
+	switch {
+	case info.Plugin != "pgoutput":
+		return fmt.Errorf("replication slot %q uses plugin %q; outboxd needs a pgoutput slot: drop it or configure another slot name", info.Name, info.Plugin)
+	case info.Database != database:
+		return fmt.Errorf("replication slot %q belongs to database %q, not %q; configure another slot name", info.Name, info.Database, database)
+	case info.WALStatus == "lost":
+		return fmt.Errorf("%w: Postgres removed WAL that slot %q still needed (max_slot_wal_keep_size), so outbox events committed while it lagged may never be delivered; "+
+			"recover them from the outbox table or the application, then drop the slot (SELECT pg_drop_replication_slot('%s')) and let outboxd create a new one", ErrSlotLost, info.Name, info.Name)
+	case info.Active:
+		return &SlotActiveError{Slot: info.Name, PID: info.ActivePID}
+	}
+	return nil
+}
+
+// CreateSlot creates a pgoutput logical replication slot and returns its
+// starting position.
+func CreateSlot(ctx context.Context, conn *pgx.Conn, name string) (LSN, error) {
+	var lsn string
+	err := conn.QueryRow(ctx, `SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')`, name).Scan(&lsn)
+	if err != nil {
+		return 0, fmt.Errorf("creating replication slot %q: %w", name, err)
+	}
+	return parseLSN(lsn)
+}
+
+// EnsurePublication checks that the publication exists and covers table, and
+// creates it FOR TABLE table when it is missing and create is true.
+func EnsurePublication(ctx context.Context, conn *pgx.Conn, name, schema, table string, create bool) (created bool, err error) {
+	var exists bool
+	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)`, name).Scan(&exists); err != nil {
+		return false, fmt.Errorf("reading publication %q: %w", name, err)
+	}
+	if !exists {
+		if !create {
+			return false, fmt.Errorf("%w: %q; create it with CREATE PUBLICATION %s FOR TABLE %s.%s, or set postgres.create_publication: true",
+				ErrPublicationMissing, name, quoteIdent(name), quoteIdent(schema), quoteIdent(table))
+		}
+		sql := fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s.%s", quoteIdent(name), quoteIdent(schema), quoteIdent(table))
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			return false, fmt.Errorf("creating publication %q: %w", name, err)
+		}
+		return true, nil
+	}
+	var covers bool
+	err = conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3)`,
+		name, schema, table).Scan(&covers)
+	if err != nil {
+		return false, fmt.Errorf("reading tables of publication %q: %w", name, err)
+	}
+	if !covers {
+		return false, fmt.Errorf("publication %q does not include %s.%s; run ALTER PUBLICATION %s ADD TABLE %s.%s",
+			name, schema, table, quoteIdent(name), quoteIdent(schema), quoteIdent(table))
+	}
+	return false, nil
+}
+
+func parseLSN(s string) (LSN, error) {
+	lsn, err := pglogrepl.ParseLSN(s)
+	if err != nil {
+		return 0, fmt.Errorf("parsing LSN %q: %w", s, err)
+	}
+	return lsn, nil
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}

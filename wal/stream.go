@@ -1,0 +1,198 @@
+package wal
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+)
+
+// Keepalive carries the server's WAL end from a keepalive received outside any
+// transaction. Handled in stream order, it lets an idle slot advance.
+type Keepalive struct {
+	WALEnd LSN
+}
+
+// StreamConfig says what to stream and how often to report.
+type StreamConfig struct {
+	Slot           string
+	Publication    string
+	StatusInterval time.Duration
+	// Messages asks pgoutput for logical decoding messages too.
+	Messages bool
+}
+
+// Stream is one replication session on one connection. See the package
+// documentation for who may call what.
+type Stream struct {
+	conn     *pgconn.PgConn
+	cfg      StreamConfig
+	dec      *Decoder
+	position func() LSN
+	received LSN // end LSN of the last complete transaction received
+	// OnStatus, if set, is called after each standby status update with the
+	// positions sent. It runs on the stream's goroutine and must not block.
+	OnStatus func(written, flushed LSN)
+}
+
+// StartStream issues START_REPLICATION on conn (a connection opened with
+// replication=database) from position start, 0 meaning the slot's confirmed
+// position. position reports what may be confirmed; it is called from the
+// stream's goroutine.
+func StartStream(ctx context.Context, conn *pgconn.PgConn, cfg StreamConfig, start LSN, position func() LSN) (*Stream, error) {
+	args := []string{"proto_version '1'", "publication_names " + quoteLiteral(quoteIdent(cfg.Publication))}
+	if cfg.Messages {
+		args = append(args, "messages 'true'")
+	}
+	err := pglogrepl.StartReplication(ctx, conn, cfg.Slot, start, pglogrepl.StartReplicationOptions{PluginArgs: args})
+	if err != nil {
+		return nil, fmt.Errorf("starting replication on slot %q: %w", cfg.Slot, err)
+	}
+	return &Stream{conn: conn, cfg: cfg, dec: NewDecoder(), position: position, received: start}, nil
+}
+
+// Run receives and decodes messages and sends each to out: *Begin, *Change,
+// *Commit, *Message or Keepalive. It returns nil once graceful is done and no
+// transaction is open, and an error when ctx is done or the stream fails.
+// graceful must be derived from ctx.
+func (s *Stream) Run(ctx, graceful context.Context, out chan<- any) error {
+	next := time.Now().Add(s.cfg.StatusInterval)
+	for {
+		if time.Now().After(next) {
+			if err := s.sendStatus(ctx, false); err != nil {
+				return err
+			}
+			next = time.Now().Add(s.cfg.StatusInterval)
+		}
+		base := ctx
+		if !s.dec.InTransaction() {
+			if graceful.Err() != nil {
+				return nil
+			}
+			base = graceful
+		}
+		rctx, cancel := context.WithDeadline(base, next)
+		raw, err := s.conn.ReceiveMessage(rctx)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if pgconn.Timeout(err) || (graceful.Err() != nil && !s.dec.InTransaction()) {
+				continue
+			}
+			return fmt.Errorf("receiving from slot %q: %w", s.cfg.Slot, err)
+		}
+		item, err := s.handle(ctx, raw)
+		if err != nil || item == nil {
+			if err != nil {
+				return err
+			}
+			continue
+		}
+		// Hand the item on; keep reporting status while the consumer is
+		// busy, so Postgres holds the WAL instead of timing us out.
+		for sent := false; !sent; {
+			timer := time.NewTimer(time.Until(next))
+			select {
+			case out <- item:
+				sent = true
+			case <-timer.C:
+				if err := s.sendStatus(ctx, false); err != nil {
+					timer.Stop()
+					return err
+				}
+				next = time.Now().Add(s.cfg.StatusInterval)
+			case <-ctx.Done():
+				timer.Stop()
+				return ctx.Err()
+			}
+			timer.Stop()
+		}
+	}
+}
+
+// handle decodes one server message. It returns the item to hand on, if any.
+func (s *Stream) handle(ctx context.Context, raw pgproto3.BackendMessage) (any, error) {
+	switch m := raw.(type) {
+	case *pgproto3.CopyData:
+		if len(m.Data) == 0 {
+			return nil, errors.New("empty CopyData message from server")
+		}
+		switch m.Data[0] {
+		case pglogrepl.PrimaryKeepaliveMessageByteID:
+			ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(m.Data[1:])
+			if err != nil {
+				return nil, fmt.Errorf("parsing keepalive: %w", err)
+			}
+			if ka.ReplyRequested {
+				if err := s.sendStatus(ctx, false); err != nil {
+					return nil, err
+				}
+			}
+			if s.dec.InTransaction() {
+				return nil, nil
+			}
+			return Keepalive{WALEnd: ka.ServerWALEnd}, nil
+		case pglogrepl.XLogDataByteID:
+			xld, err := pglogrepl.ParseXLogData(m.Data[1:])
+			if err != nil {
+				return nil, fmt.Errorf("parsing XLogData: %w", err)
+			}
+			// The connection reuses its buffer: keep one copy per message.
+			data := append([]byte(nil), xld.WALData...)
+			msg, err := s.dec.Decode(xld.WALStart, data)
+			if err != nil {
+				return nil, err
+			}
+			if c, ok := msg.(*Commit); ok && c.EndLSN > s.received {
+				s.received = c.EndLSN
+			}
+			return msg, nil
+		}
+		return nil, nil
+	case *pgproto3.ErrorResponse:
+		return nil, fmt.Errorf("slot %q: %w", s.cfg.Slot, pgconn.ErrorResponseToPgError(m))
+	case *pgproto3.CopyDone:
+		return nil, fmt.Errorf("slot %q: server ended the replication stream", s.cfg.Slot)
+	}
+	return nil, nil
+}
+
+// Received returns the end LSN of the last complete transaction received.
+func (s *Stream) Received() LSN { return s.received }
+
+func (s *Stream) sendStatus(ctx context.Context, reply bool) error {
+	flushed := s.position()
+	written := max(s.received, flushed)
+	err := pglogrepl.SendStandbyStatusUpdate(ctx, s.conn, pglogrepl.StandbyStatusUpdate{
+		WALWritePosition: written,
+		WALFlushPosition: flushed,
+		WALApplyPosition: flushed,
+		ReplyRequested:   reply,
+	})
+	if err != nil {
+		return fmt.Errorf("sending standby status at LSN %s: %w", flushed, err)
+	}
+	if s.OnStatus != nil {
+		s.OnStatus(written, flushed)
+	}
+	return nil
+}
+
+// Close sends a final standby status update with the confirmed position and
+// closes the connection. Call it after Run has returned, with a short
+// deadline in ctx.
+func (s *Stream) Close(ctx context.Context) error {
+	err := s.sendStatus(ctx, false)
+	return errors.Join(err, s.conn.Close(ctx))
+}
+
+func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
+
+func quoteLiteral(s string) string { return `'` + strings.ReplaceAll(s, `'`, `''`) + `'` }
