@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -123,8 +124,40 @@ func (p *Producer) EnsureTopic(ctx context.Context, topic string) error {
 		return fmt.Errorf("creating topic %q (%d partitions, replication factor %d): %w; create it by hand or fix the broker's permissions",
 			topic, p.cfg.TopicPartitions, p.cfg.TopicReplicationFactor, err)
 	}
+	if err := p.waitLeaders(ctx, topic); err != nil {
+		return err
+	}
 	p.known[topic] = true
 	return nil
+}
+
+// waitLeaders waits until every partition of a new topic has a leader, so
+// that the first records do not fail as sent to an unknown topic.
+func (p *Producer) waitLeaders(ctx context.Context, topic string) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for delay := 5 * time.Millisecond; ; delay = min(2*delay, 100*time.Millisecond) {
+		td, err := p.admin.ListTopics(ctx, topic)
+		if err == nil {
+			if d, ok := td[topic]; ok && d.Err == nil && len(d.Partitions) > 0 && allLed(d.Partitions) {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("topic %q was created but its partitions have no leader yet: %w", topic, ctx.Err())
+		case <-time.After(delay):
+		}
+	}
+}
+
+func allLed(ps kadm.PartitionDetails) bool {
+	for _, pd := range ps {
+		if pd.Leader < 0 || pd.Err != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // Produce hands rec to Kafka and calls done once with the outcome, from

@@ -1,0 +1,36 @@
+# outboxd — make targets. `make demo` and `make test` are the two that matter.
+SHELL := /bin/bash
+GO ?= go
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -s -w -X main.version=$(VERSION)
+
+.PHONY: build demo test unit bench testbed-up testbed-down fmt vet
+
+build: ## build bin/outboxd (static)
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/outboxd ./cmd/outboxd
+
+demo: build ## start Postgres and Kafka, run outboxd, write sample events, show them arrive
+	scripts/demo
+
+test: ## every test: unit, fuzz seeds, integration and end-to-end against real Postgres and Kafka
+	scripts/test
+
+unit: ## the tests that need no services
+	$(GO) test -race -count=1 ./checkpoint ./config ./router ./wal ./sink ./relay ./metrics ./migrations
+
+bench: ## benchmarks of the hot path (see BENCHMARKS.md)
+	$(GO) test -run '^$$' -bench . -benchmem ./wal ./router ./checkpoint
+
+testbed-up: ## start the throwaway Postgres and Kafka used by tests and the demo
+	scripts/testbed/pg-start
+	scripts/testbed/kafka-start
+
+testbed-down:
+	scripts/testbed/kafka-stop
+	scripts/testbed/pg-stop
+
+fmt:
+	gofmt -w $$(git ls-files '*.go')
+
+vet:
+	$(GO) vet ./...

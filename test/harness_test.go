@@ -1,0 +1,378 @@
+package test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outboxd/outboxd/migrations"
+)
+
+// db is one throwaway database with the outbox table, and a slot name that is
+// unique in the cluster.
+type db struct {
+	name string
+	dsn  string
+	pool *pgxpool.Pool
+	slot string
+}
+
+func randomSuffix() string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+var unsafeChars = regexp.MustCompile(`[^a-z0-9_]+`)
+
+// newDB creates a database with the outbox table; cleanup drops its slot and
+// the database.
+func newDB(t *testing.T) *db {
+	t.Helper()
+	requireServices(t)
+	ctx := context.Background()
+	name := "t_" + unsafeChars.ReplaceAllString(strings.ToLower(t.Name()), "_")
+	if len(name) > 40 {
+		name = name[:40]
+	}
+	name += "_" + randomSuffix()
+	admin, err := pgx.Connect(ctx, svc.pgDSN)
+	if err != nil {
+		t.Fatalf("connecting to Postgres at OUTBOXD_TEST_PG_DSN: %v", err)
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatalf("creating database %s: %v", name, err)
+	}
+	cfg, err := pgx.ParseConfig(svc.pgDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Database = name
+	d := &db{name: name, dsn: withDatabase(svc.pgDSN, name), slot: name}
+	d.pool, err = pgxpool.New(ctx, d.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := d.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := migrations.Apply(ctx, conn.Conn(), "public", "outbox"); err != nil {
+		t.Fatal(err)
+	}
+	conn.Release()
+	t.Cleanup(func() {
+		d.pool.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		admin, err := pgx.Connect(ctx, svc.pgDSN)
+		if err != nil {
+			t.Logf("cleanup: %v", err)
+			return
+		}
+		defer admin.Close(ctx)
+		_, _ = admin.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active`, d.slot)
+		_, _ = admin.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, d.slot)
+		if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
+			t.Logf("cleanup: dropping database %s: %v", name, err)
+		}
+	})
+	return d
+}
+
+// withDatabase returns dsn (a URL) pointed at database name.
+func withDatabase(dsn, name string) string {
+	i := strings.LastIndex(dsn, "/")
+	rest := ""
+	if q := strings.Index(dsn[i:], "?"); q >= 0 {
+		rest = dsn[i+q:]
+	}
+	return dsn[:i+1] + name + rest
+}
+
+// exec runs SQL on the test database.
+func (d *db) exec(t *testing.T, sql string, args ...any) {
+	t.Helper()
+	if _, err := d.pool.Exec(context.Background(), sql, args...); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+// confirmedFlush returns the slot's confirmed_flush_lsn (0 when missing).
+func (d *db) confirmedFlush(t *testing.T) uint64 {
+	t.Helper()
+	var lsn *string
+	err := d.pool.QueryRow(context.Background(), `SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1`, d.slot).Scan(&lsn)
+	if err == pgx.ErrNoRows || lsn == nil {
+		return 0
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return parseLSN(t, *lsn)
+}
+
+// parseLSN parses Postgres' text form of an LSN.
+func parseLSN(t *testing.T, s string) uint64 {
+	t.Helper()
+	var hi, lo uint64
+	if _, err := fmt.Sscanf(s, "%X/%X", &hi, &lo); err != nil {
+		t.Fatalf("parsing LSN %q: %v", s, err)
+	}
+	return hi<<32 | lo
+}
+
+// proc is a running outboxd.
+type proc struct {
+	t    *testing.T
+	cmd  *exec.Cmd
+	logs *syncBuffer
+	done chan struct{}
+	err  error // set when done is closed
+	addr string
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// baseEnv is the environment for an outboxd streaming database d.
+func (d *db) env(extra ...string) []string {
+	env := []string{
+		"PATH=" + os.Getenv("PATH"),
+		"HOME=" + os.Getenv("HOME"),
+		"OUTBOXD_POSTGRES_DSN=" + d.dsn,
+		"OUTBOXD_POSTGRES_SLOT=" + d.slot,
+		"OUTBOXD_POSTGRES_STATUS_INTERVAL=200ms",
+		"OUTBOXD_POSTGRES_SLOT_LAG_INTERVAL=200ms",
+		"OUTBOXD_KAFKA_BROKERS=" + strings.Join(svc.brokers, ","),
+		"OUTBOXD_KAFKA_TOPIC_PARTITIONS=6",
+		"OUTBOXD_KAFKA_TOPIC_REPLICATION_FACTOR=1",
+		"OUTBOXD_HTTP_LISTEN=127.0.0.1:0",
+		"OUTBOXD_LOG_LEVEL=debug",
+	}
+	return append(env, extra...)
+}
+
+var listenRE = regexp.MustCompile(`msg="serving metrics and health" addr=(\S+)`)
+
+// start runs outboxd with env; the process is killed at cleanup, and its log
+// is shown if the test failed.
+func start(t *testing.T, env []string, args ...string) *proc {
+	t.Helper()
+	p := &proc{t: t, logs: &syncBuffer{}, done: make(chan struct{})}
+	p.cmd = exec.Command(svc.bin, args...)
+	p.cmd.Env = env
+	p.cmd.Stdout = p.logs
+	p.cmd.Stderr = p.logs
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("starting outboxd: %v", err)
+	}
+	go func() { p.err = p.cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() {
+		p.kill()
+		if t.Failed() {
+			t.Logf("outboxd (pid %d) log:\n%s", p.cmd.Process.Pid, p.logs.String())
+		}
+	})
+	return p
+}
+
+func (p *proc) kill() {
+	select {
+	case <-p.done:
+	default:
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+// signal sends sig and waits up to timeout for the exit; it returns the exit code.
+func (p *proc) stop(sig syscall.Signal, timeout time.Duration) int {
+	p.t.Helper()
+	_ = p.cmd.Process.Signal(sig)
+	select {
+	case <-p.done:
+	case <-time.After(timeout):
+		p.t.Fatalf("outboxd did not exit within %s of %s", timeout, sig)
+	}
+	return p.cmd.ProcessState.ExitCode()
+}
+
+// waitExit waits for the process to exit by itself and returns its exit code.
+func (p *proc) waitExit(timeout time.Duration) int {
+	p.t.Helper()
+	select {
+	case <-p.done:
+		return p.cmd.ProcessState.ExitCode()
+	case <-time.After(timeout):
+		p.t.Fatalf("outboxd still running after %s; log:\n%s", timeout, p.logs.String())
+		return -1
+	}
+}
+
+// waitLog waits until the log matches re.
+func (p *proc) waitLog(re string, timeout time.Duration) string {
+	p.t.Helper()
+	rx := regexp.MustCompile(re)
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if m := rx.FindString(p.logs.String()); m != "" {
+			return m
+		}
+		select {
+		case <-p.done:
+			if m := rx.FindString(p.logs.String()); m != "" {
+				return m
+			}
+			p.t.Fatalf("outboxd exited (%v) before logging %q", p.err, re)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	p.t.Fatalf("outboxd did not log %q within %s", re, timeout)
+	return ""
+}
+
+// waitStreaming waits until outboxd holds the slot and serves HTTP.
+func (p *proc) waitStreaming() {
+	p.t.Helper()
+	m := listenRE.FindStringSubmatch(p.waitLog(`msg="serving metrics and health" addr=\S+`, 30*time.Second))
+	p.addr = m[1]
+	p.waitLog(`msg=streaming`, 30*time.Second)
+}
+
+// metric returns the value of an unlabelled metric from /metrics.
+func (p *proc) metric(name string) (float64, bool) {
+	resp, err := http.Get("http://" + p.addr + "/metrics")
+	if err != nil {
+		return 0, false
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, name+" ") {
+			var v float64
+			fmt.Sscanf(strings.TrimPrefix(line, name+" "), "%g", &v)
+			return v, true
+		}
+	}
+	return 0, false
+}
+
+// rssPeakKB returns the process's peak resident set size (VmHWM) in KiB.
+func (p *proc) rssPeakKB() int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
+	if err != nil {
+		p.t.Fatalf("reading /proc status: %v", err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, "VmHWM:") {
+			var kb int
+			fmt.Sscanf(strings.TrimSpace(strings.TrimPrefix(line, "VmHWM:")), "%d", &kb)
+			return kb
+		}
+	}
+	p.t.Fatal("no VmHWM in /proc status")
+	return 0
+}
+
+// kafkaClient returns a consumer of topics from their start.
+func kafkaClient(t *testing.T, topics ...string) *kgo.Client {
+	t.Helper()
+	cl, err := kgo.NewClient(
+		kgo.SeedBrokers(svc.brokers...),
+		kgo.ConsumeTopics(topics...),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.MetadataMinAge(250*time.Millisecond),
+		kgo.FetchMaxWait(200*time.Millisecond),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return cl
+}
+
+// readUntil consumes topics until done says so (or timeout), then keeps
+// reading for settle to catch duplicates, and returns every record.
+func readUntil(t *testing.T, topics []string, timeout, settle time.Duration, done func([]*kgo.Record) bool) []*kgo.Record {
+	t.Helper()
+	cl := kafkaClient(t, topics...)
+	var recs []*kgo.Record
+	deadline := time.Now().Add(timeout)
+	var settleAt time.Time
+	for {
+		now := time.Now()
+		if settleAt.IsZero() && done(recs) {
+			settleAt = now.Add(settle)
+		}
+		if !settleAt.IsZero() && now.After(settleAt) {
+			return recs
+		}
+		if now.After(deadline) {
+			t.Errorf("timed out after %s reading Kafka with %d records", timeout, len(recs))
+			return recs
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		fs := cl.PollFetches(ctx)
+		cancel()
+		fs.EachError(func(topic string, p int32, err error) {
+			if err != context.DeadlineExceeded && !strings.Contains(err.Error(), "UNKNOWN_TOPIC") {
+				t.Logf("fetch %s/%d: %v", topic, p, err)
+			}
+		})
+		recs = append(recs, fs.Records()...)
+	}
+}
+
+// partitionsOf returns the partition count of each topic.
+func partitionsOf(t *testing.T, topics ...string) map[string]int {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(svc.brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	td, err := kadm.NewClient(cl).ListTopics(context.Background(), topics...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int{}
+	for _, d := range td {
+		out[d.Topic] = len(d.Partitions)
+	}
+	return out
+}
+
