@@ -375,4 +375,3 @@ func partitionsOf(t *testing.T, topics ...string) map[string]int {
 	}
 	return out
 }
-
