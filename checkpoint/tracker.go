@@ -18,7 +18,7 @@ type Tracker struct {
 	head      int    // index of the first live entry in queue
 	confirmed LSN
 	inFlight  int           // records added and not yet acknowledged
-	idle      chan struct{} // closed and replaced when inFlight drops to 0
+	idle      chan struct{} // made by WaitAcked, closed when inFlight drops to 0
 }
 
 // Txn is one transaction inside a Tracker.
@@ -31,7 +31,7 @@ type Txn struct {
 
 // New returns a Tracker whose confirmed position starts at start.
 func New(start LSN) *Tracker {
-	return &Tracker{confirmed: start, idle: make(chan struct{})}
+	return &Tracker{confirmed: start}
 }
 
 // Begin opens the next transaction in commit order.
@@ -62,9 +62,9 @@ func (x *Txn) Ack() {
 	}
 	x.pending--
 	t.inFlight--
-	if t.inFlight == 0 {
+	if t.inFlight == 0 && t.idle != nil {
 		close(t.idle)
-		t.idle = make(chan struct{})
+		t.idle = nil
 	}
 	if x.pending == 0 && x.committed {
 		t.advance()
@@ -150,6 +150,9 @@ func (t *Tracker) WaitAcked(ctx context.Context) error {
 		if t.inFlight == 0 {
 			t.mu.Unlock()
 			return nil
+		}
+		if t.idle == nil {
+			t.idle = make(chan struct{})
 		}
 		ch := t.idle
 		t.mu.Unlock()

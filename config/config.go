@@ -156,6 +156,9 @@ func Decode(data []byte, cfg *Config) error {
 	if err := dec.Decode(cfg); err != nil && !errors.Is(err, io.EOF) {
 		return fmt.Errorf("%s", strings.ReplaceAll(err.Error(), "yaml: ", ""))
 	}
+	if err := dec.Decode(new(any)); !errors.Is(err, io.EOF) {
+		return errors.New("more than one YAML document; put every setting in one document")
+	}
 	return nil
 }
 
@@ -250,7 +253,7 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...)))
 	}
 	if _, err := pgconn.ParseConfig(c.Postgres.DSN); err != nil {
-		bad("postgres.dsn", "not a valid connection string (%s)", dsnError(err))
+		bad("postgres.dsn", "not a valid connection string%s; the value is not shown because it may hold a password", dsnReason(err))
 	}
 	if !validSlotName(c.Postgres.Slot) {
 		bad("postgres.slot", "%q must be 1-63 characters of lower-case letters, digits and underscores", c.Postgres.Slot)
@@ -271,7 +274,7 @@ func (c Config) Validate() error {
 		bad("kafka.brokers", "must list at least one host:port")
 	}
 	for _, b := range c.Kafka.Brokers {
-		if _, port, err := net.SplitHostPort(b); err != nil || port == "" {
+		if _, port, err := net.SplitHostPort(b); err != nil || !validPort(port) {
 			bad("kafka.brokers", "%q is not host:port", b)
 		}
 	}
@@ -338,6 +341,11 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+func validPort(s string) bool {
+	n, err := strconv.Atoi(s)
+	return err == nil && n > 0 && n < 65536
+}
+
 func validSlotName(s string) bool {
 	if s == "" || len(s) > 63 {
 		return false
@@ -350,13 +358,14 @@ func validSlotName(s string) bool {
 	return true
 }
 
-// dsnError returns pgconn's parse error text, which masks passwords.
-func dsnError(err error) string {
+// dsnReason returns the cause of a parse failure without the connection
+// string, which pgconn's message repeats and may not fully mask.
+func dsnReason(err error) string {
 	var pe *pgconn.ParseConfigError
-	if errors.As(err, &pe) {
-		return pe.Error()
+	if errors.As(err, &pe) && pe.Unwrap() != nil {
+		return " (" + pe.Unwrap().Error() + ")"
 	}
-	return "unparseable"
+	return ""
 }
 
 // Redacted returns a copy of c with the DSN's password replaced, for

@@ -118,6 +118,9 @@ func (r *Router) Route(c *wal.Change) (*Record, error) {
 	if err != nil {
 		return fail("", "%v", err)
 	}
+	if id == nil {
+		return fail("", "column %s is NULL; every outbox row needs an event id", r.cfg.IDColumn)
+	}
 	eventID := string(id)
 	routeBy, err := value(l.routeBy)
 	if err != nil {
@@ -175,7 +178,7 @@ func checkTopic(t string) error {
 	case len(t) > 249:
 		return fmt.Errorf("longer than Kafka's 249 characters")
 	}
-	for _, c := range []byte(t) {
+	for _, c := range t {
 		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
 			return fmt.Errorf("character %q is not allowed in a Kafka topic name (letters, digits, '.', '_', '-')", c)
 		}

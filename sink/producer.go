@@ -54,6 +54,12 @@ type Producer struct {
 	cfg    config.Kafka
 	m      *Metrics
 	known  map[string]bool // topics known to exist
+	// slots holds one token per record handed to Kafka and not yet
+	// acknowledged; Produce blocks on it (backpressure). franz-go's own
+	// buffer cap is set above it so that franz-go never blocks: a record
+	// handed over must live until Kafka answers or Close fails it, whatever
+	// happens to the context of the call that handed it over.
+	slots chan struct{}
 }
 
 // New returns a Producer for cfg. It does not contact the brokers.
@@ -63,7 +69,7 @@ func New(cfg config.Kafka, m *Metrics, log *slog.Logger) (*Producer, error) {
 		kgo.ClientID(cfg.ClientID),
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)), // Kafka's murmur2 for keyed records
-		kgo.MaxBufferedRecords(cfg.MaxBufferedRecords),
+		kgo.MaxBufferedRecords(cfg.MaxBufferedRecords + 1),
 		kgo.RecordDeliveryTimeout(cfg.DeliveryTimeout),
 		kgo.ProducerLinger(cfg.Linger),
 		kgo.ProducerBatchCompression(codec(cfg.Compression)),
@@ -80,7 +86,10 @@ func New(cfg config.Kafka, m *Metrics, log *slog.Logger) (*Producer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating Kafka client: %w", err)
 	}
-	return &Producer{client: client, admin: kadm.NewClient(client), cfg: cfg, m: m, known: map[string]bool{}}, nil
+	return &Producer{
+		client: client, admin: kadm.NewClient(client), cfg: cfg, m: m,
+		known: map[string]bool{}, slots: make(chan struct{}, cfg.MaxBufferedRecords),
+	}, nil
 }
 
 func codec(name string) kgo.CompressionCodec {
@@ -161,9 +170,10 @@ func allLed(ps kadm.PartitionDetails) bool {
 }
 
 // Produce hands rec to Kafka and calls done once with the outcome, from
-// another goroutine. It blocks while the buffer is full. It returns an error
-// only when the record could not be handed over at all (ctx done, topic
-// creation failed); done is then never called.
+// another goroutine. It blocks while max_buffered_records are unacknowledged.
+// It returns an error only when the record could not be handed over at all
+// (ctx done, topic creation failed); done is then never called. Once handed
+// over, a record is delivered or failed whatever happens to ctx.
 func (p *Producer) Produce(ctx context.Context, rec *router.Record, done func(error)) error {
 	if err := p.EnsureTopic(ctx, rec.Topic); err != nil {
 		return err
@@ -172,10 +182,13 @@ func (p *Producer) Produce(ctx context.Context, rec *router.Record, done func(er
 	for i, h := range rec.Headers {
 		kr.Headers[i] = kgo.RecordHeader{Key: h.Key, Value: h.Value}
 	}
-	if err := ctx.Err(); err != nil {
-		return err
+	select {
+	case p.slots <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
 	}
-	p.client.Produce(ctx, kr, func(r *kgo.Record, err error) {
+	p.client.Produce(context.Background(), kr, func(r *kgo.Record, err error) {
+		<-p.slots
 		if err != nil {
 			p.m.errors.Inc()
 			done(&DeliveryError{Topic: r.Topic, Partition: r.Partition, EventID: rec.EventID, Err: err})

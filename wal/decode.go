@@ -170,12 +170,21 @@ func (d *Decoder) Decode(lsn LSN, data []byte) (any, error) {
 		msg, err = d.change(Op(kind), lsn, &r)
 	case 'M':
 		msg, err = d.message(lsn, &r)
-	case 'Y', 'O', 'T':
-		// Type, Origin and Truncate carry nothing outboxd acts on; a
-		// truncate of the outbox removes no committed event from the WAL.
-		if d.needTx(kind) {
-			err = fmt.Errorf("%q message outside a transaction", kind)
+	case 'Y':
+		r.uint32() // type OID
+		r.string() // namespace
+		r.string() // name
+	case 'O':
+		r.uint64() // origin's commit LSN
+		r.string() // origin name
+	case 'T':
+		// A truncate of the outbox removes no committed event from the WAL.
+		if !d.inTx {
+			err = errors.New("truncate outside a transaction")
 		}
+		n := int(r.uint32())
+		r.byte() // options
+		r.bytes(4 * n)
 	default:
 		err = fmt.Errorf("unknown message type %q", kind)
 	}
@@ -187,8 +196,6 @@ func (d *Decoder) Decode(lsn LSN, data []byte) (any, error) {
 	}
 	return msg, nil
 }
-
-func (d *Decoder) needTx(kind byte) bool { return kind == 'T' && !d.inTx }
 
 func (d *Decoder) begin(r *reader) (*Begin, error) {
 	if d.inTx {
@@ -311,7 +318,11 @@ func (c Column) Value(d Datum) ([]byte, error) {
 		return nil, fmt.Errorf("column %s: unchanged TOAST value was not sent", c.Name)
 	case DatumText:
 		if c.TypeOID == OIDBytea {
-			return decodeBytea(d.Data)
+			b, err := decodeBytea(d.Data)
+			if err != nil {
+				return nil, fmt.Errorf("column %s: %w", c.Name, err)
+			}
+			return b, nil
 		}
 		return d.Data, nil
 	case DatumBinary:

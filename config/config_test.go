@@ -1,0 +1,403 @@
+package config_test
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outboxd/outboxd/config"
+)
+
+func TestDefaultValidates(t *testing.T) {
+	if err := config.Default().Validate(); err != nil {
+		t.Fatalf("Default().Validate() = %v", err)
+	}
+	cfg, err := config.Load("", nil)
+	if err != nil {
+		t.Fatalf("Load(\"\", nil) = %v", err)
+	}
+	if !reflect.DeepEqual(cfg, config.Default()) {
+		t.Errorf("Load without file or environment differs from Default():\n got %+v\nwant %+v", cfg, config.Default())
+	}
+}
+
+func writeFile(t *testing.T, content string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "outboxd.yaml")
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func TestLoadFile(t *testing.T) {
+	path := writeFile(t, `
+postgres:
+  dsn: postgres://app@db.internal:5432/shop
+  slot: shop_outbox
+  table: sales.outbox
+  create_slot: false
+  status_interval: 250ms
+kafka:
+  brokers: [k1:9092, "k2:9092"]
+  topic_partitions: 12
+  linger: 5ms
+  compression: zstd
+router:
+  topic_template: shop.${routedByValue}
+  event_type_column: ""
+log:
+  level: debug
+shutdown_timeout: 1m30s
+`)
+	cfg, err := config.Load(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := config.Default()
+	want.Postgres.DSN = "postgres://app@db.internal:5432/shop"
+	want.Postgres.Slot = "shop_outbox"
+	want.Postgres.Table = "sales.outbox"
+	want.Postgres.CreateSlot = false
+	want.Postgres.StatusInterval = 250 * time.Millisecond
+	want.Kafka.Brokers = []string{"k1:9092", "k2:9092"}
+	want.Kafka.TopicPartitions = 12
+	want.Kafka.Linger = 5 * time.Millisecond
+	want.Kafka.Compression = "zstd"
+	want.Router.TopicTemplate = "shop.${routedByValue}"
+	want.Router.EventTypeColumn = ""
+	want.Log.Level = "debug"
+	want.ShutdownTimeout = 90 * time.Second
+	if !reflect.DeepEqual(cfg, want) {
+		t.Errorf("Load:\n got %+v\nwant %+v", cfg, want)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Errorf("Validate() = %v", err)
+	}
+	if schema, table := cfg.Postgres.TableName(); schema != "sales" || table != "outbox" {
+		t.Errorf("TableName() = %q, %q", schema, table)
+	}
+}
+
+func TestLoadEmptyFile(t *testing.T) {
+	for _, content := range []string{"", "\n", "# only a comment\n", "---\n"} {
+		cfg, err := config.Load(writeFile(t, content), nil)
+		if err != nil {
+			t.Errorf("Load(%q) = %v", content, err)
+			continue
+		}
+		if !reflect.DeepEqual(cfg, config.Default()) {
+			t.Errorf("Load(%q) changed the defaults: %+v", content, cfg)
+		}
+	}
+}
+
+func TestLoadMissingFile(t *testing.T) {
+	_, err := config.Load(filepath.Join(t.TempDir(), "nope.yaml"), nil)
+	if err == nil || !strings.Contains(err.Error(), "nope.yaml") {
+		t.Fatalf("Load(missing file) = %v, want an error naming the file", err)
+	}
+}
+
+func TestDecodeErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		yaml string
+		want []string // substrings of the error
+	}{
+		{"unknown top-level key", "postgress:\n  dsn: x\n", []string{"postgress", "line 1"}},
+		{"unknown nested key", "postgres:\n  slot: a\n  tabel: public.outbox\n", []string{"tabel", "line 3"}},
+		{"unknown key in kafka", "kafka:\n  acks: all\n", []string{"acks"}},
+		{"string for int", "kafka:\n  topic_partitions: six\n", []string{"six", "int"}},
+		{"bare int for duration", "postgres:\n  status_interval: 5\n", []string{"line 2", "time.Duration"}},
+		{"bad duration", "kafka:\n  linger: soon\n", []string{"soon"}},
+		{"bad bool", "postgres:\n  create_slot: maybe\n", []string{"maybe", "bool"}},
+		{"map for string", "postgres:\n  dsn: {host: h}\n", []string{"string"}},
+		{"list for section", "postgres: [a, b]\n", []string{"config.Postgres"}},
+		{"scalar for list", "kafka:\n  brokers: {a: 1}\n", []string{"[]string"}},
+		{"not yaml", "postgres: [\n", []string{"line"}},
+		{"tab indentation", "postgres:\n\tslot: a\n", []string{"line"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := config.Default()
+			err := config.Decode([]byte(tt.yaml), &cfg)
+			if err == nil {
+				t.Fatalf("Decode(%q) succeeded: %+v", tt.yaml, cfg)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not contain %q", err, w)
+				}
+			}
+			if strings.Contains(err.Error(), "yaml: ") {
+				t.Errorf("error %q still carries the yaml: prefix", err)
+			}
+			// Through Load, the error also names the file.
+			path := writeFile(t, tt.yaml)
+			if _, err := config.Load(path, nil); err == nil || !strings.Contains(err.Error(), path) {
+				t.Errorf("Load = %v, want an error naming %s", err, path)
+			}
+		})
+	}
+}
+
+func TestEnvOverrides(t *testing.T) {
+	path := writeFile(t, "postgres:\n  slot: from_file\n  publication: from_file\nkafka:\n  brokers: [file:1]\n")
+	env := []string{
+		"PATH=/usr/bin",
+		"HOME=/root",
+		"OUTBOX_SLOT=ignored", // not our prefix
+		"OUTBOXD_POSTGRES_DSN=host=db user=app password=secret",
+		"OUTBOXD_POSTGRES_SLOT=from_env",
+		"OUTBOXD_KAFKA_BROKERS=a:1,b:2",
+		"OUTBOXD_POSTGRES_STATUS_INTERVAL=2s",
+		"OUTBOXD_KAFKA_LINGER=10ms",
+		"OUTBOXD_POSTGRES_CREATE_SLOT=false",
+		"OUTBOXD_POSTGRES_CREATE_PUBLICATION=0",
+		"OUTBOXD_KAFKA_TOPIC_PARTITIONS=3",
+		"OUTBOXD_KAFKA_TOPIC_REPLICATION_FACTOR=-1",
+		"OUTBOXD_ROUTER_TOPIC_TEMPLATE=x.${routedByValue}",
+		"OUTBOXD_ROUTER_EVENT_TYPE_COLUMN=",
+		"OUTBOXD_HTTP_LISTEN=127.0.0.1:9000",
+		"OUTBOXD_LOG_FORMAT=json",
+		"OUTBOXD_SHUTDOWN_TIMEOUT=3s",
+		"OUTBOXD_TEST_PG_DSN=whatever",
+		"OUTBOXD_TESTBED=1",
+	}
+	cfg, err := config.Load(path, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := config.Default()
+	want.Postgres.DSN = "host=db user=app password=secret"
+	want.Postgres.Slot = "from_env"
+	want.Postgres.Publication = "from_file" // the file applies where the environment is silent
+	want.Kafka.Brokers = []string{"a:1", "b:2"}
+	want.Postgres.StatusInterval = 2 * time.Second
+	want.Kafka.Linger = 10 * time.Millisecond
+	want.Postgres.CreateSlot = false
+	want.Postgres.CreatePublication = false
+	want.Kafka.TopicPartitions = 3
+	want.Kafka.TopicReplicationFactor = -1
+	want.Router.TopicTemplate = "x.${routedByValue}"
+	want.Router.EventTypeColumn = ""
+	want.HTTP.Listen = "127.0.0.1:9000"
+	want.Log.Format = "json"
+	want.ShutdownTimeout = 3 * time.Second
+	if !reflect.DeepEqual(cfg, want) {
+		t.Errorf("Load:\n got %+v\nwant %+v", cfg, want)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Errorf("Validate() = %v", err)
+	}
+}
+
+func TestEnvBrokerList(t *testing.T) {
+	tests := map[string][]string{
+		"a:1":            {"a:1"},
+		"a:1,b:2":        {"a:1", "b:2"},
+		" a:1 , b:2 ,,":  {"a:1", "b:2"},
+		"":               nil,
+		"[::1]:9092,c:3": {"[::1]:9092", "c:3"},
+	}
+	for value, want := range tests {
+		cfg, err := config.Load("", []string{"OUTBOXD_KAFKA_BROKERS=" + value})
+		if err != nil {
+			t.Fatalf("%q: %v", value, err)
+		}
+		if !reflect.DeepEqual(cfg.Kafka.Brokers, want) {
+			t.Errorf("OUTBOXD_KAFKA_BROKERS=%q gave %q, want %q", value, cfg.Kafka.Brokers, want)
+		}
+	}
+	// An empty list is caught by Validate.
+	cfg, _ := config.Load("", []string{"OUTBOXD_KAFKA_BROKERS="})
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "kafka.brokers") {
+		t.Errorf("Validate() with no brokers = %v", err)
+	}
+}
+
+func TestEnvErrors(t *testing.T) {
+	tests := []struct {
+		env  string
+		want []string
+	}{
+		{"OUTBOXD_POSTGRES_SLOTT=x", []string{"OUTBOXD_POSTGRES_SLOTT", "names no setting"}},
+		{"OUTBOXD_DSN=x", []string{"OUTBOXD_DSN", "names no setting"}},
+		{"OUTBOXD_POSTGRES=x", []string{"OUTBOXD_POSTGRES", "names no setting"}},
+		{"OUTBOXD_=x", []string{"OUTBOXD_", "names no setting"}},
+		{"OUTBOXD_postgres_slot=x", []string{"OUTBOXD_postgres_slot"}},
+		{"OUTBOXD_POSTGRES_STATUS_INTERVAL=5", []string{"OUTBOXD_POSTGRES_STATUS_INTERVAL", `"5"`, "duration"}},
+		{"OUTBOXD_KAFKA_LINGER=fast", []string{"OUTBOXD_KAFKA_LINGER", "fast"}},
+		{"OUTBOXD_POSTGRES_CREATE_SLOT=yes", []string{"OUTBOXD_POSTGRES_CREATE_SLOT", "yes", "true or false"}},
+		{"OUTBOXD_KAFKA_TOPIC_PARTITIONS=1.5", []string{"OUTBOXD_KAFKA_TOPIC_PARTITIONS", "1.5", "whole number"}},
+		{"OUTBOXD_KAFKA_MAX_BUFFERED_RECORDS=10k", []string{"OUTBOXD_KAFKA_MAX_BUFFERED_RECORDS"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.env, func(t *testing.T) {
+			_, err := config.Load("", []string{tt.env})
+			if err == nil {
+				t.Fatalf("Load with %s succeeded", tt.env)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not contain %q", err, w)
+				}
+			}
+		})
+	}
+	t.Run("every bad variable is reported", func(t *testing.T) {
+		_, err := config.Load("", []string{"OUTBOXD_A=1", "OUTBOXD_KAFKA_LINGER=x", "OUTBOXD_B=2"})
+		for _, w := range []string{"OUTBOXD_A", "OUTBOXD_KAFKA_LINGER", "OUTBOXD_B"} {
+			if err == nil || !strings.Contains(err.Error(), w) {
+				t.Errorf("error %v does not name %s", err, w)
+			}
+		}
+	})
+	t.Run("the environment is applied after the file", func(t *testing.T) {
+		path := writeFile(t, "kafka:\n  linger: 1s\n")
+		cfg, err := config.Load(path, []string{"OUTBOXD_KAFKA_LINGER=2s"})
+		if err != nil || cfg.Kafka.Linger != 2*time.Second {
+			t.Errorf("Load = %v, linger %s; want 2s from the environment", err, cfg.Kafka.Linger)
+		}
+	})
+}
+
+func TestValidateNamesField(t *testing.T) {
+	tests := []struct {
+		field string
+		bad   func(*config.Config)
+	}{
+		{"postgres.dsn", func(c *config.Config) { c.Postgres.DSN = "host=h port=notaport" }},
+		{"postgres.dsn", func(c *config.Config) { c.Postgres.DSN = "postgres://h:99999999/db" }},
+		{"postgres.dsn", func(c *config.Config) { c.Postgres.DSN = "postgres://h/db?sslmode=sometimes" }},
+		{"postgres.slot", func(c *config.Config) { c.Postgres.Slot = "" }},
+		{"postgres.slot", func(c *config.Config) { c.Postgres.Slot = "Outboxd" }},
+		{"postgres.slot", func(c *config.Config) { c.Postgres.Slot = "out-boxd" }},
+		{"postgres.slot", func(c *config.Config) { c.Postgres.Slot = strings.Repeat("s", 64) }},
+		{"postgres.publication", func(c *config.Config) { c.Postgres.Publication = "" }},
+		{"postgres.table", func(c *config.Config) { c.Postgres.Table = "outbox" }},
+		{"postgres.table", func(c *config.Config) { c.Postgres.Table = ".outbox" }},
+		{"postgres.table", func(c *config.Config) { c.Postgres.Table = "public." }},
+		{"postgres.table", func(c *config.Config) { c.Postgres.Table = "db.public.outbox" }},
+		{"postgres.table", func(c *config.Config) { c.Postgres.Table = "" }},
+		{"postgres.status_interval", func(c *config.Config) { c.Postgres.StatusInterval = 0 }},
+		{"postgres.status_interval", func(c *config.Config) { c.Postgres.StatusInterval = 9 * time.Millisecond }},
+		{"postgres.status_interval", func(c *config.Config) { c.Postgres.StatusInterval = 31 * time.Second }},
+		{"postgres.slot_lag_interval", func(c *config.Config) { c.Postgres.SlotLagInterval = 99 * time.Millisecond }},
+		{"kafka.brokers", func(c *config.Config) { c.Kafka.Brokers = nil }},
+		{"kafka.brokers", func(c *config.Config) { c.Kafka.Brokers = []string{} }},
+		{"kafka.brokers", func(c *config.Config) { c.Kafka.Brokers = []string{"localhost"} }},
+		{"kafka.brokers", func(c *config.Config) { c.Kafka.Brokers = []string{"k1:9092", "k2:"} }},
+		{"kafka.brokers", func(c *config.Config) { c.Kafka.Brokers = []string{""} }},
+		{"kafka.topic_creation", func(c *config.Config) { c.Kafka.TopicCreation = "" }},
+		{"kafka.topic_creation", func(c *config.Config) { c.Kafka.TopicCreation = "auto" }},
+		{"kafka.topic_partitions", func(c *config.Config) { c.Kafka.TopicPartitions = 0 }},
+		{"kafka.topic_replication_factor", func(c *config.Config) { c.Kafka.TopicReplicationFactor = 0 }},
+		{"kafka.topic_replication_factor", func(c *config.Config) { c.Kafka.TopicReplicationFactor = -2 }},
+		{"kafka.max_buffered_records", func(c *config.Config) { c.Kafka.MaxBufferedRecords = 0 }},
+		{"kafka.max_buffered_records", func(c *config.Config) { c.Kafka.MaxBufferedRecords = -5 }},
+		{"kafka.delivery_timeout", func(c *config.Config) { c.Kafka.DeliveryTimeout = 999 * time.Millisecond }},
+		{"kafka.linger", func(c *config.Config) { c.Kafka.Linger = -time.Nanosecond }},
+		{"kafka.linger", func(c *config.Config) { c.Kafka.Linger = time.Minute + 1 }},
+		{"kafka.compression", func(c *config.Config) { c.Kafka.Compression = "" }},
+		{"kafka.compression", func(c *config.Config) { c.Kafka.Compression = "brotli" }},
+		{"router.topic_template", func(c *config.Config) { c.Router.TopicTemplate = "" }},
+		{"router.route_by_column", func(c *config.Config) { c.Router.RouteByColumn = "" }},
+		{"router.id_column", func(c *config.Config) { c.Router.IDColumn = "" }},
+		{"router.key_column", func(c *config.Config) { c.Router.KeyColumn = "" }},
+		{"router.payload_column", func(c *config.Config) { c.Router.PayloadColumn = "" }},
+		{"router.id_header", func(c *config.Config) { c.Router.IDHeader = "" }},
+		{"router.event_type_header", func(c *config.Config) { c.Router.EventTypeHeader = "" }},
+		{"http.listen", func(c *config.Config) { c.HTTP.Listen = "8080" }},
+		{"http.listen", func(c *config.Config) { c.HTTP.Listen = "localhost" }},
+		{"log.level", func(c *config.Config) { c.Log.Level = "" }},
+		{"log.level", func(c *config.Config) { c.Log.Level = "trace" }},
+		{"log.level", func(c *config.Config) { c.Log.Level = "INFO" }},
+		{"log.format", func(c *config.Config) { c.Log.Format = "xml" }},
+		{"shutdown_timeout", func(c *config.Config) { c.ShutdownTimeout = -time.Second }},
+	}
+	for _, tt := range tests {
+		cfg := config.Default()
+		tt.bad(&cfg)
+		err := cfg.Validate()
+		if err == nil {
+			t.Errorf("%s: Validate accepted %+v", tt.field, cfg)
+			continue
+		}
+		for _, line := range strings.Split(err.Error(), "\n") {
+			if !strings.HasPrefix(line, tt.field+": ") {
+				t.Errorf("%s: error line %q does not start with the field name", tt.field, line)
+			}
+		}
+	}
+}
+
+func TestValidateAcceptsEdges(t *testing.T) {
+	tests := []struct {
+		name string
+		mod  func(*config.Config)
+	}{
+		{"shortest status interval", func(c *config.Config) { c.Postgres.StatusInterval = 10 * time.Millisecond }},
+		{"longest status interval", func(c *config.Config) { c.Postgres.StatusInterval = 30 * time.Second }},
+		{"shortest slot lag interval", func(c *config.Config) { c.Postgres.SlotLagInterval = 100 * time.Millisecond }},
+		{"63-character slot", func(c *config.Config) { c.Postgres.Slot = strings.Repeat("s", 63) }},
+		{"slot with digits and underscores", func(c *config.Config) { c.Postgres.Slot = "outbox_2" }},
+		{"key=value DSN", func(c *config.Config) { c.Postgres.DSN = "host=db port=5432 user=app password=secret dbname=shop" }},
+		{"postgresql URL", func(c *config.Config) { c.Postgres.DSN = "postgresql://app:secret@db:5432/shop?sslmode=disable" }},
+		{"broker topic creation", func(c *config.Config) { c.Kafka.TopicCreation = "broker" }},
+		{"replication factor 1", func(c *config.Config) { c.Kafka.TopicReplicationFactor = 1 }},
+		{"IPv6 broker", func(c *config.Config) { c.Kafka.Brokers = []string{"[::1]:9092"} }},
+		{"linger 1m", func(c *config.Config) { c.Kafka.Linger = time.Minute }},
+		{"delivery timeout 1s", func(c *config.Config) { c.Kafka.DeliveryTimeout = time.Second }},
+		{"every compression", func(c *config.Config) { c.Kafka.Compression = "lz4" }},
+		{"no event type", func(c *config.Config) { c.Router.EventTypeColumn, c.Router.EventTypeHeader = "", "" }},
+		{"template without placeholder", func(c *config.Config) { c.Router.TopicTemplate = "events" }},
+		{"http disabled", func(c *config.Config) { c.HTTP.Listen = "" }},
+		{"zero shutdown timeout", func(c *config.Config) { c.ShutdownTimeout = 0 }},
+		{"table without public schema", func(c *config.Config) { c.Postgres.Table = "app.outbox" }},
+	}
+	for _, tt := range tests {
+		cfg := config.Default()
+		tt.mod(&cfg)
+		if err := cfg.Validate(); err != nil {
+			t.Errorf("%s: Validate() = %v", tt.name, err)
+		}
+	}
+}
+
+func TestValidateReportsEveryField(t *testing.T) {
+	cfg := config.Default()
+	cfg.Postgres.Slot = ""
+	cfg.Kafka.Compression = "brotli"
+	cfg.Log.Level = "loud"
+	err := cfg.Validate()
+	if err == nil {
+		t.Fatal("Validate accepted three bad fields")
+	}
+	lines := strings.Split(err.Error(), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("Validate() = %q, want 3 lines", err)
+	}
+	for i, f := range []string{"kafka.compression", "log.level", "postgres.slot"} { // sorted
+		if !strings.HasPrefix(lines[i], f+": ") {
+			t.Errorf("line %d = %q, want it to be about %s", i, lines[i], f)
+		}
+	}
+}
+
+func TestTableName(t *testing.T) {
+	for table, want := range map[string][2]string{
+		"public.outbox": {"public", "outbox"},
+		"app.events":    {"app", "events"},
+		"outbox":        {"public", "outbox"},
+	} {
+		s, n := config.Postgres{Table: table}.TableName()
+		if s != want[0] || n != want[1] {
+			t.Errorf("TableName(%q) = %q, %q; want %q, %q", table, s, n, want[0], want[1])
+		}
+	}
+}
