@@ -155,8 +155,8 @@ func (r *Relay) ensureSlot(ctx context.Context, conn *pgx.Conn) error {
 	}
 	if !ok {
 		if !pg.CreateSlot {
-			return fmt.Errorf("%w: %q; set postgres.create_slot: true, or create it with SELECT pg_create_logical_replication_slot('%s', 'pgoutput')",
-				wal.ErrSlotMissing, pg.Slot, pg.Slot)
+			return wal.Errorf(wal.ErrSlotMissing, "replication slot %q does not exist; set postgres.create_slot: true, or create it with SELECT pg_create_logical_replication_slot('%s', 'pgoutput')",
+				pg.Slot, pg.Slot)
 		}
 		lsn, err := wal.CreateSlot(ctx, conn, pg.Slot)
 		if err != nil {

@@ -207,9 +207,9 @@ func (r *Relay) inspectSlot(ctx context.Context) (wal.LSN, error) {
 		return 0, err
 	}
 	if !ok {
-		return 0, fmt.Errorf("%w: slot %q was dropped while outboxd used it; events committed since its last confirmed position may never be delivered. "+
+		return 0, wal.Errorf(wal.ErrSlotMissing, "replication slot %q was dropped while outboxd used it; events committed since its last confirmed position may never be delivered. "+
 			"Find them in the outbox table or the application; restart outboxd to create a new slot from the current position",
-			wal.ErrSlotMissing, r.cfg.Postgres.Slot)
+			r.cfg.Postgres.Slot)
 	}
 	var db string
 	if err := conn.QueryRow(ctx, "SELECT current_database()").Scan(&db); err != nil {

@@ -19,6 +19,21 @@ var (
 	ErrPublicationMissing = errors.New("publication does not exist")
 )
 
+// sentinelError has its own text and matches a sentinel with errors.Is.
+type sentinelError struct {
+	msg      string
+	sentinel error
+}
+
+func (e *sentinelError) Error() string { return e.msg }
+func (e *sentinelError) Unwrap() error { return e.sentinel }
+
+// Errorf returns an error with the formatted text that errors.Is matches to
+// sentinel.
+func Errorf(sentinel error, format string, args ...any) error {
+	return &sentinelError{msg: fmt.Sprintf(format, args...), sentinel: sentinel}
+}
+
 // SlotActiveError reports a slot held by another process.
 type SlotActiveError struct {
 	Slot string
@@ -75,8 +90,8 @@ func CheckSlot(info SlotInfo, database string) error {
 	case info.Database != database:
 		return fmt.Errorf("replication slot %q belongs to database %q, not %q; configure another slot name", info.Name, info.Database, database)
 	case info.WALStatus == "lost":
-		return fmt.Errorf("%w: Postgres removed WAL that slot %q still needed (max_slot_wal_keep_size), so outbox events committed while it lagged may never be delivered; "+
-			"recover them from the outbox table or the application, then drop the slot (SELECT pg_drop_replication_slot('%s')) and let outboxd create a new one", ErrSlotLost, info.Name, info.Name)
+		return Errorf(ErrSlotLost, "replication slot %q is invalidated: Postgres removed WAL it still needed (max_slot_wal_keep_size), so outbox events committed while it lagged may never be delivered; "+
+			"recover them from the outbox table or the application, then drop the slot (SELECT pg_drop_replication_slot('%s')) and let outboxd create a new one", info.Name, info.Name)
 	case info.Active:
 		return &SlotActiveError{Slot: info.Name, PID: info.ActivePID}
 	}
@@ -103,8 +118,8 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, name, schema, table 
 	}
 	if !exists {
 		if !create {
-			return false, fmt.Errorf("%w: %q; create it with CREATE PUBLICATION %s FOR TABLE %s.%s, or set postgres.create_publication: true",
-				ErrPublicationMissing, name, quoteIdent(name), quoteIdent(schema), quoteIdent(table))
+			return false, Errorf(ErrPublicationMissing, "publication %q does not exist; create it with CREATE PUBLICATION %s FOR TABLE %s.%s, or set postgres.create_publication: true",
+				name, quoteIdent(name), quoteIdent(schema), quoteIdent(table))
 		}
 		sql := fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s.%s", quoteIdent(name), quoteIdent(schema), quoteIdent(table))
 		if _, err := conn.Exec(ctx, sql); err != nil {

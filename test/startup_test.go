@@ -1,0 +1,197 @@
+package test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// expectStartupError runs outboxd with env and checks that it exits non-zero
+// with one error line matching want.
+func expectStartupError(t *testing.T, env []string, want string) {
+	t.Helper()
+	p := start(t, env)
+	code := p.waitExit(60 * time.Second)
+	if code == 0 {
+		t.Fatalf("outboxd exited 0, want non-zero; log:\n%s", p.logs.String())
+	}
+	var errLines []string
+	for _, line := range strings.Split(strings.TrimSpace(p.logs.String()), "\n") {
+		if strings.Contains(line, "level=ERROR") || strings.HasPrefix(line, "outboxd: ") {
+			errLines = append(errLines, line)
+		}
+	}
+	if len(errLines) != 1 {
+		t.Fatalf("want exactly one error line, got %d; log:\n%s", len(errLines), p.logs.String())
+	}
+	if !regexp.MustCompile(want).MatchString(errLines[0]) {
+		t.Fatalf("error line %q does not match %q", errLines[0], want)
+	}
+	t.Logf("exit %d: %s", code, errLines[0])
+}
+
+// replace returns env with the variable name set to value.
+func replace(env []string, name, value string) []string {
+	out := make([]string, 0, len(env)+1)
+	for _, kv := range env {
+		if !strings.HasPrefix(kv, name+"=") {
+			out = append(out, kv)
+		}
+	}
+	return append(out, name+"="+value)
+}
+
+// Acceptance 5: each start-up error is one clear line and a non-zero exit.
+func TestStartupErrors(t *testing.T) {
+	d := newDB(t)
+	t.Run("postgres unreachable", func(t *testing.T) {
+		expectStartupError(t, replace(d.env(), "OUTBOXD_POSTGRES_DSN", "postgres://postgres@127.0.0.1:1/postgres?sslmode=disable"),
+			`cannot connect to Postgres at 127\.0\.0\.1:1 as postgres: .*connection refused.*check postgres\.dsn`)
+	})
+	t.Run("role lacks REPLICATION", func(t *testing.T) {
+		role := "norepl_" + randomSuffix()
+		d.exec(t, fmt.Sprintf(`CREATE ROLE %s LOGIN PASSWORD 'pw-%s'`, role, role))
+		t.Cleanup(func() { _, _ = d.pool.Exec(context.Background(), "DROP ROLE IF EXISTS "+role) })
+		dsn := strings.Replace(d.dsn, "postgres://postgres@", fmt.Sprintf("postgres://%s:pw-%s@", role, role), 1)
+		expectStartupError(t, replace(d.env(), "OUTBOXD_POSTGRES_DSN", dsn),
+			`role `+role+` lacks the REPLICATION attribute; run ALTER ROLE `)
+	})
+	t.Run("outbox table missing", func(t *testing.T) {
+		expectStartupError(t, replace(d.env(), "OUTBOXD_POSTGRES_TABLE", "public.no_such_outbox"),
+			`outbox table public\.no_such_outbox does not exist; run 'outboxd migrate'`)
+	})
+	t.Run("outbox column missing", func(t *testing.T) {
+		expectStartupError(t, replace(d.env(), "OUTBOXD_ROUTER_KEY_COLUMN", "aggregateid"),
+			`outbox table public\.outbox has no column aggregateid`)
+	})
+	t.Run("kafka unreachable", func(t *testing.T) {
+		expectStartupError(t, replace(d.env(), "OUTBOXD_KAFKA_BROKERS", "127.0.0.1:1"),
+			`cannot reach Kafka brokers 127\.0\.0\.1:1: .*check kafka\.brokers`)
+	})
+	t.Run("invalid configuration", func(t *testing.T) {
+		expectStartupError(t, append(d.env(), "OUTBOXD_POSTGRES_SLOTT=x"),
+			`environment variable OUTBOXD_POSTGRES_SLOTT names no setting`)
+	})
+	t.Run("publication missing and not to be created", func(t *testing.T) {
+		env := replace(d.env(), "OUTBOXD_POSTGRES_CREATE_PUBLICATION", "false")
+		expectStartupError(t, replace(env, "OUTBOXD_POSTGRES_PUBLICATION", "nopub"),
+			`publication \\?"nopub\\?" does not exist; create it with CREATE PUBLICATION`)
+	})
+}
+
+// scratchCluster starts a second Postgres with the test bed script, on its
+// own port and directory, and returns its DSN and a function to run SQL.
+func scratchCluster(t *testing.T) (dsn string, restart func()) {
+	t.Helper()
+	requireServices(t)
+	dir, err := os.MkdirTemp("", "outboxd-scratch-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = os.Chmod(dir, 0o755) // the postgres user must reach it
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	port := fmt.Sprintf("%d", 55000+time.Now().UnixNano()%900)
+	env := append(os.Environ(), "OUTBOXD_TESTBED_DIR="+dir, "OUTBOXD_TESTBED_PG_PORT="+port)
+	run := func(script string) {
+		t.Helper()
+		cmd := exec.Command("../scripts/testbed/"+script)
+		cmd.Env = env
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("%s: %v\n%s", script, err, out)
+		}
+	}
+	run("pg-start")
+	t.Cleanup(func() { run("pg-stop") })
+	return "postgres://postgres@127.0.0.1:" + port + "/postgres?sslmode=disable", func() { run("pg-stop"); run("pg-start") }
+}
+
+func sqlOn(t *testing.T, dsn string, stmts ...string) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	for _, s := range stmts {
+		if _, err := conn.Exec(ctx, s); err != nil {
+			t.Fatalf("%s: %v", s, err)
+		}
+	}
+}
+
+// Acceptance 5, continued: wal_level and an invalidated slot need a cluster
+// whose settings the test can change.
+func TestStartupErrorsOnMisconfiguredServer(t *testing.T) {
+	dsn, restart := scratchCluster(t)
+	sqlOn(t, dsn, `ALTER SYSTEM SET wal_level = replica`)
+	restart()
+	sqlOn(t, dsn, `CREATE TABLE public.outbox (id uuid PRIMARY KEY, aggregate_type text, aggregate_id text, event_type text, payload jsonb)`)
+	env := []string{
+		"PATH=" + os.Getenv("PATH"), "OUTBOXD_POSTGRES_DSN=" + dsn, "OUTBOXD_POSTGRES_SLOT=scratch",
+		"OUTBOXD_KAFKA_BROKERS=" + strings.Join(svc.brokers, ","), "OUTBOXD_HTTP_LISTEN=",
+	}
+	t.Run("wal_level not logical", func(t *testing.T) {
+		expectStartupError(t, env, `wal_level is replica; set wal_level = logical in postgresql\.conf .*restart Postgres`)
+	})
+
+	sqlOn(t, dsn, `ALTER SYSTEM SET wal_level = logical`, `ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'`)
+	restart()
+	sqlOn(t, dsn,
+		`SELECT pg_create_logical_replication_slot('scratch', 'pgoutput')`,
+		`CREATE TABLE filler AS SELECT repeat('x', 1000) AS v FROM generate_series(1, 40000)`,
+		`SELECT pg_switch_wal()`, `CHECKPOINT`,
+		`INSERT INTO filler SELECT repeat('y', 1000) FROM generate_series(1, 40000)`,
+		`SELECT pg_switch_wal()`, `CHECKPOINT`)
+	var status string
+	conn, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if err := conn.QueryRow(context.Background(), `SELECT wal_status FROM pg_replication_slots WHERE slot_name = 'scratch'`).Scan(&status); err != nil {
+		t.Fatal(err)
+	}
+	if status != "lost" {
+		t.Fatalf("could not invalidate the slot for the test: wal_status = %s", status)
+	}
+	t.Run("slot invalidated", func(t *testing.T) {
+		expectStartupError(t, env, `replication slot \\?"scratch\\?" is invalidated: Postgres removed WAL it still needed .*may never be delivered`)
+	})
+}
+
+// A slot held by another process: outboxd says so, keeps retrying, and
+// streams once the slot is free.
+func TestSlotHeldByAnotherProcessIsWaitedFor(t *testing.T) {
+	d := newDB(t)
+	d.exec(t, `CREATE PUBLICATION outboxd FOR TABLE public.outbox`)
+	d.exec(t, fmt.Sprintf(`SELECT pg_create_logical_replication_slot('%s', 'pgoutput')`, d.slot))
+	ctx := context.Background()
+	cfg, err := pgconn.ParseConfig(d.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.RuntimeParams["replication"] = "database"
+	holder, err := pgconn.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = pglogrepl.StartReplication(ctx, holder, d.slot, 0, pglogrepl.StartReplicationOptions{
+		PluginArgs: []string{"proto_version '1'", "publication_names 'outboxd'"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := start(t, d.env())
+	p.waitLog(`replication slot \\?"`+d.slot+`\\?" is in use by process \d+`, 30*time.Second)
+	holder.Close(ctx)
+	p.waitLog(`msg=streaming`, 60*time.Second)
+}
