@@ -103,7 +103,7 @@ func scratchCluster(t *testing.T) (dsn string, restart func()) {
 	env := append(os.Environ(), "OUTBOXD_TESTBED_DIR="+dir, "OUTBOXD_TESTBED_PG_PORT="+port)
 	run := func(script string) {
 		t.Helper()
-		cmd := exec.Command("../scripts/testbed/"+script)
+		cmd := exec.Command("../scripts/testbed/" + script)
 		cmd.Env = env
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("%s: %v\n%s", script, err, out)
