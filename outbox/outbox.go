@@ -1,0 +1,473 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outboxd/outboxd/config"
+)
+
+// Event is one outbox event.
+type Event struct {
+	// ID is the event id; zero means a new UUIDv7.
+	ID            uuid.UUID
+	AggregateType string // names the topic: "<AggregateType>-events" by default
+	AggregateID   string // the Kafka record key
+	Type          string // the eventType header
+	// Payload is the record value: JSON for a jsonb column (and in Message
+	// mode), any bytes for a bytea column. nil is SQL NULL.
+	Payload []byte
+	// Headers go to the headers column (jsonb object) or, in Message mode,
+	// to the message's "headers" object.
+	Headers map[string]string
+	// Traceparent is a W3C trace context; it goes to the traceparent column,
+	// or to the headers under "traceparent" when there is none.
+	Traceparent string
+	// Partition, when set, goes to the partition column.
+	Partition *int32
+	// IdempotencyKey, when set, goes to the idempotency key column, whose
+	// unique index rejects a second event with the same key.
+	IdempotencyKey string
+}
+
+// Columns names the outbox table's columns. ID, AggregateType, AggregateID
+// and Payload are required; every other name may be "" when the table has no
+// such column.
+type Columns struct {
+	ID            string
+	AggregateType string
+	AggregateID   string
+	EventType     string
+	Payload       string
+	// BinaryPayload says the payload column is bytea: Payload is sent as
+	// raw bytes rather than as text.
+	BinaryPayload  bool
+	Traceparent    string
+	Partition      string
+	Headers        string // jsonb
+	IdempotencyKey string
+}
+
+// DefaultColumns returns outboxd's column names (migrations/*.sql and the
+// router defaults), including the idempotency key of migration 0002.
+func DefaultColumns() Columns {
+	return Columns{
+		ID: "id", AggregateType: "aggregate_type", AggregateID: "aggregate_id",
+		EventType: "event_type", Payload: "payload", IdempotencyKey: "idempotency_key",
+	}
+}
+
+// DebeziumColumns returns the column names of Debezium's EventRouter
+// defaults: id, aggregatetype, aggregateid, type, payload.
+func DebeziumColumns() Columns {
+	return Columns{ID: "id", AggregateType: "aggregatetype", AggregateID: "aggregateid", EventType: "type", Payload: "payload"}
+}
+
+// RouterColumns returns the columns outboxd's router settings read (pass
+// the Router of a loaded, validated config), so that the writer and outboxd
+// share one description of the table. An event type column of "" or "-"
+// means none. Optional columns are left empty; set them on the result.
+func RouterColumns(r config.Router) Columns {
+	c := Columns{ID: r.IDColumn, AggregateType: r.RouteByColumn, AggregateID: r.KeyColumn, EventType: r.EventTypeColumn, Payload: r.PayloadColumn}
+	if c.EventType == "-" {
+		c.EventType = ""
+	}
+	return c
+}
+
+// Mode says how events reach the WAL.
+type Mode int
+
+const (
+	// Insert inserts one row per event and leaves it in the table.
+	Insert Mode = iota
+	// InsertDelete inserts the rows and deletes them in the same
+	// transaction; the WAL still carries the inserts.
+	InsertDelete
+	// Message writes one transactional logical decoding message per event
+	// and no row; see the package documentation for its content.
+	Message
+)
+
+func (m Mode) String() string {
+	switch m {
+	case Insert:
+		return "insert"
+	case InsertDelete:
+		return "insert-delete"
+	case Message:
+		return "message"
+	}
+	return "Mode(" + strconv.Itoa(int(m)) + ")"
+}
+
+// Config describes the outbox a Writer writes to. The zero value is
+// outboxd's default table, public.outbox, in Insert mode.
+type Config struct {
+	Table   string  // schema-qualified; "" is public.outbox
+	Columns Columns // zero value: DefaultColumns()
+	Mode    Mode
+	// MessagePrefix is the prefix of logical messages in Message mode; it
+	// must be the prefix outboxd routes. "" is DefaultMessagePrefix.
+	MessagePrefix string
+}
+
+// DefaultMessagePrefix is the logical message prefix used when
+// Config.MessagePrefix is empty.
+const DefaultMessagePrefix = "outbox"
+
+// ErrDuplicate reports an event whose id or idempotency key is already in the
+// outbox table (a unique violation, as reported by pgx and its database/sql
+// driver). The caller's transaction is aborted: roll it back.
+var ErrDuplicate = errors.New("an event with this id or idempotency key is already in the outbox")
+
+// maxParams is Postgres' limit of bind parameters in one statement.
+const maxParams = 65535
+
+// Writer writes events; it is safe for concurrent use.
+type Writer struct {
+	cfg     Config
+	table   string   // quoted
+	cols    []string // quoted, in insert order
+	idCol   string   // quoted
+	perRow  int
+	rowsMax int
+}
+
+// New returns a Writer for cfg, or an error naming the bad field.
+func New(cfg Config) (*Writer, error) {
+	if cfg.Table == "" {
+		cfg.Table = "public.outbox"
+	}
+	if cfg.Columns == (Columns{}) {
+		cfg.Columns = DefaultColumns()
+	}
+	if cfg.MessagePrefix == "" {
+		cfg.MessagePrefix = DefaultMessagePrefix
+	}
+	c := cfg.Columns
+	for _, f := range []struct{ field, name string }{
+		{"ID", c.ID}, {"AggregateType", c.AggregateType}, {"AggregateID", c.AggregateID}, {"Payload", c.Payload},
+	} {
+		if f.name == "" {
+			return nil, fmt.Errorf("outbox: Columns.%s is empty; name the table's column (DefaultColumns and DebeziumColumns list the usual names)", f.field)
+		}
+	}
+	switch cfg.Mode {
+	case Insert, InsertDelete:
+	case Message:
+		if c.BinaryPayload {
+			return nil, errors.New("outbox: Message mode embeds payloads as JSON; Columns.BinaryPayload must be false")
+		}
+	default:
+		return nil, fmt.Errorf("outbox: unknown Mode %d", cfg.Mode)
+	}
+	schema, table, ok := strings.Cut(cfg.Table, ".")
+	if !ok {
+		schema, table = "public", cfg.Table
+	}
+	w := &Writer{cfg: cfg, table: pgx.Identifier{schema, table}.Sanitize(), idCol: quote(c.ID)}
+	for _, name := range []string{c.ID, c.AggregateType, c.AggregateID, c.EventType, c.Payload, c.Traceparent, c.Partition, c.Headers, c.IdempotencyKey} {
+		if name != "" {
+			w.cols = append(w.cols, quote(name))
+		}
+	}
+	w.perRow = len(w.cols)
+	w.rowsMax = maxParams / w.perRow
+	return w, nil
+}
+
+func quote(name string) string { return pgx.Identifier{name}.Sanitize() }
+
+// Statement is one SQL statement and its arguments.
+type Statement struct {
+	SQL  string
+	Args []any
+}
+
+// Statements returns the statements that Write and WriteSQL run for events,
+// in order, and the event ids (new UUIDv7s where ID is zero). It is what a
+// caller with another Postgres client needs to run them itself.
+func (w *Writer) Statements(events ...Event) ([]Statement, []uuid.UUID, error) {
+	if len(events) == 0 {
+		return nil, nil, nil
+	}
+	ids := make([]uuid.UUID, len(events))
+	for i, e := range events {
+		if e.AggregateType == "" {
+			return nil, nil, fmt.Errorf("outbox: event %d: AggregateType is empty; it names the topic", i)
+		}
+		ids[i] = e.ID
+		if e.ID == uuid.Nil {
+			id, err := uuid.NewV7()
+			if err != nil {
+				return nil, nil, fmt.Errorf("outbox: generating event id: %w", err)
+			}
+			ids[i] = id
+		}
+	}
+	if w.cfg.Mode == Message {
+		stmts, err := w.messages(events, ids)
+		return stmts, ids, err
+	}
+	var stmts []Statement
+	for start := 0; start < len(events); start += w.rowsMax {
+		end := min(start+w.rowsMax, len(events))
+		s, err := w.insert(events[start:end], ids[start:end], start)
+		if err != nil {
+			return nil, nil, err
+		}
+		stmts = append(stmts, s)
+	}
+	if w.cfg.Mode == InsertDelete {
+		for start := 0; start < len(ids); start += maxParams {
+			stmts = append(stmts, w.delete(ids[start:min(start+maxParams, len(ids))]))
+		}
+	}
+	return stmts, ids, nil
+}
+
+// insert builds one multi-row INSERT; first is the index of events[0] in
+// the caller's list, for error messages.
+func (w *Writer) insert(events []Event, ids []uuid.UUID, first int) (Statement, error) {
+	c := w.cfg.Columns
+	var b strings.Builder
+	b.WriteString("INSERT INTO ")
+	b.WriteString(w.table)
+	b.WriteString(" (")
+	b.WriteString(strings.Join(w.cols, ", "))
+	b.WriteString(") VALUES ")
+	args := make([]any, 0, len(events)*w.perRow)
+	for i, e := range events {
+		n := first + i
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteByte('(')
+		for j := range w.perRow {
+			if j > 0 {
+				b.WriteString(", ")
+			}
+			b.WriteByte('$')
+			b.WriteString(strconv.Itoa(len(args) + j + 1))
+		}
+		b.WriteByte(')')
+
+		args = append(args, ids[i].String(), e.AggregateType, e.AggregateID)
+		if c.EventType != "" {
+			args = append(args, e.Type)
+		} else if e.Type != "" {
+			return Statement{}, fmt.Errorf("outbox: event %d has Type %q but Columns.EventType names no column", n, e.Type)
+		}
+		args = append(args, w.payloadArg(e.Payload))
+		headers := e.Headers
+		if c.Traceparent != "" {
+			args = append(args, nullString(e.Traceparent))
+		} else if e.Traceparent != "" {
+			if c.Headers == "" {
+				return Statement{}, fmt.Errorf("outbox: event %d has a Traceparent but the table has neither a traceparent nor a headers column (Columns.Traceparent, Columns.Headers)", n)
+			}
+			headers = withHeader(headers, "traceparent", e.Traceparent)
+		}
+		if c.Partition != "" {
+			if e.Partition != nil {
+				args = append(args, *e.Partition)
+			} else {
+				args = append(args, nil)
+			}
+		} else if e.Partition != nil {
+			return Statement{}, fmt.Errorf("outbox: event %d has a Partition but Columns.Partition names no column", n)
+		}
+		if c.Headers != "" {
+			if len(headers) == 0 {
+				args = append(args, nil)
+			} else {
+				h, err := json.Marshal(headers)
+				if err != nil {
+					return Statement{}, fmt.Errorf("outbox: event %d: encoding headers: %w", n, err)
+				}
+				args = append(args, string(h))
+			}
+		} else if len(headers) > 0 {
+			return Statement{}, fmt.Errorf("outbox: event %d has Headers but Columns.Headers names no column", n)
+		}
+		if c.IdempotencyKey != "" {
+			args = append(args, nullString(e.IdempotencyKey))
+		} else if e.IdempotencyKey != "" {
+			return Statement{}, fmt.Errorf("outbox: event %d has an IdempotencyKey but Columns.IdempotencyKey names no column; apply migration 0002", n)
+		}
+	}
+	return Statement{SQL: b.String(), Args: args}, nil
+}
+
+func (w *Writer) payloadArg(p []byte) any {
+	switch {
+	case p == nil:
+		return nil
+	case w.cfg.Columns.BinaryPayload:
+		return p
+	default:
+		return string(p)
+	}
+}
+
+func nullString(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}
+
+// withHeader returns a copy of h with k set to v; the caller's map is not
+// changed.
+func withHeader(h map[string]string, k, v string) map[string]string {
+	out := make(map[string]string, len(h)+1)
+	for hk, hv := range h {
+		out[hk] = hv
+	}
+	out[k] = v
+	return out
+}
+
+func (w *Writer) delete(ids []uuid.UUID) Statement {
+	var b strings.Builder
+	b.WriteString("DELETE FROM ")
+	b.WriteString(w.table)
+	b.WriteString(" WHERE ")
+	b.WriteString(w.idCol)
+	b.WriteString(" IN (")
+	args := make([]any, len(ids))
+	for i, id := range ids {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteByte('$')
+		b.WriteString(strconv.Itoa(i + 1))
+		args[i] = id.String()
+	}
+	b.WriteByte(')')
+	return Statement{SQL: b.String(), Args: args}
+}
+
+// message is the content of a logical message; see the package doc.
+type message struct {
+	ID            string            `json:"id"`
+	AggregateType string            `json:"aggregate_type"`
+	AggregateID   string            `json:"aggregate_id"`
+	EventType     string            `json:"event_type"`
+	Payload       json.RawMessage   `json:"payload"`
+	Headers       map[string]string `json:"headers,omitempty"`
+}
+
+func (w *Writer) messages(events []Event, ids []uuid.UUID) ([]Statement, error) {
+	var stmts []Statement
+	var b strings.Builder
+	var args []any
+	flush := func() {
+		b.WriteString(") AS m(content)")
+		stmts = append(stmts, Statement{SQL: b.String(), Args: args})
+		b.Reset()
+		args = nil
+	}
+	for i, e := range events {
+		switch {
+		case e.Partition != nil:
+			return nil, fmt.Errorf("outbox: event %d has a Partition, which a logical message cannot carry", i)
+		case e.IdempotencyKey != "":
+			return nil, fmt.Errorf("outbox: event %d has an IdempotencyKey, which needs a table; use Insert or InsertDelete mode", i)
+		case e.Payload != nil && !json.Valid(e.Payload):
+			return nil, fmt.Errorf("outbox: event %d: Payload is not valid JSON, which Message mode requires", i)
+		}
+		m := message{ID: ids[i].String(), AggregateType: e.AggregateType, AggregateID: e.AggregateID, EventType: e.Type, Payload: e.Payload, Headers: e.Headers}
+		if e.Traceparent != "" {
+			m.Headers = withHeader(e.Headers, "traceparent", e.Traceparent)
+		}
+		content, err := json.Marshal(m)
+		if err != nil {
+			return nil, fmt.Errorf("outbox: event %d: encoding message: %w", i, err)
+		}
+		if len(args) == maxParams {
+			flush()
+		}
+		if len(args) == 0 {
+			b.WriteString("SELECT pg_logical_emit_message(true, ")
+			b.WriteString(quoteLiteral(w.cfg.MessagePrefix))
+			b.WriteString(", content) FROM (VALUES ")
+		} else {
+			b.WriteString(", ")
+		}
+		args = append(args, string(content))
+		b.WriteString("($")
+		b.WriteString(strconv.Itoa(len(args)))
+		b.WriteString("::text)")
+	}
+	flush()
+	return stmts, nil
+}
+
+// quoteLiteral quotes s as an SQL string literal (standard_conforming_strings).
+func quoteLiteral(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
+}
+
+// Write writes events in tx, in one round trip, and returns their ids. It
+// neither commits nor rolls back tx.
+func (w *Writer) Write(ctx context.Context, tx pgx.Tx, events ...Event) ([]uuid.UUID, error) {
+	stmts, ids, err := w.Statements(events...)
+	if err != nil || len(stmts) == 0 {
+		return nil, err
+	}
+	if len(stmts) == 1 {
+		if _, err := tx.Exec(ctx, stmts[0].SQL, stmts[0].Args...); err != nil {
+			return nil, w.wrap(len(events), err)
+		}
+		return ids, nil
+	}
+	var batch pgx.Batch
+	for _, s := range stmts {
+		batch.Queue(s.SQL, s.Args...)
+	}
+	br := tx.SendBatch(ctx, &batch)
+	for range stmts {
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			return nil, w.wrap(len(events), err)
+		}
+	}
+	if err := br.Close(); err != nil {
+		return nil, w.wrap(len(events), err)
+	}
+	return ids, nil
+}
+
+// WriteSQL is Write for database/sql. Each statement is one round trip, so
+// InsertDelete mode takes two. It neither commits nor rolls back tx.
+func (w *Writer) WriteSQL(ctx context.Context, tx *sql.Tx, events ...Event) ([]uuid.UUID, error) {
+	stmts, ids, err := w.Statements(events...)
+	if err != nil {
+		return nil, err
+	}
+	for _, s := range stmts {
+		if _, err := tx.ExecContext(ctx, s.SQL, s.Args...); err != nil {
+			return nil, w.wrap(len(events), err)
+		}
+	}
+	return ids, nil
+}
+
+func (w *Writer) wrap(n int, err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
+		return fmt.Errorf("writing %d outbox events to %s: %w: %w", n, w.table, ErrDuplicate, err)
+	}
+	return fmt.Errorf("writing %d outbox events to %s (%s mode): %w", n, w.table, w.cfg.Mode, err)
+}

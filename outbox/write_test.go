@@ -1,0 +1,162 @@
+package outbox_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/outboxd/outboxd/outbox"
+)
+
+// Events written through Write (pgx) and WriteSQL (database/sql), one and
+// many at a time, in both table modes, arrive through outboxd with the right
+// topic, key, headers and value; events of rolled-back transactions never do.
+func TestWriteDeliveredByOutboxd(t *testing.T) {
+	d := newDB(t, "outbox_write")
+	startRelay(t, d)
+	sqlDB := openSQL(t, d)
+	ctx := context.Background()
+
+	aggregate := "ow_" + randomSuffix()
+	topic := aggregate + "-events"
+	type want struct{ key, typ, value string }
+	expected := map[string]want{}
+	events := func(key string, n int) []outbox.Event {
+		var evs []outbox.Event
+		for i := range n {
+			evs = append(evs, outbox.Event{
+				AggregateType: aggregate, AggregateID: key, Type: fmt.Sprintf("%sHappened%d", key, i),
+				Payload: fmt.Appendf(nil, `{"n": %d}`, i),
+			})
+		}
+		return evs
+	}
+	remember := func(evs []outbox.Event, ids []uuid.UUID) {
+		for i, e := range evs {
+			expected[ids[i].String()] = want{key: e.AggregateID, typ: e.Type, value: string(e.Payload)}
+		}
+	}
+	writePgx := func(w *outbox.Writer, evs []outbox.Event, commit bool) []uuid.UUID {
+		t.Helper()
+		tx, err := d.pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		ids, err := w.Write(ctx, tx, evs...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if commit {
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return ids
+	}
+	writeSQL := func(w *outbox.Writer, evs []outbox.Event, commit bool) []uuid.UUID {
+		t.Helper()
+		tx, err := sqlDB.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback()
+		ids, err := w.WriteSQL(ctx, tx, evs...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if commit {
+			if err := tx.Commit(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return ids
+	}
+	writers := map[outbox.Mode]*outbox.Writer{}
+	for _, m := range []outbox.Mode{outbox.Insert, outbox.InsertDelete} {
+		w, err := outbox.New(outbox.Config{Mode: m})
+		if err != nil {
+			t.Fatal(err)
+		}
+		writers[m] = w
+	}
+
+	var kept []uuid.UUID // ids whose rows stay in the table (Insert mode)
+	cases := []struct {
+		key  string
+		n    int
+		mode outbox.Mode
+		sql  bool
+	}{
+		{"pgx-one", 1, outbox.Insert, false},
+		{"pgx-many", 7, outbox.InsertDelete, false},
+		{"sql-one", 1, outbox.InsertDelete, true},
+		{"sql-many", 7, outbox.Insert, true},
+	}
+	for _, c := range cases {
+		evs := events(c.key, c.n)
+		var ids []uuid.UUID
+		if c.sql {
+			ids = writeSQL(writers[c.mode], evs, true)
+		} else {
+			ids = writePgx(writers[c.mode], evs, true)
+		}
+		if len(ids) != c.n {
+			t.Fatalf("%s: %d ids for %d events", c.key, len(ids), c.n)
+		}
+		remember(evs, ids)
+		if c.mode == outbox.Insert {
+			kept = append(kept, ids...)
+		}
+	}
+	// Rolled back: never delivered. The committed event after them has the
+	// same key, so the same partition: once it is read, they would have been.
+	rolledBack := map[string]bool{}
+	for _, id := range writePgx(writers[outbox.Insert], events("last", 3), false) {
+		rolledBack[id.String()] = true
+	}
+	for _, id := range writeSQL(writers[outbox.InsertDelete], events("last", 3), false) {
+		rolledBack[id.String()] = true
+	}
+	last := events("last", 1)
+	remember(last, writePgx(writers[outbox.InsertDelete], last, true))
+
+	recs := readTopic(t, d.brokers, topic, len(expected), 500*time.Millisecond)
+	seen := map[string]bool{}
+	for _, r := range recs {
+		id, _ := header(r, "id")
+		if rolledBack[id] {
+			t.Errorf("event %s of a rolled-back transaction was delivered", id)
+			continue
+		}
+		w, ok := expected[id]
+		if !ok {
+			t.Errorf("unexpected record id=%q key=%q value=%q", id, r.Key, r.Value)
+			continue
+		}
+		if seen[id] {
+			t.Errorf("event %s delivered twice", id)
+		}
+		seen[id] = true
+		typ, _ := header(r, "eventType")
+		if string(r.Key) != w.key || typ != w.typ || string(r.Value) != w.value || r.Topic != topic {
+			t.Errorf("event %s: got topic %q key %q eventType %q value %q; want %q %q %q %q",
+				id, r.Topic, r.Key, typ, r.Value, topic, w.key, w.typ, w.value)
+		}
+	}
+	if len(seen) != len(expected) {
+		t.Errorf("%d of %d events delivered", len(seen), len(expected))
+	}
+
+	// Insert mode keeps its rows; InsertDelete leaves none.
+	var rows int
+	if err := d.pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&rows); err != nil {
+		t.Fatal(err)
+	}
+	if rows != len(kept) {
+		t.Errorf("outbox holds %d rows; want the %d written in Insert mode", rows, len(kept))
+	}
+}
