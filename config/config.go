@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"reflect"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -60,22 +61,132 @@ type Kafka struct {
 	// retries included; past it the pipeline restarts from the slot.
 	DeliveryTimeout time.Duration `yaml:"delivery_timeout"`
 	Linger          time.Duration `yaml:"linger"`
+	// MaxMessageBytes is the largest record outboxd sends (key, value and
+	// headers); a larger row is a poison row. Keep it at or below the
+	// topics' max.message.bytes.
+	MaxMessageBytes int `yaml:"max_message_bytes"`
 	// Compression is none, gzip, snappy, lz4 or zstd.
 	Compression string `yaml:"compression"`
 }
 
-// Router maps outbox columns to Kafka records.
+// Router maps outbox rows (and logical messages) to Kafka records, with the
+// options of Debezium's Outbox EventRouter. Column settings left empty take
+// the Preset's names.
 type Router struct {
+	// Preset names the column set: outboxd (id, aggregate_type,
+	// aggregate_id, event_type, payload) or debezium (id, aggregatetype,
+	// aggregateid, type, payload).
+	Preset string `yaml:"preset"`
 	// TopicTemplate names the topic; ${routedByValue} stands for the
 	// route-by column's value, as in Debezium's route.topic.replacement.
-	TopicTemplate   string `yaml:"topic_template"`
-	RouteByColumn   string `yaml:"route_by_column"`
-	IDColumn        string `yaml:"id_column"`
-	KeyColumn       string `yaml:"key_column"`
-	PayloadColumn   string `yaml:"payload_column"`
-	EventTypeColumn string `yaml:"event_type_column"` // "" sends no type header
-	IDHeader        string `yaml:"id_header"`
-	EventTypeHeader string `yaml:"event_type_header"`
+	TopicTemplate string `yaml:"topic_template"`
+	// TopicRegex, if set, is matched against the route-by value first;
+	// TopicTemplate may then refer to its groups ($1, ${name}), and the
+	// first match is replaced, as Debezium's route.topic.regex does.
+	TopicRegex string `yaml:"topic_regex"`
+	// TopicColumn, if set, names a column whose non-NULL value is the topic,
+	// overriding the template for that row.
+	TopicColumn       string `yaml:"topic_column"`
+	RouteByColumn     string `yaml:"route_by_column"`
+	IDColumn          string `yaml:"id_column"`
+	KeyColumn         string `yaml:"key_column"`
+	PayloadColumn     string `yaml:"payload_column"`
+	EventTypeColumn   string `yaml:"event_type_column"` // "-" sends no type header
+	TimestampColumn   string `yaml:"timestamp_column"`  // record timestamp; else the commit time
+	TraceparentColumn string `yaml:"traceparent_column"`
+	IDHeader          string `yaml:"id_header"`
+	EventTypeHeader   string `yaml:"event_type_header"`
+	// AdditionalFields places more columns, like Debezium's
+	// table.fields.additional.placement.
+	AdditionalFields []Field `yaml:"additional_fields"`
+	// AdditionalMissing is error or ignore: what a placed column absent
+	// from the table does.
+	AdditionalMissing string `yaml:"additional_missing"`
+	// KeyEncoding is raw (the key column's bytes) or json (the key as a JSON
+	// string, quotes included, as Kafka Connect's JsonConverter wrote it).
+	KeyEncoding string `yaml:"key_encoding"`
+	// ExpandJSONPayload requires the payload to be JSON and embeds it as JSON
+	// (not as a string) in an envelope.
+	ExpandJSONPayload bool `yaml:"expand_json_payload"`
+	// TombstoneOnEmptyPayload sends a NULL or blank payload as a tombstone
+	// (key kept, value null). Without it a NULL payload is a poison row.
+	TombstoneOnEmptyPayload bool `yaml:"tombstone_on_empty_payload"`
+	// RequireKey makes a NULL key a poison row; without it the record has a
+	// null key (and no per-key order).
+	RequireKey bool `yaml:"require_key"`
+	// OnUpdate is ignore, warn or error (error stops outboxd).
+	OnUpdate string   `yaml:"on_update"`
+	Messages Messages `yaml:"messages"`
+	Poison   Poison   `yaml:"poison"`
+}
+
+// Field places one additional column.
+type Field struct {
+	Column    string `yaml:"column"`
+	Placement string `yaml:"placement"` // header, envelope or partition
+	Alias     string `yaml:"alias"`     // header or envelope field name; default the column name
+}
+
+// Messages routes events written with pg_logical_emit_message(true, prefix,
+// content) instead of a table. content is a JSON object whose fields are
+// named like the columns (id, aggregate_type, aggregate_id, event_type,
+// payload, ...).
+type Messages struct {
+	Prefix string `yaml:"prefix"` // "" disables message events
+	// DefaultRouteBy routes a message without a route-by field.
+	DefaultRouteBy string `yaml:"default_route_by"`
+}
+
+// Poison says what happens to a row that cannot be routed.
+type Poison struct {
+	Policy   string `yaml:"policy"`    // halt or dlq
+	DLQTopic string `yaml:"dlq_topic"` // for dlq
+}
+
+// ParseFields parses Debezium's placement syntax, a comma-separated list of
+// column:placement[:alias], e.g. "type:header:eventType,region:partition".
+func ParseFields(s string) ([]Field, error) {
+	var out []Field
+	for _, item := range strings.Split(s, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			continue
+		}
+		parts := strings.Split(item, ":")
+		if len(parts) < 2 || len(parts) > 3 {
+			return nil, fmt.Errorf("%q is not column:placement[:alias]", item)
+		}
+		f := Field{Column: parts[0], Placement: parts[1]}
+		if len(parts) == 3 {
+			f.Alias = parts[2]
+		}
+		out = append(out, f)
+	}
+	return out, nil
+}
+
+// Presets of column names.
+var presets = map[string]Router{
+	"outboxd":  {RouteByColumn: "aggregate_type", IDColumn: "id", KeyColumn: "aggregate_id", PayloadColumn: "payload", EventTypeColumn: "event_type"},
+	"debezium": {RouteByColumn: "aggregatetype", IDColumn: "id", KeyColumn: "aggregateid", PayloadColumn: "payload", EventTypeColumn: "type"},
+}
+
+// resolve fills the column names left empty from the preset.
+func (r *Router) resolve() {
+	p, ok := presets[r.Preset]
+	if !ok {
+		return
+	}
+	fill := func(dst *string, v string) {
+		if *dst == "" {
+			*dst = v
+		}
+	}
+	fill(&r.RouteByColumn, p.RouteByColumn)
+	fill(&r.IDColumn, p.IDColumn)
+	fill(&r.KeyColumn, p.KeyColumn)
+	fill(&r.PayloadColumn, p.PayloadColumn)
+	fill(&r.EventTypeColumn, p.EventTypeColumn)
 }
 
 // HTTP serves /metrics and /healthz.
@@ -90,8 +201,17 @@ type Log struct {
 }
 
 // Default returns the configuration used for every field a file and the
-// environment leave unset.
-func Default() Config {
+// environment leave unset, with the outboxd column preset.
+func Default() Config { return defaultFor("outboxd") }
+
+func defaultFor(preset string) Config {
+	c := base()
+	c.Router.Preset = preset
+	c.Router.resolve()
+	return c
+}
+
+func base() Config {
 	return Config{
 		Postgres: Postgres{
 			DSN:               "postgres://postgres@127.0.0.1:5432/postgres",
@@ -112,17 +232,19 @@ func Default() Config {
 			MaxBufferedRecords:     10000,
 			DeliveryTimeout:        2 * time.Minute,
 			Linger:                 0,
+			MaxMessageBytes:        1000000,
 			Compression:            "none",
 		},
 		Router: Router{
-			TopicTemplate:   "${routedByValue}-events",
-			RouteByColumn:   "aggregate_type",
-			IDColumn:        "id",
-			KeyColumn:       "aggregate_id",
-			PayloadColumn:   "payload",
-			EventTypeColumn: "event_type",
-			IDHeader:        "id",
-			EventTypeHeader: "eventType",
+			Preset:            "outboxd",
+			TopicTemplate:     "${routedByValue}-events",
+			IDHeader:          "id",
+			EventTypeHeader:   "eventType",
+			AdditionalMissing: "error",
+			KeyEncoding:       "raw",
+			RequireKey:        true,
+			OnUpdate:          "warn",
+			Poison:            Poison{Policy: "halt"},
 		},
 		HTTP:            HTTP{Listen: ":8080"},
 		Log:             Log{Level: "info", Format: "text"},
@@ -130,18 +252,40 @@ func Default() Config {
 	}
 }
 
+// peekPreset finds router.preset in the YAML data and the environment, so
+// that Load can start from that preset's column names.
+func peekPreset(data []byte, environ []string) string {
+	var doc struct {
+		Router struct {
+			Preset string `yaml:"preset"`
+		} `yaml:"router"`
+	}
+	_ = yaml.Unmarshal(data, &doc) // errors surface in the strict decode
+	preset := doc.Router.Preset
+	for _, kv := range environ {
+		if v, ok := strings.CutPrefix(kv, EnvPrefix+"ROUTER_PRESET="); ok {
+			preset = v
+		}
+	}
+	if preset == "" {
+		preset = "outboxd"
+	}
+	return preset
+}
+
 // Load returns the defaults overlaid with the YAML file at path (skipped when
 // path is "") and then with the OUTBOXD_* variables in environ.
 func Load(path string, environ []string) (Config, error) {
-	cfg := Default()
+	var data []byte
 	if path != "" {
-		data, err := os.ReadFile(path)
-		if err != nil {
-			return cfg, fmt.Errorf("reading config file: %w", err)
+		var err error
+		if data, err = os.ReadFile(path); err != nil {
+			return Default(), fmt.Errorf("reading config file: %w", err)
 		}
-		if err := Decode(data, &cfg); err != nil {
-			return cfg, fmt.Errorf("config file %s: %w", path, err)
-		}
+	}
+	cfg := defaultFor(peekPreset(data, environ))
+	if err := Decode(data, &cfg); err != nil {
+		return cfg, fmt.Errorf("config file %s: %w", path, err)
 	}
 	if err := applyEnv(&cfg, environ); err != nil {
 		return cfg, err
@@ -223,6 +367,12 @@ func setField(f reflect.Value, s string) error {
 			return fmt.Errorf("%q is not a whole number", s)
 		}
 		f.SetInt(int64(n))
+	case []Field:
+		fields, err := ParseFields(s)
+		if err != nil {
+			return err
+		}
+		f.Set(reflect.ValueOf(fields))
 	case []string:
 		var list []string
 		for _, part := range strings.Split(s, ",") {
@@ -295,6 +445,9 @@ func (c Config) Validate() error {
 	if c.Kafka.DeliveryTimeout < time.Second {
 		bad("kafka.delivery_timeout", "%s must be at least 1s", c.Kafka.DeliveryTimeout)
 	}
+	if c.Kafka.MaxMessageBytes < 1024 {
+		bad("kafka.max_message_bytes", "%d must be at least 1024", c.Kafka.MaxMessageBytes)
+	}
 	if c.Kafka.Linger < 0 || c.Kafka.Linger > time.Minute {
 		bad("kafka.linger", "%s must be between 0 and 1m", c.Kafka.Linger)
 	}
@@ -303,22 +456,7 @@ func (c Config) Validate() error {
 	default:
 		bad("kafka.compression", "%q must be none, gzip, snappy, lz4 or zstd", c.Kafka.Compression)
 	}
-	r := c.Router
-	if r.TopicTemplate == "" {
-		bad("router.topic_template", "must not be empty")
-	}
-	for field, v := range map[string]string{
-		"router.route_by_column": r.RouteByColumn, "router.id_column": r.IDColumn,
-		"router.key_column": r.KeyColumn, "router.payload_column": r.PayloadColumn,
-		"router.id_header": r.IDHeader,
-	} {
-		if v == "" {
-			bad(field, "must not be empty")
-		}
-	}
-	if r.EventTypeColumn != "" && r.EventTypeHeader == "" {
-		bad("router.event_type_header", "must not be empty while router.event_type_column is set")
-	}
+	errs = append(errs, c.Router.validate()...)
 	if c.HTTP.Listen != "" {
 		if _, _, err := net.SplitHostPort(c.HTTP.Listen); err != nil {
 			bad("http.listen", "%q is not host:port (or :port)", c.HTTP.Listen)
@@ -339,6 +477,62 @@ func (c Config) Validate() error {
 	}
 	slices.SortFunc(errs, func(a, b error) int { return strings.Compare(a.Error(), b.Error()) })
 	return errors.Join(errs...)
+}
+
+func (r Router) validate() []error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("router.%s: %s", field, fmt.Sprintf(format, args...)))
+	}
+	if _, ok := presets[r.Preset]; !ok {
+		bad("preset", "%q must be outboxd or debezium", r.Preset)
+	}
+	if r.TopicTemplate == "" {
+		bad("topic_template", "must not be empty")
+	}
+	if r.TopicRegex != "" {
+		if _, err := regexp.Compile(r.TopicRegex); err != nil {
+			bad("topic_regex", "not a valid regular expression: %v", err)
+		}
+	}
+	for field, v := range map[string]string{
+		"route_by_column": r.RouteByColumn, "id_column": r.IDColumn, "key_column": r.KeyColumn,
+		"payload_column": r.PayloadColumn, "id_header": r.IDHeader,
+	} {
+		if v == "" {
+			bad(field, "must not be empty")
+		}
+	}
+	if r.EventTypeColumn != "" && r.EventTypeColumn != "-" && r.EventTypeHeader == "" {
+		bad("event_type_header", "must not be empty while router.event_type_column is set")
+	}
+	partitions := 0
+	for i, f := range r.AdditionalFields {
+		switch {
+		case f.Column == "":
+			bad(fmt.Sprintf("additional_fields[%d].column", i), "must not be empty")
+		case f.Placement == "partition":
+			partitions++
+		case f.Placement != "header" && f.Placement != "envelope":
+			bad(fmt.Sprintf("additional_fields[%d].placement", i), "%q must be header, envelope or partition", f.Placement)
+		}
+	}
+	if partitions > 1 {
+		bad("additional_fields", "at most one column may be placed as partition")
+	}
+	oneOf := func(field, v string, allowed ...string) {
+		if !slices.Contains(allowed, v) {
+			bad(field, "%q must be %s", v, strings.Join(allowed, " or "))
+		}
+	}
+	oneOf("additional_missing", r.AdditionalMissing, "error", "ignore")
+	oneOf("key_encoding", r.KeyEncoding, "raw", "json")
+	oneOf("on_update", r.OnUpdate, "ignore", "warn", "error")
+	oneOf("poison.policy", r.Poison.Policy, "halt", "dlq")
+	if r.Poison.Policy == "dlq" && r.Poison.DLQTopic == "" {
+		bad("poison.dlq_topic", "must name a topic when router.poison.policy is dlq")
+	}
+	return errs
 }
 
 func validPort(s string) bool {

@@ -11,6 +11,7 @@ type metrics struct {
 	transactions prometheus.Counter
 	restarts     prometheus.Counter
 	inFlight     prometheus.Gauge
+	deadLettered prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -28,7 +29,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "outboxd_slot_active", Help: "1 when the slot is held by a process, 0 otherwise.",
 		}),
 		changes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "outboxd_wal_changes_total", Help: "Row changes on the outbox table received, by operation (only inserts are delivered).",
+			Name: "outboxd_wal_changes_total", Help: "Row changes on the outbox table and outbox messages received, by operation (inserts and messages are delivered).",
 		}, []string{"op"}),
 		transactions: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "outboxd_wal_transactions_total", Help: "Transactions received.",
@@ -39,9 +40,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "outboxd_sink_records_in_flight", Help: "Records handed to Kafka and not yet acknowledged.",
 		}),
+		deadLettered: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outboxd_router_dead_lettered_total", Help: "Outbox rows that could not be routed or produced and went to the dead-letter topic.",
+		}),
 	}
-	reg.MustRegister(m.confirmedLSN, m.receivedLSN, m.slotLag, m.slotActive, m.changes, m.transactions, m.restarts, m.inFlight)
-	for _, op := range []string{"insert", "update", "delete"} {
+	reg.MustRegister(m.deadLettered, m.confirmedLSN, m.receivedLSN, m.slotLag, m.slotActive, m.changes, m.transactions, m.restarts, m.inFlight)
+	for _, op := range []string{"insert", "update", "delete", "message"} {
 		m.changes.WithLabelValues(op)
 	}
 	return m

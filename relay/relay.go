@@ -57,10 +57,11 @@ func (r *Relay) LastError() string {
 // Fatal reports errors that a pipeline restart cannot fix.
 func Fatal(err error) bool {
 	var rowErr *router.RowError
+	var layoutErr *router.LayoutError
 	var decErr *wal.DecodeError
 	var pgErr *pgconn.PgError
 	switch {
-	case errors.As(err, &rowErr), errors.As(err, &decErr),
+	case errors.As(err, &rowErr), errors.As(err, &layoutErr), errors.As(err, &decErr), errors.Is(err, errUpdate),
 		errors.Is(err, wal.ErrSlotMissing), errors.Is(err, wal.ErrSlotLost), errors.Is(err, wal.ErrPublicationMissing):
 		return true
 	case errors.As(err, &pgErr):
@@ -147,6 +148,7 @@ func (r *Relay) runOnce(ctx context.Context) error {
 	tracker := checkpoint.New(start)
 	stream, err := wal.StartStream(run, conn, wal.StreamConfig{
 		Slot: pg.Slot, Publication: pg.Publication, StatusInterval: pg.StatusInterval,
+		Messages: r.cfg.Router.Messages.Prefix != "",
 	}, 0, tracker.Confirmed)
 	if err != nil {
 		conn.Close(context.Background())
@@ -221,20 +223,24 @@ func (r *Relay) inspectSlot(ctx context.Context) (wal.LSN, error) {
 	return info.ConfirmedFlushLSN, nil
 }
 
-// pipe consumes the stream's items in order: it routes inserts and hands
-// them to the producer, registering each with the tracker first.
+// pipe consumes the stream's items in order: it routes inserts and
+// messages and hands them to the producer, registering each with the tracker
+// first.
 func (r *Relay) pipe(ctx context.Context, items <-chan any, tracker *checkpoint.Tracker, producer *sink.Producer, fail context.CancelCauseFunc) error {
 	var (
 		txn          *checkpoint.Txn
+		commitTime   time.Time
 		warnedUpdate bool
 		inserts      = r.m.changes.WithLabelValues("insert")
 		updates      = r.m.changes.WithLabelValues("update")
 		deletes      = r.m.changes.WithLabelValues("delete")
+		messages     = r.m.changes.WithLabelValues("message")
+		rcfg         = r.cfg.Router
 	)
 	for item := range items {
 		switch m := item.(type) {
 		case *wal.Begin:
-			txn = tracker.Begin()
+			txn, commitTime = tracker.Begin(), m.CommitTime
 		case *wal.Change:
 			if m.Relation.Namespace != r.schema || m.Relation.Name != r.table {
 				continue // another table in a shared publication
@@ -243,30 +249,31 @@ func (r *Relay) pipe(ctx context.Context, items <-chan any, tracker *checkpoint.
 			case wal.Insert:
 				inserts.Inc()
 				rec, err := r.router.Route(m)
-				if err != nil {
-					return err
-				}
-				x := txn
-				x.Add()
-				err = producer.Produce(ctx, rec, func(err error) {
-					if err != nil {
-						fail(err)
-						return
-					}
-					x.Ack()
-				})
-				if err != nil {
+				if err := r.deliver(ctx, txn, rec, err, m.LSN, m.Relation.QualifiedName(), producer, fail); err != nil {
 					return err
 				}
 			case wal.Update:
 				updates.Inc()
-				if !warnedUpdate {
+				switch {
+				case rcfg.OnUpdate == "error":
+					return wal.Errorf(errUpdate, "UPDATE of an outbox row at LSN %s (xid %d) and router.on_update is error; outbox rows must only be inserted. "+
+						"To move past it, set router.on_update: warn or ignore and restart", m.LSN, m.XID)
+				case rcfg.OnUpdate == "warn" && !warnedUpdate:
 					warnedUpdate = true
 					r.log.Warn("UPDATE on the outbox table is not delivered; outbox rows should only be inserted (counted in outboxd_wal_changes_total{op=\"update\"})",
 						"lsn", m.LSN, "xid", m.XID)
 				}
 			case wal.Delete:
 				deletes.Inc() // insert-then-delete keeps the table empty; the insert was delivered
+			}
+		case *wal.Message:
+			if !m.Transactional || rcfg.Messages.Prefix == "" || m.Prefix != rcfg.Messages.Prefix {
+				continue // not an outbox event
+			}
+			messages.Inc()
+			rec, err := r.router.RouteMessage(m, commitTime)
+			if err := r.deliver(ctx, txn, rec, err, m.LSN, "message "+m.Prefix, producer, fail); err != nil {
+				return err
 			}
 		case *wal.Commit:
 			txn.Commit(m.EndLSN)
@@ -277,4 +284,68 @@ func (r *Relay) pipe(ctx context.Context, items <-chan any, tracker *checkpoint.
 		}
 	}
 	return nil
+}
+
+// errUpdate marks an UPDATE refused by router.on_update: error.
+var errUpdate = errors.New("update on the outbox table")
+
+// deliver produces a routed record, or applies the poison policy to a row
+// that could not be routed (routeErr) or produced.
+func (r *Relay) deliver(ctx context.Context, txn *checkpoint.Txn, rec *router.Record, routeErr error,
+	lsn wal.LSN, source string, producer *sink.Producer, fail context.CancelCauseFunc) error {
+	if routeErr == nil {
+		if routeErr = produce(ctx, txn, rec, producer, fail); routeErr == nil {
+			return nil
+		}
+	}
+	var poison *router.RowError
+	if !errors.As(routeErr, &poison) {
+		return routeErr
+	}
+	if poison.LSN == 0 {
+		poison.LSN, poison.Table = lsn, source
+	}
+	if r.cfg.Router.Poison.Policy != "dlq" {
+		return fmt.Errorf("%w. outboxd stopped without confirming past it. To move past it deliberately, set router.poison.policy: dlq "+
+			"(and router.poison.dlq_topic) and restart: the row goes to the dead-letter topic and streaming continues", poison)
+	}
+	r.m.deadLettered.Inc()
+	r.log.Warn("outbox row sent to the dead-letter topic", "event_id", poison.EventID, "lsn", lsn, "topic", r.cfg.Router.Poison.DLQTopic, "reason", poison.Reason)
+	return produce(ctx, txn, r.deadLetter(poison), producer, fail)
+}
+
+// deadLetter builds the dead-letter record for a poison row: its key and
+// payload as they were (the payload is dropped if it alone is too large),
+// and headers saying why and where from.
+func (r *Relay) deadLetter(p *router.RowError) *router.Record {
+	value := p.Value
+	if len(value)+len(p.Key) > r.cfg.Kafka.MaxMessageBytes/2 {
+		value = nil
+	}
+	return &router.Record{
+		Topic: r.cfg.Router.Poison.DLQTopic, Key: p.Key, Value: value, EventID: p.EventID, Partition: -1,
+		Headers: []router.Header{
+			{Key: r.cfg.Router.IDHeader, Value: []byte(p.EventID)},
+			{Key: "outboxd.error.reason", Value: []byte(p.Reason)},
+			{Key: "outboxd.source.lsn", Value: []byte(p.LSN.String())},
+			{Key: "outboxd.source.table", Value: []byte(p.Table)},
+			{Key: "outboxd.intended.topic", Value: []byte(p.Topic)},
+		},
+	}
+}
+
+// produce registers rec with txn and hands it to the producer.
+func produce(ctx context.Context, txn *checkpoint.Txn, rec *router.Record, producer *sink.Producer, fail context.CancelCauseFunc) error {
+	txn.Add()
+	err := producer.Produce(ctx, rec, func(err error) {
+		if err != nil {
+			fail(err)
+			return
+		}
+		txn.Ack()
+	})
+	if err != nil {
+		txn.Ack() // never handed over: nothing to wait for, and the run stops or dead-letters it
+	}
+	return err
 }

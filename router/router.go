@@ -1,8 +1,14 @@
 package router
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
+	"regexp"
+	"strconv"
 	"strings"
+	"time"
+	"unicode/utf8"
 
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/wal"
@@ -11,6 +17,9 @@ import (
 // Placeholder in a topic template for the route-by column's value, as in
 // Debezium's route.topic.replacement.
 const Placeholder = "${routedByValue}"
+
+// TraceparentHeader is the W3C trace context header.
+const TraceparentHeader = "traceparent"
 
 // Header is one Kafka record header.
 type Header struct {
@@ -21,18 +30,28 @@ type Header struct {
 // Record is a routed outbox row.
 type Record struct {
 	Topic   string
-	Key     []byte // nil when the key column is NULL
-	Value   []byte // nil when the payload column is NULL
+	Key     []byte // nil when the key is NULL
+	Value   []byte // nil for a tombstone
 	Headers []Header
 	EventID string
+	// Partition is the partition chosen by a column placed as partition, or
+	// -1: Kafka's murmur2 of the key decides.
+	Partition int32
+	// Timestamp is the record's timestamp: the timestamp column, else the
+	// transaction's commit time.
+	Timestamp time.Time
 }
 
-// RowError reports an outbox row that cannot be routed.
+// RowError reports an outbox row (or message) that cannot be routed: a
+// poison row. The caller halts or dead-letters it, never skips it.
 type RowError struct {
 	EventID string
 	LSN     wal.LSN
 	Table   string
+	Topic   string // the intended topic, when known
 	Reason  string
+	// Key and Value are the row's key and payload bytes, for a dead letter.
+	Key, Value []byte
 }
 
 func (e *RowError) Error() string {
@@ -43,120 +62,362 @@ func (e *RowError) Error() string {
 	return fmt.Sprintf("cannot route outbox row %s at LSN %s in %s: %s", id, e.LSN, e.Table, e.Reason)
 }
 
+// LayoutError reports a table that lacks a configured column. It is a
+// configuration error, not a poison row: no row of that table can be routed.
+type LayoutError struct {
+	Table   string
+	Missing []string
+}
+
+func (e *LayoutError) Error() string {
+	return fmt.Sprintf("outbox table %s has no column %s; add it or set the router.*_column settings to the table's column names",
+		e.Table, strings.Join(e.Missing, ", "))
+}
+
+// The fields a row is read into; additional fields follow.
+const (
+	fID = iota
+	fRouteBy
+	fKey
+	fPayload
+	fEventType
+	fTimestamp
+	fTraceparent
+	fTopic
+	nFixed
+)
+
+// cell is one field of a row, already converted to delivered bytes.
+type cell struct {
+	data    []byte
+	null    bool
+	missing bool   // the table or message has no such field
+	json    bool   // data is JSON (json/jsonb column or non-string message field)
+	oid     uint32 // Postgres type, 0 for message fields
+}
+
 // Router routes rows; see the package documentation.
 type Router struct {
-	cfg    config.Router
-	parts  []string // the template split around Placeholder
-	rel    *wal.Relation
-	layout layout
+	cfg      config.Router
+	names    []string // field names: the configured columns, then additional fields
+	parts    []string // the template split around Placeholder
+	re       *regexp.Regexp
+	envelope bool
+	rel      *wal.Relation
+	layout   []int // field -> column index of rel, -1 when absent
+	cells    []cell
 }
 
-type layout struct {
-	id, routeBy, key, payload, eventType int // column index, -1 when absent
-}
-
-// New returns a Router for cfg.
+// New returns a Router for a validated cfg.
 func New(cfg config.Router) (*Router, error) {
 	if cfg.TopicTemplate == "" {
 		return nil, fmt.Errorf("router: empty topic template")
 	}
-	return &Router{cfg: cfg, parts: strings.Split(cfg.TopicTemplate, Placeholder)}, nil
+	r := &Router{cfg: cfg, parts: strings.Split(cfg.TopicTemplate, Placeholder)}
+	if cfg.TopicRegex != "" {
+		re, err := regexp.Compile(cfg.TopicRegex)
+		if err != nil {
+			return nil, fmt.Errorf("router.topic_regex: %w", err)
+		}
+		r.re = re
+	}
+	optional := func(s string) string {
+		if s == "-" {
+			return ""
+		}
+		return s
+	}
+	r.names = []string{cfg.IDColumn, cfg.RouteByColumn, cfg.KeyColumn, cfg.PayloadColumn,
+		optional(cfg.EventTypeColumn), cfg.TimestampColumn, cfg.TraceparentColumn, cfg.TopicColumn}
+	for _, f := range cfg.AdditionalFields {
+		r.names = append(r.names, f.Column)
+		r.envelope = r.envelope || f.Placement == "envelope"
+	}
+	r.cells = make([]cell, len(r.names))
+	return r, nil
 }
 
 // Columns returns the columns a table must have for r to route its rows.
 func (r *Router) Columns() []string {
-	cols := []string{r.cfg.IDColumn, r.cfg.RouteByColumn, r.cfg.KeyColumn, r.cfg.PayloadColumn}
-	if r.cfg.EventTypeColumn != "" {
-		cols = append(cols, r.cfg.EventTypeColumn)
+	var cols []string
+	for i, n := range r.names {
+		if n != "" && (i < nFixed || r.cfg.AdditionalMissing == "error") {
+			cols = append(cols, n)
+		}
 	}
 	return cols
 }
 
-func (r *Router) layoutFor(rel *wal.Relation) (layout, error) {
+func (r *Router) layoutFor(rel *wal.Relation) ([]int, error) {
 	if rel == r.rel {
 		return r.layout, nil
 	}
-	l := layout{
-		id: rel.Index(r.cfg.IDColumn), routeBy: rel.Index(r.cfg.RouteByColumn),
-		key: rel.Index(r.cfg.KeyColumn), payload: rel.Index(r.cfg.PayloadColumn), eventType: -1,
-	}
-	if r.cfg.EventTypeColumn != "" {
-		l.eventType = rel.Index(r.cfg.EventTypeColumn)
-	}
+	layout := make([]int, len(r.names))
 	var missing []string
-	for _, c := range []struct {
-		name string
-		idx  int
-	}{{r.cfg.IDColumn, l.id}, {r.cfg.RouteByColumn, l.routeBy}, {r.cfg.KeyColumn, l.key}, {r.cfg.PayloadColumn, l.payload}} {
-		if c.idx < 0 {
-			missing = append(missing, c.name)
+	for i, n := range r.names {
+		layout[i] = -1
+		if n == "" {
+			continue
 		}
-	}
-	if r.cfg.EventTypeColumn != "" && l.eventType < 0 {
-		missing = append(missing, r.cfg.EventTypeColumn)
+		if layout[i] = rel.Index(n); layout[i] < 0 && (i < nFixed || r.cfg.AdditionalMissing == "error") {
+			missing = append(missing, n)
+		}
 	}
 	if len(missing) > 0 {
-		return l, fmt.Errorf("table has no column %s; add it or set the router.*_column settings to the table's column names", strings.Join(missing, ", "))
+		return nil, &LayoutError{Table: rel.QualifiedName(), Missing: missing}
 	}
-	r.rel, r.layout = rel, l
-	return l, nil
+	r.rel, r.layout = rel, layout
+	return layout, nil
 }
 
-// Route maps one inserted outbox row to a record.
+// Route maps one inserted outbox row to a record. It returns a *RowError for
+// a poison row and a *LayoutError for a table that lacks a column.
 func (r *Router) Route(c *wal.Change) (*Record, error) {
-	rel := c.Relation
-	fail := func(id, format string, args ...any) (*Record, error) {
-		return nil, &RowError{EventID: id, LSN: c.LSN, Table: rel.QualifiedName(), Reason: fmt.Sprintf(format, args...)}
-	}
-	l, err := r.layoutFor(rel)
+	layout, err := r.layoutFor(c.Relation)
 	if err != nil {
-		return fail("", "%v", err)
+		return nil, err
 	}
-	value := func(i int) ([]byte, error) { return rel.Columns[i].Value(c.Tuple[i]) }
+	var convErr error
+	for i, col := range layout {
+		if col < 0 {
+			r.cells[i] = cell{missing: true, null: true}
+			continue
+		}
+		rc := c.Relation.Columns[col]
+		data, err := rc.Value(c.Tuple[col])
+		if err != nil && convErr == nil {
+			convErr = err
+		}
+		r.cells[i] = cell{data: data, null: data == nil, json: rc.TypeOID == oidJSON || rc.TypeOID == oidJSONB, oid: rc.TypeOID}
+	}
+	if convErr != nil {
+		return nil, &RowError{EventID: string(r.cells[fID].data), LSN: c.LSN, Table: c.Relation.QualifiedName(), Reason: convErr.Error()}
+	}
+	return r.build(c.LSN, c.Relation.QualifiedName(), c.CommitTime)
+}
 
-	id, err := value(l.id)
-	if err != nil {
-		return fail("", "%v", err)
+// RouteMessage maps a logical decoding message to a record. Its content is a
+// JSON object whose fields are named like the configured columns.
+func (r *Router) RouteMessage(m *wal.Message, commitTime time.Time) (*Record, error) {
+	source := "message " + strconv.Quote(m.Prefix)
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(m.Content, &fields); err != nil {
+		return nil, &RowError{LSN: m.LSN, Table: source, Reason: "content is not a JSON object: " + err.Error(), Value: m.Content}
 	}
-	if id == nil {
-		return fail("", "column %s is NULL; every outbox row needs an event id", r.cfg.IDColumn)
+	for i, n := range r.names {
+		raw, ok := fields[n]
+		switch {
+		case n == "" || !ok:
+			r.cells[i] = cell{missing: true, null: true}
+		case bytes.Equal(raw, []byte("null")):
+			r.cells[i] = cell{null: true}
+		case raw[0] == '"':
+			var s string
+			if err := json.Unmarshal(raw, &s); err != nil {
+				return nil, &RowError{LSN: m.LSN, Table: source, Reason: fmt.Sprintf("field %s: %v", n, err)}
+			}
+			r.cells[i] = cell{data: []byte(s)}
+		default:
+			r.cells[i] = cell{data: raw, json: true}
+		}
 	}
-	eventID := string(id)
-	routeBy, err := value(l.routeBy)
-	if err != nil {
-		return fail(eventID, "%v", err)
+	if r.cells[fID].null {
+		// A message's position identifies it across replays.
+		r.cells[fID] = cell{data: []byte("lsn-" + m.LSN.String())}
 	}
-	if routeBy == nil {
-		return fail(eventID, "column %s is NULL, so there is no topic to route to", r.cfg.RouteByColumn)
+	if r.cells[fRouteBy].null && r.cfg.Messages.DefaultRouteBy != "" {
+		r.cells[fRouteBy] = cell{data: []byte(r.cfg.Messages.DefaultRouteBy)}
 	}
-	topic := r.topic(routeBy)
-	if err := checkTopic(topic); err != nil {
-		return fail(eventID, "topic %q from column %s: %v", topic, r.cfg.RouteByColumn, err)
+	return r.build(m.LSN, source, commitTime)
+}
+
+// build makes the record from r.cells.
+func (r *Router) build(lsn wal.LSN, source string, commitTime time.Time) (*Record, error) {
+	cells := r.cells
+	poison := &RowError{LSN: lsn, Table: source}
+	fail := func(format string, args ...any) (*Record, error) {
+		poison.Reason = fmt.Sprintf(format, args...)
+		poison.Key, poison.Value = cells[fKey].data, cells[fPayload].data
+		return nil, poison
 	}
-	rec := &Record{Topic: topic, EventID: eventID}
-	if rec.Key, err = value(l.key); err != nil {
-		return fail(eventID, "%v", err)
+	if cells[fID].null {
+		return fail("column %s is NULL; every outbox row needs an event id", r.cfg.IDColumn)
 	}
-	if rec.Value, err = value(l.payload); err != nil {
-		return fail(eventID, "%v", err)
-	}
-	rec.Headers = make([]Header, 0, 2)
-	rec.Headers = append(rec.Headers, Header{Key: r.cfg.IDHeader, Value: id})
-	if l.eventType >= 0 {
-		et, err := value(l.eventType)
+	rec := &Record{EventID: string(cells[fID].data), Partition: -1, Timestamp: commitTime}
+	poison.EventID = rec.EventID
+
+	switch {
+	case !cells[fTopic].null:
+		rec.Topic = string(cells[fTopic].data)
+	case cells[fRouteBy].null:
+		return fail("column %s is NULL, so there is no topic to route to", r.cfg.RouteByColumn)
+	default:
+		topic, err := r.topic(cells[fRouteBy].data)
 		if err != nil {
-			return fail(eventID, "%v", err)
+			return fail("%v", err)
 		}
-		if et != nil {
-			rec.Headers = append(rec.Headers, Header{Key: r.cfg.EventTypeHeader, Value: et})
+		rec.Topic = topic
+	}
+	poison.Topic = rec.Topic
+	if err := checkTopic(rec.Topic); err != nil {
+		from := r.cfg.RouteByColumn
+		if !cells[fTopic].null {
+			from = r.cfg.TopicColumn
 		}
+		return fail("topic %q from column %s: %v", rec.Topic, from, err)
+	}
+
+	switch key := cells[fKey]; {
+	case key.null && r.cfg.RequireKey:
+		return fail("column %s is NULL; a key is required (router.require_key) so that the events of an aggregate stay in order", r.cfg.KeyColumn)
+	case key.null:
+	case r.cfg.KeyEncoding == "json":
+		rec.Key, _ = json.Marshal(string(key.data)) // a string always marshals
+	default:
+		rec.Key = key.data
+	}
+
+	payload := cells[fPayload]
+	blank := !payload.null && len(bytes.TrimSpace(payload.data)) == 0
+	tombstone := payload.null || (blank && r.cfg.TombstoneOnEmptyPayload)
+	if r.cfg.ExpandJSONPayload && !tombstone && !json.Valid(payload.data) {
+		return fail("column %s is not valid JSON (router.expand_json_payload is on)", r.cfg.PayloadColumn)
+	}
+	if !tombstone {
+		rec.Value = payload.data
+		if r.envelope {
+			rec.Value = r.envelopeOf(payload)
+		}
+	}
+
+	rec.Headers = make([]Header, 0, 2+len(r.cfg.AdditionalFields))
+	rec.Headers = append(rec.Headers, Header{Key: r.cfg.IDHeader, Value: cells[fID].data})
+	if et := cells[fEventType]; !et.null {
+		rec.Headers = append(rec.Headers, Header{Key: r.cfg.EventTypeHeader, Value: et.data})
+	}
+	if tp := cells[fTraceparent]; !tp.null {
+		rec.Headers = append(rec.Headers, Header{Key: TraceparentHeader, Value: tp.data})
+	}
+	for i, f := range r.cfg.AdditionalFields {
+		c := cells[nFixed+i]
+		switch {
+		case c.missing:
+		case f.Placement == "header" && !c.null:
+			rec.Headers = append(rec.Headers, Header{Key: alias(f), Value: c.data})
+		case f.Placement == "partition" && !c.null:
+			p, err := strconv.ParseInt(string(c.data), 10, 32)
+			if err != nil || p < 0 {
+				return fail("column %s placed as partition holds %q, not a partition number", f.Column, c.data)
+			}
+			rec.Partition = int32(p)
+		}
+	}
+	if ts := cells[fTimestamp]; !ts.null {
+		t, err := parseTimestamp(ts.data, ts.oid)
+		if err != nil {
+			return fail("column %s: %v", r.cfg.TimestampColumn, err)
+		}
+		rec.Timestamp = t
 	}
 	return rec, nil
 }
 
-func (r *Router) topic(routeBy []byte) string {
+func alias(f config.Field) string {
+	if f.Alias != "" {
+		return f.Alias
+	}
+	return f.Column
+}
+
+// envelopeOf wraps the payload in an object with the envelope fields, as
+// Kafka Connect's JsonConverter (schemas off) writes Debezium's envelope.
+func (r *Router) envelopeOf(payload cell) []byte {
+	var b bytes.Buffer
+	b.WriteString(`{"payload":`)
+	writeJSON(&b, payload, r.cfg.ExpandJSONPayload)
+	for i, f := range r.cfg.AdditionalFields {
+		if f.Placement != "envelope" || r.cells[nFixed+i].missing {
+			continue
+		}
+		b.WriteByte(',')
+		name, _ := json.Marshal(alias(f))
+		b.Write(name)
+		b.WriteByte(':')
+		writeJSON(&b, r.cells[nFixed+i], false)
+	}
+	b.WriteByte('}')
+	return b.Bytes()
+}
+
+// Type OIDs the router converts.
+const (
+	oidBool        = 16
+	oidInt8        = 20
+	oidInt2        = 21
+	oidInt4        = 23
+	oidJSON        = 114
+	oidFloat4      = 700
+	oidFloat8      = 701
+	oidTimestamp   = 1114
+	oidTimestamptz = 1184
+	oidNumeric     = 1700
+	oidJSONB       = 3802
+)
+
+func writeJSON(b *bytes.Buffer, c cell, expand bool) {
+	switch {
+	case c.null:
+		b.WriteString("null")
+	case c.json || expand:
+		b.Write(c.data)
+	case c.oid == oidInt2 || c.oid == oidInt4 || c.oid == oidInt8 || c.oid == oidFloat4 || c.oid == oidFloat8 || c.oid == oidNumeric:
+		b.Write(c.data)
+	case c.oid == oidBool:
+		if string(c.data) == "t" {
+			b.WriteString("true")
+		} else {
+			b.WriteString("false")
+		}
+	default:
+		s, _ := json.Marshal(string(c.data))
+		b.Write(s)
+	}
+}
+
+// parseTimestamp reads Postgres' text form of timestamptz/timestamp (ISO
+// DateStyle), or milliseconds since the epoch for integer columns and
+// message fields.
+func parseTimestamp(data []byte, oid uint32) (time.Time, error) {
+	s := string(data)
+	if oid != oidTimestamp && oid != oidTimestamptz {
+		if ms, err := strconv.ParseInt(s, 10, 64); err == nil {
+			return time.UnixMilli(ms).UTC(), nil
+		}
+	}
+	for _, layout := range []string{
+		"2006-01-02 15:04:05.999999999-07", "2006-01-02 15:04:05.999999999-07:00", "2006-01-02 15:04:05.999999999-07:00:00",
+		time.RFC3339Nano, "2006-01-02 15:04:05.999999999",
+	} {
+		if t, err := time.Parse(layout, s); err == nil {
+			return t.UTC(), nil
+		}
+	}
+	return time.Time{}, fmt.Errorf("%q is not a timestamp (ISO text, RFC 3339, or milliseconds since 1970)", s)
+}
+
+// topic fills the template with the route-by value.
+func (r *Router) topic(routeBy []byte) (string, error) {
+	if r.re != nil {
+		v := string(routeBy)
+		loc := r.re.FindStringSubmatchIndex(v)
+		if loc == nil {
+			return "", fmt.Errorf("value %q of column %s does not match router.topic_regex %q", v, r.cfg.RouteByColumn, r.re)
+		}
+		tmpl := strings.ReplaceAll(r.cfg.TopicTemplate, Placeholder, "${routedByValue}")
+		return v[:loc[0]] + string(r.re.ExpandString(nil, tmpl, v, loc)) + v[loc[1]:], nil
+	}
 	if len(r.parts) == 1 {
-		return r.parts[0]
+		return r.parts[0], nil
 	}
 	var b strings.Builder
 	for i, p := range r.parts {
@@ -165,7 +426,7 @@ func (r *Router) topic(routeBy []byte) string {
 		}
 		b.WriteString(p)
 	}
-	return b.String()
+	return b.String(), nil
 }
 
 // checkTopic applies Kafka's rules for topic names.
@@ -177,6 +438,8 @@ func checkTopic(t string) error {
 		return fmt.Errorf("a topic may not be named . or ..")
 	case len(t) > 249:
 		return fmt.Errorf("longer than Kafka's 249 characters")
+	case !utf8.ValidString(t):
+		return fmt.Errorf("not valid UTF-8")
 	}
 	for _, c := range t {
 		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {

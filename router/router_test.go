@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/router"
@@ -138,7 +139,8 @@ func TestRouteGolden(t *testing.T) {
 		{"jsonb_byte_for_byte", def, outbox().change(0x1000, with(defaultRow(), "payload", s("{\"k\":   \"v\\u00e9\",\n \"n\": 1.50}")))},
 		{"bytea_payload", def, byteaTable.change(0x1000, with(defaultRow(), "payload", s(`\x00ff0a7b7d`)))},
 		{"binary_datum_payload", def, outbox().change(0x1000, with(defaultRow(), "payload", wal.Datum{Kind: wal.DatumBinary, Data: []byte{1, 0, 2}}))},
-		{"null_key", def, outbox().change(0x1000, with(defaultRow(), "aggregate_id", nil))},
+		{"null_key", cfg(func(c *config.Router) { c.RequireKey = false }), outbox().change(0x1000, with(defaultRow(), "aggregate_id", nil))},
+		{"error_null_key_required", def, outbox().change(0x2000, with(defaultRow(), "aggregate_id", nil))},
 		{"empty_key", def, outbox().change(0x1000, with(defaultRow(), "aggregate_id", s("")))},
 		{"null_payload", def, outbox().change(0x1000, with(defaultRow(), "payload", nil))},
 		{"empty_payload", def, outbox().change(0x1000, with(defaultRow(), "payload", s("")))},
@@ -185,6 +187,14 @@ func TestRouteGolden(t *testing.T) {
 				if rec != nil {
 					t.Errorf("Route returned a record along with error %v", err)
 				}
+				var le *router.LayoutError
+				if errors.As(err, &le) {
+					if !strings.HasPrefix(tt.name, "error_missing_") {
+						t.Errorf("unexpected layout error: %v", err)
+					}
+					golden(t, filepath.Join("testdata", tt.name+".golden"), "layout error: "+le.Error()+"\n")
+					return
+				}
 				var re *router.RowError
 				if !errors.As(err, &re) {
 					t.Fatalf("Route error %T %v, want *router.RowError", err, err)
@@ -213,6 +223,12 @@ func TestRouteGolden(t *testing.T) {
 func renderRecord(rec *router.Record) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "topic:    %s\n", rec.Topic)
+	if rec.Partition >= 0 {
+		fmt.Fprintf(&b, "partition: %d\n", rec.Partition)
+	}
+	if !rec.Timestamp.IsZero() {
+		fmt.Fprintf(&b, "timestamp: %s\n", rec.Timestamp.Format(time.RFC3339Nano))
+	}
 	fmt.Fprintf(&b, "key:      %s\n", quote(rec.Key))
 	fmt.Fprintf(&b, "value:    %s\n", quote(rec.Value))
 	fmt.Fprintf(&b, "event_id: %q\n", rec.EventID)
@@ -267,7 +283,9 @@ func golden(t *testing.T, path, got string) {
 
 // TestRouteExact pins the contract independently of the golden files.
 func TestRouteExact(t *testing.T) {
-	r, err := router.New(config.Default().Router)
+	cfg := config.Default().Router
+	cfg.RequireKey = false
+	r, err := router.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -334,10 +352,11 @@ func TestRouteRowErrorFields(t *testing.T) {
 	}
 
 	_, err = r.Route(newTable(wal.Column{Name: "id"}).change(0x20, row{"id": s("ev-2")}))
-	if !errors.As(err, &re) {
-		t.Fatalf("got %v, want *router.RowError", err)
+	var le *router.LayoutError
+	if !errors.As(err, &le) {
+		t.Fatalf("got %v, want *router.LayoutError", err)
 	}
-	if !strings.Contains(err.Error(), "(unknown)") || !strings.Contains(re.Reason, "aggregate_type, aggregate_id, payload, event_type") {
+	if !strings.Contains(err.Error(), "aggregate_type, aggregate_id, payload, event_type") {
 		t.Errorf("missing-column error = %q", err)
 	}
 }

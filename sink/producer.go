@@ -53,7 +53,7 @@ type Producer struct {
 	admin  *kadm.Client
 	cfg    config.Kafka
 	m      *Metrics
-	known  map[string]bool // topics known to exist
+	known  map[string]int // partition count of topics known to exist (0: unknown)
 	// slots holds one token per record handed to Kafka and not yet
 	// acknowledged; Produce blocks on it (backpressure). franz-go's own
 	// buffer cap is set above it so that franz-go never blocks: a record
@@ -68,7 +68,8 @@ func New(cfg config.Kafka, m *Metrics, log *slog.Logger) (*Producer, error) {
 		kgo.SeedBrokers(cfg.Brokers...),
 		kgo.ClientID(cfg.ClientID),
 		kgo.RequiredAcks(kgo.AllISRAcks()),
-		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)), // Kafka's murmur2 for keyed records
+		kgo.RecordPartitioner(partitioner{kgo.StickyKeyPartitioner(nil)}), // Kafka's murmur2 for keyed records
+		kgo.ProducerBatchMaxBytes(int32(cfg.MaxMessageBytes + recordOverhead)),
 		kgo.MaxBufferedRecords(cfg.MaxBufferedRecords + 1),
 		kgo.RecordDeliveryTimeout(cfg.DeliveryTimeout),
 		kgo.ProducerLinger(cfg.Linger),
@@ -88,7 +89,7 @@ func New(cfg config.Kafka, m *Metrics, log *slog.Logger) (*Producer, error) {
 	}
 	return &Producer{
 		client: client, admin: kadm.NewClient(client), cfg: cfg, m: m,
-		known: map[string]bool{}, slots: make(chan struct{}, cfg.MaxBufferedRecords),
+		known: map[string]int{}, slots: make(chan struct{}, cfg.MaxBufferedRecords),
 	}, nil
 }
 
@@ -118,7 +119,7 @@ func (p *Producer) Ping(ctx context.Context) error {
 // EnsureTopic creates topic when topic creation is outboxd's job and the
 // topic is not known to exist yet.
 func (p *Producer) EnsureTopic(ctx context.Context, topic string) error {
-	if p.known[topic] || p.cfg.TopicCreation != "admin" {
+	if _, ok := p.known[topic]; ok || p.cfg.TopicCreation != "admin" {
 		return nil
 	}
 	resp, err := p.admin.CreateTopic(ctx, int32(p.cfg.TopicPartitions), int16(p.cfg.TopicReplicationFactor), nil, topic)
@@ -133,31 +134,46 @@ func (p *Producer) EnsureTopic(ctx context.Context, topic string) error {
 		return fmt.Errorf("creating topic %q (%d partitions, replication factor %d): %w; create it by hand or fix the broker's permissions",
 			topic, p.cfg.TopicPartitions, p.cfg.TopicReplicationFactor, err)
 	}
-	if err := p.waitLeaders(ctx, topic); err != nil {
+	n, err := p.waitLeaders(ctx, topic)
+	if err != nil {
 		return err
 	}
-	p.known[topic] = true
+	p.known[topic] = n
 	return nil
 }
 
-// waitLeaders waits until every partition of a new topic has a leader, so
-// that the first records do not fail as sent to an unknown topic.
-func (p *Producer) waitLeaders(ctx context.Context, topic string) error {
+// waitLeaders waits until every partition of a topic has a leader, so that
+// the first records do not fail as sent to an unknown topic, and returns the
+// partition count.
+func (p *Producer) waitLeaders(ctx context.Context, topic string) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	for delay := 5 * time.Millisecond; ; delay = min(2*delay, 100*time.Millisecond) {
 		td, err := p.admin.ListTopics(ctx, topic)
 		if err == nil {
 			if d, ok := td[topic]; ok && d.Err == nil && len(d.Partitions) > 0 && allLed(d.Partitions) {
-				return nil
+				return len(d.Partitions), nil
 			}
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("topic %q was created but its partitions have no leader yet: %w", topic, ctx.Err())
+			return 0, fmt.Errorf("topic %q has partitions without a leader: %w", topic, ctx.Err())
 		case <-time.After(delay):
 		}
 	}
+}
+
+// partitions returns the partition count of topic, asking Kafka once.
+func (p *Producer) partitions(ctx context.Context, topic string) (int, error) {
+	if n := p.known[topic]; n > 0 {
+		return n, nil
+	}
+	n, err := p.waitLeaders(ctx, topic)
+	if err != nil {
+		return 0, fmt.Errorf("reading the partitions of topic %q: %w", topic, err)
+	}
+	p.known[topic] = n
+	return n, nil
 }
 
 func allLed(ps kadm.PartitionDetails) bool {
@@ -178,16 +194,36 @@ func (p *Producer) Produce(ctx context.Context, rec *router.Record, done func(er
 	if err := p.EnsureTopic(ctx, rec.Topic); err != nil {
 		return err
 	}
-	kr := &kgo.Record{Topic: rec.Topic, Key: rec.Key, Value: rec.Value, Headers: make([]kgo.RecordHeader, len(rec.Headers))}
+	kr := &kgo.Record{Topic: rec.Topic, Key: rec.Key, Value: rec.Value, Timestamp: rec.Timestamp, Headers: make([]kgo.RecordHeader, len(rec.Headers))}
+	size := len(rec.Key) + len(rec.Value)
 	for i, h := range rec.Headers {
 		kr.Headers[i] = kgo.RecordHeader{Key: h.Key, Value: h.Value}
+		size += len(h.Key) + len(h.Value)
+	}
+	if size > p.cfg.MaxMessageBytes {
+		return &router.RowError{EventID: rec.EventID, Topic: rec.Topic, Key: rec.Key,
+			Reason: fmt.Sprintf("the record is %d bytes, over kafka.max_message_bytes (%d); send large payloads by reference", size, p.cfg.MaxMessageBytes)}
+	}
+	if rec.Partition >= 0 {
+		n, err := p.partitions(ctx, rec.Topic)
+		if err != nil {
+			return err
+		}
+		if int(rec.Partition) >= n {
+			return &router.RowError{EventID: rec.EventID, Topic: rec.Topic, Key: rec.Key, Value: rec.Value,
+				Reason: fmt.Sprintf("partition %d chosen by its partition column does not exist: topic %s has %d partitions", rec.Partition, rec.Topic, n)}
+		}
+		kr.Context = context.WithValue(context.Background(), partitionKey{}, rec.Partition)
 	}
 	select {
 	case p.slots <- struct{}{}:
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	p.client.Produce(context.Background(), kr, func(r *kgo.Record, err error) {
+	if kr.Context == nil {
+		kr.Context = context.Background()
+	}
+	p.client.Produce(kr.Context, kr, func(r *kgo.Record, err error) {
 		<-p.slots
 		if err != nil {
 			p.m.errors.Inc()
@@ -199,6 +235,49 @@ func (p *Producer) Produce(ctx context.Context, rec *router.Record, done func(er
 		done(nil)
 	})
 	return nil
+}
+
+// recordOverhead is room for a record's framing in a batch.
+const recordOverhead = 1024
+
+// partitionKey marks a record whose partition a column chose.
+type partitionKey struct{}
+
+// partitioner uses the partition a column chose, and Kafka's murmur2 of the
+// key otherwise.
+type partitioner struct{ keyed kgo.Partitioner }
+
+func (p partitioner) ForTopic(topic string) kgo.TopicPartitioner {
+	return topicPartitioner{p.keyed.ForTopic(topic)}
+}
+
+type topicPartitioner struct{ keyed kgo.TopicPartitioner }
+
+func chosen(r *kgo.Record) (int32, bool) {
+	if r.Context == nil {
+		return 0, false
+	}
+	p, ok := r.Context.Value(partitionKey{}).(int32)
+	return p, ok
+}
+
+func (tp topicPartitioner) RequiresConsistency(r *kgo.Record) bool {
+	_, ok := chosen(r)
+	return ok || tp.keyed.RequiresConsistency(r)
+}
+
+func (tp topicPartitioner) Partition(r *kgo.Record, n int) int {
+	if p, ok := chosen(r); ok {
+		return int(p)
+	}
+	return tp.keyed.Partition(r, n)
+}
+
+// OnNewBatch keeps the sticky partitioning of records without a key.
+func (tp topicPartitioner) OnNewBatch() {
+	if nb, ok := tp.keyed.(kgo.TopicPartitionerOnNewBatch); ok {
+		nb.OnNewBatch()
+	}
 }
 
 // DeliveryError reports a record Kafka did not acknowledge.

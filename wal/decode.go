@@ -101,9 +101,10 @@ type Commit struct {
 
 // Change is one row change inside a transaction.
 type Change struct {
-	Op       Op
-	XID      uint32
-	LSN      LSN // WAL position of the message that carried the change
+	Op         Op
+	XID        uint32
+	LSN        LSN       // WAL position of the message that carried the change
+	CommitTime time.Time // of the transaction, from its Begin
 	Relation *Relation
 	// Tuple is the new row for Insert and Update, the old row (or its key)
 	// for Delete.
@@ -133,9 +134,10 @@ func (e *DecodeError) Error() string {
 // Decoder decodes one stream of pgoutput messages. The zero value is not
 // usable; call NewDecoder. A Decoder is not safe for concurrent use.
 type Decoder struct {
-	relations map[uint32]*Relation
-	inTx      bool
-	xid       uint32
+	relations  map[uint32]*Relation
+	inTx       bool
+	xid        uint32
+	commitTime time.Time
 }
 
 // NewDecoder returns a decoder with an empty relation cache.
@@ -205,7 +207,7 @@ func (d *Decoder) begin(r *reader) (*Begin, error) {
 	if r.err != nil {
 		return nil, r.err
 	}
-	d.inTx, d.xid = true, b.XID
+	d.inTx, d.xid, d.commitTime = true, b.XID, b.CommitTime
 	return b, nil
 }
 
@@ -254,7 +256,7 @@ func (d *Decoder) change(op Op, lsn LSN, r *reader) (*Change, error) {
 	if r.err == nil && !ok {
 		return nil, fmt.Errorf("%s for relation %d that was never described", op, id)
 	}
-	c := &Change{Op: op, XID: d.xid, LSN: lsn, Relation: rel}
+	c := &Change{Op: op, XID: d.xid, LSN: lsn, CommitTime: d.commitTime, Relation: rel}
 	switch op {
 	case Insert:
 		if t := r.byte(); t != 'N' && r.err == nil {

@@ -1,0 +1,210 @@
+package router_test
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/router"
+	"github.com/outboxd/outboxd/wal"
+)
+
+// Type OIDs of the wide table.
+const (
+	oidBool        = 16
+	oidInt8        = 20
+	oidInt4        = 23
+	oidTimestamptz = 1184
+)
+
+// wide is an outbox table with every kind of extra column the options use.
+func wide() table {
+	return newTable(
+		wal.Column{Name: "id", TypeOID: oidUUID, Key: true},
+		wal.Column{Name: "aggregate_type", TypeOID: oidText},
+		wal.Column{Name: "aggregate_id", TypeOID: oidText},
+		wal.Column{Name: "event_type", TypeOID: oidText},
+		wal.Column{Name: "payload", TypeOID: oidJSONB},
+		wal.Column{Name: "topic", TypeOID: oidText},
+		wal.Column{Name: "tenant", TypeOID: oidText},
+		wal.Column{Name: "shard", TypeOID: oidInt4},
+		wal.Column{Name: "seq", TypeOID: oidInt8},
+		wal.Column{Name: "urgent", TypeOID: oidBool},
+		wal.Column{Name: "occurred_at", TypeOID: oidTimestamptz},
+		wal.Column{Name: "occurred_ms", TypeOID: oidInt8},
+		wal.Column{Name: "traceparent", TypeOID: oidText},
+		wal.Column{Name: "text_payload", TypeOID: oidText},
+	)
+}
+
+func wideRow() row {
+	return with(defaultRow(), "tenant", s("acme"), "shard", s("4"), "seq", s("17"), "urgent", s("t"),
+		"occurred_at", s("2024-05-17 09:30:15.123456+02"), "occurred_ms", s("1715938215123"),
+		"traceparent", s("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"), "text_payload", s(`{"x": 1}`))
+}
+
+// TestRouteOptionsGolden covers each EventRouter option and the combinations
+// that matter; poison cases end in error_.
+func TestRouteOptionsGolden(t *testing.T) {
+	commit := time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
+	base := config.Default().Router
+	cfg := func(mod func(*config.Router)) config.Router {
+		c := base
+		c.AdditionalFields = nil
+		mod(&c)
+		return c
+	}
+	deb, err := config.Load("", []string{"OUTBOXD_ROUTER_PRESET=debezium"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	debTable := newTable(
+		wal.Column{Name: "id", TypeOID: oidUUID, Key: true},
+		wal.Column{Name: "aggregatetype", TypeOID: oidText},
+		wal.Column{Name: "aggregateid", TypeOID: oidText},
+		wal.Column{Name: "type", TypeOID: oidText},
+		wal.Column{Name: "payload", TypeOID: oidJSONB},
+	)
+	debRow := row{"id": s("e-1"), "aggregatetype": s("Customer"), "aggregateid": s("c_9"), "type": s("CustomerCreated"), "payload": s(`{"name": "Ada"}`)}
+	header := func(col, alias string) config.Field { return config.Field{Column: col, Placement: "header", Alias: alias} }
+	envelope := func(col, alias string) config.Field { return config.Field{Column: col, Placement: "envelope", Alias: alias} }
+	partition := config.Field{Column: "shard", Placement: "partition"}
+
+	tests := []struct {
+		name string
+		cfg  config.Router
+		row  row
+	}{
+		{"preset_debezium", deb.Router, nil},
+		{"preset_debezium_json_key_outbox_prefix", func() config.Router {
+			r := deb.Router
+			r.KeyEncoding, r.TopicTemplate = "json", "outbox.event.${routedByValue}"
+			return r
+		}(), nil},
+		{"regex_group", cfg(func(c *config.Router) {
+			c.TopicRegex, c.TopicTemplate = `^(?P<routedByValue>[a-z]+)_v\d+$`, "${routedByValue}-events"
+		}), with(wideRow(), "aggregate_type", s("order_v2"))},
+		{"regex_numbered_group_java_style", cfg(func(c *config.Router) {
+			c.TopicRegex, c.TopicTemplate = `(.*)Aggregate`, "outbox.$1"
+		}), with(wideRow(), "aggregate_type", s("OrderAggregate"))},
+		{"regex_default_debezium", cfg(func(c *config.Router) {
+			c.TopicRegex, c.TopicTemplate = `(?<routedByValue>.*)`, "outbox.event.${routedByValue}"
+		}), wideRow()},
+		{"error_regex_no_match", cfg(func(c *config.Router) { c.TopicRegex = `^x` }), wideRow()},
+		{"topic_column_overrides", cfg(func(c *config.Router) { c.TopicColumn = "topic" }), with(wideRow(), "topic", s("special.topic"))},
+		{"topic_column_null_falls_back", cfg(func(c *config.Router) { c.TopicColumn = "topic" }), wideRow()},
+		{"error_topic_column_invalid", cfg(func(c *config.Router) { c.TopicColumn = "topic" }), with(wideRow(), "topic", s("bad topic"))},
+		{"header_placement_with_alias", cfg(func(c *config.Router) {
+			c.AdditionalFields = []config.Field{header("tenant", "tenantId"), header("seq", "")}
+		}), wideRow()},
+		{"header_placement_null_omitted", cfg(func(c *config.Router) { c.AdditionalFields = []config.Field{header("tenant", "")} }), with(wideRow(), "tenant", nil)},
+		{"envelope_placement", cfg(func(c *config.Router) {
+			c.AdditionalFields = []config.Field{envelope("event_type", "eventType"), envelope("seq", ""), envelope("urgent", ""), envelope("tenant", ""), envelope("occurred_at", "")}
+		}), wideRow()},
+		{"envelope_null_field", cfg(func(c *config.Router) { c.AdditionalFields = []config.Field{envelope("tenant", "")} }), with(wideRow(), "tenant", nil)},
+		{"envelope_text_payload_as_string", cfg(func(c *config.Router) {
+			c.PayloadColumn, c.AdditionalFields = "text_payload", []config.Field{envelope("event_type", "type")}
+		}), wideRow()},
+		{"envelope_text_payload_expanded", cfg(func(c *config.Router) {
+			c.PayloadColumn, c.ExpandJSONPayload, c.AdditionalFields = "text_payload", true, []config.Field{envelope("event_type", "type")}
+		}), wideRow()},
+		{"envelope_and_header_same_column", cfg(func(c *config.Router) {
+			c.AdditionalFields = []config.Field{envelope("tenant", ""), header("tenant", "")}
+		}), wideRow()},
+		{"partition_placement", cfg(func(c *config.Router) { c.AdditionalFields = []config.Field{partition} }), wideRow()},
+		{"partition_null_uses_key", cfg(func(c *config.Router) { c.AdditionalFields = []config.Field{partition} }), with(wideRow(), "shard", nil)},
+		{"error_partition_negative", cfg(func(c *config.Router) { c.AdditionalFields = []config.Field{partition} }), with(wideRow(), "shard", s("-1"))},
+		{"error_partition_not_a_number", cfg(func(c *config.Router) {
+			c.AdditionalFields = []config.Field{{Column: "tenant", Placement: "partition"}}
+		}), wideRow()},
+		{"additional_missing_ignore", cfg(func(c *config.Router) {
+			c.AdditionalMissing, c.AdditionalFields = "ignore", []config.Field{header("region", ""), envelope("nope", "")}
+		}), wideRow()},
+		{"error_missing_additional_column", cfg(func(c *config.Router) { c.AdditionalFields = []config.Field{header("region", "")} }), wideRow()},
+		{"timestamp_column_timestamptz", cfg(func(c *config.Router) { c.TimestampColumn = "occurred_at" }), wideRow()},
+		{"timestamp_column_epoch_millis", cfg(func(c *config.Router) { c.TimestampColumn = "occurred_ms" }), wideRow()},
+		{"timestamp_column_null_uses_commit_time", cfg(func(c *config.Router) { c.TimestampColumn = "occurred_at" }), with(wideRow(), "occurred_at", nil)},
+		{"error_timestamp_column_garbage", cfg(func(c *config.Router) { c.TimestampColumn = "tenant" }), wideRow()},
+		{"key_encoding_json", cfg(func(c *config.Router) { c.KeyEncoding = "json" }), with(wideRow(), "aggregate_id", s(`o-"42"`))},
+		{"expand_json_valid", cfg(func(c *config.Router) { c.ExpandJSONPayload, c.PayloadColumn = true, "text_payload" }), wideRow()},
+		{"error_expand_json_invalid", cfg(func(c *config.Router) { c.ExpandJSONPayload, c.PayloadColumn = true, "text_payload" }), with(wideRow(), "text_payload", s("{not json"))},
+		{"tombstone_on_blank_payload", cfg(func(c *config.Router) { c.TombstoneOnEmptyPayload, c.PayloadColumn = true, "text_payload" }), with(wideRow(), "text_payload", s("  "))},
+		{"blank_payload_kept_without_tombstones", cfg(func(c *config.Router) { c.PayloadColumn = "text_payload" }), with(wideRow(), "text_payload", s("  "))},
+		{"null_payload_is_tombstone", base, with(wideRow(), "payload", nil)},
+		{"traceparent_header", cfg(func(c *config.Router) { c.TraceparentColumn = "traceparent" }), wideRow()},
+		{"event_type_disabled_with_dash", cfg(func(c *config.Router) { c.EventTypeColumn = "-" }), wideRow()},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r, err := router.New(tt.cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ch := wide().change(0x3000, tt.row)
+			if strings.HasPrefix(tt.name, "preset_debezium") {
+				ch = debTable.change(0x3000, debRow)
+			}
+			ch.CommitTime = commit
+			rec, err := r.Route(ch)
+			golden(t, filepath.Join("testdata", "options_"+tt.name+".golden"), render(t, tt.name, rec, err))
+		})
+	}
+}
+
+func render(t *testing.T, name string, rec *router.Record, err error) string {
+	t.Helper()
+	var le *router.LayoutError
+	var re *router.RowError
+	switch {
+	case err == nil:
+		if strings.HasPrefix(name, "error_") {
+			t.Errorf("routed, want an error")
+		}
+		return renderRecord(rec)
+	case errors.As(err, &le):
+		return "layout error: " + le.Error() + "\n"
+	case errors.As(err, &re):
+		if !strings.HasPrefix(name, "error_") {
+			t.Errorf("unexpected error: %v", err)
+		}
+		return fmt.Sprintf("poison event_id=%q lsn=%s table=%s topic=%q\nreason: %s\nkey=%q value=%q\n", re.EventID, re.LSN, re.Table, re.Topic, re.Reason, re.Key, re.Value)
+	}
+	t.Fatalf("unexpected error type %T: %v", err, err)
+	return ""
+}
+
+// TestRouteMessageGolden covers events written with pg_logical_emit_message.
+func TestRouteMessageGolden(t *testing.T) {
+	commit := time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
+	base := config.Default().Router
+	base.Messages = config.Messages{Prefix: "outbox", DefaultRouteBy: "misc"}
+	base.TraceparentColumn = "traceparent"
+	tests := []struct {
+		name    string
+		cfg     config.Router
+		content string
+	}{
+		{"full", base, `{"id": "m-1", "aggregate_type": "order", "aggregate_id": "o-1", "event_type": "OrderPlaced", "payload": {"total": 9.5}, "traceparent": "00-aa-bb-01"}`},
+		{"string_payload_unquoted", base, `{"id": "m-2", "aggregate_type": "order", "aggregate_id": "o-1", "payload": "plain text"}`},
+		{"default_route_by_and_lsn_id", base, `{"aggregate_id": "o-1", "payload": [1, 2]}`},
+		{"null_payload_tombstone", base, `{"id": "m-3", "aggregate_type": "order", "aggregate_id": "o-1", "payload": null}`},
+		{"error_not_json", base, `OrderPlaced o-1`},
+		{"error_no_key", base, `{"id": "m-4", "aggregate_type": "order", "payload": {}}`},
+		{"error_no_route_without_default", func() config.Router { c := base; c.Messages.DefaultRouteBy = ""; return c }(), `{"id": "m-5", "aggregate_id": "o-1", "payload": {}}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r, err := router.New(tt.cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m := &wal.Message{XID: 9, LSN: 0x4000, Transactional: true, Prefix: "outbox", Content: []byte(tt.content)}
+			rec, err := r.RouteMessage(m, commit)
+			golden(t, filepath.Join("testdata", "message_"+tt.name+".golden"), render(t, tt.name, rec, err))
+		})
+	}
+}
