@@ -70,8 +70,12 @@ func TestRouteOptionsGolden(t *testing.T) {
 		wal.Column{Name: "payload", TypeOID: oidJSONB},
 	)
 	debRow := row{"id": s("e-1"), "aggregatetype": s("Customer"), "aggregateid": s("c_9"), "type": s("CustomerCreated"), "payload": s(`{"name": "Ada"}`)}
-	header := func(col, alias string) config.Field { return config.Field{Column: col, Placement: "header", Alias: alias} }
-	envelope := func(col, alias string) config.Field { return config.Field{Column: col, Placement: "envelope", Alias: alias} }
+	header := func(col, alias string) config.Field {
+		return config.Field{Column: col, Placement: "header", Alias: alias}
+	}
+	envelope := func(col, alias string) config.Field {
+		return config.Field{Column: col, Placement: "envelope", Alias: alias}
+	}
 	partition := config.Field{Column: "shard", Placement: "partition"}
 
 	tests := []struct {

@@ -105,7 +105,7 @@ type Change struct {
 	XID        uint32
 	LSN        LSN       // WAL position of the message that carried the change
 	CommitTime time.Time // of the transaction, from its Begin
-	Relation *Relation
+	Relation   *Relation
 	// Tuple is the new row for Insert and Update, the old row (or its key)
 	// for Delete.
 	Tuple []Datum
