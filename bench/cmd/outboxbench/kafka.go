@@ -1,0 +1,284 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+func newAdmin(brokers string) (*kgo.Client, *kadm.Client, error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers))
+	if err != nil {
+		return nil, nil, err
+	}
+	return cl, kadm.NewClient(cl), nil
+}
+
+func cmdTopics(ctx context.Context, args []string) error {
+	var c common
+	fs := flag.NewFlagSet("topics", flag.ExitOnError)
+	c.register(fs)
+	partitions := fs.Int("partitions", 6, "partitions per topic")
+	_ = fs.Parse(args)
+	cl, adm, err := newAdmin(c.brokers)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	cfg := map[string]*string{"message.timestamp.type": new("LogAppendTime")}
+	resp, err := adm.CreateTopics(ctx, int32(*partitions), 1, cfg, c.topics()...)
+	if err != nil {
+		return fmt.Errorf("creating topics: %w", err)
+	}
+	for _, r := range resp {
+		if r.Err != nil && !errors.Is(r.Err, kerr.TopicAlreadyExists) {
+			return fmt.Errorf("creating topic %s: %w", r.Topic, r.Err)
+		}
+	}
+	// Wait for leaders so that nobody's first records hit an unknown topic.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		td, err := adm.ListTopics(ctx, c.topics()...)
+		ok := err == nil
+		for _, t := range c.topics() {
+			d, found := td[t]
+			if !found || d.Err != nil || len(d.Partitions) != *partitions {
+				ok = false
+				break
+			}
+			for _, p := range d.Partitions {
+				if p.Leader < 0 {
+					ok = false
+				}
+			}
+		}
+		if ok {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("topics have no leaders after 30s")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// offsets are end offsets of the run's topics.
+type offsets map[string]map[int32]int64
+
+func endOffsets(ctx context.Context, adm *kadm.Client, topics []string) (offsets, error) {
+	lo, err := adm.ListEndOffsets(ctx, topics...)
+	if err != nil {
+		return nil, err
+	}
+	out := offsets{}
+	var lerr error
+	lo.Each(func(o kadm.ListedOffset) {
+		if o.Err != nil {
+			lerr = o.Err
+			return
+		}
+		if out[o.Topic] == nil {
+			out[o.Topic] = map[int32]int64{}
+		}
+		out[o.Topic][o.Partition] = o.Offset
+	})
+	return out, lerr
+}
+
+func (o offsets) sum() int64 {
+	var s int64
+	for _, ps := range o {
+		for _, v := range ps {
+			s += v
+		}
+	}
+	return s
+}
+
+// appendTimes returns the earliest append time of the records after base and
+// the latest append time of the records before end (the topics use
+// LogAppendTime, so this is when the broker appended them).
+func appendTimes(ctx context.Context, brokers string, base, end offsets) (first, last time.Time, err error) {
+	read := func(at func(t string, p int32) (int64, bool)) ([]time.Time, error) {
+		parts := map[string]map[int32]kgo.Offset{}
+		want := 0
+		for t, ps := range end {
+			for p := range ps {
+				if off, ok := at(t, p); ok {
+					if parts[t] == nil {
+						parts[t] = map[int32]kgo.Offset{}
+					}
+					parts[t][p] = kgo.NewOffset().At(off)
+					want++
+				}
+			}
+		}
+		if want == 0 {
+			return nil, nil
+		}
+		cl, err := kgo.NewClient(kgo.SeedBrokers(brokers), kgo.ConsumePartitions(parts), kgo.FetchMaxPartitionBytes(1<<16))
+		if err != nil {
+			return nil, err
+		}
+		defer cl.Close()
+		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		got := map[string]map[int32]bool{}
+		var ts []time.Time
+		for len(ts) < want {
+			fetches := cl.PollFetches(ctx)
+			if ctx.Err() != nil {
+				return nil, fmt.Errorf("reading append times: %w", ctx.Err())
+			}
+			fetches.EachRecord(func(r *kgo.Record) {
+				if got[r.Topic] == nil {
+					got[r.Topic] = map[int32]bool{}
+				}
+				if !got[r.Topic][r.Partition] && r.Offset == parts[r.Topic][r.Partition].EpochOffset().Offset {
+					got[r.Topic][r.Partition] = true
+					ts = append(ts, r.Timestamp)
+				}
+			})
+		}
+		return ts, nil
+	}
+	firsts, err := read(func(t string, p int32) (int64, bool) {
+		b := base[t][p]
+		return b, end[t][p] > b
+	})
+	if err != nil {
+		return first, last, err
+	}
+	lasts, err := read(func(t string, p int32) (int64, bool) {
+		return end[t][p] - 1, end[t][p] > base[t][p]
+	})
+	if err != nil {
+		return first, last, err
+	}
+	for _, t := range firsts {
+		if first.IsZero() || t.Before(first) {
+			first = t
+		}
+	}
+	for _, t := range lasts {
+		if t.After(last) {
+			last = t
+		}
+	}
+	return first, last, nil
+}
+
+// waitCount polls end offsets until n records were added after base.
+func waitCount(ctx context.Context, adm *kadm.Client, topics []string, base offsets, n int64, timeout time.Duration, alive func() error) (offsets, error) {
+	deadline := time.Now().Add(timeout)
+	want := base.sum() + n
+	for {
+		end, err := endOffsets(ctx, adm, topics)
+		if err == nil && end.sum() >= want {
+			return end, nil
+		}
+		if err := alive(); err != nil {
+			return end, err
+		}
+		if time.Now().After(deadline) {
+			return end, fmt.Errorf("only %d of %d records after %s", end.sum()-base.sum(), n, timeout)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// cmdProduce measures Kafka's raw produce rate for records shaped like the
+// outbox events: same topics, keys, value sizes and headers.
+func cmdProduce(ctx context.Context, args []string) error {
+	var c common
+	fs := flag.NewFlagSet("produce", flag.ExitOnError)
+	c.register(fs)
+	n := fs.Int("n", 50000, "records")
+	size := fs.Int("size", 250, "approximate value bytes")
+	_ = fs.Parse(args)
+
+	// Build the records first, so that only producing is timed.
+	pool := make([][]byte, 1024)
+	for i := range pool {
+		pool[i] = []byte(payload(i, *size))
+	}
+	recs := make([]*kgo.Record, *n)
+	for g := range recs {
+		recs[g] = &kgo.Record{
+			Topic: fmt.Sprintf("%s_t%d-events", c.prefix, g%c.types),
+			Key:   fmt.Appendf(nil, "agg-%d", (g*7919)%10000),
+			Value: pool[g%len(pool)],
+			Headers: []kgo.RecordHeader{
+				{Key: "id", Value: []byte(newUUID())},
+				{Key: "eventType", Value: []byte("Created")},
+			},
+		}
+	}
+	cl, adm, err := newAdmin(c.brokers)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	base, err := endOffsets(ctx, adm, c.topics())
+	if err != nil {
+		return err
+	}
+	// franz-go defaults (idempotent, linger 0, 10,000 buffered records), acks=all,
+	// and the Java-compatible murmur2 key partitioner outboxd uses.
+	p, err := kgo.NewClient(kgo.SeedBrokers(c.brokers), kgo.RequiredAcks(kgo.AllISRAcks()),
+		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)))
+	if err != nil {
+		return err
+	}
+	var ru0 syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru0)
+	start := time.Now()
+	var wg sync.WaitGroup
+	var failed atomic.Pointer[error]
+	wg.Add(len(recs))
+	for _, r := range recs {
+		p.Produce(ctx, r, func(_ *kgo.Record, err error) {
+			if err != nil {
+				failed.Store(&err)
+			}
+			wg.Done()
+		})
+	}
+	wg.Wait()
+	done := time.Now()
+	var ru1 syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru1)
+	p.Close()
+	if e := failed.Load(); e != nil {
+		return fmt.Errorf("producing: %w", *e)
+	}
+	end, err := endOffsets(ctx, adm, c.topics())
+	if err != nil {
+		return err
+	}
+	first, last, err := appendTimes(ctx, c.brokers, base, end)
+	if err != nil {
+		return err
+	}
+	cpu := tv(ru1.Utime) + tv(ru1.Stime) - tv(ru0.Utime) - tv(ru0.Stime)
+	res := newResult(c, "catchup")
+	res.Events = *n
+	res.PayloadBytes = *size
+	res.fillTimes(start, first, last)
+	res.CPUSeconds = cpu
+	res.CPUPer100k = cpu / float64(*n) * 1e5
+	res.Note = fmt.Sprintf("acks received %.3fs after start", done.Sub(start).Seconds())
+	res.print()
+	return nil
+}
+
+func tv(t syscall.Timeval) float64 { return float64(t.Sec) + float64(t.Usec)/1e6 }

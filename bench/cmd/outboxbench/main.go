@@ -1,0 +1,90 @@
+// Command outboxbench is the load generator and stopwatch of the outboxd
+// benchmark harness (bench/run). It fills the outbox, runs one contender
+// (outboxd, Kafka Connect + Debezium, pg_recvlogical, or its own raw franz-go
+// producer) against a workload, watches the contender's process and the
+// Kafka topics, and prints one JSON result line per run on stdout.
+//
+// Subcommands:
+//
+//	setup    create the outbox table, a side table and the publication; drop stale bench slots
+//	slot     (re)create a pgoutput slot
+//	topics   create the run's topics (LogAppendTime, so Kafka stamps the append time)
+//	fill     write events into the outbox in one transaction or in T-row transactions
+//	catchup  start a contender and time it until the expected records are in Kafka
+//	produce  the raw Kafka limit: produce the same records with franz-go (acks=all, idempotent)
+//	live     start a contender, write 1-row transactions at a fixed rate, measure commit → Kafka latency
+//	idle     start a contender, write only to another table, report slot lag
+//	report   turn the JSON result lines into a markdown table and gnuplot data
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"time"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: outboxbench setup|slot|topics|fill|catchup|produce|live|idle|report [flags]")
+		os.Exit(2)
+	}
+	ctx := context.Background()
+	cmd, args := os.Args[1], os.Args[2:]
+	var err error
+	switch cmd {
+	case "setup":
+		err = cmdSetup(ctx, args)
+	case "slot":
+		err = cmdSlot(ctx, args)
+	case "topics":
+		err = cmdTopics(ctx, args)
+	case "fill":
+		err = cmdFill(ctx, args)
+	case "catchup":
+		err = cmdCatchup(ctx, args)
+	case "produce":
+		err = cmdProduce(ctx, args)
+	case "live":
+		err = cmdLive(ctx, args)
+	case "idle":
+		err = cmdIdle(ctx, args)
+	case "report":
+		err = cmdReport(args)
+	default:
+		err = fmt.Errorf("unknown subcommand %q", cmd)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "outboxbench %s: %v\n", cmd, err)
+		os.Exit(1)
+	}
+}
+
+// common flags shared by most subcommands.
+type common struct {
+	dsn, brokers, prefix, slot, label, workload string
+	types                                       int
+}
+
+func (c *common) register(fs *flag.FlagSet) {
+	fs.StringVar(&c.dsn, "dsn", "postgres://postgres@127.0.0.1:55432/postgres?sslmode=disable", "Postgres DSN")
+	fs.StringVar(&c.brokers, "brokers", "127.0.0.1:29092", "Kafka bootstrap broker")
+	fs.StringVar(&c.prefix, "prefix", "bench", "aggregate type prefix: topics are <prefix>_t<k>-events")
+	fs.StringVar(&c.slot, "slot", "bench", "replication slot")
+	fs.StringVar(&c.label, "label", "", "contender label for the result line")
+	fs.StringVar(&c.workload, "workload", "", "workload label for the result line")
+	fs.IntVar(&c.types, "types", 10, "number of aggregate types (topics)")
+}
+
+func (c *common) topics() []string {
+	t := make([]string, c.types)
+	for i := range t {
+		t[i] = fmt.Sprintf("%s_t%d-events", c.prefix, i)
+	}
+	return t
+}
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "%s outboxbench: %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, args...))
+}

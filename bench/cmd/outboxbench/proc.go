@@ -1,0 +1,234 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// result is one benchmark run, printed as one JSON line.
+type result struct {
+	Date         string  `json:"date"`
+	Label        string  `json:"label"`
+	Workload     string  `json:"workload"`
+	Mode         string  `json:"mode"`
+	Events       int     `json:"events"`
+	PayloadBytes int     `json:"payload_bytes"`
+	StartupSec   float64 `json:"startup_s,omitempty"`     // process start → first record appended
+	TotalSec     float64 `json:"total_s,omitempty"`       // process start → last record appended
+	Throughput   float64 `json:"throughput,omitempty"`    // events/s, first → last record appended
+	WallRate     float64 `json:"wall_rate,omitempty"`     // events/s, process start → last record
+	CPUSeconds   float64 `json:"cpu_s"`                   // user+sys of the contender while it worked
+	CPUPer100k   float64 `json:"cpu_s_per_100k"`          // CPU seconds per 100k events
+	PeakRSSMB    float64 `json:"peak_rss_mb,omitempty"`   // VmHWM
+	SteadyRSSMB  float64 `json:"steady_rss_mb,omitempty"` // median VmRSS while working
+	SlotLagBytes int64   `json:"slot_lag_bytes"`
+	TargetRate   float64 `json:"target_rate,omitempty"`
+	WriteRate    float64 `json:"write_rate,omitempty"` // events/s the writers committed
+	P50ms        float64 `json:"p50_ms,omitempty"`     // commit → Kafka LogAppendTime (ms resolution)
+	P99ms        float64 `json:"p99_ms,omitempty"`
+	P999ms       float64 `json:"p999_ms,omitempty"`
+	Maxms        float64 `json:"max_ms,omitempty"`
+	RecvP50ms    float64 `json:"recv_p50_ms,omitempty"` // commit → consumer receive time (µs resolution)
+	RecvP99ms    float64 `json:"recv_p99_ms,omitempty"`
+	RecvMaxms    float64 `json:"recv_max_ms,omitempty"`
+	Load         string  `json:"load"` // /proc/loadavg at start and end of the run
+	Note         string  `json:"note,omitempty"`
+}
+
+func newResult(c common, mode string) *result {
+	return &result{Date: time.Now().UTC().Format(time.RFC3339), Label: c.label, Workload: c.workload, Mode: mode, Load: loadavg()}
+}
+
+func (r *result) fillTimes(start, first, last time.Time) {
+	r.StartupSec = first.Sub(start).Seconds()
+	r.TotalSec = last.Sub(start).Seconds()
+	if d := last.Sub(first).Seconds(); d > 0 {
+		r.Throughput = float64(r.Events) / d
+	}
+	if r.TotalSec > 0 {
+		r.WallRate = float64(r.Events) / r.TotalSec
+	}
+}
+
+func (r *result) print() {
+	r.Load += " → " + loadavg()
+	b, _ := json.Marshal(r)
+	fmt.Println(string(b))
+}
+
+func loadavg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(b))
+	return strings.Join(f[:3], " ")
+}
+
+// proc is a contender process under observation.
+type proc struct {
+	cmd     *exec.Cmd
+	start   time.Time
+	exited  chan struct{}
+	exitErr error
+
+	mu      sync.Mutex
+	samples []sample
+	stop    chan struct{}
+	rssOut  *os.File
+}
+
+type sample struct {
+	at     time.Time
+	rssKB  int64
+	cpuSec float64
+}
+
+var clkTck = 100.0 // USER_HZ; 100 on every Linux we run on
+
+func startProc(argv []string, logPath, rssPath string) (*proc, error) {
+	if len(argv) == 0 {
+		return nil, fmt.Errorf("no contender command after --")
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if logPath != "" {
+		f, err := os.Create(logPath)
+		if err != nil {
+			return nil, err
+		}
+		cmd.Stdout, cmd.Stderr = f, f
+	}
+	p := &proc{cmd: cmd, exited: make(chan struct{}), stop: make(chan struct{})}
+	if rssPath != "" {
+		f, err := os.Create(rssPath)
+		if err != nil {
+			return nil, err
+		}
+		p.rssOut = f
+		fmt.Fprintln(f, "seconds rss_mb cpu_s")
+	}
+	p.start = time.Now()
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("starting %s: %w", argv[0], err)
+	}
+	go func() { p.exitErr = cmd.Wait(); close(p.exited) }()
+	go p.sampleLoop()
+	return p, nil
+}
+
+func (p *proc) sampleLoop() {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if s, ok := p.read(); ok {
+			p.mu.Lock()
+			p.samples = append(p.samples, s)
+			p.mu.Unlock()
+			if p.rssOut != nil {
+				fmt.Fprintf(p.rssOut, "%.2f %.1f %.3f\n", s.at.Sub(p.start).Seconds(), float64(s.rssKB)/1024, s.cpuSec)
+			}
+		}
+		select {
+		case <-t.C:
+		case <-p.stop:
+			return
+		case <-p.exited:
+			return
+		}
+	}
+}
+
+// read samples RSS and CPU from /proc.
+func (p *proc) read() (sample, bool) {
+	pid := p.cmd.Process.Pid
+	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return sample{}, false
+	}
+	// Fields after the parenthesised command name.
+	s := string(st)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	ut, _ := strconv.ParseFloat(f[11], 64)
+	stime, _ := strconv.ParseFloat(f[12], 64)
+	return sample{at: time.Now(), rssKB: statusKB(pid, "VmRSS:"), cpuSec: (ut + stime) / clkTck}, true
+}
+
+func statusKB(pid int, key string) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for line := range strings.Lines(string(b)) {
+		if strings.HasPrefix(line, key) {
+			v, _ := strconv.ParseInt(strings.Fields(line)[1], 10, 64)
+			return v
+		}
+	}
+	return 0
+}
+
+func (p *proc) alive() error {
+	select {
+	case <-p.exited:
+		return fmt.Errorf("contender exited early: %v (see its log)", p.exitErr)
+	default:
+		return nil
+	}
+}
+
+// now samples immediately.
+func (p *proc) now() sample {
+	s, _ := p.read()
+	return s
+}
+
+func (p *proc) peakRSSMB() float64 { return float64(statusKB(p.cmd.Process.Pid, "VmHWM:")) / 1024 }
+
+// medianRSSMB is the median RSS of the samples taken in [from, to].
+func (p *proc) medianRSSMB(from, to time.Time) float64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var v []int64
+	for _, s := range p.samples {
+		if !s.at.Before(from) && !s.at.After(to) {
+			v = append(v, s.rssKB)
+		}
+	}
+	if len(v) == 0 {
+		return 0
+	}
+	slices.Sort(v)
+	return float64(v[len(v)/2]) / 1024
+}
+
+// terminate sends SIGTERM to the process group, then SIGKILL after grace.
+func (p *proc) terminate(grace time.Duration) {
+	close(p.stop)
+	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
+	select {
+	case <-p.exited:
+	case <-time.After(grace):
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+		<-p.exited
+	}
+	if p.rssOut != nil {
+		_ = p.rssOut.Close()
+	}
+}
+
+func percentile(sorted []float64, q float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(q * float64(len(sorted)-1))
+	return sorted[i]
+}

@@ -1,0 +1,387 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+type runFlags struct {
+	common
+	n       int
+	size    int
+	timeout time.Duration
+	settle  time.Duration
+	log     string
+	rss     string
+	untilEx bool
+}
+
+func (f *runFlags) parse(name string, args []string, extra func(*flag.FlagSet)) []string {
+	fs := flag.NewFlagSet(name, flag.ExitOnError)
+	f.register(fs)
+	fs.IntVar(&f.n, "n", 50000, "events expected")
+	fs.IntVar(&f.size, "size", 250, "payload bytes (for the result line)")
+	fs.DurationVar(&f.timeout, "timeout", 10*time.Minute, "give up after")
+	fs.DurationVar(&f.settle, "settle", 3*time.Second, "wait after the drain before reading slot lag")
+	fs.StringVar(&f.log, "log", "", "contender's stdout/stderr file")
+	fs.StringVar(&f.rss, "rss", "", "RSS/CPU timeline file (seconds rss_mb cpu_s)")
+	if extra != nil {
+		extra(fs)
+	}
+	_ = fs.Parse(args)
+	return fs.Args()
+}
+
+// cmdCatchup times a contender draining events already in the WAL.
+func cmdCatchup(ctx context.Context, args []string) error {
+	var f runFlags
+	argv := f.parse("catchup", args, func(fs *flag.FlagSet) {
+		fs.BoolVar(&f.untilEx, "until-exit", false, "the contender stops by itself (pg_recvlogical --endpos); time it to its exit, no Kafka")
+	})
+	conn, err := connect(ctx, f.dsn)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	res := newResult(f.common, "catchup")
+	res.Events, res.PayloadBytes = f.n, f.size
+
+	if f.untilEx {
+		p, err := startProc(argv, f.log, f.rss)
+		if err != nil {
+			return err
+		}
+		select {
+		case <-p.exited:
+		case <-time.After(f.timeout):
+			p.terminate(time.Second)
+			return fmt.Errorf("contender still running after %s", f.timeout)
+		}
+		end := time.Now()
+		if p.exitErr != nil {
+			return fmt.Errorf("contender failed: %v (see %s)", p.exitErr, f.log)
+		}
+		ru := p.cmd.ProcessState.SysUsage().(*syscall.Rusage)
+		res.TotalSec = end.Sub(p.start).Seconds()
+		res.Throughput = float64(f.n) / res.TotalSec
+		res.WallRate = res.Throughput
+		res.CPUSeconds = tv(ru.Utime) + tv(ru.Stime)
+		res.CPUPer100k = res.CPUSeconds / float64(f.n) * 1e5
+		res.PeakRSSMB = float64(ru.Maxrss) / 1024
+		res.SlotLagBytes, _ = slotLag(ctx, conn, f.slot)
+		res.Note = "decode only, output to /dev/null; time includes connection set-up"
+		res.print()
+		return nil
+	}
+
+	cl, adm, err := newAdmin(f.brokers)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	base, err := endOffsets(ctx, adm, f.topics())
+	if err != nil {
+		return err
+	}
+	p, err := startProc(argv, f.log, f.rss)
+	if err != nil {
+		return err
+	}
+	end, err := waitCount(ctx, adm, f.topics(), base, int64(f.n), f.timeout, p.alive)
+	done := p.now()
+	if err != nil {
+		p.terminate(10 * time.Second)
+		return err
+	}
+	res.CPUSeconds = done.cpuSec
+	res.CPUPer100k = done.cpuSec / float64(f.n) * 1e5
+	res.PeakRSSMB = p.peakRSSMB()
+	res.SteadyRSSMB = float64(done.rssKB) / 1024 // RSS at the end of the drain
+	time.Sleep(f.settle)
+	res.SlotLagBytes, _ = slotLag(ctx, conn, f.slot)
+	p.terminate(20 * time.Second)
+	if extra := end.sum() - base.sum() - int64(f.n); extra > 0 {
+		res.Note = fmt.Sprintf("%d more records than events (duplicates)", extra)
+	}
+	first, last, err := appendTimes(ctx, f.brokers, base, end)
+	if err != nil {
+		return err
+	}
+	res.fillTimes(p.start, first, last)
+	res.print()
+	return nil
+}
+
+// waitSlotActive waits until the contender has the slot, then warm.
+func waitSlotActive(ctx context.Context, conn *pgx.Conn, slot string, p *proc, warm time.Duration) error {
+	deadline := time.Now().Add(2 * time.Minute)
+	for !slotActive(ctx, conn, slot) {
+		if err := p.alive(); err != nil {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("slot %s not active after 2 minutes", slot)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	time.Sleep(warm)
+	return p.alive()
+}
+
+type obs struct{ appended, received time.Time }
+
+// cmdLive writes 1-row transactions at a fixed rate (0: as fast as the
+// writers can) and measures commit → Kafka latency per event.
+func cmdLive(ctx context.Context, args []string) error {
+	var f runFlags
+	var rate float64
+	var writers int
+	var duration, warmup, warm time.Duration
+	argv := f.parse("live", args, func(fs *flag.FlagSet) {
+		fs.Float64Var(&rate, "rate", 1000, "events/s over all writers; 0 = as fast as possible")
+		fs.IntVar(&writers, "writers", 8, "concurrent writer connections")
+		fs.DurationVar(&duration, "duration", 20*time.Second, "how long to write")
+		fs.DurationVar(&warmup, "warmup", 3*time.Second, "latencies of events committed in this first part are not counted")
+		fs.DurationVar(&warm, "warm", 2*time.Second, "wait after the contender took the slot before writing")
+	})
+	conn, err := connect(ctx, f.dsn)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	cl, adm, err := newAdmin(f.brokers)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+
+	p, err := startProc(argv, f.log, f.rss)
+	if err != nil {
+		return err
+	}
+	defer p.terminate(20 * time.Second)
+	if err := waitSlotActive(ctx, conn, f.slot, p, warm); err != nil {
+		return err
+	}
+
+	// Consumer from the current end of every partition.
+	base, err := endOffsets(ctx, adm, f.topics())
+	if err != nil {
+		return err
+	}
+	parts := map[string]map[int32]kgo.Offset{}
+	for t, ps := range base {
+		parts[t] = map[int32]kgo.Offset{}
+		for pt, off := range ps {
+			parts[t][pt] = kgo.NewOffset().At(off)
+		}
+	}
+	consumer, err := kgo.NewClient(kgo.SeedBrokers(f.brokers), kgo.ConsumePartitions(parts), kgo.FetchMaxWait(100*time.Millisecond))
+	if err != nil {
+		return err
+	}
+	defer consumer.Close()
+	var (
+		omu  sync.Mutex
+		seen = map[string]obs{}
+	)
+	cctx, cancelConsumer := context.WithCancel(ctx)
+	defer cancelConsumer()
+	var cwg sync.WaitGroup
+	cwg.Go(func() {
+		for cctx.Err() == nil {
+			fetches := consumer.PollFetches(cctx)
+			now := time.Now()
+			omu.Lock()
+			fetches.EachRecord(func(r *kgo.Record) {
+				for _, h := range r.Headers {
+					if h.Key == "id" {
+						seen[string(h.Value)] = obs{appended: r.Timestamp, received: now}
+					}
+				}
+			})
+			omu.Unlock()
+		}
+	})
+
+	// Writers.
+	total := int64(rate * duration.Seconds())
+	if rate <= 0 {
+		total = 1 << 62
+	}
+	var (
+		next     atomic.Int64
+		wmu      sync.Mutex
+		commits  = map[string]time.Time{}
+		werr     atomic.Pointer[error]
+		wwg      sync.WaitGroup
+		pl       = payload(0, f.size)
+		cpu0     = p.now().cpuSec
+		start    = time.Now()
+		stopAt   = start.Add(duration)
+		warmedAt = start.Add(warmup)
+	)
+	for range writers {
+		wc, err := connect(ctx, f.dsn)
+		if err != nil {
+			return err
+		}
+		defer wc.Close(ctx)
+		wwg.Go(func() {
+			local := map[string]time.Time{}
+			defer func() {
+				wmu.Lock()
+				for k, v := range local {
+					commits[k] = v
+				}
+				wmu.Unlock()
+			}()
+			for {
+				k := next.Add(1) - 1
+				if k >= total || time.Now().After(stopAt) {
+					return
+				}
+				if rate > 0 {
+					due := start.Add(time.Duration(float64(k) / rate * float64(time.Second)))
+					if d := time.Until(due); d > 0 {
+						time.Sleep(d)
+					}
+				}
+				id := newUUID()
+				_, err := wc.Exec(ctx, `INSERT INTO public.outbox (id, aggregate_type, aggregate_id, event_type, payload) VALUES ($1, $2, $3, 'Created', $4)`,
+					id, fmt.Sprintf("%s_t%d", f.prefix, k%int64(f.types)), fmt.Sprintf("agg-%d", (k*7919)%10000), pl)
+				if err != nil {
+					werr.Store(&err)
+					return
+				}
+				local[id] = time.Now()
+			}
+		})
+	}
+	wwg.Wait()
+	writeEnd := time.Now()
+	if e := werr.Load(); e != nil {
+		return fmt.Errorf("writer: %w", *e)
+	}
+	written := len(commits)
+	// Wait for every event to be consumed.
+	deadline := time.Now().Add(f.timeout)
+	for {
+		omu.Lock()
+		n := len(seen)
+		omu.Unlock()
+		if n >= written {
+			break
+		}
+		if err := p.alive(); err != nil {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("only %d of %d events reached Kafka after %s", n, written, f.timeout)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	drained := time.Now()
+	done := p.now()
+	cancelConsumer()
+	cwg.Wait()
+
+	var lat, rlat []float64
+	missing := 0
+	for id, ct := range commits {
+		o, ok := seen[id]
+		if !ok {
+			missing++
+			continue
+		}
+		if ct.Before(warmedAt) {
+			continue
+		}
+		lat = append(lat, float64(o.appended.Sub(ct).Microseconds())/1000)
+		rlat = append(rlat, float64(o.received.Sub(ct).Microseconds())/1000)
+	}
+	slices.Sort(lat)
+	slices.Sort(rlat)
+	res := newResult(f.common, "live")
+	res.Events, res.PayloadBytes, res.TargetRate = written, f.size, rate
+	res.WriteRate = float64(written) / writeEnd.Sub(start).Seconds()
+	res.Throughput = float64(written) / drained.Sub(start).Seconds()
+	res.P50ms, res.P99ms, res.P999ms = percentile(lat, 0.5), percentile(lat, 0.99), percentile(lat, 0.999)
+	if len(lat) > 0 {
+		res.Maxms = lat[len(lat)-1]
+		res.RecvMaxms = rlat[len(rlat)-1]
+	}
+	res.RecvP50ms, res.RecvP99ms = percentile(rlat, 0.5), percentile(rlat, 0.99)
+	res.CPUSeconds = done.cpuSec - cpu0
+	res.CPUPer100k = res.CPUSeconds / float64(written) * 1e5
+	res.PeakRSSMB = p.peakRSSMB()
+	res.SteadyRSSMB = p.medianRSSMB(warmedAt, writeEnd)
+	time.Sleep(f.settle)
+	res.SlotLagBytes, _ = slotLag(ctx, conn, f.slot)
+	res.Note = fmt.Sprintf("%d writers, %d events measured after %s warm-up, drained %.2fs after writers stopped",
+		writers, len(lat), warmup, drained.Sub(writeEnd).Seconds())
+	if missing > 0 {
+		res.Note += fmt.Sprintf("; %d events never seen", missing)
+	}
+	res.print()
+	return nil
+}
+
+// cmdIdle keeps the outbox idle while another table is written, then reads slot lag.
+func cmdIdle(ctx context.Context, args []string) error {
+	var f runFlags
+	var duration time.Duration
+	var rate float64
+	argv := f.parse("idle", args, func(fs *flag.FlagSet) {
+		fs.DurationVar(&duration, "duration", 60*time.Second, "how long to write to the other table")
+		fs.Float64Var(&rate, "rate", 100, "1-row transactions per second on the other table")
+	})
+	conn, err := connect(ctx, f.dsn)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	p, err := startProc(argv, f.log, f.rss)
+	if err != nil {
+		return err
+	}
+	defer p.terminate(20 * time.Second)
+	if err := waitSlotActive(ctx, conn, f.slot, p, 2*time.Second); err != nil {
+		return err
+	}
+	wc, err := connect(ctx, f.dsn)
+	if err != nil {
+		return err
+	}
+	defer wc.Close(ctx)
+	cpu0 := p.now().cpuSec
+	start := time.Now()
+	var walBytes int64
+	var lsn0 string
+	_ = conn.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&lsn0)
+	for k := 0; time.Since(start) < duration; k++ {
+		due := start.Add(time.Duration(float64(k) / rate * float64(time.Second)))
+		time.Sleep(time.Until(due))
+		if _, err := wc.Exec(ctx, `INSERT INTO public.bench_other (v) VALUES ($1)`, "x"); err != nil {
+			return fmt.Errorf("writing other table: %w", err)
+		}
+	}
+	_ = conn.QueryRow(ctx, `SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::bigint`, lsn0).Scan(&walBytes)
+	res := newResult(f.common, "idle")
+	res.SlotLagBytes, _ = slotLag(ctx, conn, f.slot)
+	res.CPUSeconds = p.now().cpuSec - cpu0
+	res.PeakRSSMB = p.peakRSSMB()
+	res.SteadyRSSMB = p.medianRSSMB(start, time.Now())
+	res.Note = fmt.Sprintf("%.0f s of %.0f tx/s to another table wrote %d WAL bytes", duration.Seconds(), rate, walBytes)
+	res.print()
+	return nil
+}
