@@ -20,6 +20,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/debezium"
 	"github.com/outboxd/outboxd/metrics"
 	"github.com/outboxd/outboxd/migrations"
 	"github.com/outboxd/outboxd/relay"
@@ -32,6 +33,7 @@ const usage = `Usage:
   outboxd [-config FILE] [-check-config]   stream the outbox to Kafka
   outboxd migrate [-config FILE]           create the outbox table
   outboxd version                          print the version
+  outboxd debezium convert FILE            convert a Debezium connector config
 
 Settings come from defaults, then FILE (YAML), then OUTBOXD_* environment
 variables (OUTBOXD_POSTGRES_DSN, OUTBOXD_KAFKA_BROKERS, ...).
@@ -50,6 +52,9 @@ func main() {
 var errReported = errors.New("reported")
 
 func run(args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "debezium" {
+		return debezium.Command(args[1:], os.Stdin, stdout, stderr)
+	}
 	cmd := "run"
 	if len(args) > 0 && (args[0] == "migrate" || args[0] == "version") {
 		cmd, args = args[0], args[1:]

@@ -1,0 +1,796 @@
+package debezium
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/router"
+)
+
+// Class names Convert recognises.
+const (
+	PostgresConnector = "io.debezium.connector.postgresql.PostgresConnector"
+	EventRouter       = "io.debezium.transforms.outbox.EventRouter"
+)
+
+// Debezium's defaults for the settings Convert maps.
+const (
+	defaultSlot        = "debezium"
+	defaultPublication = "dbz_publication"
+	defaultRegex       = "(?<routedByValue>.*)"
+	defaultReplacement = "outbox.event.${routedByValue}"
+)
+
+// Options are what a connector configuration does not say.
+type Options struct {
+	// Brokers are the Kafka bootstrap servers (host:port). A connector
+	// configuration names them only in producer.override.bootstrap.servers.
+	Brokers []string
+}
+
+// Warning is a setting outboxd does not honour as Debezium did, or a step
+// the operator must take.
+type Warning struct {
+	Key     string // the connector setting, or the outboxd setting concerned
+	Message string
+}
+
+func (w Warning) String() string { return w.Key + ": " + w.Message }
+
+// Result is a converted configuration.
+type Result struct {
+	YAML     []byte    // an outboxd configuration file; never holds a password
+	Warnings []Warning // sorted by key
+}
+
+// Convert maps a Debezium PostgreSQL connector with an Outbox EventRouter to
+// an outboxd configuration. The result passes config.Config.Validate. It
+// returns an error, which never quotes a password, when c is not such a
+// connector or a setting is invalid.
+func Convert(c Connector, opts Options) (Result, error) {
+	v := &conv{cfg: c.Config, used: map[string]bool{}}
+	if err := v.connector(); err != nil {
+		return Result{}, err
+	}
+	er, err := v.transforms()
+	if err != nil {
+		return Result{}, err
+	}
+	pg, err := v.postgres()
+	if err != nil {
+		return Result{}, err
+	}
+	rt, err := v.router("transforms." + er + ".")
+	if err != nil {
+		return Result{}, err
+	}
+	kafka, err := v.kafka(opts)
+	if err != nil {
+		return Result{}, err
+	}
+	v.leftovers()
+
+	name := c.Name
+	if name == "" {
+		name = "(unnamed)"
+	}
+	doc := document(fmt.Sprintf("outboxd configuration converted from Debezium connector %s by 'outboxd debezium convert'.\n"+
+		"Each setting names the connector setting it comes from. The Postgres password is not here:\n"+
+		"give it through PGPASSWORD, ~/.pgpass or OUTBOXD_POSTGRES_DSN.", name), pg, kafka, rt)
+	var buf bytes.Buffer
+	enc := yaml.NewEncoder(&buf)
+	enc.SetIndent(2)
+	if err := enc.Encode(doc); err != nil {
+		return Result{}, fmt.Errorf("writing YAML: %w", err)
+	}
+	_ = enc.Close()
+
+	// The output must load and validate like any configuration file. The
+	// certificate files need only exist where outboxd runs.
+	cfg := config.Default()
+	if err := config.Decode(buf.Bytes(), &cfg); err != nil {
+		return Result{}, fmt.Errorf("the converted configuration does not load: %w", err)
+	}
+	cfg.Postgres.DSN = WithoutFiles(cfg.Postgres.DSN)
+	if err := cfg.Validate(); err != nil {
+		return Result{}, fmt.Errorf("the converted configuration is invalid; fix the connector setting behind it:\n%w", err)
+	}
+	sort.SliceStable(v.warnings, func(i, j int) bool { return v.warnings[i].Key < v.warnings[j].Key })
+	return Result{YAML: buf.Bytes(), Warnings: v.warnings}, nil
+}
+
+// conv tracks which settings were consumed, so that every other one is
+// reported.
+type conv struct {
+	cfg      map[string]string
+	used     map[string]bool
+	warnings []Warning
+}
+
+func (v *conv) get(key string) (string, bool) {
+	v.used[key] = true
+	s, ok := v.cfg[key]
+	s = strings.TrimSpace(s)
+	return s, ok && s != ""
+}
+
+func (v *conv) or(key, def string) string {
+	if s, ok := v.get(key); ok {
+		return s
+	}
+	return def
+}
+
+func (v *conv) warn(key, format string, args ...any) {
+	v.warnings = append(v.warnings, Warning{Key: key, Message: fmt.Sprintf(format, args...)})
+}
+
+func (v *conv) connector() error {
+	class, ok := v.get("connector.class")
+	switch {
+	case !ok:
+		return errors.New("no connector.class: this is not a Kafka Connect connector configuration")
+	case class != PostgresConnector && class != "PostgresConnector":
+		return fmt.Errorf("connector.class is %s, not %s: outboxd replaces Debezium's PostgreSQL connector only", class, PostgresConnector)
+	}
+	// Settings that need nothing from outboxd.
+	for _, k := range []string{"name", "tasks.max", "topic.prefix", "database.server.name"} {
+		v.used[k] = true
+	}
+	return nil
+}
+
+// transforms finds the one EventRouter and reports the other transforms.
+func (v *conv) transforms() (string, error) {
+	list, _ := v.get("transforms")
+	var routers, others []string
+	listed := map[string]bool{}
+	for _, name := range strings.Split(list, ",") {
+		if name = strings.TrimSpace(name); name == "" {
+			continue
+		}
+		listed[name] = true
+		if t, _ := v.get("transforms." + name + ".type"); t == EventRouter {
+			routers = append(routers, name)
+		} else {
+			others = append(others, name)
+		}
+	}
+	switch {
+	case len(routers) == 0:
+		return "", fmt.Errorf("no Outbox EventRouter: transforms lists no transform of type %s; outboxd replaces a connector that routes an outbox table with it", EventRouter)
+	case len(routers) > 1:
+		return "", fmt.Errorf("transforms lists %d EventRouters (%s); outboxd routes one outbox table, convert one connector per table", len(routers), strings.Join(routers, ", "))
+	}
+	for _, name := range others {
+		t, _ := v.get("transforms." + name + ".type")
+		v.warn("transforms."+name, "transform %s is not applied by outboxd; if it changed the outbox records (topic, key, value, headers), outboxd's records differ", t)
+		v.consumePrefix("transforms." + name + ".")
+	}
+	for k := range v.cfg {
+		if name, _, ok := strings.Cut(strings.TrimPrefix(k, "transforms."), "."); ok && strings.HasPrefix(k, "transforms.") && !listed[name] {
+			v.used[k] = true
+			v.warn(k, "transform %s is not listed in transforms; Kafka Connect ignored it and so does outboxd", name)
+		}
+	}
+	return routers[0], nil
+}
+
+func (v *conv) consumePrefix(prefix string) {
+	for k := range v.cfg {
+		if strings.HasPrefix(k, prefix) {
+			v.used[k] = true
+		}
+	}
+}
+
+// section is one top-level YAML mapping, in order, with comments.
+type section struct {
+	name  string
+	items []item
+}
+
+type item struct {
+	key     string
+	value   any
+	comment string
+}
+
+func (s *section) add(key string, value any, comment string) {
+	s.items = append(s.items, item{key, value, comment})
+}
+
+func isReference(s string) bool { return strings.Contains(s, "${") }
+
+func (v *conv) postgres() (section, error) {
+	s := section{name: "postgres"}
+	var missing []string
+	req := func(key string) string {
+		val, ok := v.get(key)
+		if !ok {
+			missing = append(missing, key)
+		}
+		return val
+	}
+	host, user, db := req("database.hostname"), req("database.user"), req("database.dbname")
+	if len(missing) > 0 {
+		return s, fmt.Errorf("%s not set; Debezium requires them, and outboxd needs them for postgres.dsn", strings.Join(missing, ", "))
+	}
+	port := v.or("database.port", "5432")
+	for key, val := range map[string]string{"database.hostname": host, "database.user": user, "database.dbname": db, "database.port": port} {
+		if isReference(val) {
+			return s, fmt.Errorf("%s is a Kafka Connect config provider reference (${...}); replace it with its value and convert again", key)
+		}
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return s, fmt.Errorf("database.port %q is not a port number", port)
+	}
+	q := url.Values{}
+	for _, k := range []string{"sslmode", "sslcert", "sslkey", "sslrootcert"} {
+		if val, ok := v.get("database." + k); ok {
+			q.Set(k, val)
+			if k != "sslmode" {
+				v.warn("database."+k, "copied to postgres.dsn as %s=%s: the file must exist where outboxd runs (pgx reads it at start-up)", k, val)
+			}
+		}
+	}
+	if m := q.Get("sslmode"); m != "" {
+		switch m {
+		case "disable", "allow", "prefer", "require", "verify-ca", "verify-full":
+		default:
+			return s, fmt.Errorf("database.sslmode %q is not disable, allow, prefer, require, verify-ca or verify-full", m)
+		}
+	}
+	dsn := url.URL{Scheme: "postgres", User: url.User(user), Host: net.JoinHostPort(host, port), Path: "/" + db, RawQuery: q.Encode()}
+	s.add("dsn", dsn.String(), "database.hostname, .port, .user, .dbname, .ssl*; no password")
+	if _, ok := v.get("database.password"); ok {
+		v.warn("database.password", "not copied. Give outboxd the password through the environment: set PGPASSWORD "+
+			"(pgx reads it, as libpq does), or add it to ~/.pgpass (%s:%s:%s:%s:PASSWORD), "+
+			"or put the whole DSN, password included, in OUTBOXD_POSTGRES_DSN", host, port, db, user)
+	}
+	if _, ok := v.get("database.sslpassword"); ok {
+		v.warn("database.sslpassword", "not copied; set PGSSLPASSWORD (pgx reads it), or put sslpassword=... in OUTBOXD_POSTGRES_DSN")
+	}
+
+	slot := v.or("slot.name", defaultSlot)
+	plugin := v.or("plugin.name", "decoderbufs")
+	if plugin == "pgoutput" {
+		s.add("slot", slot, "slot.name: resume Debezium's slot where it confirmed")
+	} else {
+		v.warn("plugin.name", "is %s (Debezium's default when unset): outboxd reads only pgoutput slots, so it cannot resume Debezium's slot %q. "+
+			"The configuration names a new slot \"outboxd\": create it before you stop Debezium, with "+
+			"SELECT pg_create_logical_replication_slot('outboxd', 'pgoutput'), so that no event falls between the two "+
+			"(events between its creation and Debezium's stop are delivered twice); drop %q after the cut-over", plugin, slot, slot)
+		slot = "outboxd"
+		s.add("slot", slot, "new pgoutput slot: Debezium's used plugin.name "+plugin)
+	}
+	s.add("publication", v.or("publication.name", defaultPublication), "publication.name")
+
+	table, err := v.table()
+	if err != nil {
+		return s, err
+	}
+	s.add("table", table, "table.include.list")
+	s.add("create_slot", false, "resume the existing slot; a new one would skip what Debezium has not confirmed")
+	switch mode := v.or("publication.autocreate.mode", "all_tables"); mode {
+	case "disabled":
+		s.add("create_publication", false, "publication.autocreate.mode: disabled")
+	case "all_tables", "filtered":
+		s.add("create_publication", true, "publication.autocreate.mode: "+mode+"; only if missing, for the outbox table alone")
+	case "no_tables":
+		v.warn("publication.autocreate.mode", "is no_tables: outboxd needs the publication to include %s; run ALTER PUBLICATION ... ADD TABLE %s", table, table)
+		s.add("create_publication", false, "publication.autocreate.mode: no_tables")
+	default:
+		return s, fmt.Errorf("publication.autocreate.mode %q is not disabled, all_tables, filtered or no_tables", mode)
+	}
+	if ms, ok := v.get("status.update.interval.ms"); ok {
+		d, err := millis("status.update.interval.ms", ms)
+		if err != nil {
+			return s, err
+		}
+		if d < 10*time.Millisecond || d > 30*time.Second {
+			v.warn("status.update.interval.ms", "%s is outside outboxd's 10ms-30s; kept at outboxd's default 1s", d)
+		} else {
+			s.add("status_interval", d.String(), "status.update.interval.ms")
+		}
+	}
+	return s, nil
+}
+
+// WithoutFiles returns a URL DSN without its certificate file parameters
+// (sslcert, sslkey, sslrootcert), so that it validates on a machine that
+// lacks the files.
+func WithoutFiles(dsn string) string {
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return dsn
+	}
+	q := u.Query()
+	for _, k := range []string{"sslcert", "sslkey", "sslrootcert"} {
+		q.Del(k)
+	}
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+func millis(key, s string) (time.Duration, error) {
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("%s %q is not a number of milliseconds", key, s)
+	}
+	return time.Duration(n) * time.Millisecond, nil
+}
+
+// table reads the outbox table from table.include.list, a list of Java
+// regexes matched against schema.table.
+func (v *conv) table() (string, error) {
+	key := "table.include.list"
+	list, ok := v.get(key)
+	if legacy, lok := v.get("table.whitelist"); !ok && lok {
+		key, list, ok = "table.whitelist", legacy, true
+	}
+	if !ok {
+		v.warn("table.include.list", "not set, so Debezium captured every table; outboxd streams one table and assumes public.outbox: set postgres.table to your outbox table")
+		return "public.outbox", nil
+	}
+	var tables []string
+	for _, e := range strings.Split(list, ",") {
+		if e = strings.TrimSpace(e); e != "" {
+			tables = append(tables, e)
+		}
+	}
+	if len(tables) != 1 {
+		return "", fmt.Errorf("%s lists %d tables (%s); outboxd streams one outbox table: convert a connector that captures only it", key, len(tables), strings.Join(tables, ", "))
+	}
+	t := strings.ReplaceAll(tables[0], `\.`, ".")
+	if strings.ContainsAny(t, `\[](){}*+?|^$`) {
+		return "", fmt.Errorf("%s entry %q is a pattern; outboxd needs the outbox table's name, like public.outbox", key, tables[0])
+	}
+	if !strings.Contains(t, ".") {
+		v.warn(key, "%q has no schema; Debezium matches it against schema.table, outboxd assumes public.%s", t, t)
+		t = "public." + t
+	}
+	return t, nil
+}
+
+// field is config.Field as written in YAML, without an empty alias.
+type field struct {
+	Column    string `yaml:"column"`
+	Placement string `yaml:"placement"`
+	Alias     string `yaml:"alias,omitempty"`
+}
+
+func (v *conv) router(p string) (section, error) {
+	s := section{name: "router"}
+	v.used[p+"type"] = true
+	s.add("preset", "debezium", "Debezium's column names: id, aggregatetype, aggregateid, type, payload")
+
+	// Topic: Kafka Connect's RegexRouter with the EventRouter's defaults.
+	regex, customRegex := v.get(p + "route.topic.regex")
+	if !customRegex {
+		regex = defaultRegex
+	}
+	re, err := compileJavaRegex(regex)
+	if err != nil {
+		return s, fmt.Errorf("%sroute.topic.regex %q %v; rewrite it, or convert without it and set router.topic_regex by hand", p, regex, err)
+	}
+	replacement := v.or(p+"route.topic.replacement", defaultReplacement)
+	parts, err := parseJavaReplacement(replacement, re)
+	if err != nil {
+		return s, fmt.Errorf("%sroute.topic.replacement %q %v", p, replacement, err)
+	}
+	simple := regex == defaultRegex
+	for _, part := range parts {
+		simple = simple && (part.group == "" || part.group == "routedByValue")
+	}
+	if simple {
+		var b strings.Builder
+		for _, part := range parts {
+			if part.group != "" {
+				b.WriteString(router.Placeholder)
+			} else {
+				b.WriteString(part.literal)
+			}
+		}
+		s.add("topic_template", b.String(), "route.topic.replacement")
+	} else {
+		s.add("topic_template", goTemplate(parts), "route.topic.replacement, in Go's $$ and ${group} syntax")
+		s.add("topic_regex", re.String(), "route.topic.regex, anchored: Kafka Connect's RegexRouter requires a whole match")
+		if customRegex {
+			v.warn(p+"route.topic.regex", "a value that does not match: Debezium routes the event to a topic named by the value itself, outboxd stops with a poison row naming the event (or dead-letters it, router.poison.policy: dlq)")
+		}
+	}
+
+	s.add("route_by_column", v.or(p+"route.by.field", "aggregatetype"), "route.by.field")
+	s.add("id_column", v.or(p+"table.field.event.id", "id"), "table.field.event.id")
+	s.add("key_column", v.or(p+"table.field.event.key", "aggregateid"), "table.field.event.key")
+	s.add("payload_column", v.or(p+"table.field.event.payload", "payload"), "table.field.event.payload")
+	s.add("event_type_column", "-", "Debezium sends the type only through table.fields.additional.placement")
+	if t, ok := v.get(p + "table.field.event.type"); ok {
+		v.warn(p+"table.field.event.type", "Debezium does not send column %s by itself, and neither does outboxd; place it with table.fields.additional.placement (e.g. %s:header:eventType)", t, t)
+	}
+	if ts, ok := v.get(p + "table.field.event.timestamp"); ok {
+		s.add("timestamp_column", ts, "table.field.event.timestamp")
+	}
+	if tr, ok := v.get(p + "tracing.span.context.field"); ok {
+		s.add("traceparent_column", tr, "tracing.span.context.field; see the warning")
+		v.warn(p+"tracing.span.context.field", "mapped to router.traceparent_column, which sends the column's value as a W3C traceparent header; "+
+			"Debezium's column holds a serialized OpenTelemetry span context (java.util.Properties text), not a traceparent: write a traceparent (00-<trace id>-<span id>-<flags>) into %s, or remove the setting", tr)
+	}
+	for _, k := range []string{"tracing.operation.name", "tracing.with.context.field.only"} {
+		if _, ok := v.get(p + k); ok {
+			v.warn(p+k, "outboxd creates no tracing spans; it only forwards router.traceparent_column as a header")
+		}
+	}
+	s.add("id_header", "id", "Debezium's header for table.field.event.id")
+
+	var fields []field
+	envelope := false
+	if list, ok := v.get(p + "table.fields.additional.placement"); ok {
+		for _, entry := range strings.Split(list, ",") {
+			if entry = strings.TrimSpace(entry); entry == "" {
+				continue
+			}
+			f := strings.Split(entry, ":")
+			if len(f) != 2 && len(f) != 3 {
+				return s, fmt.Errorf("%stable.fields.additional.placement entry %q is not column:placement[:alias]", p, entry)
+			}
+			fl := field{Column: strings.TrimSpace(f[0]), Placement: strings.ToLower(strings.TrimSpace(f[1]))}
+			if len(f) == 3 && strings.TrimSpace(f[2]) != fl.Column {
+				fl.Alias = strings.TrimSpace(f[2])
+			}
+			switch fl.Placement {
+			case "header", "envelope", "partition":
+			default:
+				return s, fmt.Errorf("%stable.fields.additional.placement entry %q: placement must be header, envelope or partition", p, entry)
+			}
+			envelope = envelope || fl.Placement == "envelope"
+			fields = append(fields, fl)
+		}
+	}
+	if len(fields) > 0 {
+		s.add("additional_fields", fields, "table.fields.additional.placement")
+	}
+	missing := strings.ToLower(v.or(p+"table.field.additional.missing", "error"))
+	if missing != "error" && missing != "ignore" {
+		return s, fmt.Errorf("%stable.field.additional.missing %q is not error or ignore", p, missing)
+	}
+	s.add("additional_missing", missing, "table.field.additional.missing")
+
+	keyEnc, err := v.keyEncoding()
+	if err != nil {
+		return s, err
+	}
+	s.add("key_encoding", keyEnc, "key.converter")
+	expand, err := v.boolean(p+"table.expand.json.payload", false)
+	if err != nil {
+		return s, err
+	}
+	s.add("expand_json_payload", expand, "table.expand.json.payload")
+	if expand {
+		v.warn(p+"table.expand.json.payload", "a payload that is not JSON: Debezium logs a warning and sends it unexpanded, outboxd stops with a poison row (or dead-letters it)")
+	}
+	v.valueConverter(envelope, expand)
+	tomb, err := v.boolean(p+"route.tombstone.on.empty.payload", false)
+	if err != nil {
+		return s, err
+	}
+	s.add("tombstone_on_empty_payload", tomb, "route.tombstone.on.empty.payload")
+	s.add("require_key", false, "Debezium sends a NULL key column as a null key; true stops outboxd on such a row instead")
+
+	behavior := strings.ToLower(v.or(p+"table.op.invalid.behavior", "warn"))
+	switch behavior {
+	case "warn":
+		s.add("on_update", "warn", "table.op.invalid.behavior: warn (skip and log; outboxd logs once per run)")
+	case "error":
+		s.add("on_update", "warn", "table.op.invalid.behavior: error (Debezium logs at ERROR and skips)")
+		v.warn(p+"table.op.invalid.behavior", "is error, which in Debezium logs the UPDATE at ERROR level and skips it; outboxd's on_update: error would stop instead, so the configuration uses warn (skip, log once per run, counted in outboxd_wal_changes_total{op=\"update\"}). Use fatal's equivalent, on_update: error, to stop")
+	case "fatal":
+		s.add("on_update", "error", "table.op.invalid.behavior: fatal (stop)")
+	default:
+		return s, fmt.Errorf("%stable.op.invalid.behavior %q is not warn, error or fatal", p, behavior)
+	}
+
+	if f, ok := v.get(p + "table.field.event.schema.version"); ok {
+		v.warn(p+"table.field.event.schema.version", "outboxd writes no Connect schemas, so column %s does not version anything; it is ignored", f)
+	}
+	for _, k := range []string{"table.json.payload.null.behavior", "table.json.payload.empty.array.behavior"} {
+		if _, ok := v.get(p + k); ok {
+			v.warn(p+k, "outboxd sends the payload's JSON text as it is: null fields and empty arrays are kept")
+		}
+	}
+	for _, k := range []string{"predicate", "negate"} {
+		if _, ok := v.get(p + k); ok {
+			v.warn(p+k, "outboxd applies its router to every row of the outbox table; a predicate that skipped records has no equivalent")
+		}
+	}
+	for k := range v.cfg {
+		if strings.HasPrefix(k, p) && !v.used[k] {
+			v.used[k] = true
+			v.warn(k, "not an EventRouter option outboxd knows; ignored")
+		}
+	}
+	return s, nil
+}
+
+func (v *conv) boolean(key string, def bool) (bool, error) {
+	s, ok := v.get(key)
+	if !ok {
+		return def, nil
+	}
+	switch strings.ToLower(s) {
+	case "true":
+		return true, nil
+	case "false":
+		return false, nil
+	}
+	return false, fmt.Errorf("%s %q is not true or false", key, s)
+}
+
+const (
+	jsonConverter   = "org.apache.kafka.connect.json.JsonConverter"
+	stringConverter = "org.apache.kafka.connect.storage.StringConverter"
+)
+
+var byteConverters = map[string]bool{
+	"org.apache.kafka.connect.converters.ByteArrayConverter": true,
+	"io.debezium.converters.ByteArrayConverter":              true,
+	"io.debezium.converters.BinaryDataConverter":             true,
+}
+
+// keyEncoding maps key.converter: Kafka Connect hashed the serialized key
+// bytes, so the encoding decides the partition.
+func (v *conv) keyEncoding() (string, error) {
+	conv, ok := v.get("key.converter")
+	schemas, _ := v.boolean("key.converter.schemas.enable", true)
+	switch {
+	case !ok:
+		v.warn("key.converter", "not set, so Kafka Connect used the worker's key.converter; the configuration assumes raw key bytes (StringConverter). "+
+			"If the worker used JsonConverter, set router.key_encoding: json, or keys and their partitions change")
+		return "raw", nil
+	case conv == stringConverter || byteConverters[conv]:
+		return "raw", nil
+	case conv == jsonConverter:
+		if schemas {
+			v.warn("key.converter.schemas.enable", "is true (JsonConverter's default): Debezium's keys were {\"schema\":...,\"payload\":...} envelopes, which outboxd does not write; "+
+				"key_encoding: json writes the bare JSON string, so keys and their partitions change")
+		}
+		return "json", nil
+	default:
+		v.warn("key.converter", "%s is not supported; outboxd writes the key column's bytes (key_encoding: raw) or a JSON string (json), so keys and their partitions change", conv)
+		return "raw", nil
+	}
+}
+
+// valueConverter reports value encodings outboxd cannot reproduce. outboxd's
+// value is the payload column's text (bytea: raw bytes), or with envelope
+// placements a JSON object like JsonConverter's without schemas.
+func (v *conv) valueConverter(envelope, expand bool) {
+	conv, ok := v.get("value.converter")
+	schemas, _ := v.boolean("value.converter.schemas.enable", true)
+	switch {
+	case !ok:
+		v.warn("value.converter", "not set, so Kafka Connect used the worker's value.converter; outboxd writes the payload column's text as StringConverter does (bytea: its bytes, as ByteArrayConverter does)")
+	case conv == stringConverter || byteConverters[conv]:
+		if envelope {
+			v.warn("value.converter", "%s wrote the envelope (envelope placements) as a Java Struct string; outboxd writes it as a JSON object", conv)
+		}
+	case conv == jsonConverter && schemas:
+		v.warn("value.converter.schemas.enable", "is true (JsonConverter's default): Debezium's values were {\"schema\":...,\"payload\":...} envelopes; outboxd writes the payload alone, so consumers must read it directly")
+	case conv == jsonConverter && envelope && !expand:
+		v.warn("value.converter", "JsonConverter wrote a jsonb payload inside the envelope as a JSON string; outboxd embeds it as JSON (as with table.expand.json.payload)")
+	case conv == jsonConverter && !envelope && !expand:
+		v.warn("value.converter", "JsonConverter (schemas off) wrote the payload as a JSON string literal (quoted, escaped); outboxd writes the payload's text itself, so consumers that decode a JSON string must parse the value directly")
+	case conv == jsonConverter:
+		v.warn("value.converter", "JsonConverter re-serialized the expanded payload compactly; outboxd writes Postgres' text of it: the same JSON, but not the same bytes (jsonb's text has a space after ':' and ',')")
+	default:
+		v.warn("value.converter", "%s is not supported; outboxd writes the payload column's text (bytea: its bytes)", conv)
+	}
+	if hc, ok := v.get("header.converter"); ok && hc != "org.apache.kafka.connect.storage.SimpleHeaderConverter" {
+		v.warn("header.converter", "%s is not supported; outboxd writes header values as text, as SimpleHeaderConverter does", hc)
+	}
+}
+
+func (v *conv) kafka(opts Options) (section, error) {
+	s := section{name: "kafka"}
+	brokers := opts.Brokers
+	from := "-brokers"
+	if len(brokers) == 0 {
+		if b, ok := v.get("producer.override.bootstrap.servers"); ok {
+			from = "producer.override.bootstrap.servers"
+			for _, h := range strings.Split(b, ",") {
+				if h = strings.TrimSpace(h); h != "" {
+					brokers = append(brokers, strings.TrimPrefix(strings.TrimPrefix(h, "PLAINTEXT://"), "SSL://"))
+				}
+			}
+		}
+	}
+	if len(brokers) > 0 {
+		s.add("brokers", brokers, from)
+	} else {
+		v.warn("kafka.brokers", "a connector configuration does not name the Kafka cluster (the Connect worker's bootstrap.servers does); "+
+			"convert with -brokers host:port,... or set OUTBOXD_KAFKA_BROKERS; the configuration keeps the default 127.0.0.1:9092")
+	}
+	if id, ok := v.get("producer.override.client.id"); ok {
+		s.add("client_id", id, "producer.override.client.id")
+	}
+	if n, ok := v.get("topic.creation.default.partitions"); ok {
+		p, err := strconv.Atoi(n)
+		if err != nil || (p < 1 && p != -1) {
+			return s, fmt.Errorf("topic.creation.default.partitions %q is not a partition count", n)
+		}
+		if p == -1 {
+			s.add("topic_creation", "admin", "topic.creation.default.*: the connector created topics")
+			v.warn("topic.creation.default.partitions", "is -1 (the broker's num.partitions); outboxd needs a number and uses its default 6: set kafka.topic_partitions to the broker's num.partitions to keep new topics alike")
+		} else {
+			s.add("topic_creation", "admin", "topic.creation.default.*: the connector created topics")
+			s.add("topic_partitions", p, "topic.creation.default.partitions")
+		}
+		if rf, ok := v.get("topic.creation.default.replication.factor"); ok {
+			r, err := strconv.Atoi(rf)
+			if err != nil || r == 0 || r < -1 {
+				return s, fmt.Errorf("topic.creation.default.replication.factor %q is not a replication factor", rf)
+			}
+			s.add("topic_replication_factor", r, "topic.creation.default.replication.factor")
+		}
+	} else {
+		s.add("topic_creation", "broker", "no topic.creation.default.*: topics were auto-created by the broker")
+	}
+	if c, ok := v.get("producer.override.compression.type"); ok {
+		switch c {
+		case "none", "gzip", "snappy", "lz4", "zstd":
+			s.add("compression", c, "producer.override.compression.type")
+		default:
+			v.warn("producer.override.compression.type", "%q is not none, gzip, snappy, lz4 or zstd; outboxd keeps none", c)
+		}
+	}
+	if ms, ok := v.get("producer.override.linger.ms"); ok {
+		d, err := millis("producer.override.linger.ms", ms)
+		if err != nil {
+			return s, err
+		}
+		if d > time.Minute {
+			v.warn("producer.override.linger.ms", "%s is above outboxd's 1m limit; kept at 0", d)
+		} else {
+			s.add("linger", d.String(), "producer.override.linger.ms")
+		}
+	}
+	if n, ok := v.get("producer.override.max.request.size"); ok {
+		b, err := strconv.Atoi(n)
+		if err != nil || b < 1024 {
+			v.warn("producer.override.max.request.size", "%q is not a size of at least 1024 bytes; outboxd keeps 1000000", n)
+		} else {
+			s.add("max_message_bytes", b, "producer.override.max.request.size")
+		}
+	}
+	return s, nil
+}
+
+// unsupported explains settings outboxd has no use for, by exact key or by
+// prefix (ending in '.').
+var unsupported = []struct{ key, why string }{
+	{"snapshot.", "outboxd does not snapshot: it streams from the slot, so rows already in the table are not sent again"},
+	{"incremental.snapshot.", "outboxd does not snapshot"},
+	{"signal.", "outboxd has no signalling table (it does not snapshot)"},
+	{"heartbeat.", "outboxd confirms an idle slot's position from keepalives, so writes to other tables do not pin WAL; a heartbeat table's writes can stop"},
+	{"slot.drop.on.stop", "outboxd never drops its slot"},
+	{"slot.stream.params", "outboxd sets pgoutput's parameters itself (proto_version 1, publication_names)"},
+	{"slot.max.retries", "outboxd retries with backoff until it holds the slot"},
+	{"slot.retry.delay.ms", "outboxd retries with backoff until it holds the slot"},
+	{"slot.failover", "outboxd uses the slot as it is"},
+	{"lsn.flush.", "outboxd always confirms the last fully delivered transaction to the slot"},
+	{"flush.lsn.source", "outboxd always confirms the last fully delivered transaction to the slot"},
+	{"offset.", "outboxd keeps no offsets: the slot's confirmed position is the only checkpoint"},
+	{"max.batch.size", "outboxd produces each row as it arrives; kafka.max_buffered_records bounds memory"},
+	{"max.queue.size", "outboxd produces each row as it arrives; kafka.max_buffered_records bounds memory"},
+	{"max.queue.size.in.bytes", "outboxd produces each row as it arrives; kafka.max_buffered_records bounds memory"},
+	{"poll.interval.ms", "outboxd does not poll; rows are produced as they arrive"},
+	{"skipped.operations", "outboxd delivers INSERTs only, counts DELETEs and handles UPDATEs per router.on_update"},
+	{"provide.transaction.metadata", "outboxd writes no transaction topic"},
+	{"message.prefix.", "outboxd routes pg_logical_emit_message events only with router.messages.prefix, in its own format (see the README)"},
+	{"errors.", "Kafka Connect's error handling; outboxd never skips a row: one it cannot route stops it (or goes to router.poison.dlq_topic)"},
+	{"exactly.once.", "outboxd is at-least-once; consumers deduplicate on the id header"},
+	{"transaction.boundary", "outboxd is at-least-once; consumers deduplicate on the id header"},
+	{"producer.override.", "outboxd's producer is fixed: acks=all, idempotent; only bootstrap.servers, client.id, compression.type, linger.ms and max.request.size are mapped"},
+	{"consumer.override.", "outboxd has no consumer"},
+	{"admin.override.", "outboxd's admin client has no settings"},
+	{"topic.creation.", "outboxd creates topics with a partition count and replication factor only; other topic settings come from the broker"},
+	{"predicates", "predicates have no outboxd equivalent"},
+	{"predicates.", "predicates have no outboxd equivalent"},
+	{"database.", "not used by outboxd's Postgres connection (pgx): put libpq parameters in postgres.dsn"},
+	{"schema.", "outboxd streams the one table in postgres.table"},
+	{"table.", "outboxd streams the one table in postgres.table"},
+	{"column.", "outboxd sends column text as it is"},
+	{"key.converter.", "outboxd's keys are router.key_encoding raw or json only"},
+	{"value.converter.", "outboxd's values are the payload column's text (bytea: bytes)"},
+	{"header.converter.", "outboxd's header values are text"},
+	{"decimal.handling.mode", "outboxd sends column text as it is"},
+	{"time.precision.mode", "outboxd sends column text as it is"},
+	{"binary.handling.mode", "outboxd sends bytea payloads as raw bytes (Debezium's default, bytes)"},
+	{"hstore.handling.mode", "outboxd sends column text as it is"},
+	{"interval.handling.mode", "outboxd sends column text as it is"},
+	{"money.fraction.digits", "outboxd sends column text as it is"},
+	{"include.unknown.datatypes", "outboxd sends column text as it is"},
+	{"converters", "outboxd sends column text as it is"},
+	{"field.name.adjustment.mode", "outboxd does not rename fields"},
+	{"schema.name.adjustment.mode", "outboxd writes no schemas"},
+	{"event.processing.failure.handling.mode", "outboxd never skips a row: one it cannot route stops it (or goes to router.poison.dlq_topic)"},
+	{"publish.via.partition.root", "outboxd streams the table named in postgres.table"},
+	{"replica.identity.autoset.values", "outboxd reads INSERTs only and needs no replica identity"},
+}
+
+// harmless settings change nothing an EventRouter user sees.
+var harmless = map[string]bool{
+	"tombstones.on.delete":        true, // the EventRouter drops DELETEs and tombstones, as outboxd does
+	"errors.log.enable":           true,
+	"errors.log.include.messages": true,
+}
+
+// leftovers warns about every setting not consumed.
+func (v *conv) leftovers() {
+	keys := make([]string, 0, len(v.cfg))
+	for k := range v.cfg {
+		if !v.used[k] {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if k == "snapshot.mode" {
+			if m := strings.TrimSpace(v.cfg[k]); m == "never" || m == "no_data" {
+				continue // what outboxd does
+			}
+		}
+		if (k == "slot.drop.on.stop" || k == "provide.transaction.metadata") && strings.EqualFold(strings.TrimSpace(v.cfg[k]), "false") {
+			continue
+		}
+		if harmless[k] {
+			continue
+		}
+		why := "not a setting outboxd knows; ignored"
+		for _, u := range unsupported {
+			if k == u.key || strings.HasSuffix(u.key, ".") && strings.HasPrefix(k, u.key) {
+				why = "ignored: " + u.why
+				break
+			}
+		}
+		v.warn(k, "%s", why)
+	}
+}
+
+// document builds the YAML document with a comment per setting.
+func document(head string, sections ...section) *yaml.Node {
+	root := &yaml.Node{Kind: yaml.MappingNode, HeadComment: head}
+	for _, s := range sections {
+		if len(s.items) == 0 {
+			continue
+		}
+		m := &yaml.Node{Kind: yaml.MappingNode}
+		for _, it := range s.items {
+			val := &yaml.Node{}
+			_ = val.Encode(it.value) // strings, bools, ints and slices of them always encode
+			if val.Kind == yaml.SequenceNode && len(val.Content) > 0 && val.Content[0].Kind == yaml.ScalarNode {
+				val.Style = yaml.FlowStyle
+			}
+			key := &yaml.Node{Kind: yaml.ScalarNode, Value: it.key}
+			if val.Kind == yaml.ScalarNode || val.Style == yaml.FlowStyle {
+				val.LineComment = it.comment
+			} else {
+				key.HeadComment = it.comment
+			}
+			m.Content = append(m.Content, key, val)
+		}
+		root.Content = append(root.Content, &yaml.Node{Kind: yaml.ScalarNode, Value: s.name}, m)
+	}
+	return root
+}

@@ -1,0 +1,366 @@
+package debezium
+
+import (
+	"bytes"
+	"flag"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/outboxd/outboxd/config"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata")
+
+// secret is the password every testdata input carries; no output may hold it.
+const secret = "pw-SECRET-do-not-leak"
+
+// TestConvertGolden converts each connector configuration in testdata and
+// compares stdout, the warnings (or the error) with testdata/NAME.golden.
+func TestConvertGolden(t *testing.T) {
+	for _, tc := range []struct {
+		file    string
+		brokers string
+	}{
+		{"wrapped.json", ""}, // no brokers: warned
+		{"bare.json", "kafka-1:9092,kafka-2:9092"},
+		{"connector.properties", "kafka:9092"},
+		{"router-options.json", ""}, // from producer.override.bootstrap.servers
+		{"op-error.json", "kafka:9092"},
+		{"warnings.json", "kafka:9092"},
+		{"err-not-postgres.json", ""},
+		{"err-no-eventrouter.json", ""},
+		{"err-bad-json.json", ""},
+		{"err-bad-json-value.json", ""},
+		{"err-missing-host.json", ""},
+		{"err-lookahead.json", ""},
+		{"err-two-tables.properties", ""},
+		{"err-bad-group.json", ""},
+	} {
+		t.Run(tc.file, func(t *testing.T) {
+			in := filepath.Join("testdata", tc.file)
+			args := []string{"convert"}
+			if tc.brokers != "" {
+				args = append(args, "-brokers", tc.brokers)
+			}
+			var stdout, stderr bytes.Buffer
+			err := Command(append(args, in), nil, &stdout, &stderr)
+			var got bytes.Buffer
+			if err != nil {
+				got.WriteString("-- error --\n" + err.Error() + "\n")
+			} else {
+				got.WriteString("-- stdout --\n" + stdout.String() + "-- stderr --\n" + stderr.String())
+			}
+			noSecret(t, got.String())
+			golden := strings.TrimSuffix(in, filepath.Ext(in)) + ".golden"
+			if *update {
+				if err := os.WriteFile(golden, got.Bytes(), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err2 := os.ReadFile(golden)
+			if err2 != nil {
+				t.Fatalf("%v (run go test ./debezium -update to create it)", err2)
+			}
+			if got.String() != string(want) {
+				t.Errorf("output differs from %s (rerun with -update if the change is intended):\n--- got\n%s\n--- want\n%s", golden, got.String(), want)
+			}
+			if strings.HasPrefix(tc.file, "err-") != (err != nil) {
+				t.Errorf("error = %v; inputs named err-* must fail, the others must convert", err)
+			}
+			if err == nil {
+				loadBack(t, stdout.Bytes())
+			}
+		})
+	}
+}
+
+func noSecret(t *testing.T, s string) {
+	t.Helper()
+	if strings.Contains(s, secret) || strings.Contains(s, "SECRET") {
+		t.Errorf("the password appears in the output:\n%s", s)
+	}
+}
+
+// loadBack loads the YAML like outboxd does and validates it.
+func loadBack(t *testing.T, yamlText []byte) config.Config {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "outboxd.yaml")
+	if err := os.WriteFile(path, yamlText, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Load(path, nil)
+	if err != nil {
+		t.Fatalf("config.Load: %v", err)
+	}
+	v := cfg
+	v.Postgres.DSN = WithoutFiles(v.Postgres.DSN) // certificate files exist only where outboxd runs
+	if err := v.Validate(); err != nil {
+		t.Fatalf("Validate: %v", err)
+	}
+	return cfg
+}
+
+// TestConvertedSemantics checks the loaded configuration field by field for
+// the cases where a golden diff is easy to misread.
+func TestConvertedSemantics(t *testing.T) {
+	conv := func(file string, brokers ...string) config.Config {
+		t.Helper()
+		data, err := os.ReadFile(filepath.Join("testdata", file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := Parse(data, Auto)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := Convert(c, Options{Brokers: brokers})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return loadBack(t, res.YAML)
+	}
+	t.Run("wrapped", func(t *testing.T) {
+		cfg := conv("wrapped.json", "k:9092")
+		r := cfg.Router
+		for _, c := range []struct{ name, got, want string }{
+			{"dsn", cfg.Postgres.DSN, "postgres://debezium@db.example.com:5432/orders?sslmode=require"},
+			{"slot", cfg.Postgres.Slot, "orders_outbox"},
+			{"publication", cfg.Postgres.Publication, "orders_pub"},
+			{"table", cfg.Postgres.Table, "public.outboxevent"},
+			{"preset", r.Preset, "debezium"},
+			{"template", r.TopicTemplate, "${routedByValue}-events"},
+			{"regex", r.TopicRegex, ""},
+			{"event type column", r.EventTypeColumn, "-"},
+			{"key encoding", r.KeyEncoding, "json"},
+			{"on update", r.OnUpdate, "warn"},
+			{"brokers", strings.Join(cfg.Kafka.Brokers, ","), "k:9092"},
+		} {
+			if c.got != c.want {
+				t.Errorf("%s = %q, want %q", c.name, c.got, c.want)
+			}
+		}
+		if cfg.Postgres.CreateSlot {
+			t.Error("create_slot is true; a migration must resume Debezium's slot, never create one")
+		}
+		if len(r.AdditionalFields) != 1 || r.AdditionalFields[0] != (config.Field{Column: "type", Placement: "header", Alias: "eventType"}) {
+			t.Errorf("additional fields = %+v", r.AdditionalFields)
+		}
+	})
+	t.Run("router options", func(t *testing.T) {
+		r := conv("router-options.json").Router
+		want := []config.Field{
+			{Column: "event_type", Placement: "header", Alias: "eventType"},
+			{Column: "event_type", Placement: "envelope", Alias: "type"},
+			{Column: "shard", Placement: "partition"},
+			{Column: "version", Placement: "header"},
+		}
+		if len(r.AdditionalFields) != len(want) {
+			t.Fatalf("additional fields = %+v", r.AdditionalFields)
+		}
+		for i := range want {
+			if r.AdditionalFields[i] != want[i] {
+				t.Errorf("additional field %d = %+v, want %+v", i, r.AdditionalFields[i], want[i])
+			}
+		}
+		if r.IDColumn != "event_id" || r.KeyColumn != "aggregate_id" || r.PayloadColumn != "body" || r.RouteByColumn != "aggregate_type" ||
+			r.TimestampColumn != "created_at" || r.TraceparentColumn != "tracingspancontext" || r.AdditionalMissing != "ignore" ||
+			r.OnUpdate != "error" || !r.TombstoneOnEmptyPayload || !r.ExpandJSONPayload {
+			t.Errorf("router = %+v", r)
+		}
+		// Java: "events.${prefix}.$2\$x" on "orders_eu" gives "events.orders.eu$x".
+		re := regexp.MustCompile(r.TopicRegex)
+		v := "orders_eu"
+		got := string(re.ExpandString(nil, r.TopicTemplate, v, re.FindStringSubmatchIndex(v)))
+		if got != "events.orders.eu$x" {
+			t.Errorf("topic for %q = %q, want Java's events.orders.eu$x", v, got)
+		}
+		if re.MatchString("orders") {
+			t.Errorf("regex %s matches a value Java's Matcher.matches() rejects", r.TopicRegex)
+		}
+	})
+	t.Run("properties", func(t *testing.T) {
+		cfg := conv("connector.properties", "k:9092")
+		if cfg.Postgres.DSN != "postgres://debezium@pg.internal:5432/inventory?sslmode=verify-full&sslrootcert=%2Fetc%2Fssl%2Fpg-root.crt" {
+			t.Errorf("dsn = %s", cfg.Postgres.DSN)
+		}
+		if cfg.Router.TopicTemplate != "outbox.event.${routedByValue}" || cfg.Kafka.TopicPartitions != 12 ||
+			cfg.Kafka.TopicReplicationFactor != 3 || cfg.Kafka.TopicCreation != "admin" || cfg.Postgres.StatusInterval.String() != "5s" {
+			t.Errorf("config = %+v", cfg)
+		}
+	})
+}
+
+func TestJavaReplacement(t *testing.T) {
+	for _, tc := range []struct {
+		regex, replacement, value, want, err string
+	}{
+		{regex: defaultRegex, replacement: "outbox.event.${routedByValue}", value: "order", want: "outbox.event.order"},
+		{regex: defaultRegex, replacement: "$1-events", value: "order", want: "order-events"},
+		{regex: defaultRegex, replacement: "$0-x", value: "order", want: "order-x"},
+		{regex: defaultRegex, replacement: "$10", value: "order", want: "order0"}, // Java: group 1, then '0'
+		{regex: `(a)(b)(c)(d)(e)(f)(g)(h)(i)(j)`, replacement: "$10.$1x", value: "abcdefghij", want: "j.ax"},
+		{regex: defaultRegex, replacement: `a\$b\\c.${routedByValue}`, value: "v", want: `a$b\c.v`},
+		{regex: defaultRegex, replacement: "${nope}", err: "does not define"},
+		{regex: defaultRegex, replacement: "$2", err: "the regex has 1"},
+		{regex: defaultRegex, replacement: "x$", err: "lone '$'"},
+		{regex: defaultRegex, replacement: `x\`, err: `lone '\'`},
+		{regex: defaultRegex, replacement: "$x", err: "illegal group reference"},
+		{regex: "(?<=a)b", err: "lookbehind"},
+		{regex: `(a)\1`, err: "backreferences"},
+		{regex: "a++", err: "possessive"},
+	} {
+		t.Run(tc.regex+" "+tc.replacement, func(t *testing.T) {
+			re, err := compileJavaRegex(tc.regex)
+			var parts []replacementPart
+			if err == nil {
+				parts, err = parseJavaReplacement(tc.replacement, re)
+			}
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("err = %v, want one containing %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := string(re.ExpandString(nil, goTemplate(parts), tc.value, re.FindStringSubmatchIndex(tc.value)))
+			if got != tc.want {
+				t.Errorf("got %q, want %q (template %q)", got, tc.want, goTemplate(parts))
+			}
+		})
+	}
+}
+
+func TestParseProperties(t *testing.T) {
+	for _, tc := range []struct{ in, key, want string }{
+		{"a=b", "a", "b"},
+		{"a = b ", "a", "b "},
+		{"a:b", "a", "b"},
+		{"a b", "a", "b"},
+		{"  a=b\\\n   c", "a", "bc"},
+		{"a\\=b=c", "a=b", "c"},
+		{"a=\\u0041\\t", "a", "A\t"},
+		{"a=x\\\\", "a", `x\`},
+		{"# a=b\n! a=c\na=d", "a", "d"},
+		{"a=b\r\nc=d", "a", "b"},
+		{"a", "a", ""},
+	} {
+		got, err := parseProperties([]byte(tc.in))
+		if err != nil {
+			t.Errorf("%q: %v", tc.in, err)
+			continue
+		}
+		if v, ok := got[tc.key]; !ok || v != tc.want {
+			t.Errorf("%q: %s = %q (present %v), want %q; all: %q", tc.in, tc.key, v, ok, tc.want, got)
+		}
+	}
+	if _, err := parseProperties([]byte("database.password=" + secret + "\\u12")); err == nil || strings.Contains(err.Error(), secret) {
+		t.Errorf("bad escape: err = %v; want an error without the value", err)
+	}
+}
+
+// TestNoPasswordLeak runs the command on every input with the password, to
+// a file and to stdout, and on broken inputs, and searches everything it
+// wrote.
+func TestNoPasswordLeak(t *testing.T) {
+	inputs, err := filepath.Glob("testdata/*.*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	broken := map[string]string{
+		"truncated.json":       `{"config": {"database.password": "` + secret,
+		"array.json":           `["database.password", "` + secret + `"]`,
+		"typed.json":           `{"database.password": {"value": "` + secret + `"}}`,
+		"escape.properties":    "database.password=" + secret + "\\uZZZZ",
+		"provider.properties":  "connector.class=" + PostgresConnector + "\ndatabase.hostname=${file:/s:" + secret + "}\ndatabase.user=u\ndatabase.dbname=d\ntransforms=o\ntransforms.o.type=" + EventRouter,
+		"placement.properties": "connector.class=" + PostgresConnector + "\ndatabase.hostname=h\ndatabase.user=u\ndatabase.dbname=d\ndatabase.password=" + secret + "\ntransforms=o\ntransforms.o.type=" + EventRouter + "\ntransforms.o.table.fields.additional.placement=a:b:c:d",
+	}
+	dir := t.TempDir()
+	for name, text := range broken {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		inputs = append(inputs, p)
+	}
+	for _, in := range inputs {
+		if strings.HasSuffix(in, ".golden") {
+			continue
+		}
+		for _, toFile := range []bool{false, true} {
+			var stdout, stderr bytes.Buffer
+			args := []string{"convert", "-brokers", "k:9092"}
+			out := filepath.Join(dir, "out.yaml")
+			_ = os.Remove(out)
+			if toFile {
+				args = append(args, "-o", out)
+			}
+			err := Command(append(args, in), nil, &stdout, &stderr)
+			all := stdout.String() + stderr.String()
+			if err != nil {
+				all += err.Error()
+			}
+			if b, rerr := os.ReadFile(out); rerr == nil {
+				all += string(b)
+			}
+			if strings.Contains(all, secret) {
+				t.Errorf("%s (to file %v): the password leaked:\n%s", in, toFile, all)
+			}
+			if strings.Contains(all, "SECRET") {
+				t.Errorf("%s: part of the password leaked:\n%s", in, all)
+			}
+		}
+	}
+}
+
+func TestCommandUsage(t *testing.T) {
+	for _, args := range [][]string{nil, {"nope"}, {"convert"}, {"convert", "a", "b"}, {"convert", "-x", "a"}} {
+		var stdout, stderr bytes.Buffer
+		if err := Command(args, nil, &stdout, &stderr); err == nil {
+			t.Errorf("%q: no error", args)
+		}
+		if !strings.Contains(stderr.String(), "Usage:") {
+			t.Errorf("%q: no usage on stderr", args)
+		}
+	}
+	var stdout, stderr bytes.Buffer
+	in := strings.NewReader(`{"connector.class": "` + PostgresConnector + `", "database.hostname": "h", "database.user": "u", "database.dbname": "d", "transforms": "o", "transforms.o.type": "` + EventRouter + `"}`)
+	if err := Command([]string{"convert", "-brokers", "k:9092", "-"}, in, &stdout, &stderr); err != nil {
+		t.Fatalf("stdin: %v", err)
+	}
+	loadBack(t, stdout.Bytes())
+}
+
+func FuzzConvert(f *testing.F) {
+	files, _ := filepath.Glob("testdata/*.*")
+	for _, p := range files {
+		if b, err := os.ReadFile(p); err == nil && !strings.HasSuffix(p, ".golden") {
+			f.Add(b)
+		}
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, err := Parse(data, Auto)
+		if err != nil {
+			return
+		}
+		res, err := Convert(c, Options{Brokers: []string{"k:9092"}})
+		if err != nil {
+			return
+		}
+		cfg := config.Default()
+		if err := config.Decode(res.YAML, &cfg); err != nil {
+			t.Fatalf("output does not decode: %v\n%s", err, res.YAML)
+		}
+		cfg.Postgres.DSN = WithoutFiles(cfg.Postgres.DSN)
+		if err := cfg.Validate(); err != nil {
+			t.Fatalf("output does not validate: %v", err)
+		}
+		if pw := c.Config["database.password"]; len(pw) >= 8 && bytes.Contains(res.YAML, []byte(pw)) {
+			t.Fatalf("password in output")
+		}
+	})
+}
