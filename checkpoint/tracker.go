@@ -3,6 +3,7 @@ package checkpoint
 import (
 	"context"
 	"sync"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 )
@@ -17,8 +18,12 @@ type Tracker struct {
 	queue     []*Txn // transactions not yet confirmed, in commit order
 	head      int    // index of the first live entry in queue
 	confirmed LSN
-	inFlight  int           // records added and not yet acknowledged
-	idle      chan struct{} // made by WaitAcked, closed when inFlight drops to 0
+	// confirmedAt is the commit time of the last confirmed transaction;
+	// confirmedTxns counts confirmed transactions.
+	confirmedAt   time.Time
+	confirmedTxns uint64
+	inFlight      int           // records added and not yet acknowledged
+	idle          chan struct{} // made by WaitAcked, closed when inFlight drops to 0
 }
 
 // Txn is one transaction inside a Tracker.
@@ -27,6 +32,7 @@ type Txn struct {
 	pending   int
 	committed bool
 	end       LSN
+	at        time.Time
 }
 
 // New returns a Tracker whose confirmed position starts at start.
@@ -35,8 +41,12 @@ func New(start LSN) *Tracker {
 }
 
 // Begin opens the next transaction in commit order.
-func (t *Tracker) Begin() *Txn {
-	x := &Txn{t: t}
+func (t *Tracker) Begin() *Txn { return t.BeginAt(time.Time{}) }
+
+// BeginAt opens the next transaction in commit order, committed at the given
+// time (reported by Position once it is confirmed).
+func (t *Tracker) BeginAt(commitTime time.Time) *Txn {
+	x := &Txn{t: t, at: commitTime}
 	t.mu.Lock()
 	t.queue = append(t.queue, x)
 	t.mu.Unlock()
@@ -96,6 +106,10 @@ func (t *Tracker) advance() {
 		if x.end > t.confirmed {
 			t.confirmed = x.end
 		}
+		if !x.at.IsZero() {
+			t.confirmedAt = x.at
+		}
+		t.confirmedTxns++
 		t.queue[t.head] = nil
 		t.head++
 	}
@@ -127,6 +141,15 @@ func (t *Tracker) Confirmed() LSN {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.confirmed
+}
+
+// Position returns the confirmed position, the commit time of the last
+// confirmed transaction (zero if unknown), and how many transactions this
+// tracker has confirmed.
+func (t *Tracker) Position() (lsn LSN, commitTime time.Time, txns uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.confirmed, t.confirmedAt, t.confirmedTxns
 }
 
 // InFlight returns the number of records added and not yet acknowledged.

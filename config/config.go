@@ -42,6 +42,9 @@ type Postgres struct {
 	StatusInterval    time.Duration `yaml:"status_interval"`
 	// SlotLagInterval is how often slot lag is read from pg_replication_slots.
 	SlotLagInterval time.Duration `yaml:"slot_lag_interval"`
+	// StandbyPollInterval is how often a standby (another process holds the
+	// slot) tries to take the slot over.
+	StandbyPollInterval time.Duration `yaml:"standby_poll_interval"`
 }
 
 // Kafka says where events go.
@@ -214,14 +217,15 @@ func defaultFor(preset string) Config {
 func base() Config {
 	return Config{
 		Postgres: Postgres{
-			DSN:               "postgres://postgres@127.0.0.1:5432/postgres",
-			Slot:              "outboxd",
-			Publication:       "outboxd",
-			Table:             "public.outbox",
-			CreateSlot:        true,
-			CreatePublication: true,
-			StatusInterval:    time.Second,
-			SlotLagInterval:   10 * time.Second,
+			DSN:                 "postgres://postgres@127.0.0.1:5432/postgres",
+			Slot:                "outboxd",
+			Publication:         "outboxd",
+			Table:               "public.outbox",
+			CreateSlot:          true,
+			CreatePublication:   true,
+			StatusInterval:      time.Second,
+			SlotLagInterval:     10 * time.Second,
+			StandbyPollInterval: time.Second,
 		},
 		Kafka: Kafka{
 			Brokers:                []string{"127.0.0.1:9092"},
@@ -416,6 +420,9 @@ func (c Config) Validate() error {
 	}
 	if c.Postgres.StatusInterval < 10*time.Millisecond || c.Postgres.StatusInterval > 30*time.Second {
 		bad("postgres.status_interval", "%s must be between 10ms and 30s (Postgres drops replication connections silent for wal_sender_timeout, 60s by default)", c.Postgres.StatusInterval)
+	}
+	if c.Postgres.StandbyPollInterval < 100*time.Millisecond {
+		bad("postgres.standby_poll_interval", "%s must be at least 100ms", c.Postgres.StandbyPollInterval)
 	}
 	if c.Postgres.SlotLagInterval < 100*time.Millisecond {
 		bad("postgres.slot_lag_interval", "%s must be at least 100ms", c.Postgres.SlotLagInterval)

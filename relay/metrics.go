@@ -1,52 +1,93 @@
 package relay
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 type metrics struct {
-	confirmedLSN prometheus.Gauge
-	receivedLSN  prometheus.Gauge
-	slotLag      prometheus.Gauge
-	slotActive   prometheus.Gauge
-	changes      *prometheus.CounterVec
-	transactions prometheus.Counter
-	restarts     prometheus.Counter
-	inFlight     prometheus.Gauge
-	deadLettered prometheus.Counter
+	confirmedLSN  prometheus.Gauge
+	confirmedAt   prometheus.Gauge
+	confirmedTxns prometheus.Counter
+	receivedLSN   prometheus.Gauge
+	slotLag       prometheus.Gauge
+	slotActive    prometheus.Gauge
+	slotPID       prometheus.Gauge
+	slotWALStatus *prometheus.GaugeVec
+	slotSafeWAL   prometheus.Gauge
+	changes       *prometheus.CounterVec
+	transactions  prometheus.Counter
+	restarts      prometheus.Counter
+	inFlight      prometheus.Gauge
+	bufferFill    prometheus.Gauge
+	deadLettered  prometheus.Counter
+	roundTrip     prometheus.Histogram
+	state         *prometheus.GaugeVec
 }
 
+// walStatuses are the values of pg_replication_slots.wal_status.
+var walStatuses = []string{"reserved", "extended", "unreserved", "lost"}
+
+// states are the relay's states, exported as outboxd_relay_state.
+var states = []string{stateStarting, stateStreaming, stateStandby, stateStopped}
+
 func newMetrics(reg prometheus.Registerer) *metrics {
-	m := &metrics{
-		confirmedLSN: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "outboxd_checkpoint_confirmed_lsn", Help: "WAL position last confirmed to Postgres (as a number).",
-		}),
-		receivedLSN: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "outboxd_wal_received_lsn", Help: "End WAL position of the last complete transaction received.",
-		}),
-		slotLag: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "outboxd_slot_lag_bytes", Help: "pg_current_wal_lsn() - confirmed_flush_lsn of the slot: WAL Postgres retains for outboxd.",
-		}),
-		slotActive: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "outboxd_slot_active", Help: "1 when the slot is held by a process, 0 otherwise.",
-		}),
-		changes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "outboxd_wal_changes_total", Help: "Row changes on the outbox table and outbox messages received, by operation (inserts and messages are delivered).",
-		}, []string{"op"}),
-		transactions: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "outboxd_wal_transactions_total", Help: "Transactions received.",
-		}),
-		restarts: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "outboxd_relay_restarts_total", Help: "Pipeline restarts after a retryable failure.",
-		}),
-		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "outboxd_sink_records_in_flight", Help: "Records handed to Kafka and not yet acknowledged.",
-		}),
-		deadLettered: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "outboxd_router_dead_lettered_total", Help: "Outbox rows that could not be routed or produced and went to the dead-letter topic.",
-		}),
+	gauge := func(name, help string) prometheus.Gauge {
+		return prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: help})
 	}
-	reg.MustRegister(m.deadLettered, m.confirmedLSN, m.receivedLSN, m.slotLag, m.slotActive, m.changes, m.transactions, m.restarts, m.inFlight)
+	counter := func(name, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
+	}
+	m := &metrics{
+		confirmedLSN:  gauge("outboxd_checkpoint_confirmed_lsn", "WAL position last confirmed to Postgres (as a number)."),
+		confirmedAt:   gauge("outboxd_checkpoint_confirmed_commit_timestamp_seconds", "Commit time of the last confirmed transaction (Unix seconds); time() minus it is the delivery lag while there is work."),
+		confirmedTxns: counter("outboxd_checkpoint_transactions_confirmed_total", "Transactions confirmed to Postgres after Kafka acknowledged all their records."),
+		receivedLSN:   gauge("outboxd_wal_received_lsn", "End WAL position of the last complete transaction received."),
+		slotLag:       gauge("outboxd_slot_lag_bytes", "pg_current_wal_lsn() - confirmed_flush_lsn of the slot: WAL Postgres retains for outboxd."),
+		slotActive:    gauge("outboxd_slot_active", "1 when the slot is held by a process, 0 otherwise."),
+		slotPID:       gauge("outboxd_slot_active_pid", "Process id of the walsender holding the slot (0 when none)."),
+		slotWALStatus: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "outboxd_slot_wal_status", Help: "The slot's wal_status: 1 for the current value (reserved, extended, unreserved, lost).",
+		}, []string{"status"}),
+		slotSafeWAL:  gauge("outboxd_slot_safe_wal_size_bytes", "WAL that can still be written before the slot is in danger of being invalidated (absent when max_slot_wal_keep_size is unlimited)."),
+		changes:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_wal_changes_total", Help: "Row changes on the outbox table and outbox messages received, by operation (inserts and messages are delivered)."}, []string{"op"}),
+		transactions: counter("outboxd_wal_transactions_total", "Transactions received."),
+		restarts:     counter("outboxd_relay_restarts_total", "Pipeline restarts after a retryable failure."),
+		inFlight:     gauge("outboxd_sink_records_in_flight", "Records handed to Kafka and not yet acknowledged."),
+		bufferFill:   gauge("outboxd_sink_buffer_fill_ratio", "In-flight records over kafka.max_buffered_records; at 1 outboxd stops reading WAL."),
+		deadLettered: counter("outboxd_router_dead_lettered_total", "Outbox rows that could not be routed or produced and went to the dead-letter topic."),
+		roundTrip: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "outboxd_wal_status_round_trip_seconds", Help: "Time from a standby status update asking for a reply to the server's keepalive.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}),
+		state: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "outboxd_relay_state", Help: "1 for the relay's current state: starting, streaming, standby (another process holds the slot) or stopped.",
+		}, []string{"state"}),
+	}
+	reg.MustRegister(m.confirmedLSN, m.confirmedAt, m.confirmedTxns, m.receivedLSN, m.slotLag, m.slotActive, m.slotPID,
+		m.slotWALStatus, m.changes, m.transactions, m.restarts, m.inFlight, m.bufferFill, m.deadLettered, m.roundTrip, m.state)
 	for _, op := range []string{"insert", "update", "delete", "message"} {
 		m.changes.WithLabelValues(op)
 	}
+	m.setState(stateStarting)
 	return m
+}
+
+func (m *metrics) setState(state string) {
+	for _, s := range states {
+		v := 0.0
+		if s == state {
+			v = 1
+		}
+		m.state.WithLabelValues(s).Set(v)
+	}
+}
+
+func (m *metrics) setWALStatus(status string) {
+	for _, s := range walStatuses {
+		v := 0.0
+		if s == status {
+			v = 1
+		}
+		m.slotWALStatus.WithLabelValues(s).Set(v)
+	}
 }

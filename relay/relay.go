@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -27,8 +26,9 @@ type Relay struct {
 	m      *metrics
 	sinkM  *sink.Metrics
 
+	reg           prometheus.Registerer
 	schema, table string
-	lastErr       atomic.Pointer[string]
+	status        status
 }
 
 // New returns a Relay for a validated cfg, with its metrics on reg.
@@ -37,21 +37,14 @@ func New(cfg config.Config, log *slog.Logger, reg prometheus.Registerer) (*Relay
 	if err != nil {
 		return nil, err
 	}
-	r := &Relay{cfg: cfg, log: log, router: rt, m: newMetrics(reg), sinkM: sink.NewMetrics(reg)}
+	r := &Relay{cfg: cfg, log: log, router: rt, m: newMetrics(reg), sinkM: sink.NewMetrics(reg), reg: reg}
+	r.status.setState(stateStarting, "starting up")
 	r.schema, r.table = cfg.Postgres.TableName()
 	return r, nil
 }
 
 func (r *Relay) newProducer() (*sink.Producer, error) {
 	return sink.New(r.cfg.Kafka, r.sinkM, r.log)
-}
-
-// LastError returns the error that last stopped a pipeline run, or "".
-func (r *Relay) LastError() string {
-	if p := r.lastErr.Load(); p != nil {
-		return *p
-	}
-	return ""
 }
 
 // Fatal reports errors that a pipeline restart cannot fix.
@@ -76,41 +69,69 @@ func Fatal(err error) bool {
 	return false
 }
 
-// Run streams until ctx is done, restarting after retryable failures. It
-// returns nil after a clean shutdown and the error for a fatal failure.
+// Run streams until ctx is done, restarting after retryable failures. While
+// another process holds the slot it waits as a standby and takes over when
+// the slot is released. It returns nil after a clean shutdown and the error
+// for a fatal failure.
 func (r *Relay) Run(ctx context.Context) error {
 	const minBackoff, maxBackoff = 500 * time.Millisecond, 30 * time.Second
 	backoff := minBackoff
+	defer r.setState(stateStopped, "stopped")
 	for {
 		started := time.Now()
 		err := r.runOnce(ctx)
 		if ctx.Err() != nil && (err == nil || !Fatal(err)) {
+			if err != nil {
+				r.log.Warn("stopped after an error during shutdown; unconfirmed events will be sent again on restart", "err", err, "slot", r.cfg.Postgres.Slot)
+			}
 			return nil
 		}
 		if err == nil {
 			err = errors.New("replication stream ended without an error")
 		}
-		msg := err.Error()
-		r.lastErr.Store(&msg)
+		var active *wal.SlotActiveError
+		if errors.As(err, &active) {
+			if r.Status().State != stateStandby {
+				r.log.Info("standby: another process holds the slot; taking over when it is released",
+					"slot", r.cfg.Postgres.Slot, "holder_pid", active.PID)
+				r.setState(stateStandby, err.Error())
+			}
+			if !sleep(ctx, r.cfg.Postgres.StandbyPollInterval) {
+				return nil
+			}
+			continue
+		}
+		r.status.setError(err)
 		if Fatal(err) {
 			return err
 		}
 		if time.Since(started) > time.Minute {
 			backoff = minBackoff
 		}
-		var active *wal.SlotActiveError
-		if errors.As(err, &active) {
-			r.log.Warn(err.Error(), "slot", r.cfg.Postgres.Slot, "retry_in", backoff)
-		} else {
-			r.log.Warn("pipeline stopped; restarting from the slot's confirmed position", "err", err, "retry_in", backoff)
-		}
+		r.setState(stateStarting, "restarting after: "+err.Error())
+		r.log.Warn("pipeline stopped; restarting from the slot's confirmed position", "err", err, "retry_in", backoff)
 		r.m.restarts.Inc()
-		select {
-		case <-ctx.Done():
+		if !sleep(ctx, backoff) {
 			return nil
-		case <-time.After(backoff):
 		}
 		backoff = min(backoff*2, maxBackoff)
+	}
+}
+
+func (r *Relay) setState(state, reason string) {
+	r.status.setState(state, reason)
+	r.m.setState(state)
+}
+
+// sleep waits d or until ctx is done; it reports whether d passed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
 }
 
@@ -152,13 +173,32 @@ func (r *Relay) runOnce(ctx context.Context) error {
 	}, 0, tracker.Confirmed)
 	if err != nil {
 		conn.Close(context.Background())
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "55006" { // object_in_use: another process took the slot first
+			return &wal.SlotActiveError{Slot: pg.Slot}
+		}
 		return err
 	}
+	var confirmedTxns uint64
 	stream.OnStatus = func(written, flushed wal.LSN) {
+		_, at, txns := tracker.Position()
+		inFlight := tracker.InFlight()
 		r.m.confirmedLSN.Set(float64(flushed))
 		r.m.receivedLSN.Set(float64(written))
-		r.m.inFlight.Set(float64(tracker.InFlight()))
+		r.m.inFlight.Set(float64(inFlight))
+		r.m.bufferFill.Set(float64(inFlight) / float64(r.cfg.Kafka.MaxBufferedRecords))
+		r.m.confirmedTxns.Add(float64(txns - confirmedTxns))
+		confirmedTxns = txns
+		if !at.IsZero() {
+			r.m.confirmedAt.Set(float64(at.UnixNano()) / 1e9)
+		}
+		r.status.setPosition(flushed, written, at, inFlight)
 	}
+	stream.OnRoundTrip = func(d time.Duration) { r.m.roundTrip.Observe(d.Seconds()) }
+	if r.Status().State == stateStandby {
+		r.log.Info("took over the slot from the previous holder", "slot", pg.Slot)
+	}
+	r.setState(stateStreaming, "")
 	r.log.Info("streaming", "slot", pg.Slot, "lsn", start, "publication", pg.Publication)
 
 	g, gctx := errgroup.WithContext(run)
@@ -240,7 +280,7 @@ func (r *Relay) pipe(ctx context.Context, items <-chan any, tracker *checkpoint.
 	for item := range items {
 		switch m := item.(type) {
 		case *wal.Begin:
-			txn, commitTime = tracker.Begin(), m.CommitTime
+			txn, commitTime = tracker.BeginAt(m.CommitTime), m.CommitTime
 		case *wal.Change:
 			if m.Relation.Namespace != r.schema || m.Relation.Name != r.table {
 				continue // another table in a shared publication

@@ -40,6 +40,8 @@ type Record struct {
 	// Timestamp is the record's timestamp: the timestamp column, else the
 	// transaction's commit time.
 	Timestamp time.Time
+	// CommitTime is the commit time of the row's transaction.
+	CommitTime time.Time
 }
 
 // RowError reports an outbox row (or message) that cannot be routed: a
@@ -243,7 +245,7 @@ func (r *Router) build(lsn wal.LSN, source string, commitTime time.Time) (*Recor
 	if cells[fID].null {
 		return fail("column %s is NULL; every outbox row needs an event id", r.cfg.IDColumn)
 	}
-	rec := &Record{EventID: string(cells[fID].data), Partition: -1, Timestamp: commitTime}
+	rec := &Record{EventID: string(cells[fID].data), Partition: -1, Timestamp: commitTime, CommitTime: commitTime}
 	poison.EventID = rec.EventID
 
 	switch {

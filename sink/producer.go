@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/plugin/kprom"
 
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/router"
@@ -20,30 +22,118 @@ import (
 // Metrics are the sink's Prometheus metrics. They outlive Producers, which
 // are replaced on every pipeline restart.
 type Metrics struct {
-	produced      prometheus.Counter
-	producedBytes prometheus.Counter
-	errors        prometheus.Counter
+	produced      *prometheus.CounterVec
+	producedBytes *prometheus.CounterVec
+	errors        *prometheus.CounterVec
 	topicsCreated prometheus.Counter
+	commitToAck   prometheus.Histogram
+	batchRecords  prometheus.Histogram
+	kafka         *kprom.Metrics
+
+	mu     sync.RWMutex
+	topics map[string]topicCounters // at most maxTopicLabels, then "other"
 }
 
-// NewMetrics registers the sink's metrics on reg.
+type topicCounters struct{ records, bytes prometheus.Counter }
+
+// maxTopicLabels bounds the topic label of the produced-records metrics.
+const maxTopicLabels = 100
+
+// NewMetrics registers the sink's metrics, and franz-go's client metrics
+// (outboxd_kafka_*), on reg.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
-		produced: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "outboxd_sink_records_produced_total", Help: "Records acknowledged by Kafka.",
-		}),
-		producedBytes: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "outboxd_sink_produced_bytes_total", Help: "Key and value bytes of records acknowledged by Kafka.",
-		}),
-		errors: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "outboxd_sink_produce_errors_total", Help: "Records that failed to be delivered (each stops and restarts the pipeline).",
-		}),
+		produced: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outboxd_sink_records_produced_total", Help: "Records acknowledged by Kafka, by topic (at most 100 topics, then \"other\").",
+		}, []string{"topic"}),
+		producedBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outboxd_sink_produced_bytes_total", Help: "Key and value bytes of records acknowledged by Kafka, by topic.",
+		}, []string{"topic"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outboxd_sink_produce_errors_total", Help: "Records that failed to be delivered, by kind (each stops and restarts the pipeline).",
+		}, []string{"kind"}),
 		topicsCreated: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "outboxd_sink_topics_created_total", Help: "Topics created by outboxd.",
 		}),
+		commitToAck: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "outboxd_sink_commit_to_ack_seconds", Help: "Time from an event's commit in Postgres to its acknowledgement by Kafka.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16), // 1 ms to 33 s
+		}),
+		batchRecords: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "outboxd_sink_batch_records", Help: "Records per batch written to Kafka.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 14), // 1 to 8192
+		}),
+		topics: map[string]topicCounters{},
 	}
-	reg.MustRegister(m.produced, m.producedBytes, m.errors, m.topicsCreated)
+	reg.MustRegister(m.produced, m.producedBytes, m.errors, m.topicsCreated, m.commitToAck, m.batchRecords)
+	m.kafka = kprom.NewMetrics("outboxd", kprom.Subsystem("kafka"), kprom.Registerer(replacingRegisterer{reg}))
 	return m
+}
+
+func (m *Metrics) forTopic(topic string) topicCounters {
+	m.mu.RLock()
+	c, ok := m.topics[topic]
+	m.mu.RUnlock()
+	if ok {
+		return c
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if c, ok = m.topics[topic]; ok {
+		return c
+	}
+	label := topic
+	if len(m.topics) >= maxTopicLabels {
+		label = "other"
+	}
+	c = topicCounters{m.produced.WithLabelValues(label), m.producedBytes.WithLabelValues(label)}
+	m.topics[topic] = c
+	return c
+}
+
+// errorKind names a delivery error for the errors metric, from a bounded set.
+func errorKind(err error) string {
+	var ke *kerr.Error
+	switch {
+	case errors.As(err, &ke):
+		return ke.Message
+	case errors.Is(err, kgo.ErrRecordTimeout), errors.Is(err, context.DeadlineExceeded):
+		return "delivery_timeout"
+	case errors.Is(err, kgo.ErrClientClosed), errors.Is(err, context.Canceled):
+		return "client_closed"
+	case errors.Is(err, kgo.ErrRecordRetries):
+		return "retries_exhausted"
+	}
+	return "other"
+}
+
+// OnProduceBatchWritten implements kgo.HookProduceBatchWritten.
+func (m *Metrics) OnProduceBatchWritten(_ kgo.BrokerMetadata, _ string, _ int32, b kgo.ProduceBatchMetrics) {
+	m.batchRecords.Observe(float64(b.NumRecords))
+}
+
+// replacingRegisterer lets franz-go's metrics be registered again by each
+// new client (one per pipeline run): the previous client's collectors are
+// replaced, so their counters restart from zero, which Prometheus' rate()
+// handles as a reset.
+type replacingRegisterer struct{ prometheus.Registerer }
+
+func (r replacingRegisterer) Register(c prometheus.Collector) error {
+	err := r.Registerer.Register(c)
+	var are prometheus.AlreadyRegisteredError
+	if errors.As(err, &are) {
+		r.Registerer.Unregister(are.ExistingCollector)
+		err = r.Registerer.Register(c)
+	}
+	return err
+}
+
+func (r replacingRegisterer) MustRegister(cs ...prometheus.Collector) {
+	for _, c := range cs {
+		if err := r.Register(c); err != nil {
+			panic(err)
+		}
+	}
 }
 
 // Producer produces records to Kafka. It is safe for concurrent use, but
@@ -75,6 +165,7 @@ func New(cfg config.Kafka, m *Metrics, log *slog.Logger) (*Producer, error) {
 		kgo.ProducerLinger(cfg.Linger),
 		kgo.ProducerBatchCompression(codec(cfg.Compression)),
 		kgo.WithLogger(logger{log.With("component", "kafka")}),
+		kgo.WithHooks(m.kafka, m),
 		kgo.ProducerOnDataLossDetected(func(topic string, partition int32) {
 			log.Error("Kafka reports data loss: acknowledged records are missing from the log (unclean leader election?)",
 				"topic", topic, "partition", partition)
@@ -226,12 +317,16 @@ func (p *Producer) Produce(ctx context.Context, rec *router.Record, done func(er
 	p.client.Produce(kr.Context, kr, func(r *kgo.Record, err error) {
 		<-p.slots
 		if err != nil {
-			p.m.errors.Inc()
+			p.m.errors.WithLabelValues(errorKind(err)).Inc()
 			done(&DeliveryError{Topic: r.Topic, Partition: r.Partition, EventID: rec.EventID, Err: err})
 			return
 		}
-		p.m.produced.Inc()
-		p.m.producedBytes.Add(float64(len(r.Key) + len(r.Value)))
+		c := p.m.forTopic(r.Topic)
+		c.records.Inc()
+		c.bytes.Add(float64(len(r.Key) + len(r.Value)))
+		if !rec.CommitTime.IsZero() {
+			p.m.commitToAck.Observe(time.Since(rec.CommitTime).Seconds())
+		}
 		done(nil)
 	})
 	return nil

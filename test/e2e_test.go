@@ -79,7 +79,9 @@ func TestDeliversExactlyTheCommittedEvents(t *testing.T) {
 // Acceptance 2a: SIGTERM mid-stream, restart: nothing lost, no duplicates.
 func TestSIGTERMRestartLosesNothingAndDuplicatesNothing(t *testing.T) {
 	d := newDB(t)
-	env := d.env()
+	// No duplicates needs every in-flight record acked within the shutdown
+	// timeout; give a loaded CI machine room.
+	env := d.env("OUTBOXD_SHUTDOWN_TIMEOUT=60s")
 	p := start(t, env)
 	p.waitStreaming()
 
@@ -90,7 +92,7 @@ func TestSIGTERMRestartLosesNothingAndDuplicatesNothing(t *testing.T) {
 
 	for i := range 3 {
 		waitCommitted(t, l, (i+1)*1000)
-		if code := p.stop(syscall.SIGTERM, 30*time.Second); code != 0 {
+		if code := p.stop(syscall.SIGTERM, 90*time.Second); code != 0 {
 			t.Fatalf("outboxd exited %d after SIGTERM, want 0", code)
 		}
 		if !strings.Contains(p.logs.String(), `msg=stopped`) {

@@ -38,6 +38,10 @@ type Stream struct {
 	// OnStatus, if set, is called after each standby status update with the
 	// positions sent. It runs on the stream's goroutine and must not block.
 	OnStatus func(written, flushed LSN)
+	// OnRoundTrip, if set, is called with the time from a status update that
+	// asked for a reply to the server's next keepalive.
+	OnRoundTrip func(time.Duration)
+	pingSent    time.Time
 }
 
 // StartStream issues START_REPLICATION on conn (a connection opened with
@@ -64,7 +68,9 @@ func (s *Stream) Run(ctx, graceful context.Context, out chan<- any) error {
 	next := time.Now().Add(s.cfg.StatusInterval)
 	for {
 		if time.Now().After(next) {
-			if err := s.sendStatus(ctx, false); err != nil {
+			// Ask for a reply: the keepalive it brings measures the round
+			// trip and carries the server's WAL end for idle advancement.
+			if err := s.sendStatus(ctx, s.pingSent.IsZero()); err != nil {
 				return err
 			}
 			next = time.Now().Add(s.cfg.StatusInterval)
@@ -130,6 +136,12 @@ func (s *Stream) handle(ctx context.Context, raw pgproto3.BackendMessage) (any, 
 			if err != nil {
 				return nil, fmt.Errorf("parsing keepalive: %w", err)
 			}
+			if !s.pingSent.IsZero() {
+				if s.OnRoundTrip != nil {
+					s.OnRoundTrip(time.Since(s.pingSent))
+				}
+				s.pingSent = time.Time{}
+			}
 			if ka.ReplyRequested {
 				if err := s.sendStatus(ctx, false); err != nil {
 					return nil, err
@@ -178,6 +190,9 @@ func (s *Stream) sendStatus(ctx context.Context, reply bool) error {
 	})
 	if err != nil {
 		return fmt.Errorf("sending standby status at LSN %s: %w", flushed, err)
+	}
+	if reply {
+		s.pingSent = time.Now()
 	}
 	if s.OnStatus != nil {
 		s.OnStatus(written, flushed)

@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -11,8 +12,10 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime"
 	"runtime/debug"
 	"syscall"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -26,12 +29,19 @@ import (
 	"github.com/outboxd/outboxd/relay"
 )
 
-// version is stamped at build time with -ldflags "-X main.version=...".
-var version = "dev"
+// version and commit are stamped at build time with
+// -ldflags "-X main.version=... -X main.commit=...".
+var (
+	version = "dev"
+	commit  = ""
+)
 
 const usage = `Usage:
   outboxd [-config FILE] [-check-config]   stream the outbox to Kafka
   outboxd migrate [-config FILE]           create the outbox table
+  outboxd status [-config FILE] [-json]    show the slot, its lag and the running outboxd
+  outboxd healthcheck [-config FILE] [-url URL]
+                                           exit 0 if the running outboxd answers /healthz
   outboxd version                          print the version
   outboxd debezium convert FILE            convert a Debezium connector config
 
@@ -56,14 +66,19 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return debezium.Command(args[1:], os.Stdin, stdout, stderr)
 	}
 	cmd := "run"
-	if len(args) > 0 && (args[0] == "migrate" || args[0] == "version") {
-		cmd, args = args[0], args[1:]
+	if len(args) > 0 {
+		switch args[0] {
+		case "migrate", "version", "status", "healthcheck":
+			cmd, args = args[0], args[1:]
+		}
 	}
 	fs := flag.NewFlagSet("outboxd", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() { fmt.Fprint(stderr, usage); fs.PrintDefaults() }
 	path := fs.String("config", "", "YAML configuration `file`")
 	check := fs.Bool("check-config", false, "validate the configuration, print it with secrets hidden, and exit")
+	asJSON := fs.Bool("json", false, "status: print JSON")
+	url := fs.String("url", "", "status, healthcheck: the running outboxd's base URL (default from http.listen)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
@@ -71,7 +86,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return errReported
 	}
 	if cmd == "version" {
-		fmt.Fprintf(stdout, "outboxd %s %s\n", version, buildInfo())
+		fmt.Fprintf(stdout, "outboxd %s (commit %s, %s)\n", version, buildCommit(), runtime.Version())
 		return nil
 	}
 	cfg, err := config.Load(*path, os.Environ())
@@ -89,8 +104,32 @@ func run(args []string, stdout, stderr io.Writer) error {
 	log := newLogger(cfg.Log, stderr)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if cmd == "migrate" {
+	base := *url
+	if base == "" && cfg.HTTP.Listen != "" {
+		base = metrics.LocalURL(cfg.HTTP.Listen, "")
+	}
+	switch cmd {
+	case "migrate":
 		return migrate(ctx, cfg, log)
+	case "healthcheck":
+		hctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		defer cancel()
+		return metrics.Probe(hctx, base+"/healthz")
+	case "status":
+		statusURL := ""
+		if base != "" {
+			statusURL = base + "/status"
+		}
+		rep, err := relay.BuildReport(ctx, cfg, statusURL)
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			enc := json.NewEncoder(stdout)
+			enc.SetIndent("", "  ")
+			return enc.Encode(rep)
+		}
+		return rep.WriteText(stdout)
 	}
 	if err := serve(ctx, cfg, log); err != nil {
 		log.Error("outboxd stopped", "err", err, "slot", cfg.Postgres.Slot)
@@ -102,6 +141,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 func serve(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics.RegisterBuildInfo(reg, version, buildCommit())
 	r, err := relay.New(cfg, log, reg)
 	if err != nil {
 		return err
@@ -111,7 +151,11 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	if cfg.HTTP.Listen != "" {
-		srv, err := metrics.Listen(cfg.HTTP.Listen, reg, r.LastError)
+		srv, err := metrics.Listen(cfg.HTTP.Listen, reg, func() (bool, any) {
+			ok, st := r.Ready()
+			st.Version = version
+			return ok, st
+		})
 		if err != nil {
 			return err
 		}
@@ -149,16 +193,17 @@ func newLogger(cfg config.Log, w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, opts))
 }
 
-func buildInfo() string {
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return ""
+// buildCommit returns the stamped commit, else the VCS revision Go recorded.
+func buildCommit() string {
+	if commit != "" {
+		return commit
 	}
-	commit := "unknown"
-	for _, s := range bi.Settings {
-		if s.Key == "vcs.revision" {
-			commit = s.Value
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" {
+				return s.Value
+			}
 		}
 	}
-	return fmt.Sprintf("commit %s %s", commit, bi.GoVersion)
+	return "unknown"
 }

@@ -1,0 +1,186 @@
+package relay
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/wal"
+)
+
+// Report is what `outboxd status` shows: the slot and publication as
+// Postgres sees them, and the running outboxd's own status when reachable.
+type Report struct {
+	Slot        string    `json:"slot"`
+	SlotExists  bool      `json:"slot_exists"`
+	Plugin      string    `json:"plugin,omitempty"`
+	Active      bool      `json:"active"`
+	ActivePID   int       `json:"active_pid,omitempty"`
+	Confirmed   string    `json:"confirmed_flush_lsn,omitempty"`
+	LagBytes    int64     `json:"lag_bytes"`
+	FlushLag    string    `json:"flush_lag,omitempty"` // pg_stat_replication.flush_lag of the holder
+	WALStatus   string    `json:"wal_status,omitempty"`
+	SafeWALSize *int64    `json:"safe_wal_size_bytes,omitempty"`
+	Publication string    `json:"publication"`
+	PubTables   []string  `json:"publication_tables"`
+	Table       string    `json:"table"`
+	TableRows   int64     `json:"table_rows_estimate"`
+	TableBytes  int64     `json:"table_bytes"`
+	Process     *Status   `json:"outboxd,omitempty"`
+	ProcessURL  string    `json:"outboxd_url"`
+	ProcessErr  string    `json:"outboxd_error,omitempty"`
+	ReadAt      time.Time `json:"read_at"`
+	LagAge      *float64  `json:"lag_seconds,omitempty"` // from the process's confirmed commit time
+}
+
+// BuildReport reads the report from Postgres and from the outboxd HTTP
+// endpoint at statusURL ("" skips it).
+func BuildReport(ctx context.Context, cfg config.Config, statusURL string) (Report, error) {
+	rep := Report{Slot: cfg.Postgres.Slot, Publication: cfg.Postgres.Publication, Table: cfg.Postgres.Table, ProcessURL: statusURL, ReadAt: time.Now()}
+	conn, err := Connect(ctx, cfg.Postgres.DSN)
+	if err != nil {
+		return rep, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	info, ok, err := wal.InspectSlot(ctx, conn, cfg.Postgres.Slot)
+	if err != nil {
+		return rep, err
+	}
+	if ok {
+		rep.SlotExists, rep.Plugin, rep.Active, rep.ActivePID, rep.WALStatus = true, info.Plugin, info.Active, info.ActivePID, info.WALStatus
+		rep.Confirmed = info.ConfirmedFlushLSN.String()
+		var flushLag *string
+		err := conn.QueryRow(ctx, `SELECT coalesce((pg_current_wal_lsn() - s.confirmed_flush_lsn)::bigint, 0), s.safe_wal_size,
+				(SELECT r.flush_lag::text FROM pg_stat_replication r WHERE r.pid = s.active_pid)
+			FROM pg_replication_slots s WHERE s.slot_name = $1`, cfg.Postgres.Slot).Scan(&rep.LagBytes, &rep.SafeWALSize, &flushLag)
+		if err != nil {
+			return rep, fmt.Errorf("reading slot lag: %w", err)
+		}
+		if flushLag != nil {
+			rep.FlushLag = *flushLag
+		}
+	}
+	rows, err := conn.Query(ctx, `SELECT schemaname || '.' || tablename FROM pg_publication_tables WHERE pubname = $1 ORDER BY 1`, cfg.Postgres.Publication)
+	if err != nil {
+		return rep, fmt.Errorf("reading publication %q: %w", cfg.Postgres.Publication, err)
+	}
+	for rows.Next() {
+		var t string
+		if err := rows.Scan(&t); err != nil {
+			return rep, err
+		}
+		rep.PubTables = append(rep.PubTables, t)
+	}
+	if err := rows.Err(); err != nil {
+		return rep, err
+	}
+	schema, table := cfg.Postgres.TableName()
+	_ = conn.QueryRow(ctx, `SELECT greatest(c.reltuples, 0)::bigint, pg_total_relation_size(c.oid) FROM pg_class c
+		JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2`, schema, table).Scan(&rep.TableRows, &rep.TableBytes)
+	if statusURL != "" {
+		st, err := fetchStatus(ctx, statusURL)
+		if err != nil {
+			rep.ProcessErr = err.Error()
+		} else {
+			rep.Process = &st
+			if !st.ConfirmedCommitTime.IsZero() && rep.LagBytes > 0 {
+				age := time.Since(st.ConfirmedCommitTime).Seconds()
+				rep.LagAge = &age
+			}
+		}
+	}
+	return rep, nil
+}
+
+func fetchStatus(ctx context.Context, url string) (Status, error) {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	var st Status
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return st, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return st, fmt.Errorf("outboxd is not reachable at %s: %w", url, err)
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&st); err != nil {
+		return st, fmt.Errorf("reading %s: %w", url, err)
+	}
+	return st, nil
+}
+
+// WriteText prints the report for a person, most important first.
+func (rep Report) WriteText(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	row := func(k, format string, args ...any) { fmt.Fprintf(tw, "%s\t%s\n", k, fmt.Sprintf(format, args...)) }
+	if !rep.SlotExists {
+		row("slot", "%s does not exist (outboxd creates it at start-up when postgres.create_slot is true)", rep.Slot)
+	} else {
+		holder := "inactive: nothing is reading it, WAL accumulates"
+		if rep.Active {
+			holder = fmt.Sprintf("active, held by pid %d", rep.ActivePID)
+		}
+		row("slot", "%s (%s), %s", rep.Slot, rep.Plugin, holder)
+		lag := "lag " + bytesText(rep.LagBytes)
+		if rep.LagAge != nil {
+			lag += fmt.Sprintf(", oldest undelivered commit %s ago", time.Duration(*rep.LagAge*float64(time.Second)).Round(time.Millisecond))
+		}
+		if rep.FlushLag != "" {
+			lag += ", flush lag " + rep.FlushLag
+		}
+		row("lag", "%s", lag)
+		row("confirmed", "%s", rep.Confirmed)
+		wal := rep.WALStatus
+		if wal != "reserved" {
+			wal += " (not reserved: Postgres may remove WAL the slot needs)"
+		}
+		if rep.SafeWALSize != nil {
+			wal += ", safe WAL size " + bytesText(*rep.SafeWALSize)
+		}
+		row("wal_status", "%s", wal)
+	}
+	pub := strings.Join(rep.PubTables, ", ")
+	if pub == "" {
+		pub = "(missing or empty)"
+	}
+	row("publication", "%s: %s", rep.Publication, pub)
+	row("outbox", "%s: ~%d rows, %s", rep.Table, rep.TableRows, bytesText(rep.TableBytes))
+	switch {
+	case rep.Process != nil:
+		p := rep.Process
+		line := fmt.Sprintf("%s since %s, %d in flight", p.State, p.Since.Format(time.RFC3339), p.InFlight)
+		if p.Reason != "" {
+			line += " (" + p.Reason + ")"
+		}
+		row("outboxd", "%s", line)
+		last := "none"
+		if p.LastError != "" {
+			last = fmt.Sprintf("%s (%s)", p.LastError, p.LastErrorTime.Format(time.RFC3339))
+		}
+		row("last error", "%s", last)
+	case rep.ProcessErr != "":
+		row("outboxd", "%s", rep.ProcessErr)
+	}
+	return tw.Flush()
+}
+
+func bytesText(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}

@@ -1,0 +1,95 @@
+package relay
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/outboxd/outboxd/wal"
+)
+
+// Relay states, as /readyz, /status and outboxd_relay_state report them.
+const (
+	stateStarting  = "starting"
+	stateStreaming = "streaming"
+	stateStandby   = "standby"
+	stateStopped   = "stopped"
+)
+
+// stuckAfter: with records in flight and the confirmed position unchanged
+// this long, the relay is not ready.
+const stuckAfter = 30 * time.Second
+
+// Status is what a running outboxd reports about itself.
+type Status struct {
+	State  string    `json:"state"`
+	Since  time.Time `json:"since"`
+	Reason string    `json:"reason,omitempty"` // why not ready, when not
+	Slot   string    `json:"slot"`
+	// ConfirmedLSN is the position last confirmed to Postgres;
+	// ConfirmedCommitTime is the commit time of the last transaction
+	// confirmed by this process.
+	ConfirmedLSN        string    `json:"confirmed_lsn,omitempty"`
+	ConfirmedCommitTime time.Time `json:"confirmed_commit_time,omitzero"`
+	ReceivedLSN         string    `json:"received_lsn,omitempty"`
+	InFlight            int       `json:"in_flight"`
+	LastError           string    `json:"last_error,omitempty"`
+	LastErrorTime       time.Time `json:"last_error_time,omitzero"`
+	Version             string    `json:"version,omitempty"`
+}
+
+// status is the relay's self-report, updated by the pipeline.
+type status struct {
+	mu            sync.Mutex
+	s             Status
+	lastConfirmed wal.LSN
+	advancedAt    time.Time
+}
+
+func (st *status) setState(state, reason string) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.s.State != state {
+		st.s.Since = time.Now()
+	}
+	st.s.State, st.s.Reason = state, reason
+}
+
+func (st *status) setError(err error) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.s.LastError, st.s.LastErrorTime = err.Error(), time.Now()
+}
+
+func (st *status) setPosition(confirmed, received wal.LSN, commitTime time.Time, inFlight int) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	now := time.Now()
+	if confirmed != st.lastConfirmed || inFlight == 0 || st.advancedAt.IsZero() {
+		st.lastConfirmed, st.advancedAt = confirmed, now
+	}
+	st.s.ConfirmedLSN, st.s.ReceivedLSN, st.s.InFlight = confirmed.String(), received.String(), inFlight
+	if !commitTime.IsZero() {
+		st.s.ConfirmedCommitTime = commitTime
+	}
+}
+
+// Status reports the relay's state and positions.
+func (r *Relay) Status() Status {
+	st := &r.status
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	s := st.s
+	s.Slot = r.cfg.Postgres.Slot
+	if s.State == stateStreaming && s.InFlight > 0 && time.Since(st.advancedAt) > stuckAfter {
+		s.Reason = fmt.Sprintf("the confirmed position has not advanced for %s with %d records in flight; Kafka is slow or unreachable",
+			time.Since(st.advancedAt).Round(time.Second), s.InFlight)
+	}
+	return s
+}
+
+// Ready reports whether the relay is streaming and making progress.
+func (r *Relay) Ready() (bool, Status) {
+	s := r.Status()
+	return s.State == stateStreaming && s.Reason == "", s
+}
