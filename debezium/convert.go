@@ -268,9 +268,9 @@ func (v *conv) postgres() (section, error) {
 		s.add("slot", slot, "slot.name: resume Debezium's slot where it confirmed")
 	} else {
 		v.warn("plugin.name", "is %s (Debezium's default when unset): outboxd reads only pgoutput slots, so it cannot resume Debezium's slot %q. "+
-			"The configuration names a new slot \"outboxd\": create it before you stop Debezium, with "+
-			"SELECT pg_create_logical_replication_slot('outboxd', 'pgoutput'), so that no event falls between the two "+
-			"(events between its creation and Debezium's stop are delivered twice); drop %q after the cut-over", plugin, slot, slot)
+			"The configuration names a new slot \"outboxd\": before you stop Debezium, create the publication %q for the outbox table if it does not exist, "+
+			"then the slot, SELECT pg_create_logical_replication_slot('outboxd', 'pgoutput'), so that no event falls between the two "+
+			"(events between its creation and Debezium's stop are delivered twice); drop %q after the cut-over", plugin, slot, v.or("publication.name", defaultPublication), slot)
 		slot = "outboxd"
 		s.add("slot", slot, "new pgoutput slot: Debezium's used plugin.name "+plugin)
 	}
@@ -283,9 +283,16 @@ func (v *conv) postgres() (section, error) {
 	s.add("table", table, "table.include.list")
 	s.add("create_slot", false, "resume the existing slot; a new one would skip what Debezium has not confirmed")
 	switch mode := v.or("publication.autocreate.mode", "all_tables"); mode {
-	case "disabled":
-		s.add("create_publication", false, "publication.autocreate.mode: disabled")
-	case "all_tables", "filtered":
+	case "disabled", "all_tables", "filtered":
+		if plugin != "pgoutput" {
+			// The new slot needs the publication to exist before it.
+			s.add("create_publication", false, "create it before the new slot; see the plugin.name warning")
+			break
+		}
+		if mode == "disabled" {
+			s.add("create_publication", false, "publication.autocreate.mode: disabled")
+			break
+		}
 		s.add("create_publication", true, "publication.autocreate.mode: "+mode+"; only if missing, for the outbox table alone")
 	case "no_tables":
 		v.warn("publication.autocreate.mode", "is no_tables: outboxd needs the publication to include %s; run ALTER PUBLICATION ... ADD TABLE %s", table, table)
