@@ -1,6 +1,9 @@
 package deploy
 
 import (
+	"io/fs"
+	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -126,6 +129,42 @@ func TestUnknownMetricsDetected(t *testing.T) {
 	} {
 		if got := unknownMetrics(tc.expr, runtime); !slices.Equal(got, tc.bad) {
 			t.Errorf("unknownMetrics(%q) = %v, want %v", tc.expr, got, tc.bad)
+		}
+	}
+}
+
+// TestMetricNamesInSource checks that every name in metricNames is still
+// defined by outboxd's code (as the full string literal, which is how every
+// package names its metrics), so renaming a metric in the code breaks this
+// test until the dashboard, the rules and metricNames follow.
+func TestMetricNamesInSource(t *testing.T) {
+	literals := map[string]bool{}
+	lit := regexp.MustCompile(`"(outboxd_[a-z0-9_]+)"`)
+	err := filepath.WalkDir("..", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == "deploy" || d.Name() == "testdata" || strings.HasPrefix(d.Name(), ".")) && path != ".." {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		src, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for _, m := range lit.FindAllStringSubmatch(string(src), -1) {
+			literals[m[1]] = true
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name := range metricNames {
+		if name != "up" && !literals[name] {
+			t.Errorf("%s is in metricNames but no Go source defines it: renamed or removed? Update metricNames, grafana/outboxd.json and prometheus/alerts.yaml", name)
 		}
 	}
 }
