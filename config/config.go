@@ -111,8 +111,9 @@ type Router struct {
 	// ExpandJSONPayload requires the payload to be JSON and embeds it as JSON
 	// (not as a string) in an envelope.
 	ExpandJSONPayload bool `yaml:"expand_json_payload"`
-	// TombstoneOnEmptyPayload sends a NULL or blank payload as a tombstone
-	// (key kept, value null). Without it a NULL payload is a poison row.
+	// TombstoneOnEmptyPayload also sends a blank payload (empty or only
+	// white space) as a tombstone (key kept, value null). A NULL payload is
+	// always a tombstone, as with Debezium.
 	TombstoneOnEmptyPayload bool `yaml:"tombstone_on_empty_payload"`
 	// RequireKey makes a NULL key a poison row; without it the record has a
 	// null key (and no per-key order).

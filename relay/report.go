@@ -129,7 +129,7 @@ func (rep Report) WriteText(w io.Writer) error {
 			holder = fmt.Sprintf("active, held by pid %d", rep.ActivePID)
 		}
 		row("slot", "%s (%s), %s", rep.Slot, rep.Plugin, holder)
-		lag := "lag " + bytesText(rep.LagBytes)
+		lag := bytesText(rep.LagBytes)
 		if rep.LagAge != nil {
 			lag += fmt.Sprintf(", oldest undelivered commit %s ago", time.Duration(*rep.LagAge*float64(time.Second)).Round(time.Millisecond))
 		}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Errors about the slot and publication that callers branch on.
@@ -123,6 +124,11 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, name, schema, table 
 		}
 		sql := fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s.%s", quoteIdent(name), quoteIdent(schema), quoteIdent(table))
 		if _, err := conn.Exec(ctx, sql); err != nil {
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+				return false, fmt.Errorf("creating publication %q: %s; only the table's owner may: run %s as the owner, and set postgres.create_publication: false",
+					name, pgErr.Message, sql)
+			}
 			return false, fmt.Errorf("creating publication %q: %w", name, err)
 		}
 		return true, nil

@@ -1,0 +1,228 @@
+package test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// get returns the status code and body of an outboxd endpoint.
+func (p *proc) get(path string) (int, string) {
+	resp, err := http.Get("http://" + p.addr + path)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// waitReady polls /readyz until it answers want.
+func (p *proc) waitReady(want int, timeout time.Duration) string {
+	p.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		code, body := p.get("/readyz")
+		if code == want {
+			return body
+		}
+		if time.Now().After(deadline) {
+			p.t.Fatalf("/readyz answered %d %s, want %d", code, body, want)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Two instances on one slot: one streams, the other is a standby that takes
+// over within seconds when the active one is killed, with nothing lost and
+// per-key order intact.
+func TestHotStandbyTakesOverWhenTheActiveDies(t *testing.T) {
+	d := newDB(t)
+	env := d.env("OUTBOXD_POSTGRES_STANDBY_POLL_INTERVAL=250ms")
+	a := start(t, env)
+	a.waitStreaming()
+	a.waitReady(200, 10*time.Second)
+
+	b := start(t, env)
+	m := listenRE.FindStringSubmatch(b.waitLog(`msg="serving metrics and health" addr=\S+`, 30*time.Second))
+	b.addr = m[1]
+	b.waitLog(`standby: another process holds the slot`, 30*time.Second)
+	body := b.waitReady(503, 10*time.Second)
+	if !strings.Contains(body, `"state":"standby"`) {
+		t.Errorf("standby /readyz body %s, want state standby", body)
+	}
+	if v, _ := b.metricLabelled(`outboxd_relay_state{state="standby"}`); v != 1 {
+		t.Errorf(`standby outboxd_relay_state{state="standby"} = %v, want 1`, v)
+	}
+	if code, _ := b.get("/healthz"); code != 200 {
+		t.Errorf("standby /healthz = %d, want 200 (it is alive)", code)
+	}
+
+	l := newLedger()
+	spec := loadSpec{Prefix: d.name, Types: 4, IDs: 40, Writers: 2, Events: 6000, TxSizes: []int{1, 10, 50}, RollbackPct: 5}
+	loadDone := make(chan error, 1)
+	go func() { loadDone <- runLoad(context.Background(), d, spec, l) }()
+	waitCommitted(t, l, 2000)
+	killed := time.Now()
+	a.stop(syscall.SIGKILL, 10*time.Second)
+	b.waitLog(`took over the slot`, 30*time.Second)
+	b.waitReady(200, 30*time.Second)
+	takeover := time.Since(killed)
+	t.Logf("standby took over %s after the active instance was killed", takeover.Round(time.Millisecond))
+	if takeover > 10*time.Second {
+		t.Errorf("takeover took %s, want a few seconds", takeover)
+	}
+	if err := <-loadDone; err != nil {
+		t.Fatal(err)
+	}
+	topics := l.topics()
+	recs := readUntil(t, topics, 2*time.Minute, 2*time.Second, allDelivered(l))
+	r := check(l, recs, partitionsOf(t, topics...))
+	t.Logf("%s", r)
+	r.failOnLoss(t)
+}
+
+// metricLabelled returns the value of a metric line that starts with series.
+func (p *proc) metricLabelled(series string) (float64, bool) {
+	_, body := p.get("/metrics")
+	for _, line := range strings.Split(body, "\n") {
+		if strings.HasPrefix(line, series+" ") {
+			var v float64
+			fmt.Sscanf(strings.TrimPrefix(line, series+" "), "%g", &v)
+			return v, true
+		}
+	}
+	return 0, false
+}
+
+// The metrics operators and the shipped dashboard rely on are exported.
+func TestMetricsAreExported(t *testing.T) {
+	d := newDB(t)
+	p := start(t, d.env())
+	p.waitStreaming()
+	id, _ := insertEvent(t, d, d.name+"_m", "k", `{}`)
+	readUntil(t, []string{d.name + "_m-events"}, time.Minute, 0, waitIDs(id))
+	time.Sleep(time.Second) // one status interval and slot-lag poll
+	_, body := p.get("/metrics")
+	for _, name := range []string{
+		"outboxd_slot_lag_bytes", "outboxd_slot_active", "outboxd_slot_active_pid", `outboxd_slot_wal_status{status="reserved"} 1`,
+		"outboxd_checkpoint_confirmed_lsn", "outboxd_wal_received_lsn", "outboxd_checkpoint_confirmed_commit_timestamp_seconds",
+		"outboxd_checkpoint_transactions_confirmed_total", `outboxd_sink_records_produced_total{topic="` + d.name + `_m-events"} 1`,
+		"outboxd_sink_produced_bytes_total", "outboxd_sink_records_in_flight", "outboxd_sink_buffer_fill_ratio",
+		"outboxd_sink_commit_to_ack_seconds_bucket", "outboxd_sink_batch_records_bucket", "outboxd_wal_status_round_trip_seconds_bucket",
+		`outboxd_wal_changes_total{op="insert"} 1`, "outboxd_wal_transactions_total", "outboxd_relay_restarts_total 0",
+		"outboxd_router_dead_lettered_total 0", `outboxd_relay_state{state="streaming"} 1`, "outboxd_build_info{",
+		"outboxd_start_time_seconds", "outboxd_kafka_", "go_goroutines", "process_resident_memory_bytes",
+	} {
+		if !strings.Contains(body, "\n"+name) {
+			t.Errorf("/metrics has no %s", name)
+		}
+	}
+	if strings.Contains(body, d.dsn) {
+		t.Error("/metrics contains the DSN")
+	}
+}
+
+// outboxd status shows the slot, its lag and the running process.
+func TestStatusCommand(t *testing.T) {
+	d := newDB(t)
+	p := start(t, d.env())
+	p.waitStreaming()
+	env := replace(d.env(), "OUTBOXD_HTTP_LISTEN", p.addr)
+	run := func(args ...string) string {
+		cmd := exec.Command(svc.bin, append([]string{"status"}, args...)...)
+		cmd.Env = env
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("outboxd status %v: %v\n%s", args, err, out)
+		}
+		return string(out)
+	}
+	text := run()
+	t.Logf("outboxd status:\n%s", text)
+	for _, want := range []string{"slot", d.slot + " (pgoutput), active, held by pid", "lag", "wal_status", "reserved",
+		"publication", "outboxd: public.outbox", "outbox", "streaming since", "last error"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("status output lacks %q", want)
+		}
+	}
+	var rep struct {
+		Slot      string `json:"slot"`
+		Active    bool   `json:"active"`
+		WALStatus string `json:"wal_status"`
+		PubTables []string
+		Process   *struct {
+			State string `json:"state"`
+		} `json:"outboxd"`
+	}
+	if err := json.Unmarshal([]byte(run("-json")), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if rep.Slot != d.slot || !rep.Active || rep.WALStatus != "reserved" || rep.Process == nil || rep.Process.State != "streaming" {
+		t.Errorf("status -json = %+v", rep)
+	}
+	p.stop(syscall.SIGTERM, 30*time.Second)
+	text = run()
+	if !strings.Contains(text, "not reachable") || !strings.Contains(text, "inactive") {
+		t.Errorf("status with outboxd stopped:\n%s", text)
+	}
+}
+
+// A password in the DSN never appears in logs, errors, -check-config or
+// status output, whether the connection works or fails.
+func TestSecretsNeverAppearInOutput(t *testing.T) {
+	d := newDB(t)
+	const secret = "Sup3r-s3cret-pw"
+	role := "pwrole_" + randomSuffix()
+	d.exec(t, fmt.Sprintf(`CREATE ROLE %s LOGIN REPLICATION PASSWORD '%s'`, role, secret))
+	d.exec(t, fmt.Sprintf(`GRANT SELECT ON outbox TO %s`, role))
+	d.exec(t, `CREATE PUBLICATION outboxd FOR TABLE public.outbox`) // only the table's owner may
+	t.Cleanup(func() {
+		_, _ = d.pool.Exec(context.Background(), fmt.Sprintf(`DROP OWNED BY %s; DROP ROLE IF EXISTS %s`, role, role))
+	})
+	dsn := strings.Replace(d.dsn, "postgres://postgres@", fmt.Sprintf("postgres://%s:%s@", role, secret), 1)
+	wrong := strings.Replace(dsn, secret, secret+"-wrong", 1)
+	unreachable := fmt.Sprintf("postgres://%s:%s@127.0.0.1:1/x?sslmode=disable", role, secret)
+	kv := fmt.Sprintf("host=127.0.0.1 port=1 user=%s password=%s dbname=x sslmode=disable", role, secret)
+
+	check := func(name, output string) {
+		t.Helper()
+		if strings.Contains(output, secret) {
+			t.Errorf("%s: output contains the password:\n%s", name, output)
+		}
+	}
+	runCmd := func(name string, env []string, args ...string) {
+		cmd := exec.Command(svc.bin, args...)
+		cmd.Env = env
+		out, _ := cmd.CombinedOutput()
+		check(name, string(out))
+	}
+	runCmd("check-config", replace(d.env(), "OUTBOXD_POSTGRES_DSN", dsn), "-check-config")
+	runCmd("check-config key=value", replace(d.env(), "OUTBOXD_POSTGRES_DSN", kv), "-check-config")
+	runCmd("invalid config", append(replace(d.env(), "OUTBOXD_POSTGRES_DSN", dsn), "OUTBOXD_KAFKA_LINGER=forever"), "-check-config")
+	runCmd("wrong password", replace(d.env(), "OUTBOXD_POSTGRES_DSN", wrong))
+	runCmd("unreachable", replace(d.env(), "OUTBOXD_POSTGRES_DSN", unreachable))
+	runCmd("unreachable key=value", replace(d.env(), "OUTBOXD_POSTGRES_DSN", kv))
+	runCmd("status unreachable", replace(d.env(), "OUTBOXD_POSTGRES_DSN", unreachable), "status")
+	runCmd("migrate wrong password", replace(d.env(), "OUTBOXD_POSTGRES_DSN", wrong), "migrate")
+
+	// A working run, with debug logging, that streams an event and stops.
+	p := start(t, replace(d.env(), "OUTBOXD_POSTGRES_DSN", dsn))
+	p.waitStreaming()
+	id, _ := insertEvent(t, d, d.name+"_s", "k", `{}`)
+	readUntil(t, []string{d.name + "_s-events"}, time.Minute, 0, waitIDs(id))
+	_, metrics := p.get("/metrics")
+	_, status := p.get("/status")
+	runCmd("status", replace(d.env(), "OUTBOXD_POSTGRES_DSN", dsn), "status", "-url", "http://"+p.addr)
+	p.stop(syscall.SIGTERM, 30*time.Second)
+	check("streaming run log", p.logs.String())
+	check("/metrics", metrics)
+	check("/status", status)
+}
