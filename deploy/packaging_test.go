@@ -9,6 +9,8 @@ import (
 	"errors"
 	"io"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -710,6 +712,39 @@ func TestReleaseBinary(t *testing.T) {
 	var ee *exec.ExitError
 	if err := cmd.Run(); !errors.As(err, &ee) || ee.ExitCode() != 1 {
 		t.Errorf("-check-config of an unknown key: %v, want exit status 1", err)
+	}
+
+	// The Docker HEALTHCHECK's contract: `outboxd healthcheck` exits 0 when
+	// /healthz answers 200 and 1 otherwise (checked once main has it).
+	if src, _ := os.ReadFile("../cmd/outboxd/main.go"); bytes.Contains(src, []byte(`"healthcheck"`)) {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path != "/healthz" {
+				http.NotFound(w, r)
+				return
+			}
+			w.Header().Set("Content-Type", "application/json")
+			io.WriteString(w, `{"status":"ok"}`)
+		}))
+		for _, tc := range []struct {
+			url  string
+			exit int
+		}{{srv.URL, 0}, {srv.URL + "/nowhere", 1}} {
+			cmd := exec.Command(bin, "healthcheck", "-url", tc.url)
+			cmd.Env = outboxdEnv()
+			out, err := cmd.CombinedOutput()
+			code := 0
+			if errors.As(err, &ee) {
+				code = ee.ExitCode()
+			} else if err != nil {
+				t.Fatalf("outboxd healthcheck: %v", err)
+			}
+			if code != tc.exit {
+				t.Errorf("outboxd healthcheck -url %s: exit %d, want %d\n%s", tc.url, code, tc.exit, out)
+			}
+		}
+		srv.Close()
+	} else {
+		t.Log("cmd/outboxd has no healthcheck subcommand yet; the Docker HEALTHCHECK needs it")
 	}
 
 	// The unit file is valid for systemd (keys and values), with ExecStart
