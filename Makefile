@@ -5,7 +5,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 COMMIT ?= $(shell git rev-parse --short HEAD 2>/dev/null)
 LDFLAGS := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 
-.PHONY: build demo test unit bench testbed-up testbed-down fmt vet
+.PHONY: build demo test unit bench release testbed-up testbed-down fmt vet
 
 build: ## build bin/outboxd (static)
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/outboxd ./cmd/outboxd
@@ -17,10 +17,13 @@ test: ## every test: unit, fuzz seeds, integration and end-to-end against real P
 	scripts/test
 
 unit: ## the tests that need no services
-	$(GO) test -race -count=1 ./checkpoint ./config ./router ./wal ./sink ./relay ./metrics ./migrations
+	$(GO) test -race -count=1 ./checkpoint ./config ./router ./wal ./sink ./relay ./metrics ./migrations ./debezium ./deploy
 
 bench: ## benchmarks of the hot path (see BENCHMARKS.md)
 	$(GO) test -run '^$$' -bench . -benchmem ./wal ./router ./checkpoint
+
+release: ## static linux/amd64 and linux/arm64 binaries in dist/ with SHA256SUMS
+	VERSION=$(VERSION) COMMIT=$(COMMIT) scripts/release
 
 testbed-up: ## start the throwaway Postgres and Kafka used by tests and the demo
 	scripts/testbed/pg-start
