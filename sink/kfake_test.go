@@ -1,0 +1,372 @@
+package sink_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/outboxd/outboxd/checkpoint"
+	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/router"
+	"github.com/outboxd/outboxd/sink"
+)
+
+// The sink's fault tests drive sink.Producer and checkpoint.Tracker the way
+// the relay does (Begin, Add, Produce, Commit; a failed record ends the run,
+// and the next run starts from the confirmed position) against franz-go's
+// in-process kfake, whose ControlKey injects broker errors. After every run
+// they check the ack rule: nothing at or below the confirmed position is
+// undelivered. At the end they read the topic back and check that every
+// event arrived and that first deliveries of each key follow commit order.
+
+const topic = "orders-events"
+
+type fakeTxn struct {
+	lsn  checkpoint.LSN
+	recs []*router.Record
+	seqs []int
+}
+
+// workload is n transactions of 1..5 records over 20 keys.
+func workload(n int) []fakeTxn {
+	seq := map[string]int{}
+	txns := make([]fakeTxn, n)
+	id := 0
+	for i := range txns {
+		txns[i].lsn = checkpoint.LSN(100 * (i + 1))
+		for j := range 1 + (i*7)%5 {
+			key := fmt.Sprintf("k%02d", (i*3+j*11)%20)
+			seq[key]++
+			id++
+			txns[i].recs = append(txns[i].recs, &router.Record{
+				Topic: topic, Key: []byte(key), Value: []byte(fmt.Sprintf(`{"seq": %d}`, seq[key])),
+				Headers: []router.Header{{Key: "id", Value: []byte(fmt.Sprint(id))}},
+				EventID: fmt.Sprint(id), Partition: -1,
+			})
+			txns[i].seqs = append(txns[i].seqs, seq[key])
+		}
+	}
+	return txns
+}
+
+type tWriter struct {
+	t    *testing.T
+	done *atomic.Bool
+}
+
+func (w tWriter) Write(p []byte) (int, error) {
+	if !w.done.Load() {
+		w.t.Log(strings.TrimSpace(string(p)))
+	}
+	return len(p), nil
+}
+
+func newCluster(t *testing.T, brokers int) *kfake.Cluster {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(brokers))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+// outcome is what runRelay observed.
+type outcome struct {
+	runs, failedRuns int
+	failures         []string
+}
+
+// runRelay streams txns through fresh Producers until every transaction is
+// confirmed, at most maxRuns times.
+func runRelay(t *testing.T, c *kfake.Cluster, txns []fakeTxn, deliveryTimeout time.Duration, maxRuns int) outcome {
+	t.Helper()
+	cfg := config.Default().Kafka
+	cfg.Brokers = c.ListenAddrs()
+	cfg.TopicPartitions = 3
+	cfg.TopicReplicationFactor = 1
+	cfg.MaxBufferedRecords = 50
+	cfg.DeliveryTimeout = deliveryTimeout
+	quiet := &atomic.Bool{}
+	t.Cleanup(func() { quiet.Store(true) })
+	log := slog.New(slog.NewTextHandler(tWriter{t, quiet}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	m := sink.NewMetrics(prometheus.NewRegistry())
+
+	var mu sync.Mutex
+	acked := map[string]bool{}
+	var out outcome
+	confirmed := checkpoint.LSN(0)
+	last := txns[len(txns)-1].lsn
+	for confirmed < last {
+		if out.runs == maxRuns {
+			t.Fatalf("not everything confirmed after %d runs (confirmed %d of %d); failures: %v", maxRuns, confirmed, last, out.failures)
+		}
+		out.runs++
+		p, err := sink.New(cfg, m, log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tracker := checkpoint.New(confirmed)
+		run, fail := context.WithCancelCause(context.Background())
+		var wg sync.WaitGroup
+	produce:
+		for _, tx := range txns {
+			if tx.lsn <= confirmed {
+				continue
+			}
+			x := tracker.Begin()
+			for _, rec := range tx.recs {
+				// Stop handing over as soon as a failure is known (the
+				// strictest a pipeline can be; relay.pipe only stops when
+				// Produce sees its context done).
+				if run.Err() != nil {
+					break produce // the transaction stays uncommitted
+				}
+				x.Add()
+				wg.Add(1)
+				err := p.Produce(run, rec, func(err error) {
+					defer wg.Done()
+					if err != nil {
+						var de *sink.DeliveryError
+						if !errors.As(err, &de) || de.EventID != rec.EventID {
+							t.Errorf("record %s failed with %v, want a *sink.DeliveryError naming it", rec.EventID, err)
+						}
+						fail(err)
+						return
+					}
+					mu.Lock()
+					acked[rec.EventID] = true
+					mu.Unlock()
+					x.Ack()
+				})
+				if err != nil {
+					wg.Done()
+					break produce
+				}
+			}
+			x.Commit(tx.lsn)
+		}
+		if context.Cause(run) == nil {
+			// Wait for the last acks (bounded by the delivery timeout).
+			ctx, cancel := context.WithTimeout(run, deliveryTimeout+30*time.Second)
+			if err := tracker.WaitAcked(ctx); err != nil && context.Cause(run) == nil {
+				t.Fatalf("records neither acked nor failed within %s", deliveryTimeout+30*time.Second)
+			}
+			cancel()
+		}
+		p.Close() // fails whatever is still buffered
+		wg.Wait()
+		if cause := context.Cause(run); cause != nil {
+			out.failedRuns++
+			out.failures = append(out.failures, cause.Error())
+		}
+		fail(nil)
+		// The ack rule: nothing at or below the confirmed position is undelivered.
+		got := tracker.Confirmed()
+		mu.Lock()
+		for _, tx := range txns {
+			if tx.lsn > got {
+				break
+			}
+			for _, rec := range tx.recs {
+				if !acked[rec.EventID] {
+					t.Errorf("run %d confirmed LSN %d, past event %s (txn %d) that Kafka never acknowledged", out.runs, got, rec.EventID, tx.lsn)
+				}
+			}
+		}
+		mu.Unlock()
+		if got < confirmed {
+			t.Fatalf("confirmed position went back from %d to %d", confirmed, got)
+		}
+		confirmed = got
+	}
+	return out
+}
+
+// verify reads the topic back: every event delivered, each key on one
+// partition, first deliveries in commit order. It returns the duplicates.
+func verify(t *testing.T, c *kfake.Cluster, txns []fakeTxn) int {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	want := map[string]int{} // event id -> seq
+	for _, tx := range txns {
+		for i, rec := range tx.recs {
+			want[rec.EventID] = tx.seqs[i]
+		}
+	}
+	seen := map[string]int{}
+	lastSeq := map[string]int{}
+	partOf := map[string]int32{}
+	dups := 0
+	deadline := time.Now().Add(30 * time.Second)
+	for len(seen) < len(want) && time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		fs := cl.PollFetches(ctx)
+		cancel()
+		fs.EachRecord(func(r *kgo.Record) {
+			id := ""
+			for _, h := range r.Headers {
+				if h.Key == "id" {
+					id = string(h.Value)
+				}
+			}
+			key := string(r.Key)
+			if p, ok := partOf[key]; ok && p != r.Partition {
+				t.Errorf("key %s on partitions %d and %d", key, p, r.Partition)
+			}
+			partOf[key] = r.Partition
+			seen[id]++
+			if seen[id] > 1 {
+				dups++
+				return
+			}
+			s, ok := want[id]
+			if !ok {
+				t.Errorf("phantom record id=%q", id)
+				return
+			}
+			if s <= lastSeq[key] {
+				t.Errorf("key %s: seq %d first delivered after seq %d (offset %d)", key, s, lastSeq[key], r.Offset)
+			}
+			lastSeq[key] = s
+		})
+	}
+	for id := range want {
+		if seen[id] == 0 {
+			t.Errorf("event %s lost", id)
+		}
+	}
+	return dups
+}
+
+// produceResp answers req with code for every partition.
+func produceResp(req kmsg.Request, code int16) *kmsg.ProduceResponse {
+	r := req.(*kmsg.ProduceRequest)
+	resp := r.ResponseKind().(*kmsg.ProduceResponse)
+	for _, rt := range r.Topics {
+		t := kmsg.NewProduceResponseTopic()
+		t.Topic, t.TopicID = rt.Topic, rt.TopicID
+		for _, rp := range rt.Partitions {
+			p := kmsg.NewProduceResponseTopicPartition()
+			p.Partition = rp.Partition
+			p.ErrorCode = code
+			t.Partitions = append(t.Partitions, p)
+		}
+		resp.Topics = append(resp.Topics, t)
+	}
+	return resp
+}
+
+// everyNth injects fault into every nth produce request, limit times.
+func everyNth(c *kfake.Cluster, n, limit int, fault func(req kmsg.Request) (kmsg.Response, error)) *atomic.Int64 {
+	var seen, injected atomic.Int64
+	c.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if seen.Add(1)%int64(n) != 0 || injected.Load() >= int64(limit) {
+			return nil, nil, false
+		}
+		injected.Add(1)
+		resp, err := fault(req)
+		return resp, err, true
+	})
+	return &injected
+}
+
+// faultCase is one kind of injected broker fault.
+type faultCase struct {
+	name            string
+	brokers         int
+	deliveryTimeout time.Duration
+	inject          func(t *testing.T, c *kfake.Cluster) (stop func(), injected func() int64)
+	wantFailedRuns  bool // a non-retriable fault must end at least one run
+}
+
+// Retriable faults: franz-go retries them, no run fails, nothing is lost,
+// duplicated or reordered.
+func TestProducerUnderBrokerFaults(t *testing.T) {
+	runFaultCases(t, []faultCase{
+		{name: "retriable errors", brokers: 1, deliveryTimeout: time.Minute,
+			inject: func(t *testing.T, c *kfake.Cluster) (func(), func() int64) {
+				codes := []int16{kerr.NotLeaderForPartition.Code, kerr.RequestTimedOut.Code, kerr.NotEnoughReplicas.Code, kerr.NotEnoughReplicasAfterAppend.Code}
+				var i atomic.Int64
+				n := everyNth(c, 3, 8, func(req kmsg.Request) (kmsg.Response, error) {
+					return produceResp(req, codes[i.Add(1)%int64(len(codes))]), nil
+				})
+				return func() {}, n.Load
+			}},
+		{name: "leader changes", brokers: 3, deliveryTimeout: time.Minute,
+			inject: func(t *testing.T, c *kfake.Cluster) (func(), func() int64) {
+				var n atomic.Int64
+				stop := make(chan struct{})
+				done := make(chan struct{})
+				go func() {
+					defer close(done)
+					for {
+						select {
+						case <-stop:
+							return
+						case <-time.After(20 * time.Millisecond):
+							c.ShufflePartitionLeaders()
+							n.Add(1)
+						}
+					}
+				}()
+				return func() { close(stop); <-done }, n.Load
+			}},
+		{name: "request timeouts and dropped connections", brokers: 1, deliveryTimeout: time.Minute,
+			inject: func(t *testing.T, c *kfake.Cluster) (func(), func() int64) {
+				var i atomic.Int64
+				n := everyNth(c, 4, 40, func(req kmsg.Request) (kmsg.Response, error) {
+					if i.Add(1)%2 == 0 {
+						return nil, errors.New("connection dropped by the test") // kfake closes the connection
+					}
+					c.SleepControl(func() { time.Sleep(200 * time.Millisecond) })
+					return produceResp(req, kerr.RequestTimedOut.Code), nil
+				})
+				return func() {}, n.Load
+			}},
+	})
+}
+
+func runFaultCases(t *testing.T, tests []faultCase) {
+	txns := workload(300)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := newCluster(t, tt.brokers)
+			stop, injected := tt.inject(t, c)
+			out := runRelay(t, c, txns, tt.deliveryTimeout, 50)
+			stop()
+			dups := verify(t, c, txns)
+			t.Logf("faults injected %d, runs %d (failed %d), duplicates %d", injected(), out.runs, out.failedRuns, dups)
+			if injected() == 0 {
+				t.Error("no fault was injected; the test proves nothing")
+			}
+			if tt.wantFailedRuns && out.failedRuns == 0 {
+				t.Error("no run failed: a non-retriable error must stop the pipeline")
+			}
+			if !tt.wantFailedRuns && out.failedRuns > 0 {
+				t.Errorf("retriable faults failed %d runs: %v", out.failedRuns, out.failures)
+			}
+			if out.failedRuns == 0 && dups > 0 {
+				t.Errorf("%d duplicates without a failed run (the idempotent producer should have removed them)", dups)
+			}
+		})
+	}
+}
