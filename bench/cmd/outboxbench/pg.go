@@ -99,7 +99,7 @@ DECLARE i int := 0;
 BEGIN
   WHILE i < %[1]d LOOP
     INSERT INTO public.outbox (aggregate_type, aggregate_id, event_type, payload)
-    SELECT '%[2]s_t' || (g %% %[3]d), 'agg-' || ((g * 7919) %% 10000), 'Created',
+    SELECT '%[2]s_t' || (g %% %[3]d), 'agg-' || ((g::bigint * 7919) %% 10000), 'Created',
            jsonb_build_object('seq', g, 'data',
              substr((SELECT string_agg(md5(g::text || '.' || k::text), '') FROM generate_series(1, %[4]d) k), 1, %[5]d))
       FROM generate_series(i, least(i + %[6]d, %[1]d) - 1) g;
