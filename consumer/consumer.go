@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"golang.org/x/sync/errgroup"
 )
@@ -166,6 +167,9 @@ func (c *Consumer) Close() { c.cl.Close() }
 // Run consumes until ctx is done (it returns nil) or a record can neither be
 // applied nor dead-lettered, or the database fails (it returns the error).
 func (c *Consumer) Run(ctx context.Context) error {
+	if err := c.checkDeadLetterTopic(ctx); err != nil {
+		return err
+	}
 	g, ctx := errgroup.WithContext(ctx)
 	if c.cfg.Retention > 0 {
 		g.Go(func() error {
@@ -210,6 +214,32 @@ func (c *Consumer) consume(ctx context.Context) error {
 		}
 		if err != nil {
 			return err
+		}
+	}
+}
+
+// checkDeadLetterTopic fails early when the dead-letter topic is missing
+// and the client may not create it, rather than when a record first needs it.
+func (c *Consumer) checkDeadLetterTopic(ctx context.Context) error {
+	if auto, _ := c.cl.OptValue(kgo.AllowAutoTopicCreation).(bool); auto {
+		return nil
+	}
+	// A topic created a moment ago may not be in every broker's metadata yet.
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	adm := kadm.NewClient(c.cl)
+	for {
+		topics, err := adm.ListTopics(ctx, c.cfg.DeadLetterTopic)
+		if t, ok := topics[c.cfg.DeadLetterTopic]; err == nil && ok && t.Err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			if err != nil {
+				return fmt.Errorf("consumer: looking up dead-letter topic %s: %w", c.cfg.DeadLetterTopic, err)
+			}
+			return fmt.Errorf("consumer: dead-letter topic %s does not exist; create it, or pass kgo.AllowAutoTopicCreation() in Config.KafkaOpts if the brokers auto-create topics", c.cfg.DeadLetterTopic)
+		case <-time.After(250 * time.Millisecond):
 		}
 	}
 }

@@ -318,3 +318,17 @@ func TestNewRejects(t *testing.T) {
 		})
 	}
 }
+
+// Run refuses to start without its dead-letter topic, rather than failing
+// when a record first needs it.
+func TestMissingDeadLetterTopic(t *testing.T) {
+	e := newEnv(t, "consumer_nodlt")
+	topic := e.topic(t, "order-events", 1)
+	c := newConsumer(t, e, Config{Group: "g-" + randomSuffix(), Topics: []string{topic}, DeadLetterTopic: "missing-" + randomSuffix()}, effect)
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := c.Run(ctx); err == nil || !strings.Contains(err.Error(), "does not exist; create it") {
+		t.Fatalf("Run: %v; want the missing dead-letter topic named", err)
+	}
+}

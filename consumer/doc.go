@@ -50,7 +50,8 @@
 // # The caller's duties
 //
 //  1. Create the processed-events table (CreateTable) in the database the
-//     handler writes to.
+//     handler writes to, and the dead-letter topic (Run checks that it
+//     exists unless Config.KafkaOpts allow auto-creation).
 //  2. Write all of a record's effects through the given transaction, and
 //     nothing outside it that must not repeat. The handler must not commit
 //     or roll back the transaction.
