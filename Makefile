@@ -17,10 +17,11 @@ test: ## every test: unit, fuzz seeds, integration and end-to-end against real P
 	scripts/test
 
 unit: ## the tests that need no services
-	$(GO) test -race -count=1 ./checkpoint ./config ./router ./wal ./sink ./relay ./metrics ./migrations ./debezium ./deploy
+	$(GO) test -race -count=1 ./checkpoint ./config ./router ./wal ./sink ./relay ./metrics ./migrations ./debezium ./deploy ./outbox ./consumer
 
 bench: ## benchmarks of the hot path (see BENCHMARKS.md)
 	$(GO) test -run '^$$' -bench . -benchmem ./wal ./router ./checkpoint
+	$(GO) test -run '^$$' -bench Write -benchmem ./outbox
 
 release: ## static linux/amd64 and linux/arm64 binaries in dist/ with SHA256SUMS
 	VERSION=$(VERSION) COMMIT=$(COMMIT) scripts/release

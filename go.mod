@@ -35,7 +35,7 @@ require (
 	github.com/go-logr/logr v1.4.3 // indirect
 	github.com/go-logr/stdr v1.2.2 // indirect
 	github.com/go-ole/go-ole v1.3.0 // indirect
-	github.com/google/uuid v1.6.0 // indirect
+	github.com/google/uuid v1.6.0
 	github.com/jackc/pgio v1.0.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
@@ -67,9 +67,9 @@ require (
 	github.com/stretchr/testify v1.12.1 // indirect
 	github.com/tklauser/go-sysconf v0.4.0 // indirect
 	github.com/tklauser/numcpus v0.12.0 // indirect
-	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260704163952-0aa5aa63c8fd // indirect
-	github.com/twmb/franz-go/pkg/kmsg v1.15.0 // indirect
-	github.com/twmb/franz-go/plugin/kprom v1.5.0 // indirect
+	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260704163952-0aa5aa63c8fd
+	github.com/twmb/franz-go/pkg/kmsg v1.15.0
+	github.com/twmb/franz-go/plugin/kprom v1.5.0
 	github.com/yusufpapurcu/wmi v1.2.4 // indirect
 	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
 	go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp v0.69.0 // indirect

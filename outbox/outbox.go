@@ -75,11 +75,19 @@ func DebeziumColumns() Columns {
 // RouterColumns returns the columns outboxd's router settings read (pass
 // the Router of a loaded, validated config), so that the writer and outboxd
 // share one description of the table. An event type column of "" or "-"
-// means none. Optional columns are left empty; set them on the result.
+// means none. The traceparent column and a column placed as partition are
+// carried over; the headers and idempotency-key columns are not router
+// settings: set them on the result.
 func RouterColumns(r config.Router) Columns {
-	c := Columns{ID: r.IDColumn, AggregateType: r.RouteByColumn, AggregateID: r.KeyColumn, EventType: r.EventTypeColumn, Payload: r.PayloadColumn}
+	c := Columns{ID: r.IDColumn, AggregateType: r.RouteByColumn, AggregateID: r.KeyColumn, EventType: r.EventTypeColumn,
+		Payload: r.PayloadColumn, Traceparent: r.TraceparentColumn}
 	if c.EventType == "-" {
 		c.EventType = ""
+	}
+	for _, f := range r.AdditionalFields {
+		if f.Placement == "partition" {
+			c.Partition = f.Column
+		}
 	}
 	return c
 }
