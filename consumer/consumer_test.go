@@ -4,12 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/outboxd/outboxd/internal/testenv"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -22,7 +23,7 @@ import (
 func newConsumer(t *testing.T, e *env, cfg Config, h Handler) *Consumer {
 	t.Helper()
 	cfg.Brokers = e.brokers
-	cfg.Logger = slog.New(slog.NewTextHandler(logWriter{t}, nil))
+	cfg.Logger = testenv.Logger(t)
 	cfg.KafkaOpts = append(cfg.KafkaOpts, kgo.MetadataMinAge(250*time.Millisecond), kgo.FetchMaxWait(200*time.Millisecond))
 	c, err := New(cfg, e.pool, h)
 	if err != nil {
@@ -52,7 +53,7 @@ func TestEffectsOnce(t *testing.T) {
 	e.exec(t, `CREATE TABLE effects (event_id text NOT NULL, key text NOT NULL)`)
 	topic := e.topic(t, "order-events", 3)
 	dlt := e.topic(t, "order-dlt", 1)
-	group := "g-" + randomSuffix()
+	group := "g-" + testenv.RandomSuffix()
 
 	const events = 30
 	var recs []*kgo.Record
@@ -131,7 +132,7 @@ func TestDeadLetter(t *testing.T) {
 	e.exec(t, `CREATE TABLE effects (event_id text NOT NULL, key text NOT NULL)`)
 	topic := e.topic(t, "order-events", 1)
 	dlt := e.topic(t, "order-dlt", 1)
-	group := "g-" + randomSuffix()
+	group := "g-" + testenv.RandomSuffix()
 	rec := func(key, id string) *kgo.Record {
 		r := &kgo.Record{Topic: topic, Key: []byte(key), Value: []byte(`{}`)}
 		if id != "" {
@@ -267,7 +268,7 @@ func TestRetention(t *testing.T) {
 		return strings.Join(got, ",")
 	}
 	const want = "a:new1,a:new2,b:old1"
-	cfg := Config{Group: "g-" + randomSuffix(), Name: "a", Topics: []string{topic}, DeadLetterTopic: dlt}
+	cfg := Config{Group: "g-" + testenv.RandomSuffix(), Name: "a", Topics: []string{topic}, DeadLetterTopic: dlt}
 
 	seed()
 	c := newConsumer(t, e, cfg, effect)
@@ -324,7 +325,7 @@ func TestNewRejects(t *testing.T) {
 func TestMissingDeadLetterTopic(t *testing.T) {
 	e := newEnv(t, "consumer_nodlt")
 	topic := e.topic(t, "order-events", 1)
-	c := newConsumer(t, e, Config{Group: "g-" + randomSuffix(), Topics: []string{topic}, DeadLetterTopic: "missing-" + randomSuffix()}, effect)
+	c := newConsumer(t, e, Config{Group: "g-" + testenv.RandomSuffix(), Topics: []string{topic}, DeadLetterTopic: "missing-" + testenv.RandomSuffix()}, effect)
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()

@@ -2,39 +2,15 @@ package consumer
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"os"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/outboxd/outboxd/internal/testenv"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
-
-// services returns the test Postgres DSN and Kafka brokers; it skips the
-// test without them, or fails it in CI.
-func services(t *testing.T) (dsn string, brokers []string) {
-	t.Helper()
-	dsn, b := os.Getenv("OUTBOXD_TEST_PG_DSN"), os.Getenv("OUTBOXD_TEST_KAFKA_BROKERS")
-	if dsn == "" || b == "" {
-		msg := "OUTBOXD_TEST_PG_DSN and OUTBOXD_TEST_KAFKA_BROKERS are not both set; start scripts/testbed/pg-start and scripts/testbed/kafka-start and source /tmp/outboxd-testbed/env"
-		if os.Getenv("CI") != "" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
-	return dsn, strings.Split(b, ",")
-}
-
-func randomSuffix() string {
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
 
 // env is one test's database, with the processed-events table, and a Kafka
 // admin client.
@@ -48,39 +24,15 @@ type env struct {
 
 func newEnv(t *testing.T, prefix string) *env {
 	t.Helper()
-	adminDSN, brokers := services(t)
+	_, brokers := testenv.Services(t)
 	ctx := context.Background()
-	e := &env{name: "t_" + prefix + "_" + randomSuffix(), brokers: brokers}
-	admin, err := pgx.Connect(ctx, adminDSN)
-	if err != nil {
-		t.Fatalf("connecting to OUTBOXD_TEST_PG_DSN: %v", err)
-	}
-	defer admin.Close(ctx)
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+e.name); err != nil {
-		t.Fatalf("creating database %s: %v", e.name, err)
-	}
-	t.Cleanup(func() {
-		e.pool.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		admin, err := pgx.Connect(ctx, adminDSN)
-		if err != nil {
-			t.Logf("cleanup: %v", err)
-			return
-		}
-		defer admin.Close(ctx)
-		if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+e.name+" WITH (FORCE)"); err != nil {
-			t.Logf("cleanup: dropping database %s: %v", e.name, err)
-		}
-	})
-	cfg, err := pgxpool.ParseConfig(adminDSN)
-	if err != nil {
+	name, dsn := testenv.NewDatabase(t, prefix)
+	e := &env{name: name, brokers: brokers}
+	var err error
+	if e.pool, err = pgxpool.New(ctx, dsn); err != nil {
 		t.Fatal(err)
 	}
-	cfg.ConnConfig.Database = e.name
-	if e.pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
+	t.Cleanup(e.pool.Close)
 	if err := CreateTable(ctx, e.pool, ""); err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +55,7 @@ func (e *env) exec(t *testing.T, sql string, args ...any) {
 // topic creates a topic with a unique name; cleanup deletes it.
 func (e *env) topic(t *testing.T, prefix string, partitions int32) string {
 	t.Helper()
-	name := prefix + "-" + randomSuffix()
+	name := prefix + "-" + testenv.RandomSuffix()
 	resp, err := e.adm.CreateTopic(context.Background(), partitions, 1, nil, name)
 	if err == nil {
 		err = resp.Err
@@ -121,14 +73,6 @@ func (e *env) produce(t *testing.T, recs ...*kgo.Record) {
 	if err := e.kcl.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
 		t.Fatalf("producing: %v", err)
 	}
-}
-
-// logWriter sends log lines to t.Log.
-type logWriter struct{ t *testing.T }
-
-func (w logWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimRight(string(p), "\n"))
-	return len(p), nil
 }
 
 // running is a Consumer running in a goroutine.

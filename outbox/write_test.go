@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxd/outboxd/internal/testenv"
+
 	"github.com/google/uuid"
 
 	"github.com/outboxd/outboxd/outbox"
@@ -20,7 +22,7 @@ func TestWriteDeliveredByOutboxd(t *testing.T) {
 	sqlDB := openSQL(t, d)
 	ctx := context.Background()
 
-	aggregate := "ow_" + randomSuffix()
+	aggregate := "ow_" + testenv.RandomSuffix()
 	topic := aggregate + "-events"
 	type want struct{ key, typ, value string }
 	expected := map[string]want{}

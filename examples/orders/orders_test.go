@@ -3,16 +3,14 @@ package orders_test
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/outboxd/outboxd/internal/testenv"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -26,80 +24,17 @@ import (
 	"github.com/outboxd/outboxd/relay"
 )
 
-func randomSuffix() string {
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
-// withDatabase returns the URL dsn pointed at database name.
-func withDatabase(dsn, name string) string {
-	i := strings.LastIndex(dsn, "/")
-	rest := ""
-	if q := strings.Index(dsn[i:], "?"); q >= 0 {
-		rest = dsn[i+q:]
-	}
-	return dsn[:i+1] + name + rest
-}
-
-type logWriter struct{ t *testing.T }
-
-func (w logWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimRight(string(p), "\n"))
-	return len(p), nil
-}
-
 // The README's flow: POST an order, outboxd delivers OrderPlaced, the stock
 // service reserves stock, rejects an order it cannot fill and dead-letters
 // one for an unknown item.
 func TestOrderFlow(t *testing.T) {
-	adminDSN, brokers := os.Getenv("OUTBOXD_TEST_PG_DSN"), os.Getenv("OUTBOXD_TEST_KAFKA_BROKERS")
-	if adminDSN == "" || brokers == "" {
-		msg := "OUTBOXD_TEST_PG_DSN and OUTBOXD_TEST_KAFKA_BROKERS are not both set; start scripts/testbed/pg-start and scripts/testbed/kafka-start and source /tmp/outboxd-testbed/env"
-		if os.Getenv("CI") != "" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
+	_, brokers := testenv.Services(t)
 	ctx := context.Background()
-	log := slog.New(slog.NewTextHandler(logWriter{t}, nil))
+	log := testenv.Logger(t)
 
 	// One database for both services, as in the README.
-	name := "t_orders_" + randomSuffix()
-	admin, err := pgx.Connect(ctx, adminDSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(ctx)
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		admin, err := pgx.Connect(ctx, adminDSN)
-		if err != nil {
-			t.Log(err)
-			return
-		}
-		defer admin.Close(ctx)
-		for ctx.Err() == nil {
-			_, _ = admin.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active`, name)
-			if _, err := admin.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, name); err == nil {
-				break
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-		if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
-			t.Log(err)
-		}
-	})
-	pcfg, err := pgxpool.ParseConfig(adminDSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pcfg.ConnConfig.Database = name
-	db, err := pgxpool.NewWithConfig(ctx, pcfg)
+	name, dsn := testenv.NewDatabase(t, "orders")
+	db, err := pgxpool.New(ctx, dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,10 +54,10 @@ func TestOrderFlow(t *testing.T) {
 
 	// outboxd.
 	cfg := config.Default()
-	cfg.Postgres.DSN = withDatabase(adminDSN, name)
+	cfg.Postgres.DSN = dsn
 	cfg.Postgres.Slot = name
 	cfg.Postgres.StatusInterval = 200 * time.Millisecond
-	cfg.Kafka.Brokers = strings.Split(brokers, ",")
+	cfg.Kafka.Brokers = brokers
 	cfg.Kafka.TopicPartitions = 3
 	cfg.HTTP.Listen = ""
 	if err := cfg.Validate(); err != nil {
@@ -147,7 +82,7 @@ func TestOrderFlow(t *testing.T) {
 	})
 
 	// The order service.
-	aggregate := "order_" + randomSuffix()
+	aggregate := "order_" + testenv.RandomSuffix()
 	topic := aggregate + "-events"
 	w, err := outbox.New(outbox.Config{Mode: outbox.InsertDelete})
 	if err != nil {
@@ -180,7 +115,7 @@ func TestOrderFlow(t *testing.T) {
 		t.Fatal(err)
 	}
 	c, err := consumer.New(consumer.Config{
-		Brokers: cfg.Kafka.Brokers, Group: "stock-" + randomSuffix(), Topics: []string{topic},
+		Brokers: cfg.Kafka.Brokers, Group: "stock-" + testenv.RandomSuffix(), Topics: []string{topic},
 		DeadLetterTopic: dlt, MaxAttempts: 2, Backoff: 10 * time.Millisecond, Logger: log.With("component", "stock"),
 		KafkaOpts: []kgo.Opt{kgo.MetadataMinAge(250 * time.Millisecond), kgo.FetchMaxWait(200 * time.Millisecond)},
 	}, db, orders.Reserve)
