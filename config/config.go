@@ -32,8 +32,16 @@ type Config struct {
 // Postgres says where the outbox lives and how to read it.
 type Postgres struct {
 	// DSN is a libpq connection string or URL. outboxd adds
-	// replication=database itself for the replication connection.
-	DSN               string        `yaml:"dsn"`
+	// replication=database itself for the replication connection. TLS is
+	// set here as with libpq: sslmode (disable, allow, prefer, require,
+	// verify-ca, verify-full), sslrootcert, sslcert, sslkey, sslpassword;
+	// the PG* environment variables (PGPASSWORD, PGSSLMODE, ...) and
+	// ~/.pgpass apply as with libpq.
+	DSN string `yaml:"dsn"`
+	// PasswordFile names a file holding the password (a mounted secret). It
+	// is read at every connection, so a rotated secret is picked up; one
+	// trailing newline is ignored. It overrides the DSN's password.
+	PasswordFile      string        `yaml:"password_file"`
 	Slot              string        `yaml:"slot"`
 	Publication       string        `yaml:"publication"`
 	Table             string        `yaml:"table"` // schema-qualified
@@ -70,6 +78,8 @@ type Kafka struct {
 	MaxMessageBytes int `yaml:"max_message_bytes"`
 	// Compression is none, gzip, snappy, lz4 or zstd.
 	Compression string `yaml:"compression"`
+	TLS         TLS    `yaml:"tls"`
+	SASL        SASL   `yaml:"sasl"`
 }
 
 // Router maps outbox rows (and logical messages) to Kafka records, with the
@@ -464,6 +474,9 @@ func (c Config) Validate() error {
 	default:
 		bad("kafka.compression", "%q must be none, gzip, snappy, lz4 or zstd", c.Kafka.Compression)
 	}
+	errs = append(errs, c.Postgres.validateSecrets()...)
+	errs = append(errs, c.Kafka.TLS.validate()...)
+	errs = append(errs, c.Kafka.SASL.validate()...)
 	errs = append(errs, c.Router.validate()...)
 	if c.HTTP.Listen != "" {
 		if _, _, err := net.SplitHostPort(c.HTTP.Listen); err != nil {
@@ -570,9 +583,13 @@ func dsnReason(err error) string {
 	return ""
 }
 
-// Redacted returns a copy of c with the DSN's password replaced, for
-// --check-config output and logs.
+// Redacted returns a copy of c with every secret replaced (the DSN's
+// passwords, the SASL password), for --check-config output and logs. Secret
+// files are named, never read.
 func (c Config) Redacted() Config {
 	c.Postgres.DSN = RedactDSN(c.Postgres.DSN)
+	if c.Kafka.SASL.Password != "" {
+		c.Kafka.SASL.Password = mask
+	}
 	return c
 }

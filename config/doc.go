@@ -9,6 +9,10 @@
 // variable that names no field is an error, except the OUTBOXD_TEST* names
 // reserved for the test bed.
 //
-// Secrets: the Postgres DSN may carry a password. Redacted returns a copy safe
-// to print; errors from this package never include the DSN.
+// Secrets: the Postgres DSN may carry passwords, and kafka.sasl.password is
+// one; postgres.password_file and kafka.sasl.password_file name files that
+// hold one (read by Postgres.Password and SASL.Secret, at every connection).
+// Redacted returns a copy safe to print; errors from this package never
+// include the DSN or a secret, and name secret files without their content.
+// TLS.Config builds the Kafka TLS client configuration from its files.
 package config

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"strings"
@@ -9,42 +10,92 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/twmb/franz-go/pkg/kerr"
 
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/wal"
 )
 
-// Connect opens a regular (non-replication) connection.
-func Connect(ctx context.Context, dsn string) (*pgx.Conn, error) {
-	cfg, err := pgx.ParseConfig(dsn)
+// pgConfig builds the settings of both the regular and the replication
+// connection from pg: the DSN as libpq reads it (sslmode, sslrootcert,
+// sslcert, sslkey, the PG* environment variables, ~/.pgpass), then the
+// password from postgres.password_file, read now so that a rotated secret is
+// used by the next connection.
+func pgConfig(pg config.Postgres) (*pgx.ConnConfig, error) {
+	cfg, err := pgx.ParseConfig(pg.DSN)
 	if err != nil {
-		return nil, fmt.Errorf("postgres.dsn is not a valid connection string: %w", err)
+		return nil, fmt.Errorf("postgres.dsn is not a valid connection string%s; the value is not shown because it may hold a password", parseReason(err))
+	}
+	pw, err := pg.Password()
+	if err != nil {
+		return nil, err
+	}
+	if pw != "" {
+		cfg.Password = pw
+	}
+	return cfg, nil
+}
+
+// parseReason returns the cause of a DSN parse failure without the DSN.
+func parseReason(err error) string {
+	var pe *pgconn.ParseConfigError
+	if errors.As(err, &pe) && pe.Unwrap() != nil {
+		return " (" + pe.Unwrap().Error() + ")"
+	}
+	return ""
+}
+
+// Connect opens a regular (non-replication) connection.
+func Connect(ctx context.Context, pg config.Postgres) (*pgx.Conn, error) {
+	cfg, err := pgConfig(pg)
+	if err != nil {
+		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("cannot connect to Postgres at %s:%d as %s: %w; check postgres.dsn and that the server is running",
-			cfg.Host, cfg.Port, cfg.User, unwrapConnect(err))
+		return nil, fmt.Errorf("cannot connect to Postgres at %s:%d as %s: %w; %s",
+			cfg.Host, cfg.Port, cfg.User, unwrapConnect(err), connectHint(err))
 	}
 	return conn, nil
 }
 
 // connectReplication opens a logical replication connection.
-func connectReplication(ctx context.Context, dsn string) (*pgconn.PgConn, error) {
-	cfg, err := pgconn.ParseConfig(dsn)
+func connectReplication(ctx context.Context, pg config.Postgres) (*pgconn.PgConn, error) {
+	ccfg, err := pgConfig(pg)
 	if err != nil {
-		return nil, fmt.Errorf("postgres.dsn is not a valid connection string: %w", err)
+		return nil, err
 	}
+	cfg := &ccfg.Config
 	cfg.RuntimeParams["replication"] = "database"
 	cfg.RuntimeParams["application_name"] = "outboxd"
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	conn, err := pgconn.ConnectConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("opening replication connection to %s:%d as %s: %w", cfg.Host, cfg.Port, cfg.User, unwrapConnect(err))
+		return nil, fmt.Errorf("opening replication connection to %s:%d as %s: %w; %s", cfg.Host, cfg.Port, cfg.User, unwrapConnect(err), connectHint(err))
 	}
 	return conn, nil
+}
+
+// connectHint says what to check after a failed connection attempt.
+func connectHint(err error) string {
+	var unknownCA x509.UnknownAuthorityError
+	var hostname x509.HostnameError
+	var invalid x509.CertificateInvalidError
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &unknownCA):
+		return "the server's certificate is not signed by a CA in sslrootcert; set sslrootcert in postgres.dsn (or PGSSLROOTCERT) to the CA that signed it"
+	case errors.As(err, &hostname):
+		return "the server's certificate does not name the host in postgres.dsn; connect with a host name the certificate names, or fix the certificate's subjectAltName (sslmode=verify-full checks it)"
+	case errors.As(err, &invalid):
+		return "the server's certificate is not valid (expired or not for server use); renew it"
+	case errors.As(err, &pgErr) && (pgErr.Code == "28P01" || pgErr.Code == "28000"):
+		return "check the user and password (postgres.dsn, postgres.password_file, PGPASSWORD or ~/.pgpass) and pg_hba.conf"
+	}
+	return "check postgres.dsn and that the server is running"
 }
 
 // unwrapConnect keeps the server's or the network's reason and drops pgconn's
@@ -64,7 +115,7 @@ func unwrapConnect(err error) error {
 // Check runs the start-up checks and prepares the publication and slot. Each
 // failure is one line that says what is wrong and what to do.
 func (r *Relay) Check(ctx context.Context) error {
-	conn, err := Connect(ctx, r.cfg.Postgres.DSN)
+	conn, err := Connect(ctx, r.cfg.Postgres)
 	if err != nil {
 		return err
 	}
@@ -82,7 +133,35 @@ func (r *Relay) Check(ctx context.Context) error {
 	defer p.Close()
 	pctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	return p.Ping(pctx)
+	return kafkaError(r.cfg.Kafka, p.Ping(pctx))
+}
+
+// kafkaError rewrites a failed broker check whose cause is the SASL
+// credentials or the brokers' certificate into a line that names the
+// settings to fix (never the password).
+func kafkaError(cfg config.Kafka, err error) error {
+	if err == nil {
+		return nil
+	}
+	cause := err
+	if u := errors.Unwrap(err); u != nil {
+		cause = u // the reason, without the hint about kafka.brokers
+	}
+	brokers := strings.Join(cfg.Brokers, ",")
+	var unknownCA x509.UnknownAuthorityError
+	var hostname x509.HostnameError
+	switch {
+	case errors.Is(err, kerr.SaslAuthenticationFailed):
+		return fmt.Errorf("the Kafka brokers %s rejected the SASL credentials for user %s (%s): %w; check kafka.sasl.username and kafka.sasl.password (or kafka.sasl.password_file), and that the user exists on the brokers for %[3]s",
+			brokers, cfg.SASL.Username, cfg.SASL.Mechanism, cause)
+	case errors.As(err, &unknownCA):
+		return fmt.Errorf("cannot reach Kafka brokers %s: %w; their certificate is not signed by a CA in kafka.tls.ca_file (empty: the system's CAs): set it to the CA that signed the brokers' certificates",
+			brokers, cause)
+	case errors.As(err, &hostname):
+		return fmt.Errorf("cannot reach Kafka brokers %s: %w; their certificate does not name the host dialled: use a broker address the certificate names, or set kafka.tls.server_name",
+			brokers, cause)
+	}
+	return err
 }
 
 func checkServer(ctx context.Context, conn *pgx.Conn, cfg config.Postgres, columns []string) error {
@@ -114,6 +193,24 @@ func checkServer(ctx context.Context, conn *pgx.Conn, cfg config.Postgres, colum
 	}
 	if err != nil {
 		return fmt.Errorf("reading outbox table %s: %w", cfg.Table, err)
+	}
+	// The column list above is read from the catalog, which any role may
+	// read; reading the table's rows needs USAGE on its schema and SELECT.
+	var schemaUsage, tableSelect bool
+	err = conn.QueryRow(ctx, `SELECT has_schema_privilege(n.oid, 'USAGE'), has_table_privilege(c.oid, 'SELECT')
+		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2`,
+		schema, table).Scan(&schemaUsage, &tableSelect)
+	if err != nil {
+		return fmt.Errorf("reading the role's privileges on %s: %w", cfg.Table, err)
+	}
+	role := pgx.Identifier{user}.Sanitize()
+	if !schemaUsage {
+		return fmt.Errorf("role %s lacks USAGE on schema %s; run GRANT USAGE ON SCHEMA %s TO %s (see migrations/roles/least_privilege.sql)",
+			user, schema, pgx.Identifier{schema}.Sanitize(), role)
+	}
+	if !tableSelect {
+		return fmt.Errorf("role %s lacks SELECT on the outbox table %s; run GRANT SELECT ON %s TO %s (see migrations/roles/least_privilege.sql)",
+			user, cfg.Table, pgx.Identifier{schema, table}.Sanitize(), role)
 	}
 	var missing []string
 	for _, c := range columns {

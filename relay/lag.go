@@ -23,7 +23,7 @@ func (r *Relay) MonitorSlot(ctx context.Context) error {
 	safeWALRegistered := false
 	for {
 		if conn == nil || conn.IsClosed() {
-			conn, _ = Connect(ctx, r.cfg.Postgres.DSN)
+			conn, _ = Connect(ctx, r.cfg.Postgres)
 		}
 		if conn != nil {
 			var lag, safeWAL *int64

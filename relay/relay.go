@@ -144,7 +144,7 @@ func (r *Relay) runOnce(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	conn, err := connectReplication(ctx, pg.DSN)
+	conn, err := connectReplication(ctx, pg)
 	if err != nil {
 		return err
 	}
@@ -239,7 +239,7 @@ func (r *Relay) runOnce(ctx context.Context) error {
 
 // inspectSlot checks the slot before a run and returns its confirmed position.
 func (r *Relay) inspectSlot(ctx context.Context) (wal.LSN, error) {
-	conn, err := Connect(ctx, r.cfg.Postgres.DSN)
+	conn, err := Connect(ctx, r.cfg.Postgres)
 	if err != nil {
 		return 0, err
 	}

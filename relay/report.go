@@ -43,7 +43,7 @@ type Report struct {
 // endpoint at statusURL ("" skips it).
 func BuildReport(ctx context.Context, cfg config.Config, statusURL string) (Report, error) {
 	rep := Report{Slot: cfg.Postgres.Slot, Publication: cfg.Postgres.Publication, Table: cfg.Postgres.Table, ProcessURL: statusURL, ReadAt: time.Now()}
-	conn, err := Connect(ctx, cfg.Postgres.DSN)
+	conn, err := Connect(ctx, cfg.Postgres)
 	if err != nil {
 		return rep, err
 	}

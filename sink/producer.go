@@ -13,6 +13,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl"
+	"github.com/twmb/franz-go/pkg/sasl/plain"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
 	"github.com/twmb/franz-go/plugin/kprom"
 
 	"github.com/outboxd/outboxd/config"
@@ -174,6 +177,16 @@ func New(cfg config.Kafka, m *Metrics, log *slog.Logger) (*Producer, error) {
 	if cfg.TopicCreation == "broker" {
 		opts = append(opts, kgo.AllowAutoTopicCreation())
 	}
+	tlsCfg, err := cfg.TLS.Config()
+	if err != nil {
+		return nil, err
+	}
+	if tlsCfg != nil {
+		opts = append(opts, kgo.DialTLSConfig(tlsCfg))
+	}
+	if mech := saslMechanism(cfg.SASL); mech != nil {
+		opts = append(opts, kgo.SASL(mech))
+	}
 	client, err := kgo.NewClient(opts...)
 	if err != nil {
 		return nil, fmt.Errorf("creating Kafka client: %w", err)
@@ -182,6 +195,29 @@ func New(cfg config.Kafka, m *Metrics, log *slog.Logger) (*Producer, error) {
 		client: client, admin: kadm.NewClient(client), cfg: cfg, m: m,
 		known: map[string]int{}, slots: make(chan struct{}, cfg.MaxBufferedRecords),
 	}, nil
+}
+
+// saslMechanism returns the SASL mechanism of cfg, or nil for none. The
+// password is read at every authentication, so a rotated
+// kafka.sasl.password_file is picked up by the next connection.
+func saslMechanism(cfg config.SASL) sasl.Mechanism {
+	switch cfg.Mechanism {
+	case config.MechanismPlain:
+		return plain.Plain(func(context.Context) (plain.Auth, error) {
+			pw, err := cfg.Secret()
+			return plain.Auth{User: cfg.Username, Pass: pw}, err
+		})
+	case config.MechanismScramSHA256, config.MechanismScramSHA512:
+		auth := func(context.Context) (scram.Auth, error) {
+			pw, err := cfg.Secret()
+			return scram.Auth{User: cfg.Username, Pass: pw}, err
+		}
+		if cfg.Mechanism == config.MechanismScramSHA256 {
+			return scram.Sha256(auth)
+		}
+		return scram.Sha512(auth)
+	}
+	return nil
 }
 
 func codec(name string) kgo.CompressionCodec {

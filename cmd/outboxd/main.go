@@ -170,7 +170,7 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 }
 
 func migrate(ctx context.Context, cfg config.Config, log *slog.Logger) error {
-	conn, err := relay.Connect(ctx, cfg.Postgres.DSN)
+	conn, err := relay.Connect(ctx, cfg.Postgres)
 	if err != nil {
 		return err
 	}
