@@ -42,6 +42,8 @@ type Record struct {
 	Timestamp time.Time
 	// CommitTime is the commit time of the row's transaction.
 	CommitTime time.Time
+
+	hdrs [3]Header // backing array for the usual headers: one allocation less
 }
 
 // RowError reports an outbox row (or message) that cannot be routed: a
@@ -106,9 +108,15 @@ type Router struct {
 	re       *regexp.Regexp
 	envelope bool
 	rel      *wal.Relation
-	layout   []int // field -> column index of rel, -1 when absent
+	table    string // rel's qualified name
+	layout   []int  // field -> column index of rel, -1 when absent
 	cells    []cell
+	topics   map[string]string // route-by value -> checked topic, bounded by maxTopicCache
 }
+
+// maxTopicCache bounds the route-by value -> topic cache; past it the cache
+// starts afresh.
+const maxTopicCache = 4096
 
 // New returns a Router for a validated cfg.
 func New(cfg config.Router) (*Router, error) {
@@ -136,6 +144,7 @@ func New(cfg config.Router) (*Router, error) {
 		r.envelope = r.envelope || f.Placement == "envelope"
 	}
 	r.cells = make([]cell, len(r.names))
+	r.topics = make(map[string]string)
 	return r, nil
 }
 
@@ -168,7 +177,7 @@ func (r *Router) layoutFor(rel *wal.Relation) ([]int, error) {
 	if len(missing) > 0 {
 		return nil, &LayoutError{Table: rel.QualifiedName(), Missing: missing}
 	}
-	r.rel, r.layout = rel, layout
+	r.rel, r.layout, r.table = rel, layout, rel.QualifiedName()
 	return layout, nil
 }
 
@@ -193,9 +202,9 @@ func (r *Router) Route(c *wal.Change) (*Record, error) {
 		r.cells[i] = cell{data: data, null: data == nil, json: rc.TypeOID == oidJSON || rc.TypeOID == oidJSONB, oid: rc.TypeOID}
 	}
 	if convErr != nil {
-		return nil, &RowError{EventID: string(r.cells[fID].data), LSN: c.LSN, Table: c.Relation.QualifiedName(), Reason: convErr.Error()}
+		return nil, &RowError{EventID: string(r.cells[fID].data), LSN: c.LSN, Table: r.table, Reason: convErr.Error()}
 	}
-	return r.build(c.LSN, c.Relation.QualifiedName(), c.CommitTime)
+	return r.build(c.LSN, r.table, c.CommitTime)
 }
 
 // RouteMessage maps a logical decoding message to a record. Its content is a
@@ -236,42 +245,45 @@ func (r *Router) RouteMessage(m *wal.Message, commitTime time.Time) (*Record, er
 // build makes the record from r.cells.
 func (r *Router) build(lsn wal.LSN, source string, commitTime time.Time) (*Record, error) {
 	cells := r.cells
-	poison := &RowError{LSN: lsn, Table: source}
-	fail := func(format string, args ...any) (*Record, error) {
-		poison.Reason = fmt.Sprintf(format, args...)
-		poison.Key, poison.Value = cells[fKey].data, cells[fPayload].data
-		return nil, poison
+	fail := func(topic, format string, args ...any) (*Record, error) {
+		return nil, &RowError{EventID: string(cells[fID].data), LSN: lsn, Table: source, Topic: topic,
+			Reason: fmt.Sprintf(format, args...), Key: cells[fKey].data, Value: cells[fPayload].data}
 	}
 	if cells[fID].null {
-		return fail("column %s is NULL; every outbox row needs an event id", r.cfg.IDColumn)
+		return fail("", "column %s is NULL; every outbox row needs an event id", r.cfg.IDColumn)
 	}
 	rec := &Record{EventID: string(cells[fID].data), Partition: -1, Timestamp: commitTime, CommitTime: commitTime}
-	poison.EventID = rec.EventID
 
 	switch {
 	case !cells[fTopic].null:
 		rec.Topic = string(cells[fTopic].data)
+		if err := checkTopic(rec.Topic); err != nil {
+			return fail(rec.Topic, "topic %q from column %s: %v", rec.Topic, r.cfg.TopicColumn, err)
+		}
 	case cells[fRouteBy].null:
-		return fail("column %s is NULL, so there is no topic to route to", r.cfg.RouteByColumn)
+		return fail("", "column %s is NULL, so there is no topic to route to", r.cfg.RouteByColumn)
 	default:
+		if t, ok := r.topics[string(cells[fRouteBy].data)]; ok {
+			rec.Topic = t
+			break
+		}
 		topic, err := r.topic(cells[fRouteBy].data)
 		if err != nil {
-			return fail("%v", err)
+			return fail("", "%v", err)
 		}
+		if err := checkTopic(topic); err != nil {
+			return fail(topic, "topic %q from column %s: %v", topic, r.cfg.RouteByColumn, err)
+		}
+		if len(r.topics) >= maxTopicCache {
+			clear(r.topics)
+		}
+		r.topics[string(cells[fRouteBy].data)] = topic
 		rec.Topic = topic
-	}
-	poison.Topic = rec.Topic
-	if err := checkTopic(rec.Topic); err != nil {
-		from := r.cfg.RouteByColumn
-		if !cells[fTopic].null {
-			from = r.cfg.TopicColumn
-		}
-		return fail("topic %q from column %s: %v", rec.Topic, from, err)
 	}
 
 	switch key := cells[fKey]; {
 	case key.null && r.cfg.RequireKey:
-		return fail("column %s is NULL; a key is required (router.require_key) so that the events of an aggregate stay in order", r.cfg.KeyColumn)
+		return fail(rec.Topic, "column %s is NULL; a key is required (router.require_key) so that the events of an aggregate stay in order", r.cfg.KeyColumn)
 	case key.null:
 	case r.cfg.KeyEncoding == "json":
 		rec.Key, _ = json.Marshal(string(key.data)) // a string always marshals
@@ -283,7 +295,7 @@ func (r *Router) build(lsn wal.LSN, source string, commitTime time.Time) (*Recor
 	blank := !payload.null && len(bytes.TrimSpace(payload.data)) == 0
 	tombstone := payload.null || (blank && r.cfg.TombstoneOnEmptyPayload)
 	if r.cfg.ExpandJSONPayload && !tombstone && !json.Valid(payload.data) {
-		return fail("column %s is not valid JSON (router.expand_json_payload is on)", r.cfg.PayloadColumn)
+		return fail(rec.Topic, "column %s is not valid JSON (router.expand_json_payload is on)", r.cfg.PayloadColumn)
 	}
 	if !tombstone {
 		rec.Value = payload.data
@@ -292,7 +304,7 @@ func (r *Router) build(lsn wal.LSN, source string, commitTime time.Time) (*Recor
 		}
 	}
 
-	rec.Headers = make([]Header, 0, 2+len(r.cfg.AdditionalFields))
+	rec.Headers = rec.hdrs[:0]
 	rec.Headers = append(rec.Headers, Header{Key: r.cfg.IDHeader, Value: cells[fID].data})
 	if et := cells[fEventType]; !et.null {
 		rec.Headers = append(rec.Headers, Header{Key: r.cfg.EventTypeHeader, Value: et.data})
@@ -309,7 +321,7 @@ func (r *Router) build(lsn wal.LSN, source string, commitTime time.Time) (*Recor
 		case f.Placement == "partition" && !c.null:
 			p, err := strconv.ParseInt(string(c.data), 10, 32)
 			if err != nil || p < 0 {
-				return fail("column %s placed as partition holds %q, not a partition number", f.Column, c.data)
+				return fail(rec.Topic, "column %s placed as partition holds %q, not a partition number", f.Column, c.data)
 			}
 			rec.Partition = int32(p)
 		}
@@ -317,7 +329,7 @@ func (r *Router) build(lsn wal.LSN, source string, commitTime time.Time) (*Recor
 	if ts := cells[fTimestamp]; !ts.null {
 		t, err := parseTimestamp(ts.data, ts.oid)
 		if err != nil {
-			return fail("column %s: %v", r.cfg.TimestampColumn, err)
+			return fail(rec.Topic, "column %s: %v", r.cfg.TimestampColumn, err)
 		}
 		rec.Timestamp = t
 	}

@@ -256,28 +256,31 @@ func (d *Decoder) change(op Op, lsn LSN, r *reader) (*Change, error) {
 	if r.err == nil && !ok {
 		return nil, fmt.Errorf("%s for relation %d that was never described", op, id)
 	}
-	c := &Change{Op: op, XID: d.xid, LSN: lsn, CommitTime: d.commitTime, Relation: rel}
+	// One allocation for the change and the tuple of a table of up to
+	// inlineColumns columns, the common case for an outbox.
+	cb := &changeBuf{Change: Change{Op: op, XID: d.xid, LSN: lsn, CommitTime: d.commitTime, Relation: rel}}
+	c, buf := &cb.Change, cb.buf[:0]
 	switch op {
 	case Insert:
 		if t := r.byte(); t != 'N' && r.err == nil {
 			return nil, fmt.Errorf("insert tuple marker %q, want 'N'", t)
 		}
-		c.Tuple = r.tuple()
+		c.Tuple = r.tuple(buf)
 	case Update:
 		t := r.byte()
 		if t == 'K' || t == 'O' {
-			r.tuple() // old row or key; outboxd acts on the new row
+			r.tuple(nil) // old row or key; outboxd acts on the new row
 			t = r.byte()
 		}
 		if t != 'N' && r.err == nil {
 			return nil, fmt.Errorf("update tuple marker %q, want 'N'", t)
 		}
-		c.Tuple = r.tuple()
+		c.Tuple = r.tuple(buf)
 	case Delete:
 		if t := r.byte(); t != 'K' && t != 'O' && r.err == nil {
 			return nil, fmt.Errorf("delete tuple marker %q, want 'K' or 'O'", t)
 		}
-		c.Tuple = r.tuple()
+		c.Tuple = r.tuple(buf)
 	}
 	if r.err != nil {
 		return nil, r.err
@@ -417,7 +420,17 @@ func (r *reader) string() string {
 	return ""
 }
 
-func (r *reader) tuple() []Datum {
+// inlineColumns is how many columns a change holds without a second
+// allocation.
+const inlineColumns = 8
+
+type changeBuf struct {
+	Change
+	buf [inlineColumns]Datum
+}
+
+// tuple reads TupleData into buf when it has room, else into a new slice.
+func (r *reader) tuple(buf []Datum) []Datum {
 	n := int(r.uint16())
 	if r.err != nil {
 		return nil
@@ -426,7 +439,12 @@ func (r *reader) tuple() []Datum {
 		r.err = fmt.Errorf("tuple declares %d columns in %d bytes", n, len(r.buf))
 		return nil
 	}
-	t := make([]Datum, n)
+	var t []Datum
+	if n <= cap(buf) {
+		t = buf[:n]
+	} else {
+		t = make([]Datum, n)
+	}
 	for i := range t {
 		k := r.byte()
 		t[i].Kind = k
