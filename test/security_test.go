@@ -4,7 +4,10 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"os/user"
@@ -17,12 +20,15 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/migrations"
 	"github.com/outboxd/outboxd/relay"
+	"github.com/outboxd/outboxd/sink"
 )
 
 // pki holds certificates made with openssl for one test: a CA, a server
@@ -315,8 +321,9 @@ const (
 )
 
 // saslKafka starts a Kafka broker with a SASL_SSL listener that accepts
-// SCRAM-SHA-512 for the user alice (created at storage format time), with
-// the server certificate of p. It is stopped at cleanup.
+// SCRAM-SHA-512, SCRAM-SHA-256 (users created at storage format time) and
+// PLAIN for the user alice, with the server certificate of p. It is stopped
+// at cleanup.
 func saslKafka(t *testing.T, p pki) string {
 	t.Helper()
 	requireServices(t)
@@ -330,8 +337,10 @@ func saslKafka(t *testing.T, p pki) string {
 advertised.listeners=SASL_SSL://127.0.0.1:`+saslPort+`,PLAINTEXT://127.0.0.1:`+saslInternal+`
 listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_SSL:SASL_SSL
 inter.broker.listener.name=PLAINTEXT
-listener.name.sasl_ssl.sasl.enabled.mechanisms=SCRAM-SHA-512
+listener.name.sasl_ssl.sasl.enabled.mechanisms=SCRAM-SHA-512,SCRAM-SHA-256,PLAIN
 listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+listener.name.sasl_ssl.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required user_`+saslUser+`="`+saslPassword+`";
 listener.name.sasl_ssl.ssl.keystore.type=PEM
 listener.name.sasl_ssl.ssl.keystore.location=`+p.serverPEM+`
 `), 0o644)
@@ -344,7 +353,8 @@ listener.name.sasl_ssl.ssl.keystore.location=`+p.serverPEM+`
 		"OUTBOXD_TESTBED_KAFKA_CONTROLLER_PORT="+saslController,
 		"OUTBOXD_TESTBED_KAFKA_HEAP=-Xmx384m -Xms128m",
 		"OUTBOXD_TESTBED_KAFKA_EXTRA_PROPERTIES="+props,
-		"OUTBOXD_TESTBED_KAFKA_FORMAT_ARGS=--add-scram SCRAM-SHA-512=[name="+saslUser+",password="+saslPassword+"]",
+		"OUTBOXD_TESTBED_KAFKA_FORMAT_ARGS=--add-scram SCRAM-SHA-512=[name="+saslUser+",password="+saslPassword+"]"+
+			" --add-scram SCRAM-SHA-256=[name="+saslUser+",password="+saslPassword+"]",
 	)
 	run := func(script string, args ...string) {
 		t.Helper()
@@ -419,6 +429,30 @@ func TestKafkaSASLSSL(t *testing.T) {
 		out := expectFatal(t, replace(withFile, "OUTBOXD_KAFKA_TLS_CA_FILE", p.otherCA),
 			`cannot reach Kafka brokers 127\.0\.0\.1:`+saslPort+`: .*certificate signed by unknown authority; their certificate is not signed by a CA in kafka\.tls\.ca_file`)
 		noSecret(t, "log", out, saslPassword)
+	})
+	t.Run("every mechanism", func(t *testing.T) {
+		for _, mech := range []string{config.MechanismPlain, config.MechanismScramSHA256, config.MechanismScramSHA512} {
+			for _, pw := range []string{saslPassword, "wrong"} {
+				kc := config.Default().Kafka
+				kc.Brokers = []string{broker}
+				kc.TLS = config.TLS{Enabled: true, CAFile: p.ca}
+				kc.SASL = config.SASL{Mechanism: mech, Username: saslUser, Password: pw}
+				prod, err := sink.New(kc, sink.NewMetrics(prometheus.NewRegistry()), slog.New(slog.NewTextHandler(io.Discard, nil)))
+				if err != nil {
+					t.Fatal(err)
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+				err = prod.Ping(ctx)
+				cancel()
+				prod.Close()
+				switch {
+				case pw == saslPassword && err != nil:
+					t.Errorf("%s: %v", mech, err)
+				case pw != saslPassword && !errors.Is(err, kerr.SaslAuthenticationFailed):
+					t.Errorf("%s with a wrong password: got %v, want SASL_AUTHENTICATION_FAILED", mech, err)
+				}
+			}
+		}
 	})
 	t.Run("streams with the password from a file", func(t *testing.T) {
 		proc := start(t, withFile)
