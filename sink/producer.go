@@ -438,11 +438,11 @@ type logger struct{ l *slog.Logger }
 func (logger) Level() kgo.LogLevel { return kgo.LogLevelWarn }
 
 func (l logger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
+	// franz-go's errors are retried faults or surface again as the error
+	// that stops outboxd, which the top level logs at Error: Warn here.
 	lv := slog.LevelInfo
 	switch level {
-	case kgo.LogLevelError:
-		lv = slog.LevelError
-	case kgo.LogLevelWarn:
+	case kgo.LogLevelError, kgo.LogLevelWarn:
 		lv = slog.LevelWarn
 	case kgo.LogLevelDebug:
 		lv = slog.LevelDebug

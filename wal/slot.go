@@ -126,7 +126,8 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, name, schema, table 
 		if _, err := conn.Exec(ctx, sql); err != nil {
 			var pgErr *pgconn.PgError
 			if errors.As(err, &pgErr) && pgErr.Code == "42501" {
-				return false, fmt.Errorf("creating publication %q: %s; only the table's owner may: run %s as the owner, and set postgres.create_publication: false",
+				return false, fmt.Errorf("creating publication %q: %s; creating a publication needs ownership of the table and CREATE on the database: "+
+					"run %s as the table's owner (migrations/roles/least_privilege.sql does), and set postgres.create_publication: false",
 					name, pgErr.Message, sql)
 			}
 			return false, fmt.Errorf("creating publication %q: %w", name, err)
