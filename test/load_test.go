@@ -6,6 +6,7 @@ import (
 	"fmt"
 	mrand "math/rand/v2"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -27,10 +28,11 @@ type ledger struct {
 	mu         sync.Mutex
 	committed  map[string]event
 	rolledBack map[string]event
+	maybe      map[string]event // COMMIT failed with an unknown outcome (spec.Tolerant)
 }
 
 func newLedger() *ledger {
-	return &ledger{committed: map[string]event{}, rolledBack: map[string]event{}}
+	return &ledger{committed: map[string]event{}, rolledBack: map[string]event{}, maybe: map[string]event{}}
 }
 
 func (l *ledger) add(committed bool, evs ...event) {
@@ -42,6 +44,14 @@ func (l *ledger) add(committed bool, evs ...event) {
 		} else {
 			l.rolledBack[e.ID] = e
 		}
+	}
+}
+
+func (l *ledger) addMaybe(evs ...event) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, e := range evs {
+		l.maybe[e.ID] = e
 	}
 }
 
@@ -80,6 +90,15 @@ type loadSpec struct {
 	SavepointPct int   // committed transactions with a rolled-back savepoint
 	DeletePct    int   // rows deleted again in their own transaction
 	PayloadBytes int   // approximate payload size (0: small)
+	// Truth also inserts each kept event's id into outbox_truth in the same
+	// transaction, so that the fate of a transaction whose COMMIT failed can
+	// be read back afterwards (the table must exist).
+	Truth bool
+	// Tolerant writers keep going after an error: the transaction's events
+	// are recorded as maybe committed (resolve them with outbox_truth).
+	Tolerant bool
+	// Pace is a pause after each transaction of each writer (0: none).
+	Pace time.Duration
 }
 
 func uuid() string {
@@ -159,6 +178,9 @@ func (w *writer) run(ctx context.Context, d *db, n int, l *ledger) error {
 		for range size {
 			e := w.next()
 			b.Queue(insertSQL, e.ID, e.Type, e.Key, e.EventType, e.Payload)
+			if w.spec.Truth {
+				b.Queue(`INSERT INTO outbox_truth (id) VALUES ($1)`, e.ID)
+			}
 			if w.rng.IntN(100) < w.spec.DeletePct {
 				b.Queue(`DELETE FROM outbox WHERE id = $1`, e.ID)
 			}
@@ -185,6 +207,9 @@ func (w *writer) run(ctx context.Context, d *db, n int, l *ledger) error {
 		switch {
 		case err == errRollback:
 			l.add(false, kept...)
+		case err != nil && w.spec.Tolerant && ctx.Err() == nil:
+			l.addMaybe(kept...)
+			time.Sleep(50 * time.Millisecond)
 		case err != nil:
 			// The outcome of a failed COMMIT is unknown; the tests that
 			// inject faults into Postgres handle that themselves.
@@ -194,6 +219,9 @@ func (w *writer) run(ctx context.Context, d *db, n int, l *ledger) error {
 		}
 		l.add(false, dropped...)
 		done += size
+		if w.spec.Pace > 0 {
+			time.Sleep(w.spec.Pace)
+		}
 	}
 	return nil
 }
