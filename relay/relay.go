@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
@@ -52,10 +54,13 @@ func Fatal(err error) bool {
 	var rowErr *router.RowError
 	var layoutErr *router.LayoutError
 	var decErr *wal.DecodeError
+	var delivery *sink.DeliveryError
 	var pgErr *pgconn.PgError
 	switch {
 	case errors.As(err, &rowErr), errors.As(err, &layoutErr), errors.As(err, &decErr), errors.Is(err, errUpdate),
 		errors.Is(err, wal.ErrSlotMissing), errors.Is(err, wal.ErrSlotLost), errors.Is(err, wal.ErrPublicationMissing):
+		return true
+	case errors.As(err, &delivery) && delivery.Rejected():
 		return true
 	case errors.As(err, &pgErr):
 		switch pgErr.Code {
@@ -101,6 +106,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			}
 			continue
 		}
+		err = r.explain(err)
 		r.status.setError(err)
 		if Fatal(err) {
 			return err
@@ -116,6 +122,28 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		backoff = min(backoff*2, maxBackoff)
 	}
+}
+
+// explain turns server errors whose meaning for the events is not obvious
+// into ones that say it and what to do.
+func (r *Relay) explain(err error) error {
+	var delivery *sink.DeliveryError
+	if errors.As(err, &delivery) && delivery.Rejected() {
+		return fmt.Errorf("%w. Kafka will refuse it again, so outboxd stopped without confirming past it; fix the record or the topic's "+
+			"configuration and restart. Records of partition %d handed to Kafka just before the rejection was reported may be ahead of it",
+			delivery, delivery.Partition)
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "42704" || !strings.Contains(pgErr.Message, "publication") {
+		return err
+	}
+	pg := r.cfg.Postgres
+	schema, table := pg.TableName()
+	return wal.Errorf(wal.ErrPublicationMissing, "publication %q was dropped while outboxd used it (%s): Postgres can no longer decode the slot, "+
+		"so the events committed after the slot's confirmed position stay in the slot, undelivered but not confirmed. "+
+		"Recreate it with CREATE PUBLICATION %s FOR TABLE %s.%s and restart outboxd; transactions Postgres still cannot decode "+
+		"must be recovered from the outbox table or the application before the slot is advanced past them",
+		pg.Publication, pgErr.Message, pgx.Identifier{pg.Publication}.Sanitize(), pgx.Identifier{schema}.Sanitize(), pgx.Identifier{table}.Sanitize())
 }
 
 func (r *Relay) setState(state, reason string) {
@@ -207,14 +235,17 @@ func (r *Relay) runOnce(ctx context.Context) error {
 	stopGraceful := context.AfterFunc(ctx, stopReading)
 	defer stopGraceful()
 
-	items := make(chan any, 1024)
+	items := make(chan []any, 8) // batches of at most 256 items or 1 MiB of WAL
 	g.Go(func() error {
 		defer close(items)
 		return stream.Run(gctx, graceful, items)
 	})
+	watch, stopWatch := context.WithCancel(gctx)
 	g.Go(func() error {
+		defer stopWatch() // the watchdog ends with the pipeline, also on a clean stop
 		return r.pipe(gctx, items, tracker, producer, fail)
 	})
+	g.Go(func() error { return producer.Watch(watch) })
 	err = g.Wait()
 	if cause := context.Cause(run); cause != nil && !errors.Is(cause, context.Canceled) && !errors.Is(cause, errShutdownTimeout) {
 		err = cause // the delivery failure that ended the run
@@ -225,7 +256,11 @@ func (r *Relay) runOnce(ctx context.Context) error {
 				"in_flight", tracker.InFlight(), "slot", pg.Slot)
 		}
 	}
-	closeCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	closeTimeout := 5 * time.Second
+	if err != nil {
+		closeTimeout = time.Second // the connection may be broken; do not hold the exit up
+	}
+	closeCtx, cancel := context.WithTimeout(context.Background(), closeTimeout)
 	defer cancel()
 	if cerr := stream.Close(closeCtx); cerr != nil && err == nil {
 		r.log.Warn("final status update failed; Postgres keeps the previous confirmed position", "err", cerr, "slot", pg.Slot)
@@ -266,7 +301,7 @@ func (r *Relay) inspectSlot(ctx context.Context) (wal.LSN, error) {
 // pipe consumes the stream's items in order: it routes inserts and
 // messages and hands them to the producer, registering each with the tracker
 // first.
-func (r *Relay) pipe(ctx context.Context, items <-chan any, tracker *checkpoint.Tracker, producer *sink.Producer, fail context.CancelCauseFunc) error {
+func (r *Relay) pipe(ctx context.Context, batches <-chan []any, tracker *checkpoint.Tracker, producer *sink.Producer, fail context.CancelCauseFunc) error {
 	var (
 		txn          *checkpoint.Txn
 		commitTime   time.Time
@@ -277,50 +312,52 @@ func (r *Relay) pipe(ctx context.Context, items <-chan any, tracker *checkpoint.
 		messages     = r.m.changes.WithLabelValues("message")
 		rcfg         = r.cfg.Router
 	)
-	for item := range items {
-		switch m := item.(type) {
-		case *wal.Begin:
-			txn, commitTime = tracker.BeginAt(m.CommitTime), m.CommitTime
-		case *wal.Change:
-			if m.Relation.Namespace != r.schema || m.Relation.Name != r.table {
-				continue // another table in a shared publication
-			}
-			switch m.Op {
-			case wal.Insert:
-				inserts.Inc()
-				rec, err := r.router.Route(m)
-				if err := r.deliver(ctx, txn, rec, err, m.LSN, m.Relation.QualifiedName(), producer, fail); err != nil {
+	for batch := range batches {
+		for _, item := range batch {
+			switch m := item.(type) {
+			case *wal.Begin:
+				txn, commitTime = tracker.BeginAt(m.CommitTime), m.CommitTime
+			case *wal.Change:
+				if m.Relation.Namespace != r.schema || m.Relation.Name != r.table {
+					continue // another table in a shared publication
+				}
+				switch m.Op {
+				case wal.Insert:
+					inserts.Inc()
+					rec, err := r.router.Route(m)
+					if err := r.deliver(ctx, txn, rec, err, m.LSN, m.Relation.QualifiedName(), producer, fail); err != nil {
+						return err
+					}
+				case wal.Update:
+					updates.Inc()
+					switch {
+					case rcfg.OnUpdate == "error":
+						return wal.Errorf(errUpdate, "UPDATE of an outbox row at LSN %s (xid %d) and router.on_update is error; outbox rows must only be inserted. "+
+							"To move past it, set router.on_update: warn or ignore and restart", m.LSN, m.XID)
+					case rcfg.OnUpdate == "warn" && !warnedUpdate:
+						warnedUpdate = true
+						r.log.Warn("UPDATE on the outbox table is not delivered; outbox rows should only be inserted (counted in outboxd_wal_changes_total{op=\"update\"})",
+							"lsn", m.LSN, "xid", m.XID)
+					}
+				case wal.Delete:
+					deletes.Inc() // insert-then-delete keeps the table empty; the insert was delivered
+				}
+			case *wal.Message:
+				if !m.Transactional || rcfg.Messages.Prefix == "" || m.Prefix != rcfg.Messages.Prefix {
+					continue // not an outbox event
+				}
+				messages.Inc()
+				rec, err := r.router.RouteMessage(m, commitTime)
+				if err := r.deliver(ctx, txn, rec, err, m.LSN, "message "+m.Prefix, producer, fail); err != nil {
 					return err
 				}
-			case wal.Update:
-				updates.Inc()
-				switch {
-				case rcfg.OnUpdate == "error":
-					return wal.Errorf(errUpdate, "UPDATE of an outbox row at LSN %s (xid %d) and router.on_update is error; outbox rows must only be inserted. "+
-						"To move past it, set router.on_update: warn or ignore and restart", m.LSN, m.XID)
-				case rcfg.OnUpdate == "warn" && !warnedUpdate:
-					warnedUpdate = true
-					r.log.Warn("UPDATE on the outbox table is not delivered; outbox rows should only be inserted (counted in outboxd_wal_changes_total{op=\"update\"})",
-						"lsn", m.LSN, "xid", m.XID)
-				}
-			case wal.Delete:
-				deletes.Inc() // insert-then-delete keeps the table empty; the insert was delivered
+			case *wal.Commit:
+				txn.Commit(m.EndLSN)
+				txn = nil
+				r.m.transactions.Inc()
+			case wal.Keepalive:
+				tracker.Idle(m.WALEnd)
 			}
-		case *wal.Message:
-			if !m.Transactional || rcfg.Messages.Prefix == "" || m.Prefix != rcfg.Messages.Prefix {
-				continue // not an outbox event
-			}
-			messages.Inc()
-			rec, err := r.router.RouteMessage(m, commitTime)
-			if err := r.deliver(ctx, txn, rec, err, m.LSN, "message "+m.Prefix, producer, fail); err != nil {
-				return err
-			}
-		case *wal.Commit:
-			txn.Commit(m.EndLSN)
-			txn = nil
-			r.m.transactions.Inc()
-		case wal.Keepalive:
-			tracker.Idle(m.WALEnd)
 		}
 	}
 	return nil

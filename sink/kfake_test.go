@@ -121,6 +121,15 @@ func runRelay(t *testing.T, c *kfake.Cluster, txns []fakeTxn, deliveryTimeout ti
 		tracker := checkpoint.New(confirmed)
 		run, fail := context.WithCancelCause(context.Background())
 		var wg sync.WaitGroup
+		// The stall watchdog, as the relay runs it: a run whose records
+		// see no acknowledgement for the delivery timeout ends.
+		watched := make(chan struct{})
+		go func() {
+			defer close(watched)
+			if err := p.Watch(run); err != nil {
+				fail(err)
+			}
+		}()
 	produce:
 		for _, tx := range txns {
 			if tx.lsn <= confirmed {
@@ -168,7 +177,10 @@ func runRelay(t *testing.T, c *kfake.Cluster, txns []fakeTxn, deliveryTimeout ti
 		}
 		p.Close() // fails whatever is still buffered
 		wg.Wait()
-		if cause := context.Cause(run); cause != nil {
+		cause := context.Cause(run)
+		fail(nil) // ends the watchdog of a run that did not fail
+		<-watched
+		if cause != nil {
 			out.failedRuns++
 			out.failures = append(out.failures, cause.Error())
 		}
@@ -197,7 +209,10 @@ func runRelay(t *testing.T, c *kfake.Cluster, txns []fakeTxn, deliveryTimeout ti
 
 // verify reads the topic back: every event delivered, each key on one
 // partition, first deliveries in commit order. It returns the duplicates.
-func verify(t *testing.T, c *kfake.Cluster, txns []fakeTxn) int {
+// verify reads the topic back and checks it against txns. With
+// reorderAllowed, first deliveries out of key order are logged instead of
+// failing the test (see faultCase.reorderAllowed).
+func verify(t *testing.T, c *kfake.Cluster, txns []fakeTxn, reorderAllowed bool) int {
 	t.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ConsumeTopics(topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
@@ -243,7 +258,11 @@ func verify(t *testing.T, c *kfake.Cluster, txns []fakeTxn) int {
 				return
 			}
 			if s <= lastSeq[key] {
-				t.Errorf("key %s: seq %d first delivered after seq %d (offset %d)", key, s, lastSeq[key], r.Offset)
+				report := t.Errorf
+				if reorderAllowed {
+					report = t.Logf
+				}
+				report("key %s: seq %d first delivered after seq %d (offset %d)", key, s, lastSeq[key], r.Offset)
 			}
 			lastSeq[key] = s
 		})
@@ -296,6 +315,13 @@ type faultCase struct {
 	deliveryTimeout time.Duration
 	inject          func(t *testing.T, c *kfake.Cluster) (stop func(), injected func() int64)
 	wantFailedRuns  bool // a non-retriable fault must end at least one run
+	// reorderAllowed: Kafka rejects records non-retriably. franz-go
+	// reports the failure asynchronously, so a record of the same
+	// partition handed over in that moment can land ahead of the rejected
+	// one when the next run re-sends it; outboxd halts on such a rejection
+	// and documents this (RELIABILITY.md). Loss and confirming past the
+	// failure are still checked strictly.
+	reorderAllowed bool
 }
 
 // Retriable faults: franz-go retries them, no run fails, nothing is lost,
@@ -353,7 +379,7 @@ func runFaultCases(t *testing.T, tests []faultCase) {
 			stop, injected := tt.inject(t, c)
 			out := runRelay(t, c, txns, tt.deliveryTimeout, 50)
 			stop()
-			dups := verify(t, c, txns)
+			dups := verify(t, c, txns, tt.reorderAllowed)
 			t.Logf("faults injected %d, runs %d (failed %d), duplicates %d", injected(), out.runs, out.failedRuns, dups)
 			if injected() == 0 {
 				t.Error("no fault was injected; the test proves nothing")

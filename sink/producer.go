@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -31,7 +32,7 @@ type Metrics struct {
 	topicsCreated prometheus.Counter
 	commitToAck   prometheus.Histogram
 	batchRecords  prometheus.Histogram
-	kafka         *kprom.Metrics
+	reg           prometheus.Registerer
 
 	mu     sync.RWMutex
 	topics map[string]topicCounters // at most maxTopicLabels, then "other"
@@ -69,7 +70,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		topics: map[string]topicCounters{},
 	}
 	reg.MustRegister(m.produced, m.producedBytes, m.errors, m.topicsCreated, m.commitToAck, m.batchRecords)
-	m.kafka = kprom.NewMetrics("outboxd", kprom.Subsystem("kafka"), kprom.Registerer(replacingRegisterer{reg}))
+	m.reg = replacingRegisterer{reg}
 	return m
 }
 
@@ -153,10 +154,24 @@ type Producer struct {
 	// handed over must live until Kafka answers or Close fails it, whatever
 	// happens to the context of the call that handed it over.
 	slots chan struct{}
+	// fence is the context of every record handed over. The first failure
+	// cancels it, so that franz-go fails the records not yet written instead
+	// of delivering them ahead of the failed one (per-key order).
+	fence      context.Context
+	breakFence context.CancelFunc
+	lastAck    atomic.Int64 // unix nanos of the last acknowledgement (or of creation)
 }
 
 // New returns a Producer for cfg. It does not contact the brokers.
+//
+// franz-go's per-record delivery timeout is off: it counts from the record's
+// timestamp, which is the commit time, so a backlog older than the timeout
+// would fail at once and forever. Watch enforces kafka.delivery_timeout as a
+// stall timeout instead.
 func New(cfg config.Kafka, m *Metrics, log *slog.Logger) (*Producer, error) {
+	p := &Producer{cfg: cfg, m: m, known: map[string]int{}, slots: make(chan struct{}, cfg.MaxBufferedRecords)}
+	p.fence, p.breakFence = context.WithCancel(context.Background())
+	p.lastAck.Store(time.Now().UnixNano())
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(cfg.Brokers...),
 		kgo.ClientID(cfg.ClientID),
@@ -164,11 +179,12 @@ func New(cfg config.Kafka, m *Metrics, log *slog.Logger) (*Producer, error) {
 		kgo.RecordPartitioner(partitioner{kgo.StickyKeyPartitioner(nil)}), // Kafka's murmur2 for keyed records
 		kgo.ProducerBatchMaxBytes(int32(cfg.MaxMessageBytes + recordOverhead)),
 		kgo.MaxBufferedRecords(cfg.MaxBufferedRecords + 1),
-		kgo.RecordDeliveryTimeout(cfg.DeliveryTimeout),
 		kgo.ProducerLinger(cfg.Linger),
 		kgo.ProducerBatchCompression(codec(cfg.Compression)),
 		kgo.WithLogger(logger{log.With("component", "kafka")}),
-		kgo.WithHooks(m.kafka, m),
+		// One kprom per client: it registers on a client's creation and
+		// unregisters on its close.
+		kgo.WithHooks(kprom.NewMetrics("outboxd", kprom.Subsystem("kafka"), kprom.Registerer(m.reg)), m, fenceHook{p.breakFence}),
 		kgo.ProducerOnDataLossDetected(func(topic string, partition int32) {
 			log.Error("Kafka reports data loss: acknowledged records are missing from the log (unclean leader election?)",
 				"topic", topic, "partition", partition)
@@ -189,12 +205,54 @@ func New(cfg config.Kafka, m *Metrics, log *slog.Logger) (*Producer, error) {
 	}
 	client, err := kgo.NewClient(opts...)
 	if err != nil {
+		p.breakFence()
 		return nil, fmt.Errorf("creating Kafka client: %w", err)
 	}
-	return &Producer{
-		client: client, admin: kadm.NewClient(client), cfg: cfg, m: m,
-		known: map[string]int{}, slots: make(chan struct{}, cfg.MaxBufferedRecords),
-	}, nil
+	p.client, p.admin = client, kadm.NewClient(client)
+	return p, nil
+}
+
+// fenceHook breaks the fence as soon as franz-go fails a record.
+type fenceHook struct{ breakFence context.CancelFunc }
+
+func (h fenceHook) OnProduceRecordUnbuffered(_ *kgo.Record, err error) {
+	if err != nil {
+		h.breakFence()
+	}
+}
+
+// StallError reports records that Kafka has not acknowledged for
+// kafka.delivery_timeout.
+type StallError struct {
+	InFlight int
+	For      time.Duration
+}
+
+func (e *StallError) Error() string {
+	return fmt.Sprintf("Kafka acknowledged none of %d in-flight records for %s (kafka.delivery_timeout); brokers down or unreachable?",
+		e.InFlight, e.For.Round(time.Second))
+}
+
+// Watch returns a *StallError when records have been in flight without any
+// acknowledgement for kafka.delivery_timeout, and nil when ctx is done.
+func (p *Producer) Watch(ctx context.Context) error {
+	tick := time.NewTicker(min(time.Second, p.cfg.DeliveryTimeout/4))
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+		inFlight := len(p.slots)
+		if inFlight == 0 {
+			p.lastAck.Store(time.Now().UnixNano())
+			continue
+		}
+		if idle := time.Since(time.Unix(0, p.lastAck.Load())); idle > p.cfg.DeliveryTimeout {
+			return &StallError{InFlight: inFlight, For: idle}
+		}
+	}
 }
 
 // saslMechanism returns the SASL mechanism of cfg, or nil for none. The
@@ -340,23 +398,29 @@ func (p *Producer) Produce(ctx context.Context, rec *router.Record, done func(er
 			return &router.RowError{EventID: rec.EventID, Topic: rec.Topic, Key: rec.Key, Value: rec.Value,
 				Reason: fmt.Sprintf("partition %d chosen by its partition column does not exist: topic %s has %d partitions", rec.Partition, rec.Topic, n)}
 		}
-		kr.Context = context.WithValue(context.Background(), partitionKey{}, rec.Partition)
+		kr.Context = context.WithValue(p.fence, partitionKey{}, rec.Partition)
 	}
 	select {
 	case p.slots <- struct{}{}:
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+	if err := p.fence.Err(); err != nil {
+		<-p.slots
+		return fmt.Errorf("not handing over event %s: an earlier record failed: %w", rec.EventID, err)
+	}
 	if kr.Context == nil {
-		kr.Context = context.Background()
+		kr.Context = p.fence
 	}
 	p.client.Produce(kr.Context, kr, func(r *kgo.Record, err error) {
 		<-p.slots
 		if err != nil {
+			p.breakFence()
 			p.m.errors.WithLabelValues(errorKind(err)).Inc()
 			done(&DeliveryError{Topic: r.Topic, Partition: r.Partition, EventID: rec.EventID, Err: err})
 			return
 		}
+		p.lastAck.Store(time.Now().UnixNano())
 		c := p.m.forTopic(r.Topic)
 		c.records.Inc()
 		c.bytes.Add(float64(len(r.Key) + len(r.Value)))
@@ -419,6 +483,22 @@ type DeliveryError struct {
 	Err       error
 }
 
+// Rejected reports whether Kafka refused the record itself (its content or
+// size), so that sending it again would fail again: outboxd halts on it
+// like on a poison row instead of restarting forever.
+func (e *DeliveryError) Rejected() bool {
+	var ke *kerr.Error
+	if !errors.As(e.Err, &ke) {
+		return false
+	}
+	switch ke {
+	case kerr.InvalidRecord, kerr.CorruptMessage, kerr.MessageTooLarge, kerr.RecordListTooLarge,
+		kerr.InvalidTimestamp, kerr.UnsupportedForMessageFormat, kerr.UnsupportedCompressionType:
+		return true
+	}
+	return false
+}
+
 func (e *DeliveryError) Error() string {
 	hint := ""
 	if errors.Is(e.Err, kerr.UnknownTopicOrPartition) {
@@ -430,7 +510,10 @@ func (e *DeliveryError) Error() string {
 func (e *DeliveryError) Unwrap() error { return e.Err }
 
 // Close fails every record still buffered and closes the client.
-func (p *Producer) Close() { p.client.Close() }
+func (p *Producer) Close() {
+	p.breakFence()
+	p.client.Close()
+}
 
 // logger sends franz-go's log lines to slog.
 type logger struct{ l *slog.Logger }

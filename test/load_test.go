@@ -208,8 +208,12 @@ func (w *writer) run(ctx context.Context, d *db, n int, l *ledger) error {
 		case err == errRollback:
 			l.add(false, kept...)
 		case err != nil && w.spec.Tolerant && ctx.Err() == nil:
+			// Unknown outcome; it does not count towards n, so that an
+			// outage does not use up the load before the server is back.
 			l.addMaybe(kept...)
+			l.add(false, dropped...)
 			time.Sleep(50 * time.Millisecond)
+			continue
 		case err != nil:
 			// The outcome of a failed COMMIT is unknown; the tests that
 			// inject faults into Postgres handle that themselves.

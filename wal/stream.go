@@ -60,12 +60,40 @@ func StartStream(ctx context.Context, conn *pgconn.PgConn, cfg StreamConfig, sta
 	return &Stream{conn: conn, cfg: cfg, dec: NewDecoder(), position: position, received: start}, nil
 }
 
-// Run receives and decodes messages and sends each to out: *Begin, *Change,
-// *Commit, *Message or Keepalive. It returns nil once graceful is done and no
-// transaction is open, and an error when ctx is done or the stream fails.
-// graceful must be derived from ctx.
-func (s *Stream) Run(ctx, graceful context.Context, out chan<- any) error {
+// Batches handed on are cut at this many items or bytes of WAL data, or
+// sooner when no more data is already buffered from the server.
+const (
+	maxBatchItems = 256
+	maxBatchBytes = 1 << 20
+)
+
+// Run receives and decodes messages and sends them to out in batches, in
+// order: *Begin, *Change, *Commit, *Message or Keepalive. It returns nil
+// once graceful is done and no transaction is open, and an error when ctx is
+// done or the stream fails. graceful must be derived from ctx.
+//
+// Reads wait on the connection's read deadline (the next status update),
+// not on a context per message: ending ctx or graceful moves the deadline to
+// now to wake a blocked read.
+func (s *Stream) Run(ctx, graceful context.Context, out chan<- []any) error {
+	nc := s.conn.Conn()
+	wake := func() { _ = nc.SetReadDeadline(time.Now()) }
+	defer context.AfterFunc(ctx, wake)()
+	defer context.AfterFunc(graceful, wake)()
+	defer func() { _ = nc.SetReadDeadline(time.Time{}) }()
+
 	next := time.Now().Add(s.cfg.StatusInterval)
+	var deadline time.Time
+	var batch []any
+	batchBytes := 0
+	flush := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		err := s.send(ctx, out, batch, &next)
+		batch, batchBytes = nil, 0
+		return err
+	}
 	for {
 		if time.Now().After(next) {
 			// Ask for a reply: the keepalive it brings measures the round
@@ -75,50 +103,68 @@ func (s *Stream) Run(ctx, graceful context.Context, out chan<- any) error {
 			}
 			next = time.Now().Add(s.cfg.StatusInterval)
 		}
-		base := ctx
-		if !s.dec.InTransaction() {
-			if graceful.Err() != nil {
-				return nil
-			}
-			base = graceful
+		if ctx.Err() != nil {
+			return ctx.Err()
 		}
-		rctx, cancel := context.WithDeadline(base, next)
-		raw, err := s.conn.ReceiveMessage(rctx)
-		cancel()
+		if !s.dec.InTransaction() && graceful.Err() != nil {
+			return flush()
+		}
+		if len(batch) > 0 && (s.conn.Frontend().ReadBufferLen() == 0 || len(batch) >= maxBatchItems || batchBytes >= maxBatchBytes) {
+			if err := flush(); err != nil {
+				return err
+			}
+			continue // the hand-over may have taken long: status first
+		}
+		if !deadline.Equal(next) {
+			deadline = next
+			_ = nc.SetReadDeadline(deadline)
+		}
+		raw, err := s.conn.ReceiveMessage(context.Background())
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			if pgconn.Timeout(err) || (graceful.Err() != nil && !s.dec.InTransaction()) {
+			if pgconn.Timeout(err) {
+				deadline = time.Time{} // a wake may have moved it
 				continue
 			}
 			return fmt.Errorf("receiving from slot %q: %w", s.cfg.Slot, err)
 		}
 		item, err := s.handle(ctx, raw)
-		if err != nil || item == nil {
-			if err != nil {
+		if err != nil {
+			return err
+		}
+		if item != nil {
+			batch = append(batch, item)
+			if cd, ok := raw.(*pgproto3.CopyData); ok {
+				batchBytes += len(cd.Data)
+			}
+		}
+	}
+}
+
+// send hands a batch on, reporting status while the consumer is busy so that
+// Postgres holds the WAL instead of timing us out.
+func (s *Stream) send(ctx context.Context, out chan<- []any, batch []any, next *time.Time) error {
+	select {
+	case out <- batch:
+		return nil
+	default:
+	}
+	for {
+		timer := time.NewTimer(time.Until(*next))
+		select {
+		case out <- batch:
+			timer.Stop()
+			return nil
+		case <-timer.C:
+			if err := s.sendStatus(ctx, s.pingSent.IsZero()); err != nil {
 				return err
 			}
-			continue
-		}
-		// Hand the item on; keep reporting status while the consumer is
-		// busy, so Postgres holds the WAL instead of timing us out.
-		for sent := false; !sent; {
-			timer := time.NewTimer(time.Until(next))
-			select {
-			case out <- item:
-				sent = true
-			case <-timer.C:
-				if err := s.sendStatus(ctx, false); err != nil {
-					timer.Stop()
-					return err
-				}
-				next = time.Now().Add(s.cfg.StatusInterval)
-			case <-ctx.Done():
-				timer.Stop()
-				return ctx.Err()
-			}
+			*next = time.Now().Add(s.cfg.StatusInterval)
+		case <-ctx.Done():
 			timer.Stop()
+			return ctx.Err()
 		}
 	}
 }

@@ -1,0 +1,109 @@
+package test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxd/outboxd/migrations"
+)
+
+// ownPostgres is a Postgres of the test's own, which it may restart.
+type ownPostgres struct {
+	t   *testing.T
+	dir string
+	env []string
+	dsn string
+}
+
+func startOwnPostgres(t *testing.T) *ownPostgres {
+	t.Helper()
+	requireServices(t)
+	dir, err := os.MkdirTemp("", "outboxd-faultpg-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = os.Chmod(dir, 0o755)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	port := freePort(t)
+	pg := &ownPostgres{t: t, dir: dir,
+		env: append(os.Environ(), "OUTBOXD_TESTBED_DIR="+dir, fmt.Sprintf("OUTBOXD_TESTBED_PG_PORT=%d", port)),
+		dsn: fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)}
+	pg.script("pg-start")
+	t.Cleanup(func() { pg.script("pg-stop") })
+	return pg
+}
+
+func (pg *ownPostgres) script(name string) {
+	pg.t.Helper()
+	cmd := exec.Command(filepath.Join("..", "scripts", "testbed", name))
+	cmd.Env = pg.env
+	if out, err := cmd.CombinedOutput(); err != nil {
+		pg.t.Fatalf("%s: %v\n%s", name, err, out)
+	}
+}
+
+// stop shuts the cluster down in mode (fast or immediate).
+func (pg *ownPostgres) stop(mode string) {
+	pg.t.Helper()
+	bin := "/usr/lib/postgresql/15/bin/pg_ctl"
+	if _, err := os.Stat(bin); err != nil {
+		out, _ := exec.Command("pg_config", "--bindir").Output()
+		bin = filepath.Join(strings.TrimSpace(string(out)), "pg_ctl")
+	}
+	args := []string{bin, "stop", "-D", filepath.Join(pg.dir, "pg", "data"), "-m", mode, "-w", "-t", "60"}
+	if os.Geteuid() == 0 {
+		args = append([]string{"runuser", "-u", "postgres", "--"}, args...)
+	}
+	if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
+		pg.t.Fatalf("pg_ctl stop -m %s: %v\n%s", mode, err, out)
+	}
+}
+
+// Scenario 3: Postgres restarted mid-stream, with a fast and an immediate
+// shutdown.
+func TestFaultPostgresRestart(t *testing.T) {
+	pg := startOwnPostgres(t)
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, pg.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := migrations.Apply(ctx, conn.Conn(), "public", "outbox"); err != nil {
+		t.Fatal(err)
+	}
+	conn.Release()
+	d := &db{name: "t_faultpg_" + randomSuffix(), dsn: pg.dsn, pool: pool, slot: "outboxd_fault"}
+	p := start(t, d.env())
+	p.waitStreaming()
+	spec := loadSpec{Prefix: d.name, Types: 4, IDs: 40, Writers: 2,
+		Events: pick(12000, 60000), TxSizes: []int{1, 10, 100}, RollbackPct: 5, Truth: true, Tolerant: true}
+	f := startFaultRun(t, d, svc.brokers, spec)
+	modes := pick([]string{"fast", "immediate"}, []string{"fast", "immediate", "fast", "immediate", "immediate"})
+	for _, mode := range modes {
+		waitCommitted(t, f.l, f.l.committedCount()+1500)
+		pg.stop(mode)
+		time.Sleep(2 * time.Second)
+		pg.script("pg-start")
+		t.Logf("Postgres restarted after a %s shutdown at %d committed events", mode, f.l.committedCount())
+	}
+	faultEnd := time.Now()
+	f.finish("Postgres restart (fast, immediate)", len(modes), faultEnd, fmt.Sprintf("shutdowns %v; outboxd restarts %s", modes, restarts(p)))
+	select {
+	case <-p.done:
+		t.Errorf("outboxd exited across Postgres restarts: %v", p.err)
+	default:
+	}
+}
