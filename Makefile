@@ -5,7 +5,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 COMMIT ?= $(shell git rev-parse --short HEAD 2>/dev/null)
 LDFLAGS := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 
-.PHONY: build demo test unit bench release testbed-up testbed-down fmt vet
+.PHONY: build demo test unit bench bench-micro chaos release testbed-up testbed-down fmt vet
 
 build: ## build bin/outboxd (static)
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/outboxd ./cmd/outboxd
@@ -19,9 +19,15 @@ test: ## every test: unit, fuzz seeds, integration and end-to-end against real P
 unit: ## the tests that need no services
 	$(GO) test -race -count=1 ./checkpoint ./config ./router ./wal ./sink ./relay ./metrics ./migrations ./debezium ./deploy ./outbox ./consumer
 
-bench: ## benchmarks of the hot path (see BENCHMARKS.md)
+bench: ## outboxd vs Debezium vs the physical limits (BENCH_SIZE=full for 1M events); see BENCHMARKS.md
+	bench/run $(BENCH_SIZE)
+
+bench-micro: ## micro-benchmarks of the hot path
 	$(GO) test -run '^$$' -bench . -benchmem ./wal ./router ./checkpoint
 	$(GO) test -run '^$$' -bench Write -benchmem ./outbox
+
+chaos: ## the long fault suite (issue 3); writes chaos-results.md
+	scripts/chaos
 
 release: ## static linux/amd64 and linux/arm64 binaries in dist/ with SHA256SUMS
 	VERSION=$(VERSION) COMMIT=$(COMMIT) scripts/release
