@@ -180,6 +180,10 @@ func New(cfg config.Kafka, m *Metrics, log *slog.Logger) (*Producer, error) {
 		kgo.ProducerBatchMaxBytes(int32(cfg.MaxMessageBytes + recordOverhead)),
 		kgo.MaxBufferedRecords(cfg.MaxBufferedRecords + 1),
 		kgo.ProducerLinger(cfg.Linger),
+		// A topic outboxd has just created must not wait out franz-go's
+		// default 5 s between metadata refreshes (measured: a bimodal
+		// 1.1 s / 6.3 s to drain 50k events onto new topics).
+		kgo.MetadataMinAge(250*time.Millisecond),
 		kgo.ProducerBatchCompression(codec(cfg.Compression)),
 		kgo.WithLogger(logger{log.With("component", "kafka")}),
 		// One kprom per client: it registers on a client's creation and
@@ -324,6 +328,7 @@ func (p *Producer) EnsureTopic(ctx context.Context, topic string) error {
 		return err
 	}
 	p.known[topic] = n
+	p.client.ForceMetadataRefresh() // the producer learns the new topic now, not at its next refresh
 	return nil
 }
 
