@@ -298,67 +298,79 @@ func (r *Relay) inspectSlot(ctx context.Context) (wal.LSN, error) {
 	return info.ConfirmedFlushLSN, nil
 }
 
-// pipe consumes the stream's items in order: it routes inserts and
+// pipe consumes the stream's batches in order: it routes inserts and
 // messages and hands them to the producer, registering each with the tracker
 // first.
 func (r *Relay) pipe(ctx context.Context, batches <-chan []any, tracker *checkpoint.Tracker, producer *sink.Producer, fail context.CancelCauseFunc) error {
-	var (
-		txn          *checkpoint.Txn
-		commitTime   time.Time
-		warnedUpdate bool
-		inserts      = r.m.changes.WithLabelValues("insert")
-		updates      = r.m.changes.WithLabelValues("update")
-		deletes      = r.m.changes.WithLabelValues("delete")
-		messages     = r.m.changes.WithLabelValues("message")
-		rcfg         = r.cfg.Router
-	)
+	p := &pipeline{r: r, ctx: ctx, tracker: tracker, producer: producer, fail: fail,
+		inserts: r.m.changes.WithLabelValues("insert"), updates: r.m.changes.WithLabelValues("update"),
+		deletes: r.m.changes.WithLabelValues("delete"), messages: r.m.changes.WithLabelValues("message")}
 	for batch := range batches {
 		for _, item := range batch {
-			switch m := item.(type) {
-			case *wal.Begin:
-				txn, commitTime = tracker.BeginAt(m.CommitTime), m.CommitTime
-			case *wal.Change:
-				if m.Relation.Namespace != r.schema || m.Relation.Name != r.table {
-					continue // another table in a shared publication
-				}
-				switch m.Op {
-				case wal.Insert:
-					inserts.Inc()
-					rec, err := r.router.Route(m)
-					if err := r.deliver(ctx, txn, rec, err, m.LSN, m.Relation.QualifiedName(), producer, fail); err != nil {
-						return err
-					}
-				case wal.Update:
-					updates.Inc()
-					switch {
-					case rcfg.OnUpdate == "error":
-						return wal.Errorf(errUpdate, "UPDATE of an outbox row at LSN %s (xid %d) and router.on_update is error; outbox rows must only be inserted. "+
-							"To move past it, set router.on_update: warn or ignore and restart", m.LSN, m.XID)
-					case rcfg.OnUpdate == "warn" && !warnedUpdate:
-						warnedUpdate = true
-						r.log.Warn("UPDATE on the outbox table is not delivered; outbox rows should only be inserted (counted in outboxd_wal_changes_total{op=\"update\"})",
-							"lsn", m.LSN, "xid", m.XID)
-					}
-				case wal.Delete:
-					deletes.Inc() // insert-then-delete keeps the table empty; the insert was delivered
-				}
-			case *wal.Message:
-				if !m.Transactional || rcfg.Messages.Prefix == "" || m.Prefix != rcfg.Messages.Prefix {
-					continue // not an outbox event
-				}
-				messages.Inc()
-				rec, err := r.router.RouteMessage(m, commitTime)
-				if err := r.deliver(ctx, txn, rec, err, m.LSN, "message "+m.Prefix, producer, fail); err != nil {
-					return err
-				}
-			case *wal.Commit:
-				txn.Commit(m.EndLSN)
-				txn = nil
-				r.m.transactions.Inc()
-			case wal.Keepalive:
-				tracker.Idle(m.WALEnd)
+			if err := p.handle(item); err != nil {
+				return err
 			}
 		}
+	}
+	return nil
+}
+
+// pipeline is the pipeline goroutine's state for one run.
+type pipeline struct {
+	r        *Relay
+	ctx      context.Context
+	tracker  *checkpoint.Tracker
+	producer *sink.Producer
+	fail     context.CancelCauseFunc
+
+	txn          *checkpoint.Txn
+	commitTime   time.Time
+	warnedUpdate bool
+
+	inserts, updates, deletes, messages prometheus.Counter
+}
+
+func (p *pipeline) handle(item any) error {
+	rcfg := p.r.cfg.Router
+	switch m := item.(type) {
+	case *wal.Begin:
+		p.txn, p.commitTime = p.tracker.BeginAt(m.CommitTime), m.CommitTime
+	case *wal.Change:
+		if m.Relation.Namespace != p.r.schema || m.Relation.Name != p.r.table {
+			return nil // another table in a shared publication
+		}
+		switch m.Op {
+		case wal.Insert:
+			p.inserts.Inc()
+			rec, err := p.r.router.Route(m)
+			return p.deliver(rec, err, m.LSN, m.Relation.QualifiedName)
+		case wal.Update:
+			p.updates.Inc()
+			switch {
+			case rcfg.OnUpdate == "error":
+				return wal.Errorf(errUpdate, "UPDATE of an outbox row at LSN %s (xid %d) and router.on_update is error; outbox rows must only be inserted. "+
+					"To move past it, set router.on_update: warn or ignore and restart", m.LSN, m.XID)
+			case rcfg.OnUpdate == "warn" && !p.warnedUpdate:
+				p.warnedUpdate = true
+				p.r.log.Warn("UPDATE on the outbox table is not delivered; outbox rows should only be inserted (counted in outboxd_wal_changes_total{op=\"update\"})",
+					"lsn", m.LSN, "xid", m.XID)
+			}
+		case wal.Delete:
+			p.deletes.Inc() // insert-then-delete keeps the table empty; the insert was delivered
+		}
+	case *wal.Message:
+		if !m.Transactional || rcfg.Messages.Prefix == "" || m.Prefix != rcfg.Messages.Prefix {
+			return nil // not an outbox event
+		}
+		p.messages.Inc()
+		rec, err := p.r.router.RouteMessage(m, p.commitTime)
+		return p.deliver(rec, err, m.LSN, func() string { return "message " + m.Prefix })
+	case *wal.Commit:
+		p.txn.Commit(m.EndLSN)
+		p.txn = nil
+		p.r.m.transactions.Inc()
+	case wal.Keepalive:
+		p.tracker.Idle(m.WALEnd)
 	}
 	return nil
 }
@@ -367,11 +379,11 @@ func (r *Relay) pipe(ctx context.Context, batches <-chan []any, tracker *checkpo
 var errUpdate = errors.New("update on the outbox table")
 
 // deliver produces a routed record, or applies the poison policy to a row
-// that could not be routed (routeErr) or produced.
-func (r *Relay) deliver(ctx context.Context, txn *checkpoint.Txn, rec *router.Record, routeErr error,
-	lsn wal.LSN, source string, producer *sink.Producer, fail context.CancelCauseFunc) error {
+// that could not be routed (routeErr) or produced. source names where the row
+// came from, for errors only.
+func (p *pipeline) deliver(rec *router.Record, routeErr error, lsn wal.LSN, source func() string) error {
 	if routeErr == nil {
-		if routeErr = produce(ctx, txn, rec, producer, fail); routeErr == nil {
+		if routeErr = produce(p.ctx, p.txn, rec, p.producer, p.fail); routeErr == nil {
 			return nil
 		}
 	}
@@ -380,15 +392,16 @@ func (r *Relay) deliver(ctx context.Context, txn *checkpoint.Txn, rec *router.Re
 		return routeErr
 	}
 	if poison.LSN == 0 {
-		poison.LSN, poison.Table = lsn, source
+		poison.LSN, poison.Table = lsn, source()
 	}
+	r := p.r
 	if r.cfg.Router.Poison.Policy != "dlq" {
 		return fmt.Errorf("%w. outboxd stopped without confirming past it. To move past it deliberately, set router.poison.policy: dlq "+
 			"(and router.poison.dlq_topic) and restart: the row goes to the dead-letter topic and streaming continues", poison)
 	}
 	r.m.deadLettered.Inc()
 	r.log.Warn("outbox row sent to the dead-letter topic", "event_id", poison.EventID, "lsn", lsn, "topic", r.cfg.Router.Poison.DLQTopic, "reason", poison.Reason)
-	return produce(ctx, txn, r.deadLetter(poison), producer, fail)
+	return produce(p.ctx, p.txn, r.deadLetter(poison), p.producer, p.fail)
 }
 
 // deadLetter builds the dead-letter record for a poison row: its key and
