@@ -68,8 +68,8 @@ type Kafka struct {
 	// MaxBufferedRecords caps records handed to Kafka and not yet acked;
 	// at the cap outboxd stops reading WAL.
 	MaxBufferedRecords int `yaml:"max_buffered_records"`
-	// DeliveryTimeout bounds how long one record may take to be acked,
-	// retries included; past it the pipeline restarts from the slot.
+	// DeliveryTimeout: when records have been in flight this long without
+	// any acknowledgement, the pipeline restarts from the slot.
 	DeliveryTimeout time.Duration `yaml:"delivery_timeout"`
 	Linger          time.Duration `yaml:"linger"`
 	// MaxMessageBytes is the largest record outboxd sends (key, value and
