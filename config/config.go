@@ -206,6 +206,9 @@ func (r *Router) resolve() {
 // HTTP serves /metrics and /healthz.
 type HTTP struct {
 	Listen string `yaml:"listen"` // "" disables the server
+	// PProf serves Go's profiler under /debug/pprof/ (off by default: it
+	// exposes internals, so keep http.listen private when it is on).
+	PProf bool `yaml:"pprof"`
 }
 
 // Log configures log/slog output on stderr.

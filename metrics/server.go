@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	httppprof "net/http/pprof"
 	"runtime"
 	"time"
 
@@ -31,7 +32,9 @@ type Server struct {
 //	GET /healthz  200 while the process runs (liveness)
 //	GET /readyz   200 when ready, else 503; the body is ready's JSON (readiness)
 //	GET /status   200 with ready's JSON (for `outboxd status`)
-func Listen(addr string, gatherer prometheus.Gatherer, ready ReadyFunc) (*Server, error) {
+//
+// With pprof, Go's profiler is served under /debug/pprof/ too.
+func Listen(addr string, gatherer prometheus.Gatherer, ready ReadyFunc, pprof bool) (*Server, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("http.listen %s: %w", addr, err)
@@ -53,6 +56,13 @@ func Listen(addr string, gatherer prometheus.Gatherer, ready ReadyFunc) (*Server
 		_, body := ready()
 		writeJSON(w, http.StatusOK, body)
 	})
+	if pprof {
+		mux.HandleFunc("/debug/pprof/", httppprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", httppprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", httppprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", httppprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", httppprof.Trace)
+	}
 	return &Server{srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}, ln: ln}, nil
 }
 

@@ -155,7 +155,7 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 			ok, st := r.Ready()
 			st.Version = version
 			return ok, st
-		})
+		}, cfg.HTTP.PProf)
 		if err != nil {
 			return err
 		}
