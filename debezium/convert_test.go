@@ -2,7 +2,6 @@ package debezium
 
 import (
 	"bytes"
-	"flag"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -10,9 +9,8 @@ import (
 	"testing"
 
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/internal/golden"
 )
-
-var update = flag.Bool("update", false, "rewrite the golden files in testdata")
 
 // secret is the password every testdata input carries; no output may hold it.
 const secret = "pw-SECRET-do-not-leak"
@@ -54,19 +52,7 @@ func TestConvertGolden(t *testing.T) {
 				got.WriteString("-- stdout --\n" + stdout.String() + "-- stderr --\n" + stderr.String())
 			}
 			noSecret(t, got.String())
-			golden := strings.TrimSuffix(in, filepath.Ext(in)) + ".golden"
-			if *update {
-				if err := os.WriteFile(golden, got.Bytes(), 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
-			want, err2 := os.ReadFile(golden)
-			if err2 != nil {
-				t.Fatalf("%v (run go test ./debezium -update to create it)", err2)
-			}
-			if got.String() != string(want) {
-				t.Errorf("output differs from %s (rerun with -update if the change is intended):\n--- got\n%s\n--- want\n%s", golden, got.String(), want)
-			}
+			golden.Check(t, strings.TrimSuffix(in, filepath.Ext(in))+".golden", got.String())
 			if strings.HasPrefix(tc.file, "err-") != (err != nil) {
 				t.Errorf("error = %v; inputs named err-* must fail, the others must convert", err)
 			}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/internal/golden"
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/wal"
 )
@@ -154,7 +155,7 @@ func TestRouteOptionsGolden(t *testing.T) {
 			}
 			ch.CommitTime = commit
 			rec, err := r.Route(ch)
-			golden(t, filepath.Join("testdata", "options_"+tt.name+".golden"), render(t, tt.name, rec, err))
+			golden.Check(t, filepath.Join("testdata", "options_"+tt.name+".golden"), render(t, tt.name, rec, err))
 		})
 	}
 }
@@ -208,7 +209,7 @@ func TestRouteMessageGolden(t *testing.T) {
 			}
 			m := &wal.Message{XID: 9, LSN: 0x4000, Transactional: true, Prefix: "outbox", Content: []byte(tt.content)}
 			rec, err := r.RouteMessage(m, commit)
-			golden(t, filepath.Join("testdata", "message_"+tt.name+".golden"), render(t, tt.name, rec, err))
+			golden.Check(t, filepath.Join("testdata", "message_"+tt.name+".golden"), render(t, tt.name, rec, err))
 		})
 	}
 }

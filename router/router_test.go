@@ -2,20 +2,18 @@ package router_test
 
 import (
 	"errors"
-	"flag"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/outboxd/outboxd/internal/golden"
+
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/wal"
 )
-
-var update = flag.Bool("update", false, "rewrite the golden files in testdata")
 
 // Type OIDs used in the tests.
 const (
@@ -192,7 +190,7 @@ func TestRouteGolden(t *testing.T) {
 					if !strings.HasPrefix(tt.name, "error_missing_") {
 						t.Errorf("unexpected layout error: %v", err)
 					}
-					golden(t, filepath.Join("testdata", tt.name+".golden"), "layout error: "+le.Error()+"\n")
+					golden.Check(t, filepath.Join("testdata", tt.name+".golden"), "layout error: "+le.Error()+"\n")
 					return
 				}
 				var re *router.RowError
@@ -215,7 +213,7 @@ func TestRouteGolden(t *testing.T) {
 				}
 				got = renderRecord(rec)
 			}
-			golden(t, filepath.Join("testdata", tt.name+".golden"), got)
+			golden.Check(t, filepath.Join("testdata", tt.name+".golden"), got)
 		})
 	}
 }
@@ -258,27 +256,6 @@ func quote(v []byte) string {
 	}
 	b.WriteByte('"')
 	return b.String()
-}
-
-// golden compares got with the file at path, or rewrites it with -update.
-func golden(t *testing.T, path, got string) {
-	t.Helper()
-	if *update {
-		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run go test -update to create it)", err)
-	}
-	if got != string(want) {
-		t.Errorf("output differs from %s (run go test -update to rewrite it after checking the diff)\ngot:\n%s\nwant:\n%s", path, got, want)
-	}
 }
 
 // TestRouteExact pins the contract independently of the golden files.

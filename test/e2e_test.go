@@ -101,14 +101,7 @@ func TestSIGTERMRestartLosesNothingAndDuplicatesNothing(t *testing.T) {
 		p = start(t, env)
 		p.waitStreaming()
 	}
-	if err := <-loadDone; err != nil {
-		t.Fatal(err)
-	}
-	topics := l.topics()
-	recs := readUntil(t, topics, 2*time.Minute, 2*time.Second, allDelivered(l))
-	r := check(l, recs, partitionsOf(t, topics...))
-	t.Logf("%s", r)
-	r.failOnLoss(t)
+	r := verifyLoad(t, l, loadDone)
 	if r.Duplicates != 0 {
 		t.Errorf("%d duplicates after SIGTERM restarts, want 0", r.Duplicates)
 	}
@@ -133,14 +126,7 @@ func TestSIGKILLRestartLosesNothing(t *testing.T) {
 		p = start(t, env)
 		p.waitStreaming()
 	}
-	if err := <-loadDone; err != nil {
-		t.Fatal(err)
-	}
-	topics := l.topics()
-	recs := readUntil(t, topics, 2*time.Minute, 2*time.Second, allDelivered(l))
-	r := check(l, recs, partitionsOf(t, topics...))
-	t.Logf("%s", r)
-	r.failOnLoss(t)
+	r := verifyLoad(t, l, loadDone)
 	// Each kill repeats at most what was unconfirmed: bounded by the
 	// producer buffer plus one status interval of deliveries.
 	if limit := 3 * (10000 + 2000); r.Duplicates > limit {

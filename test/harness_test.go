@@ -19,7 +19,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxd/outboxd/migrations"
@@ -364,21 +363,25 @@ func readUntil(t *testing.T, topics []string, timeout, settle time.Duration, don
 	}
 }
 
-// partitionsOf returns the partition count of each topic.
+// partitionsOf returns the partition count of each topic on the shared
+// Kafka.
 func partitionsOf(t *testing.T, topics ...string) map[string]int {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(svc.brokers...))
-	if err != nil {
+	return partitionsOn(t, svc.brokers, topics)
+}
+
+// verifyLoad waits for the load to finish, reads every topic it wrote to
+// until all committed events are in Kafka, and checks them: any lost,
+// phantom, out-of-order or misrouted event fails t.
+func verifyLoad(t *testing.T, l *ledger, loadDone <-chan error) report {
+	t.Helper()
+	if err := <-loadDone; err != nil {
 		t.Fatal(err)
 	}
-	defer cl.Close()
-	td, err := kadm.NewClient(cl).ListTopics(context.Background(), topics...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]int{}
-	for _, d := range td {
-		out[d.Topic] = len(d.Partitions)
-	}
-	return out
+	topics := l.topics()
+	recs := readUntil(t, topics, 2*time.Minute, 2*time.Second, allDelivered(l))
+	r := check(l, recs, partitionsOf(t, topics...))
+	t.Logf("%s", r)
+	r.failOnLoss(t)
+	return r
 }

@@ -79,14 +79,7 @@ func TestHotStandbyTakesOverWhenTheActiveDies(t *testing.T) {
 	if takeover > 10*time.Second {
 		t.Errorf("takeover took %s, want a few seconds", takeover)
 	}
-	if err := <-loadDone; err != nil {
-		t.Fatal(err)
-	}
-	topics := l.topics()
-	recs := readUntil(t, topics, 2*time.Minute, 2*time.Second, allDelivered(l))
-	r := check(l, recs, partitionsOf(t, topics...))
-	t.Logf("%s", r)
-	r.failOnLoss(t)
+	verifyLoad(t, l, loadDone)
 }
 
 // metricLabelled returns the value of a metric line that starts with series.

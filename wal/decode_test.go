@@ -2,19 +2,17 @@ package wal_test
 
 import (
 	"errors"
-	"flag"
 	"fmt"
-	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/outboxd/outboxd/internal/golden"
+
 	"github.com/outboxd/outboxd/wal"
 )
-
-var update = flag.Bool("update", false, "rewrite the golden files in testdata")
 
 // step is one message fed to a Decoder at a WAL position.
 type step struct {
@@ -153,29 +151,8 @@ func TestDecodeGolden(t *testing.T) {
 			if d.InTransaction() {
 				b.WriteString("(transaction still open)\n")
 			}
-			golden(t, filepath.Join("testdata", tt.name+".golden"), b.String())
+			golden.Check(t, filepath.Join("testdata", tt.name+".golden"), b.String())
 		})
-	}
-}
-
-// golden compares got with the file at path, or rewrites it with -update.
-func golden(t *testing.T, path, got string) {
-	t.Helper()
-	if *update {
-		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run go test -update to create it)", err)
-	}
-	if got != string(want) {
-		t.Errorf("output differs from %s (run go test -update to rewrite it after checking the diff)\ngot:\n%s\nwant:\n%s", path, got, want)
 	}
 }
 
