@@ -199,6 +199,7 @@ func New(cfg config.Kafka, m *Metrics, log *slog.Logger) (*Producer, error) {
 	}
 	tlsCfg, err := cfg.TLS.Config()
 	if err != nil {
+		p.breakFence()
 		return nil, err
 	}
 	if tlsCfg != nil {
