@@ -74,3 +74,17 @@ func requireServices(t *testing.T) {
 	}
 	t.Skip(msg)
 }
+
+// requireTool skips (or, in CI, fails) a test that needs a command the
+// machine does not have.
+func requireTool(t *testing.T, name string) {
+	t.Helper()
+	if _, err := exec.LookPath(name); err == nil {
+		return
+	}
+	msg := fmt.Sprintf("%s is not installed (Debian: openssl, postgresql-client-15)", name)
+	if os.Getenv("CI") != "" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg)
+}

@@ -47,9 +47,7 @@ type pki struct {
 // root, as Postgres requires.
 func newPKI(t *testing.T, clientCN string) pki {
 	t.Helper()
-	if _, err := exec.LookPath("openssl"); err != nil {
-		t.Skip("openssl not found")
-	}
+	requireTool(t, "openssl")
 	dir := t.TempDir()
 	if err := os.Chmod(dir, 0o755); err != nil {
 		t.Fatal(err)
@@ -498,9 +496,7 @@ func waitRecord(t *testing.T, opts []kgo.Opt, topic, id string, timeout time.Dur
 // grant.
 func TestLeastPrivilegeRole(t *testing.T) {
 	t.Parallel()
-	if _, err := exec.LookPath("psql"); err != nil {
-		t.Skip("psql not found")
-	}
+	requireTool(t, "psql")
 	d := newDB(t)
 	role := "lp_" + randomSuffix()
 	const password = "Least-Pr1v-pw"
