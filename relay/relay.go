@@ -130,8 +130,7 @@ func (r *Relay) explain(err error) error {
 	var delivery *sink.DeliveryError
 	if errors.As(err, &delivery) && delivery.Rejected() {
 		return fmt.Errorf("%w. Kafka will refuse it again, so outboxd stopped without confirming past it; fix the record or the topic's "+
-			"configuration and restart. Records of partition %d handed to Kafka just before the rejection was reported may be ahead of it",
-			delivery, delivery.Partition)
+			"configuration and restart", delivery)
 	}
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != "42704" || !strings.Contains(pgErr.Message, "publication") {

@@ -91,13 +91,16 @@ type outcome struct {
 
 // runRelay streams txns through fresh Producers until every transaction is
 // confirmed, at most maxRuns times.
-func runRelay(t *testing.T, c *kfake.Cluster, txns []fakeTxn, deliveryTimeout time.Duration, maxRuns int) outcome {
+func runRelay(t *testing.T, c *kfake.Cluster, txns []fakeTxn, deliveryTimeout time.Duration, maxRuns int, tt faultCase) outcome {
 	t.Helper()
 	cfg := config.Default().Kafka
 	cfg.Brokers = c.ListenAddrs()
 	cfg.TopicPartitions = 3
 	cfg.TopicReplicationFactor = 1
 	cfg.MaxBufferedRecords = 50
+	if tt.buffered > 0 {
+		cfg.MaxBufferedRecords = tt.buffered
+	}
 	cfg.DeliveryTimeout = deliveryTimeout
 	quiet := &atomic.Bool{}
 	t.Cleanup(func() { quiet.Store(true) })
@@ -114,7 +117,7 @@ func runRelay(t *testing.T, c *kfake.Cluster, txns []fakeTxn, deliveryTimeout ti
 			t.Fatalf("not everything confirmed after %d runs (confirmed %d of %d); failures: %v", maxRuns, confirmed, last, out.failures)
 		}
 		out.runs++
-		p, err := sink.New(cfg, m, log)
+		p, err := sink.NewWithFirstOpts(cfg, m, log, tt.first...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -134,6 +137,9 @@ func runRelay(t *testing.T, c *kfake.Cluster, txns []fakeTxn, deliveryTimeout ti
 		for _, tx := range txns {
 			if tx.lsn <= confirmed {
 				continue
+			}
+			if tt.pace > 0 {
+				time.Sleep(tt.pace)
 			}
 			x := tracker.Begin()
 			for _, rec := range tx.recs {
@@ -209,10 +215,7 @@ func runRelay(t *testing.T, c *kfake.Cluster, txns []fakeTxn, deliveryTimeout ti
 
 // verify reads the topic back: every event delivered, each key on one
 // partition, first deliveries in commit order. It returns the duplicates.
-// verify reads the topic back and checks it against txns. With
-// reorderAllowed, first deliveries out of key order are logged instead of
-// failing the test (see faultCase.reorderAllowed).
-func verify(t *testing.T, c *kfake.Cluster, txns []fakeTxn, reorderAllowed bool) int {
+func verify(t *testing.T, c *kfake.Cluster, txns []fakeTxn) int {
 	t.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ConsumeTopics(topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
@@ -258,11 +261,7 @@ func verify(t *testing.T, c *kfake.Cluster, txns []fakeTxn, reorderAllowed bool)
 				return
 			}
 			if s <= lastSeq[key] {
-				report := t.Errorf
-				if reorderAllowed {
-					report = t.Logf
-				}
-				report("key %s: seq %d first delivered after seq %d (offset %d)", key, s, lastSeq[key], r.Offset)
+				t.Errorf("key %s: seq %d first delivered after seq %d (offset %d)", key, s, lastSeq[key], r.Offset)
 			}
 			lastSeq[key] = s
 		})
@@ -315,13 +314,13 @@ type faultCase struct {
 	deliveryTimeout time.Duration
 	inject          func(t *testing.T, c *kfake.Cluster) (stop func(), injected func() int64)
 	wantFailedRuns  bool // a non-retriable fault must end at least one run
-	// reorderAllowed: Kafka rejects records non-retriably. franz-go
-	// reports the failure asynchronously, so a record of the same
-	// partition handed over in that moment can land ahead of the rejected
-	// one when the next run re-sends it; outboxd halts on such a rejection
-	// and documents this (RELIABILITY.md). Loss and confirming past the
-	// failure are still checked strictly.
-	reorderAllowed bool
+	// first: franz-go options ahead of outboxd's own (hooks that run
+	// before outboxd's).
+	first []kgo.Opt
+	// buffered is kafka.max_buffered_records (default 50).
+	buffered int
+	// pace is a pause before each transaction is handed over.
+	pace time.Duration
 }
 
 // Retriable faults: franz-go retries them, no run fails, nothing is lost,
@@ -377,9 +376,9 @@ func runFaultCases(t *testing.T, tests []faultCase) {
 		t.Run(tt.name, func(t *testing.T) {
 			c := newCluster(t, tt.brokers)
 			stop, injected := tt.inject(t, c)
-			out := runRelay(t, c, txns, tt.deliveryTimeout, 50)
+			out := runRelay(t, c, txns, tt.deliveryTimeout, 50, tt)
 			stop()
-			dups := verify(t, c, txns, tt.reorderAllowed)
+			dups := verify(t, c, txns)
 			t.Logf("faults injected %d, runs %d (failed %d), duplicates %d", injected(), out.runs, out.failedRuns, dups)
 			if injected() == 0 {
 				t.Error("no fault was injected; the test proves nothing")

@@ -169,21 +169,27 @@ type Producer struct {
 // would fail at once and forever. Watch enforces kafka.delivery_timeout as a
 // stall timeout instead.
 func New(cfg config.Kafka, m *Metrics, log *slog.Logger) (*Producer, error) {
+	return newProducer(cfg, m, log)
+}
+
+// newProducer is New with franz-go options that go first (tests use it to
+// put a hook ahead of outboxd's own).
+func newProducer(cfg config.Kafka, m *Metrics, log *slog.Logger, first ...kgo.Opt) (*Producer, error) {
 	p := &Producer{cfg: cfg, m: m, known: map[string]int{}, slots: make(chan struct{}, cfg.MaxBufferedRecords)}
 	p.fence, p.breakFence = context.WithCancel(context.Background())
 	p.lastAck.Store(time.Now().UnixNano())
-	opts := []kgo.Opt{
+	opts := append(first[:len(first):len(first)],
 		kgo.SeedBrokers(cfg.Brokers...),
 		kgo.ClientID(cfg.ClientID),
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		kgo.RecordPartitioner(partitioner{kgo.StickyKeyPartitioner(nil)}), // Kafka's murmur2 for keyed records
-		kgo.ProducerBatchMaxBytes(int32(cfg.MaxMessageBytes + recordOverhead)),
-		kgo.MaxBufferedRecords(cfg.MaxBufferedRecords + 1),
+		kgo.ProducerBatchMaxBytes(int32(cfg.MaxMessageBytes+recordOverhead)),
+		kgo.MaxBufferedRecords(cfg.MaxBufferedRecords+1),
 		kgo.ProducerLinger(cfg.Linger),
 		// A topic outboxd has just created must not wait out franz-go's
 		// default 5 s between metadata refreshes (measured: a bimodal
 		// 1.1 s / 6.3 s to drain 50k events onto new topics).
-		kgo.MetadataMinAge(250 * time.Millisecond),
+		kgo.MetadataMinAge(250*time.Millisecond),
 		kgo.ProducerBatchCompression(codec(cfg.Compression)),
 		kgo.WithLogger(logger{log.With("component", "kafka")}),
 		// One kprom per client: it registers on a client's creation and
@@ -193,7 +199,7 @@ func New(cfg config.Kafka, m *Metrics, log *slog.Logger) (*Producer, error) {
 			log.Error("Kafka reports data loss: acknowledged records are missing from the log (unclean leader election?)",
 				"topic", topic, "partition", partition)
 		}),
-	}
+	)
 	if cfg.TopicCreation == "broker" {
 		opts = append(opts, kgo.AllowAutoTopicCreation())
 	}
@@ -202,9 +208,8 @@ func New(cfg config.Kafka, m *Metrics, log *slog.Logger) (*Producer, error) {
 		p.breakFence()
 		return nil, err
 	}
-	if tlsCfg != nil {
-		opts = append(opts, kgo.DialTLSConfig(tlsCfg))
-	}
+	// The fence must break before franz-go acts on a rejection (rejectwatch.go).
+	opts = append(opts, kgo.Dialer(dialer(tlsCfg, func(error) { p.breakFence() })))
 	if mech := saslMechanism(cfg.SASL); mech != nil {
 		opts = append(opts, kgo.SASL(mech))
 	}

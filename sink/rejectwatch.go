@@ -1,0 +1,214 @@
+package sink
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kbin"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// Broker connections that read every produce response before franz-go does.
+//
+// When Kafka rejects a batch for good (INVALID_RECORD, MESSAGE_TOO_LARGE,
+// TOPIC_AUTHORIZATION_FAILED, ...), franz-go fails that batch and every later
+// one of its partition, but it reports the failure through a promise that runs
+// on another goroutine. A record handed over in between starts a new batch
+// (after a local producer-epoch bump, with no round trip to wait for) and can
+// be written ahead of the rejected record, which the next run sends again:
+// the key's first deliveries are then out of commit order. Measured with kfake:
+// about one run in five under the race detector.
+//
+// A watched connection breaks the fence while it still holds the response,
+// before franz-go can act on it. Every record handed over from then on is
+// refused by Produce, and every batch franz-go has not written yet fails at
+// its next drain, because its first record's context is the broken fence. So
+// no record of a partition is written after one of its batches was rejected.
+
+// dialer returns a franz-go dial function whose connections call reject
+// before a produce response that rejects a batch reaches franz-go.
+func dialer(tlsCfg *tls.Config, reject func(error)) func(ctx context.Context, network, host string) (net.Conn, error) {
+	nd := &net.Dialer{Timeout: 10 * time.Second} // franz-go's default
+	return func(ctx context.Context, network, host string) (net.Conn, error) {
+		var (
+			c   net.Conn
+			err error
+		)
+		if tlsCfg == nil {
+			c, err = nd.DialContext(ctx, network, host)
+		} else {
+			cfg := tlsCfg.Clone()
+			if cfg.ServerName == "" {
+				server, _, err := net.SplitHostPort(host)
+				if err != nil {
+					return nil, fmt.Errorf("unable to split host:port for dialing: %w", err)
+				}
+				cfg.ServerName = server
+			}
+			c, err = (&tls.Dialer{NetDialer: nd, Config: cfg}).DialContext(ctx, network, host)
+		}
+		if err != nil {
+			return nil, err
+		}
+		return &watchedConn{Conn: c, reject: reject, produce: map[int32]int16{}}, nil
+	}
+}
+
+// watchedConn follows the request frames written (size, then api key,
+// version and correlation id) to know which responses answer produce
+// requests, and reads responses a whole frame at a time so that it can look
+// into a produce response before handing any of it on.
+type watchedConn struct {
+	net.Conn
+	reject func(error)
+
+	mu      sync.Mutex
+	produce map[int32]int16 // correlation id -> produce request version
+
+	// Write side (franz-go writes from one goroutine per connection).
+	wsize [4]byte
+	wn    int    // bytes of the size prefix seen
+	whdr  []byte // the first 8 bytes of the frame body
+	wleft int    // bytes of the frame body still to pass
+
+	// Read side.
+	rbuf []byte // the frame being handed on
+	roff int
+}
+
+func (c *watchedConn) Write(p []byte) (int, error) {
+	c.follow(p)
+	return c.Conn.Write(p)
+}
+
+// follow parses the request frames in p, written as a stream.
+func (c *watchedConn) follow(p []byte) {
+	for len(p) > 0 {
+		if c.wleft == 0 { // at a size prefix
+			k := copy(c.wsize[c.wn:], p)
+			c.wn += k
+			p = p[k:]
+			if c.wn < 4 {
+				return
+			}
+			c.wn = 0
+			c.wleft = int(int32(binary.BigEndian.Uint32(c.wsize[:])))
+			c.whdr = c.whdr[:0]
+			if c.wleft <= 0 {
+				c.wleft = 0
+			}
+			continue
+		}
+		if len(c.whdr) < 8 {
+			k := min(8-len(c.whdr), len(p), c.wleft)
+			c.whdr = append(c.whdr, p[:k]...)
+			p, c.wleft = p[k:], c.wleft-k
+			if len(c.whdr) == 8 && int16(binary.BigEndian.Uint16(c.whdr)) == int16(kmsg.Produce) {
+				c.mu.Lock()
+				c.produce[int32(binary.BigEndian.Uint32(c.whdr[4:]))] = int16(binary.BigEndian.Uint16(c.whdr[2:]))
+				c.mu.Unlock()
+			}
+			continue
+		}
+		k := min(len(p), c.wleft)
+		p, c.wleft = p[k:], c.wleft-k
+	}
+}
+
+func (c *watchedConn) Read(p []byte) (int, error) {
+	if c.roff == len(c.rbuf) {
+		if err := c.readFrame(); err != nil {
+			return 0, err
+		}
+	}
+	n := copy(p, c.rbuf[c.roff:])
+	c.roff += n
+	return n, nil
+}
+
+// readFrame reads one whole response frame into rbuf and inspects it.
+func (c *watchedConn) readFrame() error {
+	c.rbuf, c.roff = c.rbuf[:0], 0
+	var size [4]byte
+	if _, err := io.ReadFull(c.Conn, size[:]); err != nil {
+		return err
+	}
+	n := int(int32(binary.BigEndian.Uint32(size[:])))
+	if n < 0 {
+		n = 0 // franz-go rejects the frame itself
+	}
+	if cap(c.rbuf) < 4+n {
+		c.rbuf = make([]byte, 0, 4+n)
+	}
+	c.rbuf = append(c.rbuf, size[:]...)
+	c.rbuf = c.rbuf[:4+n]
+	if _, err := io.ReadFull(c.Conn, c.rbuf[4:]); err != nil {
+		c.rbuf = c.rbuf[:0]
+		return err
+	}
+	c.inspect(c.rbuf[4:])
+	return nil
+}
+
+// inspect calls reject if body answers a produce request and rejects a
+// batch.
+func (c *watchedConn) inspect(body []byte) {
+	if len(body) < 4 {
+		return
+	}
+	corr := int32(binary.BigEndian.Uint32(body))
+	c.mu.Lock()
+	version, ok := c.produce[corr]
+	delete(c.produce, corr)
+	c.mu.Unlock()
+	if !ok {
+		return
+	}
+	resp := kmsg.ProduceResponse{Version: version}
+	src := body[4:]
+	if resp.IsFlexible() {
+		r := kbin.Reader{Src: src}
+		kmsg.SkipTags(&r)
+		if r.Complete() != nil {
+			return
+		}
+		src = r.Src
+	}
+	if resp.ReadFrom(src) != nil {
+		return // franz-go fails the request itself
+	}
+	for _, t := range resp.Topics {
+		for _, p := range t.Partitions {
+			if err := kerr.ErrorForCode(p.ErrorCode); rejects(err) {
+				c.reject(fmt.Errorf("Kafka rejected a batch for %s[%d]: %w", t.Topic, p.Partition, err))
+				return
+			}
+		}
+	}
+}
+
+// rejects reports whether franz-go fails a batch answered with err instead
+// of retrying it (sink.go, handleReqRespBatch).
+func rejects(err error) bool {
+	switch {
+	case err == nil,
+		err == kerr.DuplicateSequenceNumber, // treated as success
+		err == kerr.ConcurrentTransactions,  // retried
+		// franz-go bumps the producer epoch and resends the batch.
+		err == kerr.OutOfOrderSequenceNumber,
+		err == kerr.UnknownProducerID,
+		err == kerr.InvalidProducerIDMapping,
+		err == kerr.InvalidProducerEpoch:
+		return false
+	case err == kerr.CorruptMessage: // retriable to Kafka, not to franz-go
+		return true
+	}
+	return !kerr.IsRetriable(err)
+}
