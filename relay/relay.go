@@ -323,6 +323,7 @@ type pipeline struct {
 	fail     context.CancelCauseFunc
 
 	txn          *checkpoint.Txn
+	done         func(error) // the outcome of a record of txn
 	commitTime   time.Time
 	warnedUpdate bool
 
@@ -333,7 +334,16 @@ func (p *pipeline) handle(item any) error {
 	rcfg := p.r.cfg.Router
 	switch m := item.(type) {
 	case *wal.Begin:
-		p.txn, p.commitTime = p.tracker.BeginAt(m.CommitTime), m.CommitTime
+		txn, fail := p.tracker.BeginAt(m.CommitTime), p.fail
+		p.txn, p.commitTime = txn, m.CommitTime
+		// One callback per transaction, not per record.
+		p.done = func(err error) {
+			if err != nil {
+				fail(err)
+				return
+			}
+			txn.Ack()
+		}
 	case *wal.Change:
 		if m.Relation.Namespace != p.r.schema || m.Relation.Name != p.r.table {
 			return nil // another table in a shared publication
@@ -366,7 +376,7 @@ func (p *pipeline) handle(item any) error {
 		return p.deliver(rec, err, m.LSN, func() string { return "message " + m.Prefix })
 	case *wal.Commit:
 		p.txn.Commit(m.EndLSN)
-		p.txn = nil
+		p.txn, p.done = nil, nil
 		p.r.m.transactions.Inc()
 	case wal.Keepalive:
 		p.tracker.Idle(m.WALEnd)
@@ -382,7 +392,7 @@ var errUpdate = errors.New("update on the outbox table")
 // came from, for errors only.
 func (p *pipeline) deliver(rec *router.Record, routeErr error, lsn wal.LSN, source func() string) error {
 	if routeErr == nil {
-		if routeErr = produce(p.ctx, p.txn, rec, p.producer, p.fail); routeErr == nil {
+		if routeErr = produce(p.ctx, p.txn, rec, p.producer, p.done); routeErr == nil {
 			return nil
 		}
 	}
@@ -400,7 +410,7 @@ func (p *pipeline) deliver(rec *router.Record, routeErr error, lsn wal.LSN, sour
 	}
 	r.m.deadLettered.Inc()
 	r.log.Warn("outbox row sent to the dead-letter topic", "event_id", poison.EventID, "lsn", lsn, "topic", r.cfg.Router.Poison.DLQTopic, "reason", poison.Reason)
-	return produce(p.ctx, p.txn, r.deadLetter(poison), p.producer, p.fail)
+	return produce(p.ctx, p.txn, r.deadLetter(poison), p.producer, p.done)
 }
 
 // deadLetter builds the dead-letter record for a poison row: its key and
@@ -423,16 +433,11 @@ func (r *Relay) deadLetter(p *router.RowError) *router.Record {
 	}
 }
 
-// produce registers rec with txn and hands it to the producer.
-func produce(ctx context.Context, txn *checkpoint.Txn, rec *router.Record, producer *sink.Producer, fail context.CancelCauseFunc) error {
+// produce registers rec with txn and hands it to the producer; done is
+// txn's callback (fails the run, or acknowledges one record of txn).
+func produce(ctx context.Context, txn *checkpoint.Txn, rec *router.Record, producer *sink.Producer, done func(error)) error {
 	txn.Add()
-	err := producer.Produce(ctx, rec, func(err error) {
-		if err != nil {
-			fail(err)
-			return
-		}
-		txn.Ack()
-	})
+	err := producer.Produce(ctx, rec, done)
 	if err != nil {
 		txn.Ack() // never handed over: nothing to wait for, and the run stops or dead-letters it
 	}

@@ -160,6 +160,7 @@ type Producer struct {
 	fence      context.Context
 	breakFence context.CancelFunc
 	lastAck    atomic.Int64 // unix nanos of the last acknowledgement (or of creation)
+	inflight   sync.Pool    // of *inflight
 }
 
 // New returns a Producer for cfg. It does not contact the brokers.
@@ -176,6 +177,7 @@ func New(cfg config.Kafka, m *Metrics, log *slog.Logger) (*Producer, error) {
 // put a hook ahead of outboxd's own).
 func newProducer(cfg config.Kafka, m *Metrics, log *slog.Logger, first ...kgo.Opt) (*Producer, error) {
 	p := &Producer{cfg: cfg, m: m, known: map[string]int{}, slots: make(chan struct{}, cfg.MaxBufferedRecords)}
+	p.inflight.New = newInflight
 	p.fence, p.breakFence = context.WithCancel(context.Background())
 	p.lastAck.Store(time.Now().UnixNano())
 	opts := append(first[:len(first):len(first)],
@@ -390,16 +392,15 @@ func (p *Producer) Produce(ctx context.Context, rec *router.Record, done func(er
 	if err := p.EnsureTopic(ctx, rec.Topic); err != nil {
 		return err
 	}
-	kr := &kgo.Record{Topic: rec.Topic, Key: rec.Key, Value: rec.Value, Timestamp: rec.Timestamp, Headers: make([]kgo.RecordHeader, len(rec.Headers))}
 	size := len(rec.Key) + len(rec.Value)
-	for i, h := range rec.Headers {
-		kr.Headers[i] = kgo.RecordHeader{Key: h.Key, Value: h.Value}
+	for _, h := range rec.Headers {
 		size += len(h.Key) + len(h.Value)
 	}
 	if size > p.cfg.MaxMessageBytes {
 		return &router.RowError{EventID: rec.EventID, Topic: rec.Topic, Key: rec.Key,
 			Reason: fmt.Sprintf("the record is %d bytes, over kafka.max_message_bytes (%d); send large payloads by reference", size, p.cfg.MaxMessageBytes)}
 	}
+	rctx := p.fence
 	if rec.Partition >= 0 {
 		n, err := p.partitions(ctx, rec.Topic)
 		if err != nil {
@@ -409,7 +410,7 @@ func (p *Producer) Produce(ctx context.Context, rec *router.Record, done func(er
 			return &router.RowError{EventID: rec.EventID, Topic: rec.Topic, Key: rec.Key, Value: rec.Value,
 				Reason: fmt.Sprintf("partition %d chosen by its partition column does not exist: topic %s has %d partitions", rec.Partition, rec.Topic, n)}
 		}
-		kr.Context = context.WithValue(p.fence, partitionKey{}, rec.Partition)
+		rctx = context.WithValue(p.fence, partitionKey{}, rec.Partition)
 	}
 	select {
 	case p.slots <- struct{}{}:
@@ -420,27 +421,66 @@ func (p *Producer) Produce(ctx context.Context, rec *router.Record, done func(er
 		<-p.slots
 		return fmt.Errorf("not handing over event %s: an earlier record failed: %w", rec.EventID, err)
 	}
-	if kr.Context == nil {
-		kr.Context = p.fence
+	f := p.inflight.Get().(*inflight)
+	f.p, f.rec, f.done = p, rec, done
+	f.kr = kgo.Record{Topic: rec.Topic, Key: rec.Key, Value: rec.Value, Timestamp: rec.Timestamp, Context: rctx}
+	if len(rec.Headers) <= len(f.headers) {
+		f.kr.Headers = f.headers[:len(rec.Headers)]
+	} else {
+		f.kr.Headers = make([]kgo.RecordHeader, len(rec.Headers))
 	}
-	p.client.Produce(kr.Context, kr, func(r *kgo.Record, err error) {
-		<-p.slots
-		if err != nil {
-			p.breakFence()
-			p.m.errors.WithLabelValues(errorKind(err)).Inc()
-			done(&DeliveryError{Topic: r.Topic, Partition: r.Partition, EventID: rec.EventID, Err: err})
-			return
-		}
-		p.lastAck.Store(time.Now().UnixNano())
-		c := p.m.forTopic(r.Topic)
-		c.records.Inc()
-		c.bytes.Add(float64(len(r.Key) + len(r.Value)))
-		if !rec.CommitTime.IsZero() {
-			p.m.commitToAck.Observe(time.Since(rec.CommitTime).Seconds())
-		}
-		done(nil)
-	})
+	for i, h := range rec.Headers {
+		f.kr.Headers[i] = kgo.RecordHeader{Key: h.Key, Value: h.Value}
+	}
+	p.client.Produce(rctx, &f.kr, f.promise)
 	return nil
+}
+
+// inflight is a record handed to franz-go: the record, room for its headers
+// and its promise, in one reused allocation.
+type inflight struct {
+	kr      kgo.Record
+	headers [4]kgo.RecordHeader
+	promise func(*kgo.Record, error) // f.finish, bound once
+	p       *Producer
+	rec     *router.Record
+	done    func(error)
+}
+
+func newInflight() any {
+	f := &inflight{}
+	f.promise = f.finish
+	return f
+}
+
+// finish is the record's promise. franz-go does not touch the record once
+// it returns, so the inflight goes back to the pool.
+func (f *inflight) finish(r *kgo.Record, err error) {
+	p, rec, done := f.p, f.rec, f.done
+	<-p.slots
+	if err != nil {
+		p.breakFence()
+		p.m.errors.WithLabelValues(errorKind(err)).Inc()
+		de := &DeliveryError{Topic: r.Topic, Partition: r.Partition, EventID: rec.EventID, Err: err}
+		f.release()
+		done(de)
+		return
+	}
+	p.lastAck.Store(time.Now().UnixNano())
+	c := p.m.forTopic(r.Topic)
+	c.records.Inc()
+	c.bytes.Add(float64(len(r.Key) + len(r.Value)))
+	if !rec.CommitTime.IsZero() {
+		p.m.commitToAck.Observe(time.Since(rec.CommitTime).Seconds())
+	}
+	f.release()
+	done(nil)
+}
+
+func (f *inflight) release() {
+	p := f.p
+	f.kr, f.headers, f.p, f.rec, f.done = kgo.Record{}, [4]kgo.RecordHeader{}, nil, nil, nil
+	p.inflight.Put(f)
 }
 
 // recordOverhead is room for a record's framing in a batch.
