@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -204,7 +205,13 @@ func cmdProduce(ctx context.Context, args []string) error {
 	c.register(fs)
 	n := fs.Int("n", 50000, "records")
 	size := fs.Int("size", 250, "approximate value bytes")
+	rate := fs.Float64("rate", 0, "records/s, paced, reporting send → ack latency (0: -n records as fast as possible)")
+	duration := fs.Duration("duration", 15*time.Second, "how long to send at -rate")
+	warmup := fs.Duration("warmup", 3*time.Second, "latencies of records sent in this first part of a -rate run are not counted")
 	_ = fs.Parse(args)
+	if *rate > 0 {
+		return producePaced(ctx, c, *size, *rate, *duration, *warmup)
+	}
 
 	// Build the records first, so that only producing is timed.
 	pool := make([][]byte, 1024)
@@ -282,3 +289,77 @@ func cmdProduce(ctx context.Context, args []string) error {
 }
 
 func tv(t syscall.Timeval) float64 { return float64(t.Sec) + float64(t.Usec)/1e6 }
+
+// producePaced sends records shaped like the outbox events at a fixed rate,
+// one at a time as a live relay would, and reports the send → ack latency:
+// the floor of commit → Kafka latency that the broker allows.
+func producePaced(ctx context.Context, c common, size int, rate float64, duration, warmup time.Duration) error {
+	pool := make([][]byte, 1024)
+	for i := range pool {
+		pool[i] = []byte(payload(i, size))
+	}
+	p, err := kgo.NewClient(kgo.SeedBrokers(c.brokers), kgo.RequiredAcks(kgo.AllISRAcks()),
+		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)), kgo.ProducerLinger(0))
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	var ru0 syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru0)
+	var (
+		mu  sync.Mutex
+		lat []float64
+		wg  sync.WaitGroup
+	)
+	var failed atomic.Pointer[error]
+	start := time.Now()
+	n := int(rate * duration.Seconds())
+	for g := range n {
+		at := start.Add(time.Duration(float64(g) / rate * float64(time.Second)))
+		time.Sleep(time.Until(at))
+		r := &kgo.Record{
+			Topic: fmt.Sprintf("%s_t%d-events", c.prefix, g%c.types),
+			Key:   fmt.Appendf(nil, "agg-%d", (g*7919)%10000),
+			Value: pool[g%len(pool)],
+			Headers: []kgo.RecordHeader{
+				{Key: "id", Value: []byte(newUUID())},
+				{Key: "eventType", Value: []byte("Created")},
+			},
+		}
+		sent := time.Now()
+		counted := sent.Sub(start) >= warmup
+		wg.Add(1)
+		p.Produce(ctx, r, func(_ *kgo.Record, err error) {
+			defer wg.Done()
+			if err != nil {
+				failed.Store(&err)
+				return
+			}
+			if counted {
+				mu.Lock()
+				lat = append(lat, float64(time.Since(sent).Microseconds())/1000)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if e := failed.Load(); e != nil {
+		return fmt.Errorf("producing: %w", *e)
+	}
+	var ru1 syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru1)
+	sort.Float64s(lat)
+	res := newResult(c, "live")
+	res.Events, res.PayloadBytes = n, size
+	res.TargetRate = rate
+	res.WriteRate = float64(n) / time.Since(start).Seconds()
+	res.P50ms, res.P99ms, res.P999ms = percentile(lat, 0.5), percentile(lat, 0.99), percentile(lat, 0.999)
+	if len(lat) > 0 {
+		res.Maxms = lat[len(lat)-1]
+	}
+	res.CPUSeconds = tv(ru1.Utime) + tv(ru1.Stime) - tv(ru0.Utime) - tv(ru0.Stime)
+	res.CPUPer100k = res.CPUSeconds / float64(n) * 1e5
+	res.Note = fmt.Sprintf("send → ack (franz-go, acks=all, idempotent, linger 0), %d records measured after %s warm-up", len(lat), warmup)
+	res.print()
+	return nil
+}
