@@ -23,7 +23,7 @@ bench: ## outboxd vs Debezium vs the physical limits (BENCH_SIZE=full for 1M eve
 	bench/run $(BENCH_SIZE)
 
 bench-micro: ## micro-benchmarks of the hot path
-	$(GO) test -run '^$$' -bench . -benchmem ./wal ./router ./checkpoint
+	$(GO) test -run '^$$' -bench . -benchmem ./wal ./router ./checkpoint ./sink
 	$(GO) test -run '^$$' -bench Write -benchmem ./outbox
 
 chaos: ## the long fault suite (issue 3); writes chaos-results.md
