@@ -97,7 +97,7 @@ func TestFaultPostgresRestart(t *testing.T) {
 		pg.stop(mode)
 		time.Sleep(2 * time.Second)
 		pg.script("pg-start")
-		t.Logf("Postgres restarted after a %s shutdown at %d committed events", mode, f.l.committedCount())
+		t.Logf("Postgres restarted after shutdown mode %s at %d committed events", mode, f.l.committedCount())
 	}
 	faultEnd := time.Now()
 	f.finish("Postgres restart (fast, immediate)", len(modes), faultEnd, fmt.Sprintf("shutdowns %v; outboxd restarts %s", modes, restarts(p)))
