@@ -81,7 +81,13 @@ type watchedConn struct {
 	// Read side.
 	rbuf []byte // the frame being handed on
 	roff int
+	raw  bool // an oversized frame: hand the rest of the stream on as it comes
 }
+
+// maxFrame is franz-go's default BrokerMaxReadBytes: a larger response is an
+// error to franz-go, which reads its size and closes the connection. The
+// watched connection must not buffer such a frame first.
+const maxFrame = 100 << 20
 
 func (c *watchedConn) Write(p []byte) (int, error) {
 	c.follow(p)
@@ -123,6 +129,9 @@ func (c *watchedConn) follow(p []byte) {
 }
 
 func (c *watchedConn) Read(p []byte) (int, error) {
+	if c.roff == len(c.rbuf) && c.raw {
+		return c.Conn.Read(p)
+	}
 	if c.roff == len(c.rbuf) {
 		if err := c.readFrame(); err != nil {
 			return 0, err
@@ -141,8 +150,10 @@ func (c *watchedConn) readFrame() error {
 		return err
 	}
 	n := int(int32(binary.BigEndian.Uint32(size[:])))
-	if n < 0 {
-		n = 0 // franz-go rejects the frame itself
+	if n < 0 || n > maxFrame {
+		// franz-go rejects the frame from its size alone.
+		c.rbuf, c.raw = append(c.rbuf, size[:]...), true
+		return nil
 	}
 	if cap(c.rbuf) < 4+n {
 		c.rbuf = make([]byte, 0, 4+n)

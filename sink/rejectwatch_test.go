@@ -99,3 +99,25 @@ func TestWatchedConnSeesRejections(t *testing.T) {
 		})
 	}
 }
+
+// A response larger than franz-go accepts is handed on by its size, without
+// being read into memory first.
+func TestWatchedConnOversizedFrame(t *testing.T) {
+	client, server := net.Pipe()
+	defer server.Close()
+	c := &watchedConn{Conn: client, reject: func(error) { t.Error("reject called") }, produce: map[int32]int16{}}
+	defer c.Close()
+	go func() { _, _ = server.Write([]byte{0x40, 0, 0, 0, 1, 2, 3}) }() // 1 GiB announced
+	buf := make([]byte, 16)
+	n, err := c.Read(buf)
+	if err != nil || !bytes.Equal(buf[:n], []byte{0x40, 0, 0, 0}) {
+		t.Fatalf("first read = %x, %v; want the size prefix", buf[:n], err)
+	}
+	if cap(c.rbuf) > 1<<10 {
+		t.Fatalf("buffered %d bytes for an oversized frame", cap(c.rbuf))
+	}
+	n, err = c.Read(buf)
+	if err != nil || !bytes.Equal(buf[:n], []byte{1, 2, 3}) {
+		t.Fatalf("second read = %x, %v; want the stream as it comes", buf[:n], err)
+	}
+}
