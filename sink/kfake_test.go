@@ -91,7 +91,7 @@ type outcome struct {
 
 // runRelay streams txns through fresh Producers until every transaction is
 // confirmed, at most maxRuns times.
-func runRelay(t *testing.T, c *kfake.Cluster, txns []fakeTxn, deliveryTimeout time.Duration, maxRuns int, tt faultCase) outcome {
+func runRelay(t *testing.T, c *kfake.Cluster, txns []fakeTxn, maxRuns int, tt faultCase) outcome {
 	t.Helper()
 	cfg := config.Default().Kafka
 	cfg.Brokers = c.ListenAddrs()
@@ -101,7 +101,7 @@ func runRelay(t *testing.T, c *kfake.Cluster, txns []fakeTxn, deliveryTimeout ti
 	if tt.buffered > 0 {
 		cfg.MaxBufferedRecords = tt.buffered
 	}
-	cfg.DeliveryTimeout = deliveryTimeout
+	cfg.DeliveryTimeout = tt.deliveryTimeout
 	quiet := &atomic.Bool{}
 	t.Cleanup(func() { quiet.Store(true) })
 	log := slog.New(slog.NewTextHandler(tWriter{t, quiet}, &slog.HandlerOptions{Level: slog.LevelWarn}))
@@ -175,9 +175,9 @@ func runRelay(t *testing.T, c *kfake.Cluster, txns []fakeTxn, deliveryTimeout ti
 		}
 		if context.Cause(run) == nil {
 			// Wait for the last acks (bounded by the delivery timeout).
-			ctx, cancel := context.WithTimeout(run, deliveryTimeout+30*time.Second)
+			ctx, cancel := context.WithTimeout(run, tt.deliveryTimeout+30*time.Second)
 			if err := tracker.WaitAcked(ctx); err != nil && context.Cause(run) == nil {
-				t.Fatalf("records neither acked nor failed within %s", deliveryTimeout+30*time.Second)
+				t.Fatalf("records neither acked nor failed within %s", tt.deliveryTimeout+30*time.Second)
 			}
 			cancel()
 		}
@@ -376,7 +376,7 @@ func runFaultCases(t *testing.T, tests []faultCase) {
 		t.Run(tt.name, func(t *testing.T) {
 			c := newCluster(t, tt.brokers)
 			stop, injected := tt.inject(t, c)
-			out := runRelay(t, c, txns, tt.deliveryTimeout, 50, tt)
+			out := runRelay(t, c, txns, 50, tt)
 			stop()
 			dups := verify(t, c, txns)
 			t.Logf("faults injected %d, runs %d (failed %d), duplicates %d", injected(), out.runs, out.failedRuns, dups)

@@ -105,11 +105,8 @@ func (c *watchedConn) follow(p []byte) {
 				return
 			}
 			c.wn = 0
-			c.wleft = int(int32(binary.BigEndian.Uint32(c.wsize[:])))
+			c.wleft = max(0, int(int32(binary.BigEndian.Uint32(c.wsize[:]))))
 			c.whdr = c.whdr[:0]
-			if c.wleft <= 0 {
-				c.wleft = 0
-			}
 			continue
 		}
 		if len(c.whdr) < 8 {

@@ -214,21 +214,10 @@ func cmdProduce(ctx context.Context, args []string) error {
 	}
 
 	// Build the records first, so that only producing is timed.
-	pool := make([][]byte, 1024)
-	for i := range pool {
-		pool[i] = []byte(payload(i, *size))
-	}
+	pool := payloads(*size)
 	recs := make([]*kgo.Record, *n)
 	for g := range recs {
-		recs[g] = &kgo.Record{
-			Topic: fmt.Sprintf("%s_t%d-events", c.prefix, g%c.types),
-			Key:   fmt.Appendf(nil, "agg-%d", (g*7919)%10000),
-			Value: pool[g%len(pool)],
-			Headers: []kgo.RecordHeader{
-				{Key: "id", Value: []byte(newUUID())},
-				{Key: "eventType", Value: []byte("Created")},
-			},
-		}
+		recs[g] = eventRecord(c, g, pool)
 	}
 	cl, adm, err := newAdmin(c.brokers)
 	if err != nil {
@@ -239,10 +228,7 @@ func cmdProduce(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	// franz-go defaults (idempotent, linger 0, 10,000 buffered records), acks=all,
-	// and the Java-compatible murmur2 key partitioner outboxd uses.
-	p, err := kgo.NewClient(kgo.SeedBrokers(c.brokers), kgo.RequiredAcks(kgo.AllISRAcks()),
-		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)))
+	p, err := rawProducer(c)
 	if err != nil {
 		return err
 	}
@@ -290,16 +276,43 @@ func cmdProduce(ctx context.Context, args []string) error {
 
 func tv(t syscall.Timeval) float64 { return float64(t.Sec) + float64(t.Usec)/1e6 }
 
-// producePaced sends records shaped like the outbox events at a fixed rate,
-// one at a time as a live relay would, and reports the send → ack latency:
-// the floor of commit → Kafka latency that the broker allows.
-func producePaced(ctx context.Context, c common, size int, rate float64, duration, warmup time.Duration) error {
+// payloads returns 1,024 distinct values of about size bytes.
+func payloads(size int) [][]byte {
 	pool := make([][]byte, 1024)
 	for i := range pool {
 		pool[i] = []byte(payload(i, size))
 	}
-	p, err := kgo.NewClient(kgo.SeedBrokers(c.brokers), kgo.RequiredAcks(kgo.AllISRAcks()),
-		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)), kgo.ProducerLinger(0))
+	return pool
+}
+
+// eventRecord is the g-th record shaped like an outbox event: same topics,
+// keys and headers as the events outboxd produces.
+func eventRecord(c common, g int, pool [][]byte) *kgo.Record {
+	return &kgo.Record{
+		Topic: fmt.Sprintf("%s_t%d-events", c.prefix, g%c.types),
+		Key:   fmt.Appendf(nil, "agg-%d", (g*7919)%10000),
+		Value: pool[g%len(pool)],
+		Headers: []kgo.RecordHeader{
+			{Key: "id", Value: []byte(newUUID())},
+			{Key: "eventType", Value: []byte("Created")},
+		},
+	}
+}
+
+// rawProducer is a plain franz-go producer with its defaults (idempotent,
+// linger 10 ms, 10,000 buffered records), acks=all, and the Java-compatible
+// murmur2 key partitioner outboxd uses, plus opts.
+func rawProducer(c common, opts ...kgo.Opt) (*kgo.Client, error) {
+	return kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(c.brokers), kgo.RequiredAcks(kgo.AllISRAcks()),
+		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil))}, opts...)...)
+}
+
+// producePaced sends records shaped like the outbox events at a fixed rate,
+// one at a time as a live relay would, and reports the send → ack latency:
+// the floor of commit → Kafka latency that the broker allows.
+func producePaced(ctx context.Context, c common, size int, rate float64, duration, warmup time.Duration) error {
+	pool := payloads(size)
+	p, err := rawProducer(c, kgo.ProducerLinger(0)) // as outboxd: send at once
 	if err != nil {
 		return err
 	}
@@ -317,15 +330,7 @@ func producePaced(ctx context.Context, c common, size int, rate float64, duratio
 	for g := range n {
 		at := start.Add(time.Duration(float64(g) / rate * float64(time.Second)))
 		time.Sleep(time.Until(at))
-		r := &kgo.Record{
-			Topic: fmt.Sprintf("%s_t%d-events", c.prefix, g%c.types),
-			Key:   fmt.Appendf(nil, "agg-%d", (g*7919)%10000),
-			Value: pool[g%len(pool)],
-			Headers: []kgo.RecordHeader{
-				{Key: "id", Value: []byte(newUUID())},
-				{Key: "eventType", Value: []byte("Created")},
-			},
-		}
+		r := eventRecord(c, g, pool)
 		sent := time.Now()
 		counted := sent.Sub(start) >= warmup
 		wg.Add(1)
