@@ -36,9 +36,6 @@ type result struct {
 	P99ms        float64 `json:"p99_ms,omitempty"`
 	P999ms       float64 `json:"p999_ms,omitempty"`
 	Maxms        float64 `json:"max_ms,omitempty"`
-	RecvP50ms    float64 `json:"recv_p50_ms,omitempty"` // commit → consumer receive time (µs resolution)
-	RecvP99ms    float64 `json:"recv_p99_ms,omitempty"`
-	RecvMaxms    float64 `json:"recv_max_ms,omitempty"`
 	Load         string  `json:"load"` // /proc/loadavg at start and end of the run
 	Note         string  `json:"note,omitempty"`
 }
