@@ -71,7 +71,11 @@ type Kafka struct {
 	// DeliveryTimeout: when records have been in flight this long without
 	// any acknowledgement, the pipeline restarts from the slot.
 	DeliveryTimeout time.Duration `yaml:"delivery_timeout"`
-	Linger          time.Duration `yaml:"linger"`
+	// Linger is how long a partition's first record waits for more before
+	// a produce request goes out; 0 sends at once. The default of 1 ms
+	// batches concurrent transactions into fewer requests: measured at
+	// 5k ev/s, 27 % less broker CPU and a lower p99 than 0 (BENCHMARKS.md).
+	Linger time.Duration `yaml:"linger"`
 	// MaxMessageBytes is the largest record outboxd sends (key, value and
 	// headers); a larger row is a poison row. Keep it at or below the
 	// topics' max.message.bytes.
@@ -249,7 +253,7 @@ func base() Config {
 			TopicReplicationFactor: -1,
 			MaxBufferedRecords:     10000,
 			DeliveryTimeout:        2 * time.Minute,
-			Linger:                 0,
+			Linger:                 time.Millisecond,
 			MaxMessageBytes:        1000000,
 			Compression:            "none",
 		},

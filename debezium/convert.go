@@ -667,7 +667,7 @@ func (v *conv) kafka(opts Options) (section, error) {
 			return s, err
 		}
 		if d > time.Minute {
-			v.warn("producer.override.linger.ms", "%s is above outboxd's 1m limit; kept at 0", d)
+			v.warn("producer.override.linger.ms", "%s is above outboxd's 1m limit; outboxd keeps its default", d)
 		} else {
 			s.add("linger", d.String(), "producer.override.linger.ms")
 		}
