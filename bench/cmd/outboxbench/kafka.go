@@ -312,7 +312,7 @@ func rawProducer(c common, opts ...kgo.Opt) (*kgo.Client, error) {
 // the floor of commit → Kafka latency that the broker allows.
 func producePaced(ctx context.Context, c common, size int, rate float64, duration, warmup time.Duration) error {
 	pool := payloads(size)
-	p, err := rawProducer(c, kgo.ProducerLinger(0)) // as outboxd: send at once
+	p, err := rawProducer(c, kgo.ProducerLinger(0)) // send at once: the floor (outboxd lingers 1 ms by default)
 	if err != nil {
 		return err
 	}
