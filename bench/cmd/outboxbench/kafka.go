@@ -37,9 +37,8 @@ func cmdTopics(ctx context.Context, args []string) error {
 	}
 	defer cl.Close()
 	if *del {
-		// Partitions left behind make the broker's collections longer for
-		// every later run (measured: young pauses of 8-12 ms on a fresh
-		// broker, 17-37 ms after some 1,000 partitions had accumulated).
+		// So that every run meets a broker of the same size: partitions
+		// left behind add to its state and may lengthen its collections.
 		resp, err := adm.DeleteTopics(ctx, c.topics()...)
 		if err != nil {
 			return fmt.Errorf("deleting topics: %w", err)
