@@ -68,11 +68,7 @@ func requireServices(t *testing.T) {
 	if svc.err == nil {
 		return
 	}
-	msg := fmt.Sprintf("integration services unavailable: %v. Run 'make test', or start them with scripts/testbed/pg-start and scripts/testbed/kafka-start and source $OUTBOXD_TESTBED_DIR/env", svc.err)
-	if os.Getenv("CI") != "" {
-		t.Fatal(msg)
-	}
-	t.Skip(msg)
+	skipOrFail(t, fmt.Sprintf("integration services unavailable: %v. Run 'make test', or start them with scripts/testbed/pg-start and scripts/testbed/kafka-start and source $OUTBOXD_TESTBED_DIR/env", svc.err))
 }
 
 // requireTool skips (or, in CI, fails) a test that needs a command the
@@ -82,7 +78,12 @@ func requireTool(t *testing.T, name string) {
 	if _, err := exec.LookPath(name); err == nil {
 		return
 	}
-	msg := fmt.Sprintf("%s is not installed (Debian: openssl, postgresql-client-15)", name)
+	skipOrFail(t, fmt.Sprintf("%s is not installed (Debian: openssl, postgresql-client-15)", name))
+}
+
+// skipOrFail skips the test, or fails it in CI, where nothing may skip.
+func skipOrFail(t *testing.T, msg string) {
+	t.Helper()
 	if os.Getenv("CI") != "" {
 		t.Fatal(msg)
 	}

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"sort"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -368,7 +368,7 @@ func producePaced(ctx context.Context, c common, size int, rate float64, duratio
 	}
 	var ru1 syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru1)
-	sort.Float64s(lat)
+	slices.Sort(lat)
 	res := newResult(c, "live")
 	res.Events, res.PayloadBytes = n, size
 	res.TargetRate = rate

@@ -303,7 +303,7 @@ func cmdLive(ctx context.Context, args []string) error {
 	cancelConsumer()
 	cwg.Wait()
 
-	var lat []float64
+	var events []eventLatency
 	missing := 0
 	drained := writeEnd // when the last event was in Kafka, if after the writers stopped
 	for id, ct := range commits {
@@ -315,15 +315,18 @@ func cmdLive(ctx context.Context, args []string) error {
 		if at.After(drained) {
 			drained = at
 		}
-		if ct.Before(warmedAt) {
-			continue
+		if !ct.Before(warmedAt) {
+			events = append(events, eventLatency{ct.Sub(start), at.Sub(ct)})
 		}
-		lat = append(lat, float64(at.Sub(ct).Microseconds())/1000)
 	}
 	if latFile != "" {
-		if err := writeLatencies(latFile, commits, seen, start, warmedAt); err != nil {
+		if err := writeLatencies(latFile, events); err != nil {
 			return err
 		}
+	}
+	lat := make([]float64, len(events))
+	for i, e := range events {
+		lat[i] = float64(e.lat.Microseconds()) / 1000
 	}
 	slices.Sort(lat)
 	res := newResult(f.common, "live")
@@ -399,19 +402,16 @@ func cmdIdle(ctx context.Context, args []string) error {
 	return nil
 }
 
-// writeLatencies writes "commit_us latency_ms" per measured event, in commit order.
-func writeLatencies(path string, commits, seen map[string]time.Time, start, warmedAt time.Time) error {
-	type row struct{ at, lat time.Duration }
-	var rows []row
-	for id, ct := range commits {
-		if at, ok := seen[id]; ok && !ct.Before(warmedAt) {
-			rows = append(rows, row{ct.Sub(start), at.Sub(ct)})
-		}
-	}
-	slices.SortFunc(rows, func(a, b row) int { return cmp.Compare(a.at, b.at) })
+// eventLatency is one measured event: when it committed (since the writers
+// started) and its commit → append latency.
+type eventLatency struct{ at, lat time.Duration }
+
+// writeLatencies writes "commit_us latency_ms" per event, in commit order.
+func writeLatencies(path string, events []eventLatency) error {
+	slices.SortFunc(events, func(a, b eventLatency) int { return cmp.Compare(a.at, b.at) })
 	var b strings.Builder
-	for _, r := range rows {
-		fmt.Fprintf(&b, "%d %.3f\n", r.at.Microseconds(), float64(r.lat.Microseconds())/1000)
+	for _, e := range events {
+		fmt.Fprintf(&b, "%d %.3f\n", e.at.Microseconds(), float64(e.lat.Microseconds())/1000)
 	}
 	return os.WriteFile(path, []byte(b.String()), 0o644)
 }
