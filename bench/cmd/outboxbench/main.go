@@ -15,6 +15,7 @@
 //	live     start a contender, write 1-row transactions at a fixed rate, measure commit → Kafka latency
 //	idle     start a contender, write only to another table, report slot lag
 //	report   turn the JSON result lines into a markdown table and gnuplot data
+//	walread  read a slot to /dev/null, optionally with SO_RCVLOWAT; report the walsender's CPU
 package main
 
 import (
@@ -27,7 +28,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: outboxbench setup|slot|topics|fill|catchup|produce|live|idle|report [flags]")
+		fmt.Fprintln(os.Stderr, "usage: outboxbench setup|slot|topics|fill|catchup|produce|live|idle|report|walread [flags]")
 		os.Exit(2)
 	}
 	ctx := context.Background()
@@ -52,6 +53,8 @@ func main() {
 		err = cmdIdle(ctx, args)
 	case "report":
 		err = cmdReport(args)
+	case "walread":
+		err = cmdWalread(ctx, args)
 	default:
 		err = fmt.Errorf("unknown subcommand %q", cmd)
 	}

@@ -1,0 +1,206 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+)
+
+// cmdWalread reads a slot to an end LSN as fast as it can and throws the rows
+// away, like pg_recvlogical -f /dev/null, reporting the rate and the
+// walsender's CPU time. With -lowat it raises the socket's SO_RCVLOWAT, so
+// that the kernel wakes the reader once per that many bytes instead of once
+// per message; on loopback the sender pays for each wake-up. It measures how
+// much of Postgres' decoding rate a reader's wake-ups cost (BENCHMARKS.md,
+// "What the walsender spends"). Linux only.
+func cmdWalread(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("walread", flag.ExitOnError)
+	dsn := fs.String("dsn", "", "Postgres DSN of the slot's database")
+	slot := fs.String("slot", "", "pgoutput slot to read")
+	pub := fs.String("publication", "bench", "publication")
+	endS := fs.String("end", "", "stop at the first commit ending at or after this LSN")
+	lowat := fs.Int("lowat", 0, "SO_RCVLOWAT while reading (0: leave the socket alone)")
+	_ = fs.Parse(args)
+	end, err := pglogrepl.ParseLSN(*endS)
+	if err != nil {
+		return fmt.Errorf("-end: %w", err)
+	}
+	cfg, err := pgconn.ParseConfig(*dsn)
+	if err != nil {
+		return err
+	}
+	cfg.RuntimeParams["replication"] = "database"
+	lw := &lowatReader{mark: *lowat}
+	var d net.Dialer
+	cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := d.DialContext(ctx, network, addr)
+		if tc, ok := c.(*net.TCPConn); ok && err == nil && *lowat > 0 {
+			lw.TCPConn = tc
+			return lw, nil
+		}
+		return c, err
+	}
+	conn, err := pgconn.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	start := time.Now()
+	err = pglogrepl.StartReplication(ctx, conn, *slot, 0, pglogrepl.StartReplicationOptions{
+		PluginArgs: []string{"proto_version '1'", "publication_names '" + *pub + "'"}})
+	if err != nil {
+		return err
+	}
+	wpid, err := walsenderPID(ctx, *dsn, *slot)
+	if err != nil {
+		return err
+	}
+	cpu0, err := procCPU(wpid)
+	if err != nil {
+		return err
+	}
+	rows := 0
+	for pos := pglogrepl.LSN(0); pos < end; {
+		raw, err := conn.ReceiveMessage(ctx)
+		if err != nil {
+			return err
+		}
+		cd, ok := raw.(*pgproto3.CopyData)
+		if !ok || len(cd.Data) < 2 || cd.Data[0] != pglogrepl.XLogDataByteID {
+			continue
+		}
+		x, err := pglogrepl.ParseXLogData(cd.Data[1:])
+		if err != nil {
+			return err
+		}
+		switch x.WALData[0] {
+		case 'I':
+			rows++
+		case 'C':
+			m, err := pglogrepl.Parse(x.WALData)
+			if err != nil {
+				return err
+			}
+			pos = m.(*pglogrepl.CommitMessage).TransactionEndLSN
+		}
+	}
+	took := time.Since(start)
+	cpu1, err := procCPU(wpid)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("walread lowat=%d: %d rows in %.2f s = %.0f rows/s; walsender CPU %.2f s = %.2f s per 100k; %d reads, %d waits ran out\n",
+		*lowat, rows, took.Seconds(), float64(rows)/took.Seconds(), cpu1-cpu0, (cpu1-cpu0)/float64(rows)*1e5, lw.reads, lw.fallbacks)
+	return nil
+}
+
+// lowatReader keeps SO_RCVLOWAT at mark and waits for it with ppoll (at most
+// a millisecond), so that a short tail is still read.
+type lowatReader struct {
+	*net.TCPConn
+	mark, credit     int
+	set              bool
+	reads, fallbacks int
+}
+
+func (l *lowatReader) Read(p []byte) (int, error) {
+	if l.credit <= 0 {
+		ready, err := l.wait()
+		if err != nil {
+			return 0, err
+		}
+		if ready {
+			l.credit = l.mark
+		} else {
+			l.fallbacks++
+			if err := l.setLowat(1); err != nil {
+				return 0, err
+			}
+		}
+	}
+	n, err := l.TCPConn.Read(p)
+	l.credit -= n
+	l.reads++
+	return n, err
+}
+
+func (l *lowatReader) setLowat(v int) error {
+	raw, err := l.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := raw.Control(func(fd uintptr) {
+		serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVLOWAT, v)
+	}); err != nil {
+		return err
+	}
+	l.set = v > 1
+	return serr
+}
+
+func (l *lowatReader) wait() (bool, error) {
+	if !l.set {
+		if err := l.setLowat(l.mark); err != nil {
+			return false, err
+		}
+	}
+	raw, err := l.SyscallConn()
+	if err != nil {
+		return false, err
+	}
+	ready := false
+	err = raw.Control(func(fd uintptr) {
+		// select honours SO_RCVLOWAT for TCP; 1 ms.
+		var set syscall.FdSet
+		set.Bits[fd/64] |= 1 << (fd % 64)
+		tv := syscall.Timeval{Usec: 1000}
+		n, err := syscall.Select(int(fd)+1, &set, nil, nil, &tv)
+		ready = err == nil && n > 0
+	})
+	return ready, err
+}
+
+func walsenderPID(ctx context.Context, dsn, slot string) (int, error) {
+	c, err := pgconn.Connect(ctx, dsn)
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close(context.Background())
+	r := c.ExecParams(ctx, "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1",
+		[][]byte{[]byte(slot)}, nil, nil, nil).Read()
+	if r.Err != nil {
+		return 0, r.Err
+	}
+	if len(r.Rows) != 1 || r.Rows[0][0] == nil {
+		return 0, errors.New("slot " + slot + " has no walsender")
+	}
+	return strconv.Atoi(string(r.Rows[0][0]))
+}
+
+// procCPU returns a process's user+system CPU seconds.
+func procCPU(pid int) (float64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	u, err1 := strconv.ParseFloat(f[11], 64)
+	k, err2 := strconv.ParseFloat(f[12], 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return 0, err
+	}
+	return (u + k) / 100, nil
+}
