@@ -9,10 +9,10 @@ set grid ytics
 set xtics rotate by -20
 
 set output dir.'/catchup-'.size.'.png'
-set title 'Catch-up throughput (events/s, first → last record appended; pg_recvlogical: decode only, start → exit)'
+set title 'Catch-up throughput (events/s, first → last record appended; pg_recvlogical, pg_walread: decode only, start → exit)'
 set ylabel 'events/s'
 set logscale y
-plot for [c in 'pg_recvlogical kafka_raw outboxd debezium_default debezium_tuned'] \
+plot for [c in 'pg_recvlogical pg_walread kafka_raw outboxd debezium_default debezium_tuned'] \
   '< grep "\"'.c.'\"" '.dir.'/catchup.dat' using 3:xtic(1) title c
 
 if (!haslive) exit

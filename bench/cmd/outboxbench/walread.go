@@ -70,14 +70,35 @@ func cmdWalread(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	rows := 0
+	rows, inTx := 0, false
 	for pos := pglogrepl.LSN(0); pos < end; {
 		raw, err := conn.ReceiveMessage(ctx)
 		if err != nil {
 			return err
 		}
 		cd, ok := raw.(*pgproto3.CopyData)
-		if !ok || len(cd.Data) < 2 || cd.Data[0] != pglogrepl.XLogDataByteID {
+		if !ok || len(cd.Data) < 2 {
+			continue
+		}
+		if cd.Data[0] == pglogrepl.PrimaryKeepaliveMessageByteID {
+			// Like pg_recvlogical -E: a keepalive at or past the end
+			// outside a transaction ends the read.
+			ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(cd.Data[1:])
+			if err != nil {
+				return err
+			}
+			if !inTx && ka.ServerWALEnd >= end {
+				break
+			}
+			if ka.ReplyRequested {
+				err := pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: pos})
+				if err != nil {
+					return err
+				}
+			}
+			continue
+		}
+		if cd.Data[0] != pglogrepl.XLogDataByteID {
 			continue
 		}
 		x, err := pglogrepl.ParseXLogData(cd.Data[1:])
@@ -85,9 +106,12 @@ func cmdWalread(ctx context.Context, args []string) error {
 			return err
 		}
 		switch x.WALData[0] {
+		case 'B':
+			inTx = true
 		case 'I':
 			rows++
 		case 'C':
+			inTx = false
 			m, err := pglogrepl.Parse(x.WALData)
 			if err != nil {
 				return err
@@ -96,6 +120,15 @@ func cmdWalread(ctx context.Context, args []string) error {
 		}
 	}
 	took := time.Since(start)
+	// Confirm what was read, as pg_recvlogical does, and end the stream so
+	// that Postgres applies it.
+	err = pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: end})
+	if err != nil {
+		return err
+	}
+	if _, err := pglogrepl.SendStandbyCopyDone(ctx, conn); err != nil {
+		return err
+	}
 	cpu1, err := procCPU(wpid)
 	if err != nil {
 		return err
