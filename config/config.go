@@ -68,6 +68,11 @@ type Kafka struct {
 	// MaxBufferedRecords caps records handed to Kafka and not yet acked;
 	// at the cap outboxd stops reading WAL.
 	MaxBufferedRecords int `yaml:"max_buffered_records"`
+	// MaxBufferedBytes caps the bytes (keys, values and headers) of those
+	// records; at the cap outboxd stops reading WAL too, so that memory stays
+	// bounded with large events. A record larger than the cap is handed over
+	// alone.
+	MaxBufferedBytes int `yaml:"max_buffered_bytes"`
 	// DeliveryTimeout: when records have been in flight this long without
 	// any acknowledgement, the pipeline restarts from the slot.
 	DeliveryTimeout time.Duration `yaml:"delivery_timeout"`
@@ -252,6 +257,7 @@ func base() Config {
 			TopicPartitions:        6,
 			TopicReplicationFactor: -1,
 			MaxBufferedRecords:     10000,
+			MaxBufferedBytes:       32 << 20,
 			DeliveryTimeout:        2 * time.Minute,
 			Linger:                 time.Millisecond,
 			MaxMessageBytes:        1000000,
@@ -466,6 +472,9 @@ func (c Config) Validate() error {
 	}
 	if c.Kafka.MaxBufferedRecords < 1 {
 		bad("kafka.max_buffered_records", "%d must be at least 1", c.Kafka.MaxBufferedRecords)
+	}
+	if c.Kafka.MaxBufferedBytes < 1 {
+		bad("kafka.max_buffered_bytes", "%d must be at least 1", c.Kafka.MaxBufferedBytes)
 	}
 	if c.Kafka.DeliveryTimeout < time.Second {
 		bad("kafka.delivery_timeout", "%s must be at least 1s", c.Kafka.DeliveryTimeout)

@@ -300,6 +300,7 @@ func TestValidateNamesField(t *testing.T) {
 		{"kafka.topic_replication_factor", func(c *config.Config) { c.Kafka.TopicReplicationFactor = -2 }},
 		{"kafka.max_buffered_records", func(c *config.Config) { c.Kafka.MaxBufferedRecords = 0 }},
 		{"kafka.max_buffered_records", func(c *config.Config) { c.Kafka.MaxBufferedRecords = -5 }},
+		{"kafka.max_buffered_bytes", func(c *config.Config) { c.Kafka.MaxBufferedBytes = 0 }},
 		{"kafka.delivery_timeout", func(c *config.Config) { c.Kafka.DeliveryTimeout = 999 * time.Millisecond }},
 		{"kafka.linger", func(c *config.Config) { c.Kafka.Linger = -time.Nanosecond }},
 		{"kafka.linger", func(c *config.Config) { c.Kafka.Linger = time.Minute + 1 }},

@@ -53,7 +53,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		transactions: counter("outboxd_wal_transactions_total", "Transactions received."),
 		restarts:     counter("outboxd_relay_restarts_total", "Pipeline restarts after a retryable failure."),
 		inFlight:     gauge("outboxd_sink_records_in_flight", "Records handed to Kafka and not yet acknowledged."),
-		bufferFill:   gauge("outboxd_sink_buffer_fill_ratio", "In-flight records over kafka.max_buffered_records; at 1 outboxd stops reading WAL."),
+		bufferFill:   gauge("outboxd_sink_buffer_fill_ratio", "In-flight records over kafka.max_buffered_records, or their bytes over kafka.max_buffered_bytes, whichever is larger; at 1 outboxd stops reading WAL."),
 		deadLettered: counter("outboxd_router_dead_lettered_total", "Outbox rows that could not be routed or produced and went to the dead-letter topic."),
 		roundTrip: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "outboxd_wal_status_round_trip_seconds", Help: "Time from a standby status update asking for a reply to the server's keepalive.",

@@ -213,7 +213,7 @@ func (r *Relay) runOnce(ctx context.Context) error {
 		r.m.confirmedLSN.Set(float64(flushed))
 		r.m.receivedLSN.Set(float64(written))
 		r.m.inFlight.Set(float64(inFlight))
-		r.m.bufferFill.Set(float64(inFlight) / float64(r.cfg.Kafka.MaxBufferedRecords))
+		r.m.bufferFill.Set(producer.Fill())
 		r.m.confirmedTxns.Add(float64(txns - confirmedTxns))
 		confirmedTxns = txns
 		if !at.IsZero() {

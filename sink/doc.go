@@ -11,8 +11,8 @@
 //
 //  1. Call Ping before streaming, to fail fast on unreachable brokers.
 //  2. Call Produce for each record in commit order. It blocks while
-//     max_buffered_records are unacknowledged: that is the backpressure that
-//     stops WAL reading.
+//     max_buffered_records, or records of max_buffered_bytes, are
+//     unacknowledged: that is the backpressure that stops WAL reading.
 //  3. Treat a non-nil error passed to a record's done function as the end of
 //     this Producer: stop, do not confirm past the record, Close, and start a
 //     new Producer from the slot's confirmed position.

@@ -18,6 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl/plain"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 	"github.com/twmb/franz-go/plugin/kprom"
+	"golang.org/x/sync/semaphore"
 
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/router"
@@ -154,6 +155,10 @@ type Producer struct {
 	// handed over must live until Kafka answers or Close fails it, whatever
 	// happens to the context of the call that handed it over.
 	slots chan struct{}
+	// bytes holds the keys, values and headers of those records, up to
+	// max_buffered_bytes; Produce blocks on it too.
+	bytes    *semaphore.Weighted
+	buffered atomic.Int64 // bytes held in bytes
 	// fence is the context of every record handed over. The first failure
 	// cancels it, so that franz-go fails the records not yet written instead
 	// of delivering them ahead of the failed one (per-key order).
@@ -176,7 +181,8 @@ func New(cfg config.Kafka, m *Metrics, log *slog.Logger) (*Producer, error) {
 // newProducer is New with franz-go options that go first (tests use it to
 // put a hook ahead of outboxd's own).
 func newProducer(cfg config.Kafka, m *Metrics, log *slog.Logger, first ...kgo.Opt) (*Producer, error) {
-	p := &Producer{cfg: cfg, m: m, known: map[string]int{}, slots: make(chan struct{}, cfg.MaxBufferedRecords)}
+	p := &Producer{cfg: cfg, m: m, known: map[string]int{}, slots: make(chan struct{}, cfg.MaxBufferedRecords),
+		bytes: semaphore.NewWeighted(int64(cfg.MaxBufferedBytes))}
 	p.inflight.New = newInflight
 	p.fence, p.breakFence = context.WithCancel(context.Background())
 	p.lastAck.Store(time.Now().UnixNano())
@@ -383,8 +389,17 @@ func allLed(ps kadm.PartitionDetails) bool {
 	return true
 }
 
+// Fill returns how full the in-flight caps are: the larger of in-flight
+// records over max_buffered_records and their bytes over max_buffered_bytes.
+// At 1, Produce blocks and outboxd stops reading WAL.
+func (p *Producer) Fill() float64 {
+	return max(float64(len(p.slots))/float64(p.cfg.MaxBufferedRecords),
+		float64(p.buffered.Load())/float64(p.cfg.MaxBufferedBytes))
+}
+
 // Produce hands rec to Kafka and calls done once with the outcome, from
-// another goroutine. It blocks while max_buffered_records are unacknowledged.
+// another goroutine. It blocks while max_buffered_records, or records of
+// max_buffered_bytes, are unacknowledged.
 // It returns an error only when the record could not be handed over at all
 // (ctx done, topic creation failed); done is then never called. Once handed
 // over, a record is delivered or failed whatever happens to ctx.
@@ -417,12 +432,18 @@ func (p *Producer) Produce(ctx context.Context, rec *router.Record, done func(er
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	if err := p.fence.Err(); err != nil {
+	weight := int64(min(size, p.cfg.MaxBufferedBytes)) // a record over the cap goes alone
+	if err := p.bytes.Acquire(ctx, weight); err != nil {
 		<-p.slots
+		return err
+	}
+	p.buffered.Add(weight)
+	if err := p.fence.Err(); err != nil {
+		p.unbuffer(weight)
 		return fmt.Errorf("not handing over event %s: an earlier record failed: %w", rec.EventID, err)
 	}
 	f := p.inflight.Get().(*inflight)
-	f.p, f.rec, f.done = p, rec, done
+	f.p, f.rec, f.done, f.weight = p, rec, done, weight
 	f.kr = kgo.Record{Topic: rec.Topic, Key: rec.Key, Value: rec.Value, Timestamp: rec.Timestamp, Context: rctx}
 	if len(rec.Headers) <= len(f.headers) {
 		f.kr.Headers = f.headers[:len(rec.Headers)]
@@ -445,6 +466,7 @@ type inflight struct {
 	p       *Producer
 	rec     *router.Record
 	done    func(error)
+	weight  int64 // its share of max_buffered_bytes
 }
 
 func newInflight() any {
@@ -457,7 +479,7 @@ func newInflight() any {
 // it returns, so the inflight goes back to the pool.
 func (f *inflight) finish(r *kgo.Record, err error) {
 	p, rec, done := f.p, f.rec, f.done
-	<-p.slots
+	p.unbuffer(f.weight)
 	if err != nil {
 		p.breakFence()
 		p.m.errors.WithLabelValues(errorKind(err)).Inc()
@@ -466,12 +488,13 @@ func (f *inflight) finish(r *kgo.Record, err error) {
 		done(de)
 		return
 	}
-	p.lastAck.Store(time.Now().UnixNano())
+	now := time.Now() // one clock read per record: this runs for every record
+	p.lastAck.Store(now.UnixNano())
 	c := p.m.forTopic(r.Topic)
 	c.records.Inc()
 	c.bytes.Add(float64(len(r.Key) + len(r.Value)))
 	if !rec.CommitTime.IsZero() {
-		p.m.commitToAck.Observe(time.Since(rec.CommitTime).Seconds())
+		p.m.commitToAck.Observe(now.Sub(rec.CommitTime).Seconds())
 	}
 	f.release()
 	done(nil)
@@ -479,8 +502,15 @@ func (f *inflight) finish(r *kgo.Record, err error) {
 
 func (f *inflight) release() {
 	p := f.p
-	f.kr, f.headers, f.p, f.rec, f.done = kgo.Record{}, [4]kgo.RecordHeader{}, nil, nil, nil
+	f.kr, f.headers, f.p, f.rec, f.done, f.weight = kgo.Record{}, [4]kgo.RecordHeader{}, nil, nil, nil, 0
 	p.inflight.Put(f)
+}
+
+// unbuffer gives back a record's slot and bytes.
+func (p *Producer) unbuffer(weight int64) {
+	p.buffered.Add(-weight)
+	p.bytes.Release(weight)
+	<-p.slots
 }
 
 // recordOverhead is room for a record's framing in a batch.

@@ -1,0 +1,102 @@
+package sink_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/router"
+	"github.com/outboxd/outboxd/sink"
+)
+
+// TestProduceBlocksAtMaxBufferedBytes holds every produce response and checks
+// that Produce hands over records only while their bytes fit in
+// kafka.max_buffered_bytes, that the buffer fill reports it, that a record
+// larger than the cap still goes (alone), and that acknowledgements unblock
+// the rest.
+func TestProduceBlocksAtMaxBufferedBytes(t *testing.T) {
+	c := newCluster(t, 1)
+	var hold atomic.Bool
+	hold.Store(true)
+	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		c.SleepControl(func() {
+			for hold.Load() {
+				time.Sleep(5 * time.Millisecond)
+			}
+		})
+		return nil, nil, false
+	})
+
+	cfg := config.Default().Kafka
+	cfg.Brokers = c.ListenAddrs()
+	cfg.TopicPartitions = 1
+	cfg.TopicReplicationFactor = 1
+	cfg.MaxBufferedRecords = 100
+	cfg.MaxBufferedBytes = 2500
+	p, err := sink.New(cfg, sink.NewMetrics(prometheus.NewRegistry()), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := p.EnsureTopic(ctx, topic); err != nil {
+		t.Fatal(err)
+	}
+
+	rec := func(i, size int) *router.Record { // size bytes of key and value
+		key := fmt.Sprintf("k%03d", i)
+		return &router.Record{Topic: topic, Key: []byte(key), Value: bytes.Repeat([]byte("x"), size-len(key)),
+			EventID: fmt.Sprint(i), Partition: -1}
+	}
+	var acked atomic.Int32
+	done := func(err error) {
+		if err != nil {
+			t.Errorf("delivery failed: %v", err)
+		}
+		acked.Add(1)
+	}
+	// Two records of 1,000 bytes fit in 2,500; the third must wait.
+	for i := range 2 {
+		if err := p.Produce(ctx, rec(i, 1000), done); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := p.Fill(); got != 0.8 {
+		t.Errorf("Fill() = %v with 2,000 of 2,500 bytes in flight, want 0.8", got)
+	}
+	third := make(chan error, 1)
+	go func() { third <- p.Produce(ctx, rec(2, 1000), done) }()
+	select {
+	case err := <-third:
+		t.Fatalf("a third 1,000-byte record was handed over with a 2,500-byte cap and nothing acknowledged (err %v)", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+
+	hold.Store(false)
+	if err := <-third; err != nil {
+		t.Fatal(err)
+	}
+	// A record over the cap goes alone, once everything before it is acked.
+	if err := p.Produce(ctx, rec(3, 4000), done); err != nil {
+		t.Fatalf("a record over max_buffered_bytes was not handed over: %v", err)
+	}
+	for acked.Load() < 4 {
+		if ctx.Err() != nil {
+			t.Fatalf("%d of 4 records acknowledged", acked.Load())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := p.Fill(); got != 0 {
+		t.Errorf("Fill() = %v with nothing in flight, want 0", got)
+	}
+}
