@@ -46,6 +46,9 @@ func cmdWalread(ctx context.Context, args []string) error {
 	cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := d.DialContext(ctx, network, addr)
 		if tc, ok := c.(*net.TCPConn); ok && err == nil && *lowat > 0 {
+			if lw.raw, err = tc.SyscallConn(); err != nil {
+				return nil, err
+			}
 			lw.TCPConn = tc
 			return lw, nil
 		}
@@ -133,15 +136,21 @@ func cmdWalread(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Printf("walread lowat=%d: %d rows in %.2f s = %.0f rows/s; walsender CPU %.2f s = %.2f s per 100k; %d reads, %d waits ran out\n",
-		*lowat, rows, took.Seconds(), float64(rows)/took.Seconds(), cpu1-cpu0, (cpu1-cpu0)/float64(rows)*1e5, lw.reads, lw.fallbacks)
+	fmt.Printf("walread lowat=%d: %d rows in %.2f s = %.0f rows/s; walsender CPU %.2f s = %.2f s per 100k",
+		*lowat, rows, took.Seconds(), float64(rows)/took.Seconds(), cpu1-cpu0, (cpu1-cpu0)/float64(rows)*1e5)
+	if *lowat > 0 {
+		fmt.Printf("; %d reads, %d waits ran out", lw.reads, lw.fallbacks)
+	}
+	fmt.Println()
 	return nil
 }
 
-// lowatReader keeps SO_RCVLOWAT at mark and waits for it with ppoll (at most
-// a millisecond), so that a short tail is still read.
+// lowatReader keeps SO_RCVLOWAT at mark and waits for it with select (at
+// most a millisecond) before reading; when the wait runs out it lowers the
+// mark to 1, so that a short tail is still read.
 type lowatReader struct {
 	*net.TCPConn
+	raw              syscall.RawConn
 	mark, credit     int
 	set              bool
 	reads, fallbacks int
@@ -169,12 +178,8 @@ func (l *lowatReader) Read(p []byte) (int, error) {
 }
 
 func (l *lowatReader) setLowat(v int) error {
-	raw, err := l.SyscallConn()
-	if err != nil {
-		return err
-	}
 	var serr error
-	if err := raw.Control(func(fd uintptr) {
+	if err := l.raw.Control(func(fd uintptr) {
 		serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVLOWAT, v)
 	}); err != nil {
 		return err
@@ -189,12 +194,8 @@ func (l *lowatReader) wait() (bool, error) {
 			return false, err
 		}
 	}
-	raw, err := l.SyscallConn()
-	if err != nil {
-		return false, err
-	}
 	ready := false
-	err = raw.Control(func(fd uintptr) {
+	err := l.raw.Control(func(fd uintptr) {
 		// select honours SO_RCVLOWAT for TCP; 1 ms.
 		var set syscall.FdSet
 		set.Bits[fd/64] |= 1 << (fd % 64)
