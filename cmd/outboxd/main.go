@@ -50,11 +50,23 @@ variables (OUTBOXD_POSTGRES_DSN, OUTBOXD_KAFKA_BROKERS, ...).
 `
 
 func main() {
+	defaultProcs(os.Getenv("GOMAXPROCS"))
 	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil {
 		if !errors.Is(err, errReported) {
 			fmt.Fprintf(os.Stderr, "outboxd: %v\n", err)
 		}
 		os.Exit(1)
+	}
+}
+
+// defaultProcs runs Go code on one CPU (GOMAXPROCS=1) unless the GOMAXPROCS
+// environment variable says otherwise. One slot is decoded by one walsender
+// process, and one CPU of outboxd keeps up with it: on the benchmark machine,
+// where Postgres and Kafka share two cores with outboxd, a second one only
+// added thread wake-ups and spinning (BENCHMARKS.md, "One CPU for outboxd").
+func defaultProcs(env string) {
+	if env == "" {
+		runtime.GOMAXPROCS(1)
 	}
 }
 
@@ -139,6 +151,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 }
 
 func serve(ctx context.Context, cfg config.Config, log *slog.Logger) error {
+	log.Info("starting", "version", version, "commit", buildCommit(), "gomaxprocs", runtime.GOMAXPROCS(0))
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics.RegisterBuildInfo(reg, version, buildCommit())
