@@ -36,8 +36,12 @@ type result struct {
 	P99ms        float64 `json:"p99_ms,omitempty"`
 	P999ms       float64 `json:"p999_ms,omitempty"`
 	Maxms        float64 `json:"max_ms,omitempty"`
-	Load         string  `json:"load"` // /proc/loadavg at start and end of the run
-	Note         string  `json:"note,omitempty"`
+	// DrainSec is how long after the writers stopped the last event was in
+	// Kafka (live runs; 0 when it was there before they stopped).
+	DrainSec *float64 `json:"drain_s,omitempty"`
+	Missing  int      `json:"missing,omitempty"` // live events never seen in Kafka
+	Load     string   `json:"load"`              // /proc/loadavg at start and end of the run
+	Note     string   `json:"note,omitempty"`
 }
 
 func newResult(c common, mode string) *result {

@@ -33,6 +33,7 @@ func cmdReport(args []string) error {
 		f.Close()
 	}
 	var md strings.Builder
+	writeTargets(&md, judge(rs))
 	md.WriteString("### Catch-up (events already in the WAL)\n\n")
 	md.WriteString("| workload | contender | events | payload B | start-up s | total s | throughput ev/s | CPU s / 100k | peak RSS MB | RSS at drain MB | slot lag after drain B | load avg (start → end) |\n")
 	md.WriteString("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|\n")

@@ -343,9 +343,12 @@ func cmdLive(ctx context.Context, args []string) error {
 	res.SteadyRSSMB = p.medianRSSMB(warmedAt, writeEnd)
 	time.Sleep(f.settle)
 	res.SlotLagBytes, _ = slotLag(ctx, conn, f.slot)
+	drain := drained.Sub(writeEnd).Seconds()
+	res.DrainSec = &drain
 	res.Note = fmt.Sprintf("%d writers, %d events measured after %s warm-up, drained %.2fs after writers stopped",
-		writers, len(lat), warmup, drained.Sub(writeEnd).Seconds())
+		writers, len(lat), warmup, drain)
 	if missing > 0 {
+		res.Missing = missing
 		res.Note += fmt.Sprintf("; %d events never seen", missing)
 	}
 	res.print()
