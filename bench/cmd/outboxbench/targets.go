@@ -13,12 +13,28 @@ import (
 // (OUTBOXD_BENCH_CATCHUP_REPEAT, OUTBOXD_BENCH_LIVE_REPEAT); each run's value
 // is listed beside it, so a median that hides a spread is visible.
 
-// verdict is one target's outcome.
+// verdict is one target's outcome over the cases (workloads, rates) it is
+// judged on. A target whose contenders did not run has no cases.
 type verdict struct {
 	target string
-	figure string // the medians, and each run's value
-	met    bool
-	judged bool // false when the run lacks the contenders to judge it
+	parts  []string // per case: the medians, and each run's value
+	missed int      // cases that miss the target
+}
+
+func (v *verdict) add(ok bool, part string) {
+	v.parts = append(v.parts, part)
+	if !ok {
+		v.missed++
+	}
+}
+
+func (v *verdict) judged() bool { return len(v.parts) > 0 }
+func (v *verdict) met() bool    { return v.judged() && v.missed == 0 }
+func (v *verdict) figure() string {
+	if !v.judged() {
+		return "not run"
+	}
+	return strings.Join(v.parts, "; ")
 }
 
 // catchupWorkloads are judged against the physical limits; the 250 B ones
@@ -141,8 +157,7 @@ func (t runs) limit(w string) (float64, string) {
 // ratio judges outboxd's median throughput against base(w) ≥ want for
 // every workload of ws that ran.
 func (t runs) ratio(target string, ws []string, want float64, base func(string) (float64, string)) verdict {
-	v := verdict{target: target, met: true}
-	var parts []string
+	v := verdict{target: target}
 	for _, w := range ws {
 		o := t.values("catchup", w, "outboxd", 0, throughput)
 		b, name := base(w)
@@ -150,14 +165,8 @@ func (t runs) ratio(target string, ws []string, want float64, base func(string) 
 			continue
 		}
 		r := median(o) / b
-		v.judged = true
-		v.met = v.met && r >= want
-		parts = append(parts, fmt.Sprintf("%s: %s vs %s %s = %s%s", w, kilo(median(o)), name, kilo(b), share(r, want), each(o, "%.0f")))
+		v.add(r >= want, fmt.Sprintf("%s: %s vs %s %s = %s%s", w, kilo(median(o)), name, kilo(b), share(r, want), each(o, "%.0f")))
 	}
-	if !v.judged {
-		v.met = false
-	}
-	v.figure = strings.Join(parts, "; ")
 	return v
 }
 
@@ -177,13 +186,12 @@ func kilo(v float64) string {
 
 // live judges outboxd's median m at a live rate ≤ want.
 func (t runs) live(target string, rate, want float64, m metric, format string) verdict {
-	vs := t.values("live", "live-250B", "outboxd", rate, m)
-	if len(vs) == 0 {
-		return verdict{target: target, figure: "not run"}
+	v := verdict{target: target}
+	if vs := t.values("live", "live-250B", "outboxd", rate, m); len(vs) > 0 {
+		md := median(vs)
+		v.add(md <= want, "median "+fmt.Sprintf(format, md)+each(vs, format))
 	}
-	md := median(vs)
-	return verdict{target: target, judged: true, met: md <= want,
-		figure: "median " + fmt.Sprintf(format, md) + each(vs, format)}
+	return v
 }
 
 var (
@@ -209,10 +217,10 @@ func drain(r result) (sec float64, missing int) {
 // keepsUp judges the unpaced live runs: every event arrived, and the median
 // run drained within keepUpDrain of the writers stopping.
 func (t runs) keepsUp() verdict {
-	const target = "keeps up with the writers' maximum rate"
+	v := verdict{target: "keeps up with the writers' maximum rate"}
 	rs := t[runKey("live", "live-250B", "outboxd", 0)]
 	if len(rs) == 0 {
-		return verdict{target: target, figure: "not run"}
+		return v
 	}
 	var secs, rates []float64
 	lost := 0
@@ -225,53 +233,39 @@ func (t runs) keepsUp() verdict {
 	if lost > 0 {
 		fig += fmt.Sprintf("; %d events never seen", lost)
 	}
-	return verdict{target: target, figure: fig, judged: true, met: lost == 0 && md <= keepUpDrain}
+	v.add(lost == 0 && md <= keepUpDrain, fig)
+	return v
 }
 
 // steadyRSS judges the highest median steady RSS over the live rates.
 func (t runs) steadyRSS() verdict {
-	const target = "steady RSS ≤ 64 MB (live)"
-	v := verdict{target: target, met: true}
-	var parts []string
+	v := verdict{target: "steady RSS ≤ 64 MB (live)"}
 	for _, rate := range []float64{1000, 5000, 20000, 0} {
 		vs := t.values("live", "live-250B", "outboxd", rate, steady)
 		if len(vs) == 0 {
 			continue
 		}
 		md := median(vs)
-		v.judged = true
-		v.met = v.met && md <= steadyRSS
 		name := "max"
 		if rate > 0 {
 			name = fmt.Sprintf("%.0f", rate)
 		}
-		parts = append(parts, fmt.Sprintf("%s ev/s: %.0f MB%s", name, md, each(vs, "%.0f")))
+		v.add(md <= steadyRSS, fmt.Sprintf("%s ev/s: %.0f MB%s", name, md, each(vs, "%.0f")))
 	}
-	if !v.judged {
-		v.met = false
-	}
-	v.figure = strings.Join(parts, "; ")
 	return v
 }
 
 // outboxd judges outboxd's median m ≤ want in every workload of ws that ran.
 func (t runs) outboxd(target string, ws []string, want float64, m metric, format string) verdict {
-	v := verdict{target: target, met: true}
-	var parts []string
+	v := verdict{target: target}
 	for _, w := range ws {
 		vs := t.values("catchup", w, "outboxd", 0, m)
 		if len(vs) == 0 {
 			continue
 		}
 		md := median(vs)
-		v.judged = true
-		v.met = v.met && md <= want
-		parts = append(parts, w+": "+fmt.Sprintf(format, md)+each(vs, format))
+		v.add(md <= want, w+": "+fmt.Sprintf(format, md)+each(vs, format))
 	}
-	if !v.judged {
-		v.met = false
-	}
-	v.figure = strings.Join(parts, "; ")
 	return v
 }
 
@@ -282,16 +276,12 @@ func writeTargets(md *strings.Builder, vs []verdict) {
 	for _, v := range vs {
 		verdict := "not judged"
 		switch {
-		case v.judged && v.met:
+		case v.met():
 			verdict = "met"
-		case v.judged:
+		case v.judged():
 			verdict = "**not met**"
 		}
-		figure := v.figure
-		if figure == "" {
-			figure = "not run"
-		}
-		fmt.Fprintf(md, "| %s | %s | %s |\n", v.target, figure, verdict)
+		fmt.Fprintf(md, "| %s | %s | %s |\n", v.target, v.figure(), verdict)
 	}
 	md.WriteString("\n")
 }

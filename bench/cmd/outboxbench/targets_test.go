@@ -37,45 +37,39 @@ func passing() []result {
 	)
 }
 
+// times returns n copies of r: enough repeats to move a median.
+func times(n int, r result) []result {
+	rs := make([]result, n)
+	for i := range rs {
+		rs[i] = r
+	}
+	return rs
+}
+
 func TestJudge(t *testing.T) {
+	slowDrain := liveRun(0, 0, 33, "")
+	d := 4.0
+	slowDrain.DrainSec = &d
 	for _, tc := range []struct {
 		name   string
-		change func([]result) []result
-		failed string // the one target that fails; "" for none
+		extra  []result // runs added to passing()
+		failed string   // the one target that fails; "" for none
 	}{
-		{"medians hold", func(rs []result) []result { return rs }, ""},
-		{"slower than 5x Debezium", func(rs []result) []result {
-			return append(rs, catchupRun("debezium_tuned", "catchup-1tx", 40000, 5, 1200, 9), catchupRun("debezium_tuned", "catchup-1tx", 40000, 5, 1200, 9))
-		}, "Debezium"},
-		{"the faster Postgres reader is the limit", func(rs []result) []result {
-			return append(rs, catchupRun("pg_walread", "catchup-100tx", 200000, 0.2, 10, 0), catchupRun("pg_walread", "catchup-100tx", 200000, 0.2, 10, 0))
-		}, "physical limit"},
-		{"p99 over 10 ms", func(rs []result) []result { return append(rs, liveRun(5000, 12, 23, ""), liveRun(5000, 15, 23, "")) }, "p99"},
-		{"events lost at the maximum rate", func(rs []result) []result {
-			return append(rs, liveRun(0, 0, 33, "drained 0.00s after writers stopped; 3 events never seen"))
-		}, "keeps up"},
-		{"slow drain at the maximum rate", func(rs []result) []result {
-			d := 4.0
-			r := liveRun(0, 0, 33, "")
-			r.DrainSec = &d
-			return append(rs, r, r)
-		}, "keeps up"},
-		{"steady RSS", func(rs []result) []result {
-			r := liveRun(5000, 8, 80, "")
-			return append(rs, r, r, r, r)
-		}, "steady RSS"},
-		{"catch-up RSS", func(rs []result) []result {
-			return append(rs, catchupRun("outboxd", "catchup-1tx", 150000, 0.45, 200, 0.08), catchupRun("outboxd", "catchup-1tx", 150000, 0.45, 200, 0.08))
-		}, "128 MB"},
-		{"CPU", func(rs []result) []result {
-			return append(rs, catchupRun("outboxd", "catchup-100tx", 150000, 0.6, 60, 0.08), catchupRun("outboxd", "catchup-100tx", 150000, 0.6, 60, 0.08))
-		}, "CPU"},
+		{"medians hold", nil, ""},
+		{"slower than 5x Debezium", times(2, catchupRun("debezium_tuned", "catchup-1tx", 40000, 5, 1200, 9)), "Debezium"},
+		{"the faster Postgres reader is the limit", times(2, catchupRun("pg_walread", "catchup-100tx", 200000, 0.2, 10, 0)), "physical limit"},
+		{"p99 over 10 ms", []result{liveRun(5000, 12, 23, ""), liveRun(5000, 15, 23, "")}, "p99"},
+		{"events lost at the maximum rate", []result{liveRun(0, 0, 33, "drained 0.00s after writers stopped; 3 events never seen")}, "keeps up"},
+		{"slow drain at the maximum rate", times(2, slowDrain), "keeps up"},
+		{"steady RSS", times(4, liveRun(5000, 8, 80, "")), "steady RSS"},
+		{"catch-up RSS", times(2, catchupRun("outboxd", "catchup-1tx", 150000, 0.45, 200, 0.08)), "128 MB"},
+		{"CPU", times(2, catchupRun("outboxd", "catchup-100tx", 150000, 0.6, 60, 0.08)), "CPU"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			for _, v := range judge(tc.change(passing())) {
+			for _, v := range judge(append(passing(), tc.extra...)) {
 				want := tc.failed == "" || !strings.Contains(v.target, tc.failed)
-				if !v.judged || v.met != want {
-					t.Errorf("%s: judged %v, met %v, want met %v; figure %s", v.target, v.judged, v.met, want, v.figure)
+				if !v.judged() || v.met() != want {
+					t.Errorf("%s: judged %v, met %v, want met %v; figure %s", v.target, v.judged(), v.met(), want, v.figure())
 				}
 			}
 		})
@@ -85,8 +79,8 @@ func TestJudge(t *testing.T) {
 func TestJudgeWithoutContenders(t *testing.T) {
 	for _, v := range judge([]result{catchupRun("outboxd", "catchup-100tx", 1, 1, 1, 1)}) {
 		if strings.Contains(v.target, "Debezium") || strings.Contains(v.target, "limit") || strings.Contains(v.target, "live") {
-			if v.judged || v.met {
-				t.Errorf("%s: judged %v, met %v without the contenders to compare with", v.target, v.judged, v.met)
+			if v.judged() || v.met() {
+				t.Errorf("%s: judged %v, met %v without the contenders to compare with", v.target, v.judged(), v.met())
 			}
 		}
 	}
