@@ -10,13 +10,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"os"
 	"os/signal"
 	"runtime"
 	"runtime/debug"
-	runtimemetrics "runtime/metrics"
-	"strconv"
 	"syscall"
 	"time"
 
@@ -61,43 +58,6 @@ func main() {
 		}
 		os.Exit(1)
 	}
-}
-
-// defaultProcs runs Go code on one CPU (GOMAXPROCS=1) unless the GOMAXPROCS
-// environment variable says otherwise. One walsender decodes the slot, so
-// the work arrives as one stream; on the benchmark machine, where Postgres
-// and Kafka share two cores with outboxd, one CPU used less CPU per event
-// than two and was mostly faster (BENCHMARKS.md, "One CPU for outboxd").
-func defaultProcs(env string) {
-	if env == "" {
-		runtime.GOMAXPROCS(1)
-	}
-}
-
-// defaultGC lets the heap grow to three times what is live before the
-// garbage collector runs (GOGC=200) unless the GOGC environment variable
-// says otherwise. In catch-up drains this used 10-20 % less CPU per event
-// than Go's default of 100 (BENCHMARKS.md, "A lazier garbage collector").
-func defaultGC(env string) {
-	if env == "" {
-		debug.SetGCPercent(200)
-	}
-}
-
-// defaultMemoryLimit caps the Go runtime's memory with a soft limit
-// (GOMEMLIMIT) unless the GOMEMLIMIT environment variable is set. The limit
-// is three times the heap the in-flight caps can pin: the records' bytes
-// (kafka.max_buffered_bytes), and about 1 KiB of bookkeeping per record
-// (kafka.max_buffered_records), whichever is more; 96 MiB by default.
-// Nearing it, the collector runs more often instead of growing the heap.
-// It returns the limit in force.
-func defaultMemoryLimit(env string, k config.Kafka) int64 {
-	if env != "" {
-		return debug.SetMemoryLimit(-1)
-	}
-	limit := 3 * max(int64(k.MaxBufferedBytes), int64(k.MaxBufferedRecords)<<10)
-	debug.SetMemoryLimit(limit)
-	return limit
 }
 
 // errReported: the error was already logged.
@@ -180,21 +140,10 @@ func run(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
-// gcPercent returns the garbage collector's GOGC setting: a percentage, or
-// "off".
-func gcPercent() string {
-	s := []runtimemetrics.Sample{{Name: "/gc/gogc:percent"}}
-	runtimemetrics.Read(s)
-	if v := s[0].Value.Uint64(); v <= math.MaxInt32 {
-		return strconv.FormatUint(v, 10)
-	}
-	return "off"
-}
-
 func serve(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	memLimit := defaultMemoryLimit(os.Getenv("GOMEMLIMIT"), cfg.Kafka)
 	log.Info("starting", "version", version, "commit", buildCommit(), "gomaxprocs", runtime.GOMAXPROCS(0),
-		"gogc", gcPercent(), "gomemlimit_mib", memLimit>>20)
+		"gogc", gcPercent(), "gomemlimit", memLimit)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics.RegisterBuildInfo(reg, version, buildCommit())

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"math"
 	"runtime"
 	"runtime/debug"
 	"testing"
@@ -37,13 +38,15 @@ func TestDefaultGC(t *testing.T) {
 	t.Cleanup(func() { debug.SetGCPercent(before) })
 	for _, tc := range []struct {
 		name, env string
+		start     int // what the runtime took from GOGC at start
 		want      string
 	}{
-		{"unset", "", "200"},
-		{"set", "50", "50"},
+		{"unset", "", 100, "200"},
+		{"set", "50", 50, "50"},
+		{"off", "off", -1, "off"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			debug.SetGCPercent(50) // what the runtime took from GOGC=50 at start
+			debug.SetGCPercent(tc.start)
 			defaultGC(tc.env)
 			if got := gcPercent(); got != tc.want {
 				t.Errorf("GOGC environment %q: GOGC = %s, want %s", tc.env, got, tc.want)
@@ -57,25 +60,31 @@ func TestDefaultMemoryLimit(t *testing.T) {
 	before := debug.SetMemoryLimit(-1)
 	t.Cleanup(func() { debug.SetMemoryLimit(before) })
 	def := config.Default().Kafka
-	manyRecords := def
-	manyRecords.MaxBufferedRecords = 100000
-	moreBytes := def
-	moreBytes.MaxBufferedBytes = 256 << 20
+	kafka := func(bytes, records int) config.Kafka {
+		k := def
+		k.MaxBufferedBytes, k.MaxBufferedRecords = bytes, records
+		return k
+	}
 	for _, tc := range []struct {
 		name, env string
+		start     int64 // what the runtime took from GOMEMLIMIT at start
 		kafka     config.Kafka
-		want      int64
+		want      string
+		wantBytes int64
 	}{
-		{"defaults", "", def, 96 << 20},
-		{"bytes cap raised", "", moreBytes, 768 << 20},
-		{"records cap raised", "", manyRecords, 3 * 100000 << 10},
-		{"set", "200MiB", def, 200 << 20},
+		{"defaults", "", math.MaxInt64, def, "96MiB", 96 << 20},
+		{"bytes cap raised", "", math.MaxInt64, kafka(256<<20, 10000), "768MiB", 768 << 20},
+		{"records cap raised", "", math.MaxInt64, kafka(32<<20, 100000), "292MiB", 3 * (100000 << 10)},
+		{"small caps", "", math.MaxInt64, kafka(1<<20, 1000), "64MiB", 64 << 20},
+		{"caps too large to triple", "", math.MaxInt64, kafka(math.MaxInt64/2, 10000), "off", math.MaxInt64},
+		{"set", "200MiB", 200 << 20, def, "200MiB", 200 << 20},
+		{"set off", "off", math.MaxInt64, def, "off", math.MaxInt64},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			debug.SetMemoryLimit(200 << 20) // what the runtime took from GOMEMLIMIT=200MiB at start
+			debug.SetMemoryLimit(tc.start)
 			got := defaultMemoryLimit(tc.env, tc.kafka)
-			if now := debug.SetMemoryLimit(-1); got != tc.want || now != tc.want {
-				t.Errorf("GOMEMLIMIT environment %q: returned %d, in force %d, want %d", tc.env, got, now, tc.want)
+			if now := debug.SetMemoryLimit(-1); got != tc.want || now != tc.wantBytes {
+				t.Errorf("GOMEMLIMIT environment %q: returned %s, in force %d, want %s (%d)", tc.env, got, now, tc.want, tc.wantBytes)
 			}
 		})
 	}

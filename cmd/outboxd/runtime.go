@@ -1,0 +1,75 @@
+package main
+
+import (
+	"math"
+	"runtime"
+	"runtime/debug"
+	runtimemetrics "runtime/metrics"
+	"strconv"
+
+	"github.com/outboxd/outboxd/config"
+)
+
+// The Go runtime's settings that outboxd chooses when the environment does
+// not. Each default applies unless its own variable (GOMAXPROCS, GOGC,
+// GOMEMLIMIT) is set; GOGC=100 GOMEMLIMIT=off restores Go's own defaults for
+// the collector.
+
+// minMemoryLimit is the lowest soft memory limit outboxd sets itself: below
+// it, small in-flight caps would make the collector run almost constantly.
+const minMemoryLimit = 64 << 20
+
+// defaultProcs runs Go code on one CPU (GOMAXPROCS=1) unless the GOMAXPROCS
+// environment variable says otherwise. One walsender decodes the slot, so
+// the work arrives as one stream; on the benchmark machine, where Postgres
+// and Kafka share two cores with outboxd, one CPU used less CPU per event
+// than two and was mostly faster (BENCHMARKS.md, "One CPU for outboxd").
+func defaultProcs(env string) {
+	if env == "" {
+		runtime.GOMAXPROCS(1)
+	}
+}
+
+// defaultGC lets the heap grow to three times what is live before the
+// garbage collector runs (GOGC=200) unless the GOGC environment variable
+// says otherwise. In catch-up medians this used 5-17 % less CPU per event
+// than Go's default of 100 (BENCHMARKS.md, "A lazier garbage collector").
+func defaultGC(env string) {
+	if env == "" {
+		debug.SetGCPercent(200)
+	}
+}
+
+// defaultMemoryLimit sets a soft limit on the Go runtime's memory unless the
+// GOMEMLIMIT environment variable (env) is set, and returns the limit in
+// force as text ("96MiB", or "off"). The limit is three times the heap the
+// in-flight caps can pin: the records' bytes (kafka.max_buffered_bytes), or
+// about 1 KiB of bookkeeping per record (kafka.max_buffered_records),
+// whichever is more, and at least 64 MiB; 96 MiB with the defaults. Nearing
+// it, the collector runs more often instead of growing the heap.
+func defaultMemoryLimit(env string, k config.Kafka) string {
+	if env == "" {
+		pinned := max(int64(k.MaxBufferedBytes), int64(k.MaxBufferedRecords)<<10)
+		limit := int64(math.MaxInt64)
+		if pinned < math.MaxInt64/3 {
+			limit = max(3*pinned, minMemoryLimit)
+		}
+		debug.SetMemoryLimit(limit)
+	}
+	limit := debug.SetMemoryLimit(-1)
+	if limit == math.MaxInt64 {
+		return "off"
+	}
+	return strconv.FormatInt(limit>>20, 10) + "MiB"
+}
+
+// gcPercent returns the garbage collector's GOGC setting: a percentage, or
+// "off".
+func gcPercent() string {
+	s := []runtimemetrics.Sample{{Name: "/gc/gogc:percent"}}
+	runtimemetrics.Read(s)
+	if v := s[0].Value.Uint64(); v <= math.MaxInt32 {
+		return strconv.FormatUint(v, 10)
+	}
+	return "off"
+}
