@@ -161,9 +161,10 @@ type Producer struct {
 	buffered atomic.Int64 // bytes held in bytes
 	// fence is the context of every record handed over. The first failure
 	// cancels it, so that franz-go fails the records not yet written instead
-	// of delivering them ahead of the failed one (per-key order).
+	// of delivering them ahead of the failed one (per-key order). Its
+	// cause is the first failure.
 	fence      context.Context
-	breakFence context.CancelFunc
+	breakFence context.CancelCauseFunc
 	lastAck    atomic.Int64 // unix nanos of the last acknowledgement (or of creation)
 	inflight   sync.Pool    // of *inflight
 }
@@ -184,7 +185,7 @@ func newProducer(cfg config.Kafka, m *Metrics, log *slog.Logger, first ...kgo.Op
 	p := &Producer{cfg: cfg, m: m, known: map[string]int{}, slots: make(chan struct{}, cfg.MaxBufferedRecords),
 		bytes: semaphore.NewWeighted(int64(cfg.MaxBufferedBytes))}
 	p.inflight.New = newInflight
-	p.fence, p.breakFence = context.WithCancel(context.Background())
+	p.fence, p.breakFence = context.WithCancelCause(context.Background())
 	p.lastAck.Store(time.Now().UnixNano())
 	opts := append(first[:len(first):len(first)],
 		kgo.SeedBrokers(cfg.Brokers...),
@@ -213,17 +214,17 @@ func newProducer(cfg config.Kafka, m *Metrics, log *slog.Logger, first ...kgo.Op
 	}
 	tlsCfg, err := cfg.TLS.Config()
 	if err != nil {
-		p.breakFence()
+		p.breakFence(err)
 		return nil, err
 	}
 	// The fence must break before franz-go acts on a rejection (rejectwatch.go).
-	opts = append(opts, kgo.Dialer(dialer(tlsCfg, func(error) { p.breakFence() })))
+	opts = append(opts, kgo.Dialer(dialer(tlsCfg, p.breakFence)))
 	if mech := saslMechanism(cfg.SASL); mech != nil {
 		opts = append(opts, kgo.SASL(mech))
 	}
 	client, err := kgo.NewClient(opts...)
 	if err != nil {
-		p.breakFence()
+		p.breakFence(err)
 		return nil, fmt.Errorf("creating Kafka client: %w", err)
 	}
 	p.client, p.admin = client, kadm.NewClient(client)
@@ -231,11 +232,11 @@ func newProducer(cfg config.Kafka, m *Metrics, log *slog.Logger, first ...kgo.Op
 }
 
 // fenceHook breaks the fence as soon as franz-go fails a record.
-type fenceHook struct{ breakFence context.CancelFunc }
+type fenceHook struct{ breakFence context.CancelCauseFunc }
 
-func (h fenceHook) OnProduceRecordUnbuffered(_ *kgo.Record, err error) {
+func (h fenceHook) OnProduceRecordUnbuffered(r *kgo.Record, err error) {
 	if err != nil {
-		h.breakFence()
+		h.breakFence(fmt.Errorf("producing to %s[%d]: %w", r.Topic, r.Partition, err))
 	}
 }
 
@@ -438,9 +439,9 @@ func (p *Producer) Produce(ctx context.Context, rec *router.Record, done func(er
 		return err
 	}
 	p.buffered.Add(weight)
-	if err := p.fence.Err(); err != nil {
+	if p.fence.Err() != nil {
 		p.unbuffer(weight)
-		return fmt.Errorf("not handing over event %s: an earlier record failed: %w", rec.EventID, err)
+		return fmt.Errorf("not handing over event %s: an earlier record failed: %w", rec.EventID, context.Cause(p.fence))
 	}
 	f := p.inflight.Get().(*inflight)
 	f.p, f.rec, f.done, f.weight = p, rec, done, weight
@@ -481,7 +482,7 @@ func (f *inflight) finish(r *kgo.Record, err error) {
 	p, rec, done := f.p, f.rec, f.done
 	p.unbuffer(f.weight)
 	if err != nil {
-		p.breakFence()
+		p.breakFence(err)
 		p.m.errors.WithLabelValues(errorKind(err)).Inc()
 		de := &DeliveryError{Topic: r.Topic, Partition: r.Partition, EventID: rec.EventID, Err: err}
 		f.release()
@@ -592,9 +593,12 @@ func (e *DeliveryError) Unwrap() error { return e.Err }
 
 // Close fails every record still buffered and closes the client.
 func (p *Producer) Close() {
-	p.breakFence()
+	p.breakFence(errClosed)
 	p.client.Close()
 }
+
+// errClosed is the fence's cause after Close.
+var errClosed = errors.New("the Kafka producer was closed")
 
 // logger sends franz-go's log lines to slog.
 type logger struct{ l *slog.Logger }
