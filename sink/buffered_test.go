@@ -2,19 +2,15 @@ package sink_test
 
 import (
 	"bytes"
-	"context"
 	"fmt"
-	"log/slog"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/router"
-	"github.com/outboxd/outboxd/sink"
 )
 
 // TestProduceBlocksAtMaxBufferedBytes holds every produce response and checks
@@ -36,22 +32,10 @@ func TestProduceBlocksAtMaxBufferedBytes(t *testing.T) {
 		return nil, nil, false
 	})
 
-	cfg := config.Default().Kafka
-	cfg.Brokers = c.ListenAddrs()
-	cfg.TopicPartitions = 1
-	cfg.TopicReplicationFactor = 1
-	cfg.MaxBufferedRecords = 100
-	cfg.MaxBufferedBytes = 2500
-	p, err := sink.New(cfg, sink.NewMetrics(prometheus.NewRegistry()), slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := p.EnsureTopic(ctx, topic); err != nil {
-		t.Fatal(err)
-	}
+	p, ctx := newProducer(t, c, func(cfg *config.Kafka) {
+		cfg.MaxBufferedRecords = 100
+		cfg.MaxBufferedBytes = 2500
+	})
 
 	rec := func(i, size int) *router.Record { // size bytes of key and value
 		key := fmt.Sprintf("k%03d", i)

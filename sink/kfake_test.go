@@ -83,6 +83,31 @@ func newCluster(t *testing.T, brokers int) *kfake.Cluster {
 	return c
 }
 
+// newProducer returns a Producer on c's brokers with one-partition topics,
+// its caps set by tune (if not nil), closed at cleanup, with topic created,
+// and a context that ends the test after 30 s.
+func newProducer(t *testing.T, c *kfake.Cluster, tune func(*config.Kafka)) (*sink.Producer, context.Context) {
+	t.Helper()
+	cfg := config.Default().Kafka
+	cfg.Brokers = c.ListenAddrs()
+	cfg.TopicPartitions = 1
+	cfg.TopicReplicationFactor = 1
+	if tune != nil {
+		tune(&cfg)
+	}
+	p, err := sink.New(cfg, sink.NewMetrics(prometheus.NewRegistry()), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	if err := p.EnsureTopic(ctx, topic); err != nil {
+		t.Fatal(err)
+	}
+	return p, ctx
+}
+
 // outcome is what runRelay observed.
 type outcome struct {
 	runs, failedRuns int
