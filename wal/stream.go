@@ -42,6 +42,7 @@ type Stream struct {
 	// asked for a reply to the server's next keepalive.
 	OnRoundTrip func(time.Duration)
 	pingSent    time.Time
+	slab        []byte // the tail of the current slab (see keep)
 }
 
 // StartStream issues START_REPLICATION on conn (a connection opened with
@@ -202,8 +203,8 @@ func (s *Stream) handle(ctx context.Context, raw pgproto3.BackendMessage) (any, 
 			if err != nil {
 				return nil, fmt.Errorf("parsing XLogData: %w", err)
 			}
-			// The connection reuses its buffer: keep one copy per message.
-			data := append([]byte(nil), xld.WALData...)
+			// The connection reuses its buffer: keep a copy of each message.
+			data := s.keep(xld.WALData)
 			msg, err := s.dec.Decode(xld.WALStart, data)
 			if err != nil {
 				return nil, err
@@ -220,6 +221,30 @@ func (s *Stream) handle(ctx context.Context, raw pgproto3.BackendMessage) (any, 
 		return nil, fmt.Errorf("slot %q: server ended the replication stream", s.cfg.Slot)
 	}
 	return nil, nil
+}
+
+// slabSize is how many bytes of small messages one allocation holds.
+const slabSize = 32 << 10
+
+// keep returns a copy of b that is never written again. Messages of up to an
+// eighth of slabSize are copied one after another into a shared slab: one
+// allocation per hundred or so small messages instead of one each. A slab
+// stays in memory while any message copied into it is referred to, at most
+// slabSize bytes more than those messages.
+func (s *Stream) keep(b []byte) []byte {
+	if len(b) > slabSize/8 {
+		c := make([]byte, len(b))
+		copy(c, b)
+		return c
+	}
+	if cap(s.slab)-len(s.slab) < len(b) {
+		s.slab = make([]byte, 0, slabSize)
+	}
+	n := len(s.slab)
+	s.slab = append(s.slab, b...)
+	// The full slice expression keeps an append by a holder of this copy
+	// from writing over the next message.
+	return s.slab[n:len(s.slab):len(s.slab)]
 }
 
 // Received returns the end LSN of the last complete transaction received.
