@@ -326,6 +326,7 @@ type pipeline struct {
 	done         func(error) // the outcome of a record of txn
 	commitTime   time.Time
 	warnedUpdate bool
+	rec          router.Record // each insert's record: the producer keeps none of it
 
 	inserts, updates, deletes, messages prometheus.Counter
 }
@@ -351,8 +352,8 @@ func (p *pipeline) handle(item any) error {
 		switch m.Op {
 		case wal.Insert:
 			p.inserts.Inc()
-			rec, err := p.r.router.Route(m)
-			return p.deliver(rec, err, m.LSN, m.Relation.QualifiedName)
+			err := p.r.router.RouteInto(m, &p.rec)
+			return p.deliver(&p.rec, err, m.LSN, m.Relation.QualifiedName)
 		case wal.Update:
 			p.updates.Inc()
 			switch {

@@ -187,9 +187,20 @@ func (r *Router) layoutFor(rel *wal.Relation) ([]int, error) {
 // Route maps one inserted outbox row to a record. It returns a *RowError for
 // a poison row and a *LayoutError for a table that lacks a column.
 func (r *Router) Route(c *wal.Change) (*Record, error) {
+	rec := new(Record)
+	if err := r.RouteInto(c, rec); err != nil {
+		return nil, err
+	}
+	return rec, nil
+}
+
+// RouteInto is Route writing the record into rec, so that a caller that is
+// done with each record before routing the next needs no allocation. rec is
+// overwritten whatever the outcome.
+func (r *Router) RouteInto(c *wal.Change, rec *Record) error {
 	layout, err := r.layoutFor(c.Relation)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	var convErr error
 	for i, col := range layout {
@@ -205,9 +216,9 @@ func (r *Router) Route(c *wal.Change) (*Record, error) {
 		r.cells[i] = cell{data: data, null: data == nil, json: rc.TypeOID == oidJSON || rc.TypeOID == oidJSONB, oid: rc.TypeOID}
 	}
 	if convErr != nil {
-		return nil, &RowError{EventID: string(r.cells[fID].data), LSN: c.LSN, Table: r.table, Reason: convErr.Error()}
+		return &RowError{EventID: string(r.cells[fID].data), LSN: c.LSN, Table: r.table, Reason: convErr.Error()}
 	}
-	return r.build(c.LSN, r.table, c.CommitTime)
+	return r.build(rec, c.LSN, r.table, c.CommitTime)
 }
 
 // RouteMessage maps a logical decoding message to a record. Its content is a
@@ -242,20 +253,24 @@ func (r *Router) RouteMessage(m *wal.Message, commitTime time.Time) (*Record, er
 	if r.cells[fRouteBy].null && r.cfg.Messages.DefaultRouteBy != "" {
 		r.cells[fRouteBy] = cell{data: []byte(r.cfg.Messages.DefaultRouteBy)}
 	}
-	return r.build(m.LSN, source, commitTime)
+	rec := new(Record)
+	if err := r.build(rec, m.LSN, source, commitTime); err != nil {
+		return nil, err
+	}
+	return rec, nil
 }
 
-// build makes the record from r.cells.
-func (r *Router) build(lsn wal.LSN, source string, commitTime time.Time) (*Record, error) {
+// build writes the record made from r.cells into rec.
+func (r *Router) build(rec *Record, lsn wal.LSN, source string, commitTime time.Time) error {
 	cells := r.cells
-	fail := func(topic, format string, args ...any) (*Record, error) {
-		return nil, &RowError{EventID: string(cells[fID].data), LSN: lsn, Table: source, Topic: topic,
+	*rec = Record{EventID: unsafeString(cells[fID].data), Partition: -1, Timestamp: commitTime, CommitTime: commitTime}
+	fail := func(topic, format string, args ...any) error {
+		return &RowError{EventID: string(cells[fID].data), LSN: lsn, Table: source, Topic: topic,
 			Reason: fmt.Sprintf(format, args...), Key: cells[fKey].data, Value: cells[fPayload].data}
 	}
 	if cells[fID].null {
 		return fail("", "column %s is NULL; every outbox row needs an event id", r.cfg.IDColumn)
 	}
-	rec := &Record{EventID: unsafeString(cells[fID].data), Partition: -1, Timestamp: commitTime, CommitTime: commitTime}
 
 	switch {
 	case !cells[fTopic].null:
@@ -336,7 +351,7 @@ func (r *Router) build(lsn wal.LSN, source string, commitTime time.Time) (*Recor
 		}
 		rec.Timestamp = t
 	}
-	return rec, nil
+	return nil
 }
 
 // unsafeString returns b as a string without copying it: one allocation

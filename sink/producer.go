@@ -404,6 +404,9 @@ func (p *Producer) Fill() float64 {
 // It returns an error only when the record could not be handed over at all
 // (ctx done, topic creation failed); done is then never called. Once handed
 // over, a record is delivered or failed whatever happens to ctx.
+// Produce keeps no reference to rec itself, so the caller may reuse it once
+// Produce returns; the bytes of its key, value and headers must stay
+// unchanged until done is called.
 func (p *Producer) Produce(ctx context.Context, rec *router.Record, done func(error)) error {
 	if err := p.EnsureTopic(ctx, rec.Topic); err != nil {
 		return err
@@ -444,7 +447,7 @@ func (p *Producer) Produce(ctx context.Context, rec *router.Record, done func(er
 		return fmt.Errorf("not handing over event %s: an earlier record failed: %w", rec.EventID, context.Cause(p.fence))
 	}
 	f := p.inflight.Get().(*inflight)
-	f.p, f.rec, f.done, f.weight = p, rec, done, weight
+	f.p, f.eventID, f.commitTime, f.done, f.weight = p, rec.EventID, rec.CommitTime, done, weight
 	f.kr = kgo.Record{Topic: rec.Topic, Key: rec.Key, Value: rec.Value, Timestamp: rec.Timestamp, Context: rctx}
 	if len(rec.Headers) <= len(f.headers) {
 		f.kr.Headers = f.headers[:len(rec.Headers)]
@@ -461,13 +464,14 @@ func (p *Producer) Produce(ctx context.Context, rec *router.Record, done func(er
 // inflight is a record handed to franz-go: the record, room for its headers
 // and its promise, in one reused allocation.
 type inflight struct {
-	kr      kgo.Record
-	headers [4]kgo.RecordHeader
-	promise func(*kgo.Record, error) // f.finish, bound once
-	p       *Producer
-	rec     *router.Record
-	done    func(error)
-	weight  int64 // its share of max_buffered_bytes
+	kr         kgo.Record
+	headers    [4]kgo.RecordHeader
+	promise    func(*kgo.Record, error) // f.finish, bound once
+	p          *Producer
+	eventID    string
+	commitTime time.Time
+	done       func(error)
+	weight     int64 // its share of max_buffered_bytes
 }
 
 func newInflight() any {
@@ -479,12 +483,12 @@ func newInflight() any {
 // finish is the record's promise. franz-go does not touch the record once
 // it returns, so the inflight goes back to the pool.
 func (f *inflight) finish(r *kgo.Record, err error) {
-	p, rec, done := f.p, f.rec, f.done
+	p, done := f.p, f.done
 	p.unbuffer(f.weight)
 	if err != nil {
 		p.breakFence(err)
 		p.m.errors.WithLabelValues(errorKind(err)).Inc()
-		de := &DeliveryError{Topic: r.Topic, Partition: r.Partition, EventID: rec.EventID, Err: err}
+		de := &DeliveryError{Topic: r.Topic, Partition: r.Partition, EventID: f.eventID, Err: err}
 		f.release()
 		done(de)
 		return
@@ -494,8 +498,8 @@ func (f *inflight) finish(r *kgo.Record, err error) {
 	c := p.m.forTopic(r.Topic)
 	c.records.Inc()
 	c.bytes.Add(float64(len(r.Key) + len(r.Value)))
-	if !rec.CommitTime.IsZero() {
-		p.m.commitToAck.Observe(now.Sub(rec.CommitTime).Seconds())
+	if !f.commitTime.IsZero() {
+		p.m.commitToAck.Observe(now.Sub(f.commitTime).Seconds())
 	}
 	f.release()
 	done(nil)
@@ -503,7 +507,7 @@ func (f *inflight) finish(r *kgo.Record, err error) {
 
 func (f *inflight) release() {
 	p := f.p
-	f.kr, f.headers, f.p, f.rec, f.done, f.weight = kgo.Record{}, [4]kgo.RecordHeader{}, nil, nil, nil, 0
+	f.kr, f.headers, f.p, f.eventID, f.commitTime, f.done, f.weight = kgo.Record{}, [4]kgo.RecordHeader{}, nil, "", time.Time{}, nil, 0
 	p.inflight.Put(f)
 }
 

@@ -138,6 +138,7 @@ type Decoder struct {
 	inTx       bool
 	xid        uint32
 	commitTime time.Time
+	changes    []changeBuf // the unused rest of the current block (see changeBuf)
 }
 
 // NewDecoder returns a decoder with an empty relation cache.
@@ -256,9 +257,10 @@ func (d *Decoder) change(op Op, lsn LSN, r *reader) (*Change, error) {
 	if r.err == nil && !ok {
 		return nil, fmt.Errorf("%s for relation %d that was never described", op, id)
 	}
-	// One allocation for the change and the tuple of a table of up to
-	// inlineColumns columns, the common case for an outbox.
-	cb := &changeBuf{Change: Change{Op: op, XID: d.xid, LSN: lsn, CommitTime: d.commitTime, Relation: rel}}
+	// The change and the tuple of a table of up to inlineColumns columns
+	// (the common case for an outbox) share one changeBuf.
+	cb := d.changeBuf(len(r.buf))
+	*cb = changeBuf{Change: Change{Op: op, XID: d.xid, LSN: lsn, CommitTime: d.commitTime, Relation: rel}}
 	c, buf := &cb.Change, cb.buf[:0]
 	switch op {
 	case Insert:
@@ -427,6 +429,29 @@ const inlineColumns = 8
 type changeBuf struct {
 	Change
 	buf [inlineColumns]Datum
+}
+
+// The changes of messages of up to smallChange bytes are carved from blocks
+// of changeBlock: one allocation per changeBlock changes instead of one
+// each. A block stays in memory while any of its changes is referred to,
+// and with it the messages its changes point into; larger messages' changes
+// are allocated alone so that a block never holds on to big ones.
+const (
+	smallChange = 4 << 10
+	changeBlock = 32
+)
+
+// changeBuf returns room for the change of a message of n bytes.
+func (d *Decoder) changeBuf(n int) *changeBuf {
+	if n > smallChange {
+		return new(changeBuf)
+	}
+	if len(d.changes) == 0 {
+		d.changes = make([]changeBuf, changeBlock)
+	}
+	cb := &d.changes[0]
+	d.changes = d.changes[1:]
+	return cb
 }
 
 // tuple reads TupleData into buf when it has room, else into a new slice.

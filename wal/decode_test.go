@@ -552,3 +552,35 @@ func TestDecoderInstancesAreIndependent(t *testing.T) {
 		t.Fatal("InTransaction is false after Begin")
 	}
 }
+
+// TestDecodedChangesStayPut requires every change the decoder returns to
+// keep its own row while later ones are decoded (changes of small messages
+// share blocks), and big messages' changes as well as small ones.
+func TestDecodedChangesStayPut(t *testing.T) {
+	d := wal.NewDecoder()
+	if _, err := d.Decode(0x100, outboxRelation()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Decode(0x200, begin(0x900, 0, 7)); err != nil {
+		t.Fatal(err)
+	}
+	var changes []*wal.Change
+	var ids []string
+	for i := range 100 {
+		id := strings.Repeat("x", i%7*2000) + string(rune('a'+i%26)) + strings.Repeat("y", i)
+		m := []byte(ins(outboxRel, tuple{
+			text(id), text("order"), text("o-42"), text("OrderPlaced"),
+			text("{}"), null(), text("2024-05-17 09:30:15+00"), text("17"),
+		}))
+		out, err := d.Decode(wal.LSN(0x300+i), m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		changes, ids = append(changes, out.(*wal.Change)), append(ids, id)
+	}
+	for i, c := range changes {
+		if c.LSN != wal.LSN(0x300+i) || string(c.Tuple[0].Data) != ids[i] {
+			t.Errorf("change %d now has LSN %s and id of %d bytes, want %s and %d", i, c.LSN, len(c.Tuple[0].Data), wal.LSN(0x300+i), len(ids[i]))
+		}
+	}
+}
