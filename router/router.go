@@ -29,8 +29,8 @@ type Header struct {
 }
 
 // Record is a routed outbox row. Its key, value, header values and event id
-// alias the bytes of the change (or message) it was routed from, which must
-// never be written afterwards; package wal's never are.
+// may alias the bytes of the change (or message) it was routed from, which
+// must never be written afterwards; package wal's never are.
 type Record struct {
 	Topic   string
 	Key     []byte // nil when the key is NULL
@@ -195,8 +195,8 @@ func (r *Router) Route(c *wal.Change) (*Record, error) {
 }
 
 // RouteInto is Route writing the record into rec, so that a caller that is
-// done with each record before routing the next needs no allocation. rec is
-// overwritten whatever the outcome.
+// done with each record before routing the next needs no allocation. rec
+// holds the row's record only when the error is nil.
 func (r *Router) RouteInto(c *wal.Change, rec *Record) error {
 	layout, err := r.layoutFor(c.Relation)
 	if err != nil {

@@ -430,3 +430,34 @@ func TestRouteBadCharacterNamed(t *testing.T) {
 		}
 	}
 }
+
+// TestRouteIntoReusedRecord routes a row with a key, a payload, an event
+// type and a partition column, then one with all of them NULL, into the
+// same record, as the relay does: nothing of the first may remain.
+func TestRouteIntoReusedRecord(t *testing.T) {
+	cfg := config.Default().Router
+	cfg.RequireKey = false
+	cfg.AdditionalFields = []config.Field{{Column: "part", Placement: "partition"}, {Column: "tenant", Placement: "header"}}
+	r, err := router.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tb := outbox()
+	tb.rel.Columns = append(tb.rel.Columns, wal.Column{Name: "part", TypeOID: oidText}, wal.Column{Name: "tenant", TypeOID: oidText})
+	var rec router.Record
+	if err := r.RouteInto(tb.change(0x10, with(defaultRow(), "part", s("3"), "tenant", s("t1"))), &rec); err != nil {
+		t.Fatal(err)
+	}
+	if rec.Partition != 3 || len(rec.Headers) != 3 || rec.Key == nil || rec.Value == nil {
+		t.Fatalf("first row: partition %d, headers %q, key %q, value %q", rec.Partition, rec.Headers, rec.Key, rec.Value)
+	}
+	second := with(defaultRow(), "id", s("second"), "aggregate_id", nil, "payload", nil, "event_type", nil)
+	if err := r.RouteInto(tb.change(0x20, second), &rec); err != nil {
+		t.Fatal(err)
+	}
+	if rec.EventID != "second" || rec.Key != nil || rec.Value != nil || rec.Partition != -1 ||
+		len(rec.Headers) != 1 || rec.Headers[0].Key != "id" || string(rec.Headers[0].Value) != "second" {
+		t.Errorf("second row kept parts of the first: event id %q, key %q, value %q, partition %d, headers %q",
+			rec.EventID, rec.Key, rec.Value, rec.Partition, rec.Headers)
+	}
+}

@@ -170,7 +170,7 @@ func (d *Decoder) Decode(lsn LSN, data []byte) (any, error) {
 	case 'R':
 		err = d.relation(&r)
 	case 'I', 'U', 'D':
-		msg, err = d.change(Op(kind), lsn, &r)
+		msg, err = d.change(Op(kind), lsn, &r, len(data))
 	case 'M':
 		msg, err = d.message(lsn, &r)
 	case 'Y':
@@ -248,7 +248,7 @@ func (d *Decoder) relation(r *reader) error {
 	return nil
 }
 
-func (d *Decoder) change(op Op, lsn LSN, r *reader) (*Change, error) {
+func (d *Decoder) change(op Op, lsn LSN, r *reader, size int) (*Change, error) {
 	if !d.inTx {
 		return nil, fmt.Errorf("%s outside a transaction", op)
 	}
@@ -259,7 +259,7 @@ func (d *Decoder) change(op Op, lsn LSN, r *reader) (*Change, error) {
 	}
 	// The change and the tuple of a table of up to inlineColumns columns
 	// (the common case for an outbox) share one changeBuf.
-	cb := d.changeBuf(len(r.buf))
+	cb := d.changeBuf(size)
 	*cb = changeBuf{Change: Change{Op: op, XID: d.xid, LSN: lsn, CommitTime: d.commitTime, Relation: rel}}
 	c, buf := &cb.Change, cb.buf[:0]
 	switch op {
