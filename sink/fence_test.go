@@ -5,7 +5,6 @@ import (
 	"testing"
 
 	"github.com/twmb/franz-go/pkg/kerr"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outboxd/outboxd/router"
 )
@@ -14,12 +13,7 @@ import (
 // and its error carries the rejection (not a bare "context canceled"), so
 // the operator reads why from whichever error reaches the log first.
 func TestProduceAfterRejectionSaysWhy(t *testing.T) {
-	c := newCluster(t, 1)
-	c.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		c.KeepControl()
-		return produceResp(req, kerr.InvalidRecord.Code), nil, true
-	})
-	p, ctx := newProducer(t, c, nil)
+	p, ctx := rejectingProducer(t)
 	rec := func(id string) *router.Record {
 		return &router.Record{Topic: topic, Key: []byte("k"), Value: []byte("v"), EventID: id, Partition: -1}
 	}

@@ -108,6 +108,18 @@ func newProducer(t *testing.T, c *kfake.Cluster, tune func(*config.Kafka)) (*sin
 	return p, ctx
 }
 
+// rejectingProducer returns a producer (as newProducer) whose broker
+// rejects every produce request with INVALID_RECORD.
+func rejectingProducer(t *testing.T) (*sink.Producer, context.Context) {
+	t.Helper()
+	c := newCluster(t, 1)
+	c.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		return produceResp(req, kerr.InvalidRecord.Code), nil, true
+	})
+	return newProducer(t, c, nil)
+}
+
 // outcome is what runRelay observed.
 type outcome struct {
 	runs, failedRuns int

@@ -7,9 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/sink"
@@ -68,12 +66,7 @@ func TestProduceKeepsNoReferenceToRecord(t *testing.T) {
 }
 
 func TestDeliveryErrorNamesItsOwnEvent(t *testing.T) {
-	c := newCluster(t, 1)
-	c.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		c.KeepControl()
-		return produceResp(req, kerr.InvalidRecord.Code), nil, true
-	})
-	p, ctx := newProducer(t, c, nil)
+	p, ctx := rejectingProducer(t)
 	rec := router.Record{Topic: topic, Key: []byte("k"), Value: []byte("v"), EventID: "the-rejected-one", Partition: -1}
 	failed := make(chan error, 1)
 	if err := p.Produce(ctx, &rec, func(err error) { failed <- err }); err != nil {

@@ -149,9 +149,17 @@ func NewDecoder() *Decoder {
 // InTransaction reports whether a Begin has been decoded without its Commit.
 func (d *Decoder) InTransaction() bool { return d.inTx }
 
+// aliases reports whether what Decode returns for data refers to data's
+// bytes: a row (Insert, Update, Delete) or a logical decoding message.
+func aliases(data []byte) bool {
+	return len(data) > 0 && (data[0] == 'I' || data[0] == 'U' || data[0] == 'D' || data[0] == 'M')
+}
+
 // Decode decodes one pgoutput message that started at WAL position lsn. It
 // returns *Begin, *Change, *Commit, *Message, or nil for messages that only
-// update the decoder's state (Relation, Type, Origin, Truncate).
+// update the decoder's state (Relation, Type, Origin, Truncate). For the
+// messages aliases reports, what it returns refers to data, which must then
+// stay unchanged; the rest is decoded into values of its own.
 func (d *Decoder) Decode(lsn LSN, data []byte) (any, error) {
 	r := reader{buf: data}
 	if len(data) == 0 {
@@ -431,19 +439,19 @@ type changeBuf struct {
 	buf [inlineColumns]Datum
 }
 
-// The changes of messages of up to smallChange bytes are carved from blocks
-// of changeBlock: one allocation per changeBlock changes instead of one
-// each. A block stays in memory while any of its changes is referred to,
-// and with it the messages its changes point into; larger messages' changes
-// are allocated alone so that a block never holds on to big ones.
+// The changes of messages of up to smallMessage bytes are carved from
+// blocks of changeBlock: one allocation per changeBlock changes instead of
+// one each. A block stays in memory while any of its changes is referred
+// to, and with it the messages its changes point into; larger messages'
+// changes are allocated alone so that a block never holds on to big ones.
 const (
-	smallChange = 4 << 10
-	changeBlock = 32
+	smallMessage = 1 << 10 // the stream copies bigger ones alone too
+	changeBlock  = 32
 )
 
 // changeBuf returns room for the change of a message of n bytes.
 func (d *Decoder) changeBuf(n int) *changeBuf {
-	if n > smallChange {
+	if n > smallMessage {
 		return new(changeBuf)
 	}
 	if len(d.changes) == 0 {

@@ -557,13 +557,7 @@ func TestDecoderInstancesAreIndependent(t *testing.T) {
 // keep its own row while later ones are decoded (changes of small messages
 // share blocks), and big messages' changes as well as small ones.
 func TestDecodedChangesStayPut(t *testing.T) {
-	d := wal.NewDecoder()
-	if _, err := d.Decode(0x100, outboxRelation()); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := d.Decode(0x200, begin(0x900, 0, 7)); err != nil {
-		t.Fatal(err)
-	}
+	d := inTransaction(t)
 	var changes []*wal.Change
 	var ids []string
 	for i := range 100 {
@@ -582,5 +576,52 @@ func TestDecodedChangesStayPut(t *testing.T) {
 		if c.LSN != wal.LSN(0x300+i) || string(c.Tuple[0].Data) != ids[i] {
 			t.Errorf("change %d now has LSN %s and id of %d bytes, want %s and %d", i, c.LSN, len(c.Tuple[0].Data), wal.LSN(0x300+i), len(ids[i]))
 		}
+	}
+}
+
+// TestAliasesNamesEveryMessageThatKeepsItsBytes decodes a stream of every
+// message kind from one reused buffer, as the stream does for the messages
+// aliases says are not kept, and requires the outcome to read as it does
+// from copies: a message whose decoded form refers to its bytes must be
+// one that aliases reports.
+func TestAliasesNamesEveryMessageThatKeepsItsBytes(t *testing.T) {
+	row := tuple{
+		text("7f1c2a9e-2b8e-4c55-9d3e-2a1f0c9b8e01"), text("order"), text("o-42"), text("OrderPlaced"),
+		text(`{"a": 1}`), null(), text("2024-05-17 09:30:15+00"), text("17"),
+	}
+	msgs := []msg{
+		typ(600, "public", "mood"), outboxRelation(), origin(0x50, "upstream"), begin(0x900, 0, 7),
+		ins(outboxRel, row), upd(outboxRel, 'K', row, row), del(outboxRel, 'K', row),
+		message(true, 0x300, "outbox", `{"id": "m1"}`), truncate(0, outboxRel), commit(0x800, 0x900, 0),
+	}
+	decodeAll := func(reuse bool) string {
+		d := wal.NewDecoder()
+		var outs []any
+		buf := make([]byte, 0, 4096)
+		for i, m := range msgs {
+			data := []byte(m)
+			if reuse && !wal.Aliases(data) {
+				buf = append(buf[:0], m...)
+				data = buf
+			}
+			out, err := d.Decode(wal.LSN(0x100+i), data)
+			if err != nil {
+				t.Fatalf("message %c: %v", m[0], err)
+			}
+			if reuse && !wal.Aliases(data) {
+				for j := range buf {
+					buf[j] = 0xFF // the connection's next read
+				}
+			}
+			outs = append(outs, out)
+		}
+		var b strings.Builder
+		for _, out := range outs {
+			b.WriteString(render(out))
+		}
+		return b.String()
+	}
+	if got, want := decodeAll(true), decodeAll(false); got != want {
+		t.Errorf("decoding from a reused buffer gave\n%s\nwant\n%s", got, want)
 	}
 }

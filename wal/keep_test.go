@@ -13,7 +13,7 @@ func TestKeepCopiesStayPut(t *testing.T) {
 	var s Stream
 	src := make([]byte, slabSize)
 	var msgs, kept [][]byte
-	for i, n := range []int{1, 300, 0, slabSize / 8, slabSize/8 + 1, 250, slabSize, 4000, 4000, 4000, 4000, 4000, 4000, 4000, 4000, 17} {
+	for i, n := range []int{1, 300, 0, smallMessage, smallMessage + 1, 250, slabSize, 4000, 4000, 4000, 4000, 4000, 4000, 4000, 4000, 17} {
 		for j := range n {
 			src[j] = byte(i*31 + j)
 		}
@@ -44,7 +44,7 @@ func TestKeepCopiesStayPut(t *testing.T) {
 	}
 	// A big message is copied alone, so that a slab never holds on to it.
 	n := len(s.slab)
-	if big := s.keep(src[:slabSize/8+1]); len(s.slab) != n || cap(big) != len(big) {
+	if big := s.keep(src[:smallMessage+1]); len(s.slab) != n || cap(big) != len(big) {
 		t.Error("a big message was copied into a slab")
 	}
 }

@@ -204,11 +204,9 @@ func (s *Stream) handle(ctx context.Context, raw pgproto3.BackendMessage) (any, 
 				return nil, fmt.Errorf("parsing XLogData: %w", err)
 			}
 			// The connection reuses its buffer: keep a copy of each message
-			// whose decoded form refers to its bytes (rows and logical
-			// decoding messages). Begin, Commit and the others are decoded
-			// into values of their own.
+			// whose decoded form refers to its bytes.
 			data := xld.WALData
-			if len(data) > 0 && (data[0] == 'I' || data[0] == 'U' || data[0] == 'D' || data[0] == 'M') {
+			if aliases(data) {
 				data = s.keep(data)
 			}
 			msg, err := s.dec.Decode(xld.WALStart, data)
@@ -230,10 +228,10 @@ func (s *Stream) handle(ctx context.Context, raw pgproto3.BackendMessage) (any, 
 }
 
 // slabSize is how many bytes of small messages one allocation holds.
-const slabSize = 8 << 10
+const slabSize = 8 * smallMessage
 
-// keep returns a copy of b that is never written again. Messages of up to an
-// eighth of slabSize are copied one after another into a shared slab: one
+// keep returns a copy of b that is never written again. Messages of up to
+// smallMessage bytes are copied one after another into a shared slab: one
 // allocation per twenty or so 250 B events instead of one each. A slab stays
 // in memory while any message copied into it is referred to. So each record
 // in flight to Kafka can hold up to slabSize bytes beyond its own: that
@@ -242,7 +240,7 @@ const slabSize = 8 << 10
 // 10,000 records in flight. With a publication on the outbox table alone, a
 // slab holds little but outbox rows, which are in flight anyway.
 func (s *Stream) keep(b []byte) []byte {
-	if len(b) > slabSize/8 {
+	if len(b) > smallMessage {
 		c := make([]byte, len(b))
 		copy(c, b)
 		return c
