@@ -113,8 +113,29 @@ func unwrapConnect(err error) error {
 }
 
 // Check runs the start-up checks and prepares the publication and slot. Each
-// failure is one line that says what is wrong and what to do.
+// failure is one line that says what is wrong and what to do. The Postgres
+// and the Kafka checks run side by side; the Kafka client Check made is
+// kept, warmed (sink.Producer.Warm), for Run's first pipeline.
 func (r *Relay) Check(ctx context.Context) error {
+	r.dropWarm()
+	kctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	kafka := make(chan error, 1)
+	go func() { kafka <- r.checkKafka(kctx) }()
+	err := r.checkPostgres(ctx)
+	if err != nil {
+		cancel() // an unreachable broker need not hold up the Postgres error
+	}
+	if kerr := <-kafka; err == nil {
+		err = kerr
+	}
+	if err != nil {
+		r.dropWarm()
+	}
+	return err
+}
+
+func (r *Relay) checkPostgres(ctx context.Context) error {
 	conn, err := Connect(ctx, r.cfg.Postgres)
 	if err != nil {
 		return err
@@ -123,17 +144,30 @@ func (r *Relay) Check(ctx context.Context) error {
 	if err := checkServer(ctx, conn, r.cfg.Postgres, r.router.Columns()); err != nil {
 		return err
 	}
-	if err := r.ensureSlot(ctx, conn); err != nil {
-		return err
-	}
+	return r.ensureSlot(ctx, conn)
+}
+
+func (r *Relay) checkKafka(ctx context.Context) error {
 	p, err := r.newProducer()
 	if err != nil {
 		return err
 	}
-	defer p.Close()
 	pctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	return kafkaError(r.cfg.Kafka, p.Ping(pctx))
+	if err := p.Warm(pctx); err != nil {
+		p.Close()
+		return kafkaError(r.cfg.Kafka, err)
+	}
+	r.warm = p
+	return nil
+}
+
+// dropWarm closes the client Check kept, if Run has not taken it.
+func (r *Relay) dropWarm() {
+	if r.warm != nil {
+		r.warm.Close()
+		r.warm = nil
+	}
 }
 
 // kafkaError rewrites a failed broker check whose cause is the SASL

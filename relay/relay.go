@@ -29,6 +29,7 @@ type Relay struct {
 	sinkM  *sink.Metrics
 
 	reg           prometheus.Registerer
+	warm          *sink.Producer // made by Check for the first pipeline; nil once taken
 	schema, table string
 	status        status
 }
@@ -47,6 +48,15 @@ func New(cfg config.Config, log *slog.Logger, reg prometheus.Registerer) (*Relay
 
 func (r *Relay) newProducer() (*sink.Producer, error) {
 	return sink.New(r.cfg.Kafka, r.sinkM, r.log)
+}
+
+// producer returns the client Check warmed, once, and a new one after that.
+func (r *Relay) producer() (*sink.Producer, error) {
+	if p := r.warm; p != nil {
+		r.warm = nil
+		return p, nil
+	}
+	return r.newProducer()
 }
 
 // Fatal reports errors that a pipeline restart cannot fix.
@@ -82,6 +92,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	const minBackoff, maxBackoff = 500 * time.Millisecond, 30 * time.Second
 	backoff := minBackoff
 	defer r.setState(stateStopped, "stopped")
+	defer r.dropWarm()
 	for {
 		started := time.Now()
 		err := r.runOnce(ctx)
@@ -167,15 +178,29 @@ var errShutdownTimeout = errors.New("shutdown timeout reached")
 // runOnce runs one pipeline from the slot's confirmed position.
 func (r *Relay) runOnce(ctx context.Context) error {
 	pg := r.cfg.Postgres
+	// Two connections, opened side by side to start sooner.
+	type opened struct {
+		conn *pgconn.PgConn
+		err  error
+	}
+	repl := make(chan opened, 1)
+	go func() {
+		conn, err := connectReplication(ctx, pg)
+		repl <- opened{conn, err}
+	}()
 	start, err := r.inspectSlot(ctx)
+	o := <-repl
+	if err == nil {
+		err = o.err
+	}
 	if err != nil {
+		if o.conn != nil {
+			o.conn.Close(context.Background())
+		}
 		return err
 	}
-	conn, err := connectReplication(ctx, pg)
-	if err != nil {
-		return err
-	}
-	producer, err := r.newProducer()
+	conn := o.conn
+	producer, err := r.producer()
 	if err != nil {
 		conn.Close(context.Background())
 		return err

@@ -257,6 +257,9 @@ func (e *StallError) Error() string {
 func (p *Producer) Watch(ctx context.Context) error {
 	tick := time.NewTicker(min(time.Second, p.cfg.DeliveryTimeout/4))
 	defer tick.Stop()
+	// The producer may have been made (and warmed) long before: the stall
+	// clock starts now.
+	p.lastAck.Store(time.Now().UnixNano())
 	for {
 		select {
 		case <-ctx.Done():
@@ -317,6 +320,33 @@ func (p *Producer) Ping(ctx context.Context) error {
 		return fmt.Errorf("cannot reach Kafka brokers %s: %w; check kafka.brokers and that the brokers are up",
 			strings.Join(p.cfg.Brokers, ","), err)
 	}
+	return nil
+}
+
+// Warm checks that a broker answers and readies the client for the first
+// record, so that its start-up round trips are not paid by the first event:
+// it loads the idempotent producer's id and, when topic creation is
+// outboxd's job, learns which topics exist already (one metadata request for
+// all of them, instead of a CreateTopics and a metadata request per topic
+// on its first record). Only the broker check can fail it: a producer id or
+// topic list that cannot be loaded now is loaded by the first Produce. Call
+// it before the first Produce.
+func (p *Producer) Warm(ctx context.Context) error {
+	if err := p.Ping(ctx); err != nil {
+		return err
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() { _, _, _ = p.client.ProducerID(ctx) })
+	if p.cfg.TopicCreation == "admin" {
+		if td, err := p.admin.ListTopics(ctx); err == nil {
+			for topic, d := range td {
+				if d.Err == nil && len(d.Partitions) > 0 && allLed(d.Partitions) {
+					p.known[topic] = len(d.Partitions)
+				}
+			}
+		}
+	}
+	wg.Wait()
 	return nil
 }
 
