@@ -65,6 +65,7 @@ func StartStream(ctx context.Context, conn *pgconn.PgConn, cfg StreamConfig, sta
 // sooner when no more data is already buffered from the server.
 const (
 	maxBatchItems = 256
+	clockEvery    = 64 // messages between clock reads while they arrive back to back
 	maxBatchBytes = 1 << 20
 )
 
@@ -95,8 +96,13 @@ func (s *Stream) Run(ctx, graceful context.Context, out chan<- []any) error {
 		batch, batchBytes = nil, 0
 		return err
 	}
-	for {
-		if time.Now().After(next) {
+	for n := 0; ; n++ {
+		// The clock is read before a receive that may block (nothing
+		// buffered), after a hand-over, and every clockEvery messages in
+		// between: each takes microseconds, and a clock read per message
+		// was about 2 % of the catch-up's CPU.
+		buffered := s.conn.Frontend().ReadBufferLen() > 0
+		if (!buffered || n%clockEvery == 0) && time.Now().After(next) {
 			// Ask for a reply: the keepalive it brings measures the round
 			// trip and carries the server's WAL end for idle advancement.
 			if err := s.sendStatus(ctx, s.pingSent.IsZero()); err != nil {
@@ -110,11 +116,12 @@ func (s *Stream) Run(ctx, graceful context.Context, out chan<- []any) error {
 		if !s.dec.InTransaction() && graceful.Err() != nil {
 			return flush()
 		}
-		if len(batch) > 0 && (s.conn.Frontend().ReadBufferLen() == 0 || len(batch) >= maxBatchItems || batchBytes >= maxBatchBytes) {
+		if len(batch) > 0 && (!buffered || len(batch) >= maxBatchItems || batchBytes >= maxBatchBytes) {
 			if err := flush(); err != nil {
 				return err
 			}
-			continue // the hand-over may have taken long: status first
+			n = -1 // the hand-over may have taken long: clock and status first
+			continue
 		}
 		if !deadline.Equal(next) {
 			deadline = next
