@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/sink"
 	"github.com/outboxd/outboxd/wal"
 )
 
@@ -62,7 +63,9 @@ func Connect(ctx context.Context, pg config.Postgres) (*pgx.Conn, error) {
 }
 
 // connectReplication opens a logical replication connection.
-func connectReplication(ctx context.Context, pg config.Postgres) (*pgconn.PgConn, error) {
+func (r *Relay) connectReplication(ctx context.Context) (*pgconn.PgConn, error) {
+	pg := r.cfg.Postgres
+	r.log.Debug("opening a replication connection", "slot", pg.Slot)
 	ccfg, err := pgConfig(pg)
 	if err != nil {
 		return nil, err
@@ -114,20 +117,34 @@ func unwrapConnect(err error) error {
 
 // Check runs the start-up checks and prepares the publication and slot. Each
 // failure is one line that says what is wrong and what to do. The Postgres
-// and the Kafka checks run side by side; the Kafka client Check made is
-// kept, warmed (sink.Producer.Warm), for Run's first pipeline.
+// and the Kafka checks run side by side, and the replication connection is
+// opened beside them. What Check opened is kept for Run's first pipeline
+// (its Postgres connection, the replication connection and the Kafka
+// client, warmed by sink.Producer.Warm), so that the first event does not
+// wait for connections to be opened again.
 func (r *Relay) Check(ctx context.Context) error {
 	r.dropWarm()
-	kctx, cancel := context.WithCancel(ctx)
+	side, cancel := context.WithCancel(ctx)
 	defer cancel()
 	kafka := make(chan error, 1)
-	go func() { kafka <- r.checkKafka(kctx) }()
+	go func() { kafka <- r.checkKafka(side) }()
+	repl := make(chan *pgconn.PgConn, 1)
+	go func() {
+		// A failure here is left to the first pipeline, which connects
+		// again and reports it; the checks name most causes first.
+		conn, _ := r.connectReplication(side)
+		repl <- conn
+	}()
 	err := r.checkPostgres(ctx)
 	if err != nil {
 		cancel() // an unreachable broker need not hold up the Postgres error
 	}
-	if kerr := <-kafka; err == nil {
-		err = kerr
+	r.warm.repl = <-repl
+	switch kafkaErr := <-kafka; {
+	case err == nil:
+		err = kafkaErr
+	case kafkaErr != nil && !errors.Is(kafkaErr, context.Canceled):
+		err = fmt.Errorf("%w; also %w", err, kafkaErr) // both are wrong: say so at once, in one line
 	}
 	if err != nil {
 		r.dropWarm()
@@ -135,18 +152,30 @@ func (r *Relay) Check(ctx context.Context) error {
 	return err
 }
 
+// Close closes what Check keeps for Run, when Run does not take it.
+func (r *Relay) Close() { r.dropWarm() }
+
+// checkPostgres checks the server, the role and the table, prepares the
+// publication and slot, and keeps its connection in r.warm.
 func (r *Relay) checkPostgres(ctx context.Context) error {
 	conn, err := Connect(ctx, r.cfg.Postgres)
 	if err != nil {
 		return err
 	}
-	defer conn.Close(context.WithoutCancel(ctx))
 	if err := checkServer(ctx, conn, r.cfg.Postgres, r.router.Columns()); err != nil {
+		conn.Close(context.WithoutCancel(ctx))
 		return err
 	}
-	return r.ensureSlot(ctx, conn)
+	if err := r.ensureSlot(ctx, conn); err != nil {
+		conn.Close(context.WithoutCancel(ctx))
+		return err
+	}
+	r.warm.conn = conn
+	return nil
 }
 
+// checkKafka checks that a broker answers and keeps the warmed client in
+// r.warm.
 func (r *Relay) checkKafka(ctx context.Context) error {
 	p, err := r.newProducer()
 	if err != nil {
@@ -158,15 +187,30 @@ func (r *Relay) checkKafka(ctx context.Context) error {
 		p.Close()
 		return kafkaError(r.cfg.Kafka, err)
 	}
-	r.warm = p
+	r.warm.producer = p
 	return nil
 }
 
-// dropWarm closes the client Check kept, if Run has not taken it.
+// warm is what Check opened for the first pipeline. Each field is nil once
+// taken, or when Check could not open it.
+type warm struct {
+	conn     *pgx.Conn      // Check's connection, for the first slot inspection
+	repl     *pgconn.PgConn // the replication connection
+	producer *sink.Producer // the Kafka client, warmed
+}
+
+// dropWarm closes what Check kept and the first pipeline has not taken.
 func (r *Relay) dropWarm() {
-	if r.warm != nil {
-		r.warm.Close()
-		r.warm = nil
+	w := r.warm
+	r.warm = warm{}
+	if w.conn != nil {
+		w.conn.Close(context.Background())
+	}
+	if w.repl != nil {
+		w.repl.Close(context.Background())
+	}
+	if w.producer != nil {
+		w.producer.Close()
 	}
 }
 

@@ -29,7 +29,7 @@ type Relay struct {
 	sinkM  *sink.Metrics
 
 	reg           prometheus.Registerer
-	warm          *sink.Producer // made by Check for the first pipeline; nil once taken
+	warm          warm // what Check opened for the first pipeline
 	schema, table string
 	status        status
 }
@@ -50,10 +50,11 @@ func (r *Relay) newProducer() (*sink.Producer, error) {
 	return sink.New(r.cfg.Kafka, r.sinkM, r.log)
 }
 
-// producer returns the client Check warmed, once, and a new one after that.
+// producer returns the client Check warmed to the first pipeline, and a new
+// one to every other.
 func (r *Relay) producer() (*sink.Producer, error) {
-	if p := r.warm; p != nil {
-		r.warm = nil
+	if p := r.warm.producer; p != nil {
+		r.warm.producer = nil
 		return p, nil
 	}
 	return r.newProducer()
@@ -92,10 +93,10 @@ func (r *Relay) Run(ctx context.Context) error {
 	const minBackoff, maxBackoff = 500 * time.Millisecond, 30 * time.Second
 	backoff := minBackoff
 	defer r.setState(stateStopped, "stopped")
-	defer r.dropWarm()
 	for {
 		started := time.Now()
 		err := r.runOnce(ctx)
+		r.dropWarm() // only the first pipeline uses it, if it got that far
 		if ctx.Err() != nil && (err == nil || !Fatal(err)) {
 			if err != nil {
 				r.log.Warn("stopped after an error during shutdown; unconfirmed events will be sent again on restart", "err", err, "slot", r.cfg.Postgres.Slot)
@@ -178,28 +179,10 @@ var errShutdownTimeout = errors.New("shutdown timeout reached")
 // runOnce runs one pipeline from the slot's confirmed position.
 func (r *Relay) runOnce(ctx context.Context) error {
 	pg := r.cfg.Postgres
-	// Two connections, opened side by side to start sooner.
-	type opened struct {
-		conn *pgconn.PgConn
-		err  error
-	}
-	repl := make(chan opened, 1)
-	go func() {
-		conn, err := connectReplication(ctx, pg)
-		repl <- opened{conn, err}
-	}()
-	start, err := r.inspectSlot(ctx)
-	o := <-repl
-	if err == nil {
-		err = o.err
-	}
+	start, conn, err := r.connect(ctx)
 	if err != nil {
-		if o.conn != nil {
-			o.conn.Close(context.Background())
-		}
 		return err
 	}
-	conn := o.conn
 	producer, err := r.producer()
 	if err != nil {
 		conn.Close(context.Background())
@@ -296,6 +279,58 @@ func (r *Relay) runOnce(ctx context.Context) error {
 	return err
 }
 
+// connect inspects the slot and opens the replication connection. It opens
+// both connections side by side, to start sooner, except in standby: there
+// the slot is expected to be held, and a replication connection per poll
+// would take a walsender place from the holder.
+func (r *Relay) connect(ctx context.Context) (wal.LSN, *pgconn.PgConn, error) {
+	if conn := r.warm.conn; conn != nil { // the first pipeline: Check's connections
+		repl := r.warm.repl
+		r.warm.conn, r.warm.repl = nil, nil
+		start, err := r.inspectSlotOn(ctx, conn)
+		conn.Close(context.WithoutCancel(ctx))
+		if err == nil && repl == nil {
+			repl, err = r.connectReplication(ctx)
+		}
+		if err != nil {
+			if repl != nil {
+				repl.Close(context.Background())
+			}
+			return 0, nil, err
+		}
+		return start, repl, nil
+	}
+	if r.Status().State == stateStandby {
+		start, err := r.inspectSlot(ctx)
+		if err != nil {
+			return 0, nil, err
+		}
+		conn, err := r.connectReplication(ctx)
+		return start, conn, err
+	}
+	type opened struct {
+		conn *pgconn.PgConn
+		err  error
+	}
+	repl := make(chan opened, 1)
+	go func() {
+		conn, err := r.connectReplication(ctx)
+		repl <- opened{conn, err}
+	}()
+	start, err := r.inspectSlot(ctx)
+	o := <-repl
+	if err == nil {
+		err = o.err
+	}
+	if err != nil {
+		if o.conn != nil {
+			o.conn.Close(context.Background())
+		}
+		return 0, nil, err
+	}
+	return start, o.conn, nil
+}
+
 // inspectSlot checks the slot before a run and returns its confirmed position.
 func (r *Relay) inspectSlot(ctx context.Context) (wal.LSN, error) {
 	conn, err := Connect(ctx, r.cfg.Postgres)
@@ -303,6 +338,11 @@ func (r *Relay) inspectSlot(ctx context.Context) (wal.LSN, error) {
 		return 0, err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
+	return r.inspectSlotOn(ctx, conn)
+}
+
+// inspectSlotOn is inspectSlot on an open connection.
+func (r *Relay) inspectSlotOn(ctx context.Context, conn *pgx.Conn) (wal.LSN, error) {
 	info, ok, err := wal.InspectSlot(ctx, conn, r.cfg.Postgres.Slot)
 	if err != nil {
 		return 0, err

@@ -9,7 +9,8 @@
 //
 // The caller's duties:
 //
-//  1. Call Ping before streaming, to fail fast on unreachable brokers.
+//  1. Call Warm (or Ping) before the first Produce, to fail fast on
+//     unreachable brokers; Warm also loads the producer id.
 //  2. Call Produce for each record in commit order. It blocks while
 //     max_buffered_records, or records of max_buffered_bytes, are
 //     unacknowledged: that is the backpressure that stops WAL reading.

@@ -165,7 +165,7 @@ type Producer struct {
 	// cause is the first failure.
 	fence      context.Context
 	breakFence context.CancelCauseFunc
-	lastAck    atomic.Int64 // unix nanos of the last acknowledgement (or of creation)
+	lastAck    atomic.Int64 // unix nanos of the last acknowledgement (or of Watch's start)
 	inflight   sync.Pool    // of *inflight
 }
 
@@ -323,50 +323,55 @@ func (p *Producer) Ping(ctx context.Context) error {
 	return nil
 }
 
-// Warm checks that a broker answers and readies the client for the first
-// record, so that its start-up round trips are not paid by the first event:
-// it loads the idempotent producer's id and, when topic creation is
-// outboxd's job, learns which topics exist already (one metadata request for
-// all of them, instead of a CreateTopics and a metadata request per topic
-// on its first record). Only the broker check can fail it: a producer id or
-// topic list that cannot be loaded now is loaded by the first Produce. Call
-// it before the first Produce.
+// Warm checks that a broker answers and loads the idempotent producer's id,
+// so that the first record does not wait for it. A broker that refuses the
+// id (an authorization error, for one) fails Warm with the reason; an id
+// that cannot be loaded for a passing reason is loaded by the first Produce.
+// Call it before the first Produce.
 func (p *Producer) Warm(ctx context.Context) error {
 	if err := p.Ping(ctx); err != nil {
 		return err
 	}
-	var wg sync.WaitGroup
-	wg.Go(func() { _, _, _ = p.client.ProducerID(ctx) })
-	if p.cfg.TopicCreation == "admin" {
-		if td, err := p.admin.ListTopics(ctx); err == nil {
-			for topic, d := range td {
-				if d.Err == nil && len(d.Partitions) > 0 && allLed(d.Partitions) {
-					p.known[topic] = len(d.Partitions)
-				}
-			}
-		}
+	_, _, err := p.client.ProducerID(ctx)
+	var ke *kerr.Error
+	switch {
+	case err == nil, !errors.As(err, &ke), ke.Retriable, errors.Is(err, kerr.ConcurrentTransactions):
+		return nil // franz-go tries again on the first Produce
+	case errors.Is(err, kerr.ClusterAuthorizationFailed):
+		return fmt.Errorf("the Kafka brokers %s refused an idempotent producer id: %w; grant the principal Write on the topics it produces to (or IdempotentWrite on the cluster)",
+			strings.Join(p.cfg.Brokers, ","), err)
 	}
-	wg.Wait()
-	return nil
+	return fmt.Errorf("the Kafka brokers %s refused an idempotent producer id: %w", strings.Join(p.cfg.Brokers, ","), err)
 }
 
 // EnsureTopic creates topic when topic creation is outboxd's job and the
-// topic is not known to exist yet.
+// topic is not known to exist yet. It looks the topic up first: most topics
+// exist, and a lookup is one metadata request where a CreateTopics goes to
+// the controller, and needs no permission to create topics.
 func (p *Producer) EnsureTopic(ctx context.Context, topic string) error {
 	if _, ok := p.known[topic]; ok || p.cfg.TopicCreation != "admin" {
 		return nil
 	}
-	resp, err := p.admin.CreateTopic(ctx, int32(p.cfg.TopicPartitions), int16(p.cfg.TopicReplicationFactor), nil, topic)
-	if err == nil {
-		err = resp.Err
+	td, err := p.admin.ListTopics(ctx, topic)
+	d, found := td[topic]
+	found = found && err == nil && d.Err == nil && len(d.Partitions) > 0
+	if found && allLed(d.Partitions) {
+		p.known[topic] = len(d.Partitions)
+		return nil
 	}
-	switch {
-	case err == nil:
-		p.m.topicsCreated.Inc()
-	case errors.Is(err, kerr.TopicAlreadyExists):
-	default:
-		return fmt.Errorf("creating topic %q (%d partitions, replication factor %d): %w; create it by hand or fix the broker's permissions",
-			topic, p.cfg.TopicPartitions, p.cfg.TopicReplicationFactor, err)
+	if !found {
+		resp, err := p.admin.CreateTopic(ctx, int32(p.cfg.TopicPartitions), int16(p.cfg.TopicReplicationFactor), nil, topic)
+		if err == nil {
+			err = resp.Err
+		}
+		switch {
+		case err == nil:
+			p.m.topicsCreated.Inc()
+		case errors.Is(err, kerr.TopicAlreadyExists):
+		default:
+			return fmt.Errorf("creating topic %q (%d partitions, replication factor %d): %w; create it by hand or fix the broker's permissions",
+				topic, p.cfg.TopicPartitions, p.cfg.TopicReplicationFactor, err)
+		}
 	}
 	n, err := p.waitLeaders(ctx, topic)
 	if err != nil {

@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"regexp"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
@@ -29,58 +32,141 @@ func counter(c *kfake.Cluster, key kmsg.Key) *atomic.Int64 {
 	return &n
 }
 
-// TestWarmReadiesTheFirstRecord checks that Warm does before the first
-// record what would otherwise delay it: it loads the producer id, and it
-// learns the topics that exist, so that the first records to them send no
-// CreateTopics (one round trip to the controller per topic). A topic that
-// does not exist is still created on its first record.
-func TestWarmReadiesTheFirstRecord(t *testing.T) {
+// newSeeded returns a producer (topic creation by outboxd, one-partition
+// topics) on a one-broker kfake cluster whose topics a-events and b-events
+// (three partitions each) exist already, and a context that ends the test
+// after 30 s.
+func newSeeded(t *testing.T) (*kfake.Cluster, func() *sink.Producer, context.Context) {
+	t.Helper()
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, "a-events", "b-events"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
-	creates, inits := counter(c, kmsg.CreateTopics), counter(c, kmsg.InitProducerID)
-
-	cfg := config.Default().Kafka
-	cfg.Brokers = c.ListenAddrs()
-	cfg.TopicPartitions, cfg.TopicReplicationFactor = 1, 1
-	p, err := sink.New(cfg, sink.NewMetrics(prometheus.NewRegistry()), slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(p.Close)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
+	return c, func() *sink.Producer {
+		cfg := config.Default().Kafka
+		cfg.Brokers = c.ListenAddrs()
+		cfg.TopicPartitions, cfg.TopicReplicationFactor = 1, 1
+		p, err := sink.New(cfg, sink.NewMetrics(prometheus.NewRegistry()), slog.New(slog.DiscardHandler))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(p.Close)
+		return p
+	}, ctx
+}
 
+// produceOne produces one record to topic (partition -1: by key) and waits
+// for its outcome.
+func produceOne(ctx context.Context, p *sink.Producer, topic string, partition int32) error {
+	acked := make(chan error, 1)
+	rec := &router.Record{Topic: topic, Key: []byte("k"), Value: []byte("v"), EventID: "e", Partition: partition}
+	if err := p.Produce(ctx, rec, func(err error) { acked <- err }); err != nil {
+		return err
+	}
+	return <-acked
+}
+
+// TestWarmLoadsTheProducerID checks that Warm loads the idempotent
+// producer's id, so that the first record does not wait for it, and that it
+// is not loaded again for that record.
+func TestWarmLoadsTheProducerID(t *testing.T) {
+	c, newP, ctx := newSeeded(t)
+	inits := counter(c, kmsg.InitProducerID)
+	p := newP()
 	if err := p.Warm(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if n := inits.Load(); n != 1 {
-		t.Errorf("Warm sent %d InitProducerID requests, want 1 (the producer id loaded before the first record)", n)
+		t.Errorf("Warm sent %d InitProducerID requests, want 1", n)
 	}
-	produce := func(topic string, partition int32) {
-		t.Helper()
-		acked := make(chan error, 1)
-		rec := &router.Record{Topic: topic, Key: []byte("k"), Value: []byte("v"), EventID: "e", Partition: partition}
-		if err := p.Produce(ctx, rec, func(err error) { acked <- err }); err != nil {
-			t.Fatal(err)
-		}
-		if err := <-acked; err != nil {
-			t.Fatal(err)
-		}
-	}
-	produce("a-events", -1)
-	produce("b-events", 2) // an explicit partition: its count is known from Warm too
-	if n := creates.Load(); n != 0 {
-		t.Errorf("the first records to existing topics sent %d CreateTopics requests after Warm, want 0", n)
-	}
-	produce("c-events", -1)
-	if n := creates.Load(); n != 1 {
-		t.Errorf("the first record to a missing topic sent %d CreateTopics requests, want 1", n)
+	if err := produceOne(ctx, p, "a-events", -1); err != nil {
+		t.Fatal(err)
 	}
 	if n := inits.Load(); n != 1 {
-		t.Errorf("%d InitProducerID requests after producing, want the 1 of Warm", n)
+		t.Errorf("%d InitProducerID requests after the first record, want only Warm's", n)
+	}
+}
+
+// TestWarmReportsARefusedProducerID checks that a broker that refuses the
+// producer id for good stops Warm with a line that says what to grant, and
+// that a passing refusal does not.
+func TestWarmReportsARefusedProducerID(t *testing.T) {
+	tests := []struct {
+		name string
+		code int16
+		want string // "" for no error
+	}{
+		{"not authorized", kerr.ClusterAuthorizationFailed.Code, "refused an idempotent producer id: CLUSTER_AUTHORIZATION_FAILED.*grant the principal Write on the topics"},
+		{"other lasting refusal", kerr.InvalidRequest.Code, "refused an idempotent producer id: INVALID_REQUEST"},
+		{"passing refusal", kerr.RequestTimedOut.Code, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, newP, ctx := newSeeded(t)
+			c.ControlKey(int16(kmsg.InitProducerID), func(req kmsg.Request) (kmsg.Response, error, bool) {
+				c.KeepControl()
+				resp := req.ResponseKind().(*kmsg.InitProducerIDResponse)
+				resp.ErrorCode = tt.code
+				return resp, nil, true
+			})
+			err := newP().Warm(ctx)
+			switch {
+			case tt.want == "" && err != nil:
+				t.Fatalf("Warm: %v, want nil (franz-go tries again on the first record)", err)
+			case tt.want != "" && (err == nil || !regexp.MustCompile(tt.want).MatchString(err.Error())):
+				t.Fatalf("Warm: %v, want an error matching %q", err, tt.want)
+			}
+		})
+	}
+}
+
+// TestEnsureTopicLooksBeforeCreating checks that the first record to a topic
+// that exists sends no CreateTopics (a request to the controller), also on
+// a client that was never warmed (a pipeline after a restart), so that a
+// principal without permission to create topics can use topics made for it;
+// that the partition count of an existing topic is learned for records with
+// an explicit partition; and that a missing topic is still created.
+func TestEnsureTopicLooksBeforeCreating(t *testing.T) {
+	c, newP, ctx := newSeeded(t)
+	var creates atomic.Int64
+	var deny atomic.Bool // answer CreateTopics with TOPIC_AUTHORIZATION_FAILED
+	deny.Store(true)
+	c.ControlKey(int16(kmsg.CreateTopics), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		creates.Add(1)
+		if !deny.Load() {
+			return nil, nil, false
+		}
+		resp := req.ResponseKind().(*kmsg.CreateTopicsResponse)
+		for _, rt := range req.(*kmsg.CreateTopicsRequest).Topics {
+			st := kmsg.NewCreateTopicsResponseTopic()
+			st.Topic, st.ErrorCode = rt.Topic, kerr.TopicAuthorizationFailed.Code
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+	p := newP()
+	if err := produceOne(ctx, p, "a-events", -1); err != nil {
+		t.Fatalf("producing to an existing topic without permission to create topics: %v", err)
+	}
+	if err := produceOne(ctx, p, "b-events", 2); err != nil {
+		t.Fatalf("producing to partition 2 of an existing three-partition topic: %v", err)
+	}
+	if err := produceOne(ctx, p, "c-events", -1); err == nil || !strings.Contains(err.Error(), "creating topic \"c-events\"") {
+		t.Fatalf("producing to a missing topic without permission to create it: %v, want the creation error", err)
+	}
+	if n := creates.Load(); n != 1 {
+		t.Errorf("%d CreateTopics requests, want 1 (for the missing topic only)", n)
+	}
+	deny.Store(false)
+	if err := produceOne(ctx, newP(), "c-events", -1); err != nil {
+		t.Fatalf("producing to a missing topic: %v", err)
+	}
+	if n := creates.Load(); n != 2 {
+		t.Errorf("%d CreateTopics requests, want 2: the missing topic is created", n)
 	}
 }
 

@@ -190,8 +190,20 @@ func TestSlotHeldByAnotherProcessIsWaitedFor(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := start(t, d.env())
+	p := start(t, d.env("OUTBOXD_POSTGRES_STANDBY_POLL_INTERVAL=100ms", "OUTBOXD_LOG_LEVEL=debug"))
 	p.waitLog(`replication slot \\?"`+d.slot+`\\?" is in use by process \d+`, 30*time.Second)
+	p.waitLog(`msg="standby: another process holds the slot`, 30*time.Second)
+	// A standby polls with an ordinary connection only: a replication
+	// connection per poll would take a walsender place from the holder.
+	const opening = `msg="opening a replication connection"`
+	opened := strings.Count(p.logs.String(), opening)
+	time.Sleep(time.Second) // ten polls
+	if n := strings.Count(p.logs.String(), opening) - opened; n > 0 {
+		t.Fatalf("outboxd opened %d replication connections in standby, while another process held the slot", n)
+	}
 	holder.Close(ctx)
 	p.waitLog(`msg=streaming`, 60*time.Second)
+	if n := strings.Count(p.logs.String(), opening) - opened; n != 1 {
+		t.Errorf("outboxd opened %d replication connections to take over the slot, want 1", n)
+	}
 }

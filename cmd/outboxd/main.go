@@ -154,6 +154,7 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	if err := r.Check(ctx); err != nil {
 		return err
 	}
+	defer r.Close()
 	g, gctx := errgroup.WithContext(ctx)
 	if cfg.HTTP.Listen != "" {
 		srv, err := metrics.Listen(cfg.HTTP.Listen, reg, func() (bool, any) {
