@@ -135,11 +135,17 @@ func (r *Relay) Check(ctx context.Context) error {
 		conn, _ := r.connectReplication(side)
 		repl <- conn
 	}()
-	err := r.checkPostgres(ctx)
+	held, err := r.checkPostgres(ctx)
 	if err != nil {
 		cancel() // an unreachable broker need not hold up the Postgres error
 	}
 	r.warm.repl = <-repl
+	if held && r.warm.repl != nil {
+		// The first pipeline will wait as a standby: give the walsender
+		// place back at once.
+		r.warm.repl.Close(context.Background())
+		r.warm.repl = nil
+	}
 	switch kafkaErr := <-kafka; {
 	case err == nil:
 		err = kafkaErr
@@ -156,22 +162,24 @@ func (r *Relay) Check(ctx context.Context) error {
 func (r *Relay) Close() { r.dropWarm() }
 
 // checkPostgres checks the server, the role and the table, prepares the
-// publication and slot, and keeps its connection in r.warm.
-func (r *Relay) checkPostgres(ctx context.Context) error {
+// publication and slot, and keeps its connection in r.warm. held reports a
+// slot that another process is streaming from.
+func (r *Relay) checkPostgres(ctx context.Context) (held bool, err error) {
 	conn, err := Connect(ctx, r.cfg.Postgres)
 	if err != nil {
-		return err
+		return false, err
 	}
 	if err := checkServer(ctx, conn, r.cfg.Postgres, r.router.Columns()); err != nil {
 		conn.Close(context.WithoutCancel(ctx))
-		return err
+		return false, err
 	}
-	if err := r.ensureSlot(ctx, conn); err != nil {
+	held, err = r.ensureSlot(ctx, conn)
+	if err != nil {
 		conn.Close(context.WithoutCancel(ctx))
-		return err
+		return false, err
 	}
 	r.warm.conn = conn
-	return nil
+	return held, nil
 }
 
 // checkKafka checks that a broker answers and keeps the warmed client in
@@ -314,41 +322,43 @@ func contains(list []string, s string) bool {
 
 // ensureSlot creates the publication and slot when missing and allowed, and
 // refuses an unusable slot.
-func (r *Relay) ensureSlot(ctx context.Context, conn *pgx.Conn) error {
+// ensureSlot prepares the publication and slot; held reports a slot that
+// another process is streaming from.
+func (r *Relay) ensureSlot(ctx context.Context, conn *pgx.Conn) (held bool, err error) {
 	pg := r.cfg.Postgres
 	schema, table := pg.TableName()
 	created, err := wal.EnsurePublication(ctx, conn, pg.Publication, schema, table, pg.CreatePublication)
 	if err != nil {
-		return err
+		return false, err
 	}
 	if created {
 		r.log.Info("created publication", "publication", pg.Publication, "table", pg.Table)
 	}
 	info, ok, err := wal.InspectSlot(ctx, conn, pg.Slot)
 	if err != nil {
-		return err
+		return false, err
 	}
 	if !ok {
 		if !pg.CreateSlot {
-			return wal.Errorf(wal.ErrSlotMissing, "replication slot %q does not exist; set postgres.create_slot: true, or create it with SELECT pg_create_logical_replication_slot('%s', 'pgoutput')",
+			return false, wal.Errorf(wal.ErrSlotMissing, "replication slot %q does not exist; set postgres.create_slot: true, or create it with SELECT pg_create_logical_replication_slot('%s', 'pgoutput')",
 				pg.Slot, pg.Slot)
 		}
 		lsn, err := wal.CreateSlot(ctx, conn, pg.Slot)
 		if err != nil {
-			return err
+			return false, err
 		}
 		r.log.Info("created replication slot; events committed from here on will be delivered", "slot", pg.Slot, "lsn", lsn)
-		return nil
+		return false, nil
 	}
 	var db string
 	if err := conn.QueryRow(ctx, "SELECT current_database()").Scan(&db); err != nil {
-		return fmt.Errorf("reading current database: %w", err)
+		return false, fmt.Errorf("reading current database: %w", err)
 	}
 	err = wal.CheckSlot(info, db)
 	var active *wal.SlotActiveError
 	if errors.As(err, &active) {
 		r.log.Warn(err.Error(), "slot", pg.Slot)
-		return nil
+		return true, nil
 	}
-	return err
+	return false, err
 }

@@ -19,6 +19,14 @@
 // row that cannot be routed, an invalidated or dropped slot, a dropped
 // publication, a decoding failure) end Run with the error.
 //
+// The caller's duties:
+//
+//  1. Call Check before Run. It opens the connections and the Kafka client
+//     of the first pipeline and keeps them on the Relay for Run.
+//  2. Call Run once, after Check, or call Close if Run will not be called,
+//     to close what Check kept.
+//  3. Never call Check, Run or Close at the same time as each other.
+//
 // Shutdown (ctx done): the stream stops at the next transaction boundary,
 // in-flight records get until shutdown_timeout to be acknowledged, and the
 // final status reports the last fully delivered transaction.

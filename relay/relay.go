@@ -288,7 +288,14 @@ func (r *Relay) connect(ctx context.Context) (wal.LSN, *pgconn.PgConn, error) {
 		repl := r.warm.repl
 		r.warm.conn, r.warm.repl = nil, nil
 		start, err := r.inspectSlotOn(ctx, conn)
+		closed := conn.IsClosed() || (repl != nil && repl.IsClosed())
 		conn.Close(context.WithoutCancel(ctx))
+		if closed { // the server closed one while it waited: open new ones
+			if repl != nil {
+				repl.Close(context.Background())
+			}
+			return r.connect(ctx)
+		}
 		if err == nil && repl == nil {
 			repl, err = r.connectReplication(ctx)
 		}

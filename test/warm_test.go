@@ -1,0 +1,84 @@
+package test
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outboxd/outboxd/internal/testenv"
+	"github.com/outboxd/outboxd/relay"
+)
+
+// lockedBuffer is a bytes.Buffer safe for the relay's goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// The first pipeline streams on the connections Check opened. If the server
+// closed them in between, it opens new ones instead of failing and
+// restarting.
+func TestFirstPipelineReplacesClosedCheckConnections(t *testing.T) {
+	d := newDB(t)
+	cfg := testenv.RelayConfig(d.dsn+"&application_name=outboxd-check", d.slot, svc.brokers)
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	var logs lockedBuffer
+	r, err := relay.New(cfg, slog.New(slog.NewTextHandler(&logs, nil)), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := r.Check(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Check's connection and its replication connection, closed by the server.
+	const theirs = `datname = current_database() AND application_name IN ('outboxd-check', 'outboxd')`
+	d.exec(t, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE `+theirs)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		var n int
+		if err := d.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE `+theirs).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("Check's connections still open 10 s after pg_terminate_backend")
+		}
+	}
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(logs.String(), "msg=streaming"); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("not streaming after 30 s; log:\n%s", logs.String())
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(logs.String(), "restarting") {
+		t.Errorf("the first pipeline failed on the closed connections and restarted; log:\n%s", logs.String())
+	}
+}
