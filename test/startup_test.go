@@ -99,7 +99,9 @@ func scratchCluster(t *testing.T) (dsn string, restart func()) {
 	}
 	_ = os.Chmod(dir, 0o755) // the postgres user must reach it
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	port := fmt.Sprintf("%d", 55000+time.Now().UnixNano()%900)
+	// A port the kernel just handed out and nothing holds: a fixed range
+	// can collide with the local end of an outgoing connection (55696 did).
+	port := fmt.Sprint(freePort(t))
 	env := append(os.Environ(), "OUTBOXD_TESTBED_DIR="+dir, "OUTBOXD_TESTBED_PG_PORT="+port)
 	run := func(script string) {
 		t.Helper()
