@@ -36,7 +36,10 @@ func main() {
 		kgo.SeedBrokers(strings.Split(*brokers, ",")...),
 		kgo.ConsumeRegex(), kgo.ConsumeTopics(*topics),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.MetadataMinAge(500*time.Millisecond),
+		// Topics that match the pattern after the first metadata request
+		// (outboxd creates a topic on its first event) are found at the
+		// next refresh: every second, not franz-go's default 5 minutes.
+		kgo.MetadataMinAge(500*time.Millisecond), kgo.MetadataMaxAge(time.Second),
 	)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "tail:", err)
