@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kmsg"
-
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/router"
 )
@@ -20,17 +18,7 @@ import (
 // the rest.
 func TestProduceBlocksAtMaxBufferedBytes(t *testing.T) {
 	c := newCluster(t, 1)
-	var hold atomic.Bool
-	hold.Store(true)
-	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
-		c.KeepControl()
-		c.SleepControl(func() {
-			for hold.Load() {
-				time.Sleep(5 * time.Millisecond)
-			}
-		})
-		return nil, nil, false
-	})
+	release := holdProduce(c)
 
 	p, ctx := newProducer(t, c, func(cfg *config.Kafka) {
 		cfg.MaxBufferedRecords = 100
@@ -66,7 +54,7 @@ func TestProduceBlocksAtMaxBufferedBytes(t *testing.T) {
 	case <-time.After(300 * time.Millisecond):
 	}
 
-	hold.Store(false)
+	release()
 	if err := <-third; err != nil {
 		t.Fatal(err)
 	}

@@ -108,6 +108,22 @@ func newProducer(t *testing.T, c *kfake.Cluster, tune func(*config.Kafka)) (*sin
 	return p, ctx
 }
 
+// holdProduce makes c hold every produce request until release is called.
+func holdProduce(c *kfake.Cluster) (release func()) {
+	var hold atomic.Bool
+	hold.Store(true)
+	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		c.SleepControl(func() {
+			for hold.Load() {
+				time.Sleep(5 * time.Millisecond)
+			}
+		})
+		return nil, nil, false
+	})
+	return func() { hold.Store(false) }
+}
+
 // rejectingProducer returns a producer (as newProducer) whose broker
 // rejects every produce request with INVALID_RECORD.
 func rejectingProducer(t *testing.T) (*sink.Producer, context.Context) {

@@ -175,18 +175,8 @@ func TestEnsureTopicLooksBeforeCreating(t *testing.T) {
 // soon as its first records are in flight.
 func TestWatchStartsItsClockWhenCalled(t *testing.T) {
 	c := newCluster(t, 1)
-	var hold atomic.Bool
-	hold.Store(true)
-	t.Cleanup(func() { hold.Store(false) })
-	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
-		c.KeepControl()
-		c.SleepControl(func() {
-			for hold.Load() {
-				time.Sleep(5 * time.Millisecond)
-			}
-		})
-		return nil, nil, false
-	})
+	release := holdProduce(c)
+	t.Cleanup(release)
 	const timeout = 400 * time.Millisecond
 	p, ctx := newProducer(t, c, func(cfg *config.Kafka) { cfg.DeliveryTimeout = timeout })
 	time.Sleep(2 * timeout) // the producer waits, idle, longer than the timeout
@@ -203,7 +193,7 @@ func TestWatchStartsItsClockWhenCalled(t *testing.T) {
 		t.Fatalf("Watch reported a stall %s after it started, with its record in flight for less than kafka.delivery_timeout (%s): %v",
 			timeout/2, timeout, err)
 	}
-	hold.Store(false)
+	release()
 	if err := <-acked; err != nil {
 		t.Fatal(err)
 	}

@@ -1,11 +1,9 @@
 package test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,24 +12,6 @@ import (
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/relay"
 )
-
-// lockedBuffer is a bytes.Buffer safe for the relay's goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // The first pipeline streams on the connections Check opened. If the server
 // closed them in between, it opens new ones instead of failing and
@@ -42,7 +22,7 @@ func TestFirstPipelineReplacesClosedCheckConnections(t *testing.T) {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	var logs lockedBuffer
+	var logs syncBuffer
 	r, err := relay.New(cfg, slog.New(slog.NewTextHandler(&logs, nil)), prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
