@@ -334,14 +334,14 @@ func (p *Producer) Warm(ctx context.Context) error {
 	}
 	_, _, err := p.client.ProducerID(ctx)
 	var ke *kerr.Error
-	switch {
-	case err == nil, !errors.As(err, &ke), ke.Retriable, errors.Is(err, kerr.ConcurrentTransactions):
+	if err == nil || !errors.As(err, &ke) || ke.Retriable || errors.Is(err, kerr.ConcurrentTransactions) {
 		return nil // franz-go tries again on the first Produce
-	case errors.Is(err, kerr.ClusterAuthorizationFailed):
-		return fmt.Errorf("the Kafka brokers %s refused an idempotent producer id: %w; grant the principal Write on the topics it produces to (or IdempotentWrite on the cluster)",
-			strings.Join(p.cfg.Brokers, ","), err)
 	}
-	return fmt.Errorf("the Kafka brokers %s refused an idempotent producer id: %w", strings.Join(p.cfg.Brokers, ","), err)
+	hint := ""
+	if errors.Is(err, kerr.ClusterAuthorizationFailed) {
+		hint = "; grant the principal Write on the topics it produces to (or IdempotentWrite on the cluster)"
+	}
+	return fmt.Errorf("the Kafka brokers %s refused an idempotent producer id: %w%s", strings.Join(p.cfg.Brokers, ","), err, hint)
 }
 
 // EnsureTopic creates topic when topic creation is outboxd's job and the
