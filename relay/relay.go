@@ -230,6 +230,9 @@ func (r *Relay) runOnce(ctx context.Context) error {
 		r.status.setPosition(flushed, written, at, inFlight)
 	}
 	stream.OnRoundTrip = func(d time.Duration) { r.m.roundTrip.Observe(d.Seconds()) }
+	var closeSlotConn func()
+	stream.SlotPosition, closeSlotConn = r.slotPosition()
+	defer closeSlotConn()
 	if r.Status().State == stateStandby {
 		r.log.Info("took over the slot from the previous holder", "slot", pg.Slot)
 	}
@@ -277,6 +280,30 @@ func (r *Relay) runOnce(ctx context.Context) error {
 		r.log.Info("stopped", "slot", pg.Slot, "lsn", tracker.Confirmed())
 	}
 	return err
+}
+
+// slotPosition returns a function that reads the slot's confirmed position
+// on a connection of its own, opened at the first call, and one that closes
+// that connection.
+func (r *Relay) slotPosition() (read func(context.Context) (wal.LSN, error), closeConn func()) {
+	var conn *pgx.Conn
+	read = func(ctx context.Context) (wal.LSN, error) {
+		if conn == nil {
+			c, err := Connect(ctx, r.cfg.Postgres)
+			if err != nil {
+				return 0, err
+			}
+			conn = c
+		}
+		info, _, err := wal.InspectSlot(ctx, conn, r.cfg.Postgres.Slot)
+		return info.ConfirmedFlushLSN, err
+	}
+	closeConn = func() {
+		if conn != nil {
+			conn.Close(context.Background())
+		}
+	}
+	return read, closeConn
 }
 
 // connect inspects the slot and opens the replication connection. It opens

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"time"
 
@@ -41,8 +42,12 @@ type Stream struct {
 	// OnRoundTrip, if set, is called with the time from a status update that
 	// asked for a reply to the server's next keepalive.
 	OnRoundTrip func(time.Duration)
-	pingSent    time.Time
-	slab        []byte // the tail of the current slab (see keep)
+	// SlotPosition, if set, reads the slot's confirmed position on another
+	// connection. Close uses it when the server is slow to end the stream.
+	SlotPosition func(context.Context) (LSN, error)
+	pingSent     time.Time
+	sent         LSN    // the flush position of the last status update sent
+	slab         []byte // the tail of the current slab (see keep)
 }
 
 // StartStream issues START_REPLICATION on conn (a connection opened with
@@ -278,6 +283,7 @@ func (s *Stream) sendStatus(ctx context.Context, reply bool) error {
 	if err != nil {
 		return fmt.Errorf("sending standby status at LSN %s: %w", flushed, err)
 	}
+	s.sent = flushed
 	if reply {
 		s.pingSent = time.Now()
 	}
@@ -299,14 +305,19 @@ func (s *Stream) Close(ctx context.Context) error {
 	return errors.Join(err, s.conn.Close(ctx))
 }
 
-// endCopy ends the replication stream with CopyDone and reads until the
-// server has ended it too, discarding data still on its way. The walsender
-// handles a connection's messages in order, so once it answers it has
-// applied the final status update. Closing at once instead lets a
-// walsender that is still sending fail on the write and exit without
-// reading the update: the next holder then starts behind what was delivered
-// (a SIGTERM restart test saw 335 duplicates). pg_recvlogical stops the
-// same way.
+// endCopy ends the replication stream with CopyDone and waits until the
+// server has applied the final status update. Closing at once instead lets a
+// walsender that is still sending fail on the write and exit without reading
+// the update: the next holder then starts behind what was delivered (a
+// SIGTERM restart test saw 335 duplicates).
+//
+// The server ends the stream at once when it is idle, and endCopy reads
+// until it has, discarding data still on its way, as pg_recvlogical does.
+// But a walsender sending one large transaction reads its client's messages
+// only when its writes block, or every wal_sender_timeout/2; to a reader that
+// keeps up it sends the whole transaction first. So when the end is slow to
+// come and SlotPosition is set, endCopy stops reading: the connection fills,
+// the walsender reads the update, and SlotPosition shows it applied.
 func (s *Stream) endCopy(ctx context.Context) error {
 	nc := s.conn.Conn()
 	if d, ok := ctx.Deadline(); ok {
@@ -317,11 +328,67 @@ func (s *Stream) endCopy(ctx context.Context) error {
 		stop()
 		_ = nc.SetDeadline(time.Time{})
 	}()
-	// pglogrepl reads without looking at ctx: the deadline bounds it.
-	if _, err := pglogrepl.SendStandbyCopyDone(ctx, s.conn); err != nil {
+	fe := s.conn.Frontend()
+	fe.Send(&pgproto3.CopyDone{})
+	if err := fe.Flush(); err != nil {
 		return fmt.Errorf("ending the replication stream of slot %q: %w", s.cfg.Slot, err)
 	}
-	return nil
+	if s.SlotPosition != nil {
+		wait := endWait
+		if d, ok := ctx.Deadline(); ok {
+			wait = min(wait, time.Until(d)/4)
+		}
+		_ = nc.SetReadDeadline(time.Now().Add(wait))
+	}
+	err := s.readToEnd()
+	var ne net.Error
+	if err == nil || s.SlotPosition == nil || ctx.Err() != nil || !errors.As(err, &ne) || !ne.Timeout() {
+		if err != nil {
+			err = fmt.Errorf("ending the replication stream of slot %q: %w", s.cfg.Slot, err)
+		}
+		return err
+	}
+	return s.awaitApplied(ctx)
+}
+
+// endWait is how long endCopy reads before it waits for the slot instead.
+const endWait = 200 * time.Millisecond
+
+// readToEnd reads until the server has ended the stream.
+func (s *Stream) readToEnd() error {
+	for {
+		msg, err := s.conn.Frontend().Receive()
+		if err != nil {
+			return err
+		}
+		switch m := msg.(type) {
+		case *pgproto3.ReadyForQuery:
+			return nil
+		case *pgproto3.ErrorResponse:
+			return pgconn.ErrorResponseToPgError(m)
+		}
+	}
+}
+
+// awaitApplied polls SlotPosition until the slot's confirmed position has
+// reached the last status update sent, or ctx is done.
+func (s *Stream) awaitApplied(ctx context.Context) error {
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		at, err := s.SlotPosition(ctx)
+		if err == nil && at >= s.sent {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			if err == nil {
+				err = ctx.Err()
+			}
+			return fmt.Errorf("slot %q: Postgres had not applied the final status update (LSN %s; the slot is at %s): %w", s.cfg.Slot, s.sent, at, err)
+		case <-tick.C:
+		}
+	}
 }
 
 func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }

@@ -1,0 +1,130 @@
+package test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outboxd/outboxd/wal"
+)
+
+// A stop while Postgres is sending a large transaction. A walsender in the
+// middle of one reads its client's messages only when its writes block, so
+// a final status update sent to it while the stream is read as fast as it
+// comes stays unread until the transaction has been sent; closing before
+// then loses the update, and a restart repeats what was delivered before.
+// Close must leave the slot at the position it reported.
+func TestCloseDuringALargeTransactionAppliesTheFinalStatus(t *testing.T) {
+	d := newDB(t)
+	ctx := context.Background()
+	d.exec(t, `CREATE PUBLICATION outboxd FOR TABLE outbox`)
+	d.exec(t, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, d.slot)
+	d.exec(t, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('a', '1', 'A', '{}')`)
+
+	cfg, err := pgconn.ParseConfig(d.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.RuntimeParams["replication"] = "database"
+	repl, err := pgconn.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatalf("opening a replication connection: %v", err)
+	}
+	defer repl.Close(ctx)
+	var position atomic.Uint64 // what the test lets the stream confirm
+	stream, err := wal.StartStream(ctx, repl, wal.StreamConfig{Slot: d.slot, Publication: "outboxd", StatusInterval: time.Minute},
+		0, func() wal.LSN { return wal.LSN(position.Load()) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	slotConn, err := pgx.Connect(ctx, d.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slotConn.Close(ctx)
+	stream.SlotPosition = func(ctx context.Context) (wal.LSN, error) {
+		info, _, err := wal.InspectSlot(ctx, slotConn, d.slot)
+		return info.ConfirmedFlushLSN, err
+	}
+
+	// The stream is read as fast as it comes, as the relay reads it.
+	run, stop := context.WithCancel(ctx)
+	items := make(chan []any, 8)
+	runErr := make(chan error, 1)
+	go func() { defer close(items); runErr <- stream.Run(run, run, items) }()
+	commits, changes := make(chan wal.LSN, 1), make(chan struct{}, 1)
+	go func() {
+		for batch := range items {
+			for _, it := range batch {
+				switch it := it.(type) {
+				case *wal.Commit:
+					select {
+					case commits <- it.EndLSN:
+					default:
+					}
+				case *wal.Change:
+					if string(it.Tuple[1].Data) == "b" { // aggregate_type
+						select {
+						case changes <- struct{}{}:
+						default:
+						}
+					}
+				}
+			}
+		}
+	}()
+	var delivered wal.LSN // transaction A's end, counted as delivered below
+	select {
+	case delivered = <-commits:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the first transaction did not arrive within 30 s")
+	}
+	// Transaction B: rows that take the walsender about 0.8 ms each to send
+	// (a 200 KB jsonb value each, copied in compressed from src), for
+	// seconds.
+	d.exec(t, `CREATE TABLE src AS SELECT jsonb_build_object('pad', repeat('x', 200000)) AS v`)
+	d.exec(t, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+		SELECT 'b', i::text, 'B', (SELECT v FROM src) FROM generate_series(1, 6000) AS i`)
+	select {
+	case <-changes:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the large transaction did not arrive within 30 s")
+	}
+	// A is delivered now, while the walsender is busy with B; stop at once
+	// and close, as the relay does after a shutdown timeout.
+	position.Store(uint64(delivered))
+	stop()
+	<-runErr
+	closeCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	start := time.Now()
+	if err := stream.Close(closeCtx); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	t.Logf("Close took %s", time.Since(start).Round(time.Millisecond))
+
+	// The walsender may still be on its way out: read the slot once it has
+	// let go of it.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		info, _, err := wal.InspectSlot(ctx, slotConn, d.slot)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !info.Active {
+			if info.ConfirmedFlushLSN < delivered {
+				t.Fatalf("the slot is at %s after Close, behind the delivered %s: a restart repeats the first transaction",
+					info.ConfirmedFlushLSN, delivered)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the walsender still holds the slot 30 s after Close")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
