@@ -1,4 +1,4 @@
-# gnuplot -e "dir='bench/results'; size='small'" bench/plot.gp
+# gnuplot -e "dir='bench/results'; size='small'; hascatchup=1; haslive=1" bench/plot.gp
 # Catch-up throughput per workload and contender; live latency per rate.
 set terminal pngcairo size 1100,520 font ",10" noenhanced
 set style data histograms
@@ -8,12 +8,14 @@ set key outside right top
 set grid ytics
 set xtics rotate by -20
 
+if (hascatchup) {
 set output dir.'/catchup-'.size.'.png'
 set title 'Catch-up throughput (events/s, first → last record appended; pg_recvlogical, pg_walread: decode only, start → exit)'
 set ylabel 'events/s'
 set logscale y
 plot for [c in 'pg_recvlogical pg_walread kafka_raw outboxd outboxd_b debezium_default debezium_tuned'] \
   '< grep "\"'.c.'\"" '.dir.'/catchup.dat' using 3:xtic(1) title c
+}
 
 if (!haslive) exit
 unset logscale y
