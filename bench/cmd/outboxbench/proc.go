@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"slices"
@@ -41,11 +42,18 @@ type result struct {
 	DrainSec *float64 `json:"drain_s,omitempty"`
 	Missing  int      `json:"missing,omitempty"` // live events never seen in Kafka
 	Load     string   `json:"load"`              // /proc/loadavg at start and end of the run
+	// StealPct is the share of the machine's CPU time the hypervisor gave
+	// to other guests during the run: on a shared VM, a slow hour shows here.
+	StealPct *float64 `json:"steal_pct,omitempty"`
 	Note     string   `json:"note,omitempty"`
+
+	ticks0, steal0 int64 // /proc/stat at the start
 }
 
 func newResult(c common, mode string) *result {
-	return &result{Date: time.Now().UTC().Format(time.RFC3339), Label: c.label, Workload: c.workload, Mode: mode, Load: loadavg()}
+	r := &result{Date: time.Now().UTC().Format(time.RFC3339), Label: c.label, Workload: c.workload, Mode: mode, Load: loadavg()}
+	r.ticks0, r.steal0 = cpuTicks()
+	return r
 }
 
 func (r *result) fillTimes(start, first, last time.Time) {
@@ -61,6 +69,10 @@ func (r *result) fillTimes(start, first, last time.Time) {
 
 func (r *result) print() {
 	r.Load += " → " + loadavg()
+	if ticks, steal := cpuTicks(); ticks > r.ticks0 {
+		pct := math.Round(1000*float64(steal-r.steal0)/float64(ticks-r.ticks0)) / 10
+		r.StealPct = &pct
+	}
 	b, _ := json.Marshal(r)
 	fmt.Println(string(b))
 }
@@ -72,6 +84,25 @@ func loadavg() string {
 	}
 	f := strings.Fields(string(b))
 	return strings.Join(f[:3], " ")
+}
+
+// cpuTicks returns the machine's CPU time so far, all of it and the part
+// stolen by the hypervisor, from the first line of /proc/stat.
+func cpuTicks() (total, steal int64) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line) // cpu user nice system idle iowait irq softirq steal ...
+	for i := 1; i < len(f) && i <= 8; i++ {
+		n, _ := strconv.ParseInt(f[i], 10, 64)
+		total += n
+		if i == 8 {
+			steal = n
+		}
+	}
+	return total, steal
 }
 
 // proc is a contender process under observation.
