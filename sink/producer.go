@@ -203,7 +203,7 @@ func newProducer(cfg config.Kafka, m *Metrics, log *slog.Logger, first ...kgo.Op
 		kgo.WithLogger(logger{log.With("component", "kafka")}),
 		// One kprom per client: it registers on a client's creation and
 		// unregisters on its close.
-		kgo.WithHooks(kprom.NewMetrics("outboxd", kprom.Subsystem("kafka"), kprom.Registerer(m.reg)), m, fenceHook{p.breakFence}),
+		kgo.WithHooks(kprom.NewMetrics("outboxd", kprom.Subsystem("kafka"), kprom.Registerer(m.reg)), m, fenceHook{p.fence, p.breakFence}),
 		kgo.ProducerOnDataLossDetected(func(topic string, partition int32) {
 			log.Error("Kafka reports data loss: acknowledged records are missing from the log (unclean leader election?)",
 				"topic", topic, "partition", partition)
@@ -231,11 +231,16 @@ func newProducer(cfg config.Kafka, m *Metrics, log *slog.Logger, first ...kgo.Op
 	return p, nil
 }
 
-// fenceHook breaks the fence as soon as franz-go fails a record.
-type fenceHook struct{ breakFence context.CancelCauseFunc }
+// fenceHook breaks the fence as soon as franz-go fails a record. After a
+// failure franz-go fails every record buffered behind it, up to
+// max_buffered_records: only the first builds an error.
+type fenceHook struct {
+	fence      context.Context
+	breakFence context.CancelCauseFunc
+}
 
 func (h fenceHook) OnProduceRecordUnbuffered(r *kgo.Record, err error) {
-	if err != nil {
+	if err != nil && h.fence.Err() == nil {
 		h.breakFence(fmt.Errorf("producing to %s[%d]: %w", r.Topic, r.Partition, err))
 	}
 }
