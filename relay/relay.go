@@ -266,13 +266,17 @@ func (r *Relay) runOnce(ctx context.Context) error {
 				"in_flight", tracker.InFlight(), "slot", pg.Slot)
 		}
 	}
+	// After a failure the connection may be broken: do not hold the exit
+	// up. A shutdown timeout is no failure of the connection, and is when
+	// the server may be in the middle of a large transaction.
+	timedOut := errors.Is(context.Cause(hard), errShutdownTimeout)
 	closeTimeout := 5 * time.Second
-	if err != nil {
-		closeTimeout = time.Second // the connection may be broken; do not hold the exit up
+	if err != nil && !timedOut {
+		closeTimeout = time.Second
 	}
 	closeCtx, cancel := context.WithTimeout(context.Background(), closeTimeout)
 	defer cancel()
-	if cerr := stream.Close(closeCtx); cerr != nil && err == nil {
+	if cerr := stream.Close(closeCtx); cerr != nil && (err == nil || timedOut) {
 		r.log.Warn("final status update failed; Postgres keeps the previous confirmed position", "err", cerr, "slot", pg.Slot)
 	}
 	r.m.confirmedLSN.Set(float64(tracker.Confirmed()))
@@ -288,14 +292,17 @@ func (r *Relay) runOnce(ctx context.Context) error {
 func (r *Relay) slotPosition() (read func(context.Context) (wal.LSN, error), closeConn func()) {
 	var conn *pgx.Conn
 	read = func(ctx context.Context) (wal.LSN, error) {
-		if conn == nil {
+		if conn == nil || conn.IsClosed() {
 			c, err := Connect(ctx, r.cfg.Postgres)
 			if err != nil {
 				return 0, err
 			}
 			conn = c
 		}
-		info, _, err := wal.InspectSlot(ctx, conn, r.cfg.Postgres.Slot)
+		info, ok, err := wal.InspectSlot(ctx, conn, r.cfg.Postgres.Slot)
+		if err == nil && !ok {
+			err = fmt.Errorf("replication slot %q does not exist", r.cfg.Postgres.Slot)
+		}
 		return info.ConfirmedFlushLSN, err
 	}
 	closeConn = func() {

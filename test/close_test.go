@@ -56,6 +56,13 @@ func TestCloseDuringALargeTransactionAppliesTheFinalStatus(t *testing.T) {
 	items := make(chan []any, 8)
 	runErr := make(chan error, 1)
 	go func() { defer close(items); runErr <- stream.Run(run, run, items) }()
+	ran := false // Run has returned: the connection is the test's again
+	defer func() {
+		if !ran {
+			stop()
+			<-runErr
+		}
+	}()
 	commits, changes := make(chan wal.LSN, 1), make(chan struct{}, 1)
 	go func() {
 		for batch := range items {
@@ -84,11 +91,12 @@ func TestCloseDuringALargeTransactionAppliesTheFinalStatus(t *testing.T) {
 		t.Fatal("the first transaction did not arrive within 30 s")
 	}
 	// Transaction B: rows that take the walsender about 0.8 ms each to send
-	// (a 200 KB jsonb value each, copied in compressed from src), for
-	// seconds.
+	// (a 200 KB jsonb value each, copied in compressed from src): about 10 s
+	// here, far longer than Close may take, so that reading to the end of
+	// the stream cannot pass this test.
 	d.exec(t, `CREATE TABLE src AS SELECT jsonb_build_object('pad', repeat('x', 200000)) AS v`)
 	d.exec(t, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
-		SELECT 'b', i::text, 'B', (SELECT v FROM src) FROM generate_series(1, 6000) AS i`)
+		SELECT 'b', i::text, 'B', (SELECT v FROM src) FROM generate_series(1, 12000) AS i`)
 	select {
 	case <-changes:
 	case <-time.After(30 * time.Second):
@@ -99,6 +107,7 @@ func TestCloseDuringALargeTransactionAppliesTheFinalStatus(t *testing.T) {
 	position.Store(uint64(delivered))
 	stop()
 	<-runErr
+	ran = true
 	closeCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	start := time.Now()
@@ -126,5 +135,53 @@ func TestCloseDuringALargeTransactionAppliesTheFinalStatus(t *testing.T) {
 			t.Fatalf("the walsender still holds the slot 30 s after Close")
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// A stop on an idle stream ends it cleanly: the server answers the
+// CopyDone at once, and Close has no reason to read the slot. Run must
+// leave no wake-up behind that cuts Close's reads short (one did: a
+// goroutine of context.AfterFunc could move the read deadline to the past
+// after Run had returned).
+func TestCloseOnAnIdleStreamEndsCleanly(t *testing.T) {
+	d := newDB(t)
+	ctx := context.Background()
+	d.exec(t, `CREATE PUBLICATION outboxd FOR TABLE outbox`)
+	d.exec(t, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, d.slot)
+	cfg, err := pgconn.ParseConfig(d.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.RuntimeParams["replication"] = "database"
+	for i := range 20 {
+		repl, err := pgconn.ConnectConfig(ctx, cfg)
+		if err != nil {
+			t.Fatalf("opening a replication connection: %v", err)
+		}
+		stream, err := wal.StartStream(ctx, repl, wal.StreamConfig{Slot: d.slot, Publication: "outboxd", StatusInterval: time.Minute},
+			0, func() wal.LSN { return 0 })
+		if err != nil {
+			t.Fatal(err)
+		}
+		var reads atomic.Int32
+		stream.SlotPosition = func(context.Context) (wal.LSN, error) {
+			reads.Add(1)
+			return 0, nil
+		}
+		run, stop := context.WithCancel(ctx)
+		items := make(chan []any, 8)
+		runErr := make(chan error, 1)
+		go func() { defer close(items); runErr <- stream.Run(run, run, items) }()
+		time.Sleep(time.Duration(i%4) * time.Millisecond)
+		stop()
+		for range items {
+		}
+		<-runErr
+		closeCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		err = stream.Close(closeCtx)
+		cancel()
+		if err != nil || reads.Load() > 0 {
+			t.Fatalf("stop %d: Close on an idle stream returned %v after %d reads of the slot, want a clean end and none", i, err, reads.Load())
+		}
 	}
 }

@@ -20,9 +20,11 @@
 //     function honest: it must return only a position whose transactions are
 //     all delivered (package checkpoint computes it).
 //  3. After Run returns, call Close, which sends the final status update.
-//     Set SlotPosition first: without it, Close reads until the server ends
-//     the stream, which in a large transaction can take longer than Close's
-//     deadline, and the update is lost when the connection closes.
+//     Give Close's ctx a deadline, and set SlotPosition first, reading
+//     pg_replication_slots on a connection that is not this one: without
+//     it, Close reads until the server ends the stream, which in a large
+//     transaction can take longer than the deadline, and the update is lost
+//     when the connection closes.
 //
 // Bytes handed out by the decoder (column values, message content) alias one
 // copy of the message made by the stream and stay valid after later reads.

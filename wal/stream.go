@@ -46,8 +46,9 @@ type Stream struct {
 	// connection. Close uses it when the server is slow to end the stream.
 	SlotPosition func(context.Context) (LSN, error)
 	pingSent     time.Time
-	sent         LSN    // the flush position of the last status update sent
-	slab         []byte // the tail of the current slab (see keep)
+	roundTrip    time.Duration // the last measured status → keepalive round trip
+	sent         LSN           // the flush position of the last status update sent
+	slab         []byte        // the tail of the current slab (see keep)
 }
 
 // StartStream issues START_REPLICATION on conn (a connection opened with
@@ -84,10 +85,26 @@ const (
 // now to wake a blocked read.
 func (s *Stream) Run(ctx, graceful context.Context, out chan<- []any) error {
 	nc := s.conn.Conn()
-	wake := func() { _ = nc.SetReadDeadline(time.Now()) }
-	defer context.AfterFunc(ctx, wake)()
-	defer context.AfterFunc(graceful, wake)()
-	defer func() { _ = nc.SetReadDeadline(time.Time{}) }()
+	// One goroutine wakes the reads when graceful and then ctx end, and is
+	// waited for: a wake-up left running after Run returns (as one of
+	// context.AfterFunc can be) would cut Close's reads short.
+	returned, woken := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(woken)
+		for _, c := range []context.Context{graceful, ctx} {
+			select {
+			case <-c.Done():
+				_ = nc.SetReadDeadline(time.Now())
+			case <-returned:
+				return
+			}
+		}
+	}()
+	defer func() {
+		close(returned)
+		<-woken
+		_ = nc.SetReadDeadline(time.Time{})
+	}()
 
 	next := time.Now().Add(s.cfg.StatusInterval)
 	var deadline time.Time
@@ -197,8 +214,9 @@ func (s *Stream) handle(ctx context.Context, raw pgproto3.BackendMessage) (any, 
 				return nil, fmt.Errorf("parsing keepalive: %w", err)
 			}
 			if !s.pingSent.IsZero() {
+				s.roundTrip = time.Since(s.pingSent)
 				if s.OnRoundTrip != nil {
-					s.OnRoundTrip(time.Since(s.pingSent))
+					s.OnRoundTrip(s.roundTrip)
 				}
 				s.pingSent = time.Time{}
 			}
@@ -274,6 +292,11 @@ func (s *Stream) Received() LSN { return s.received }
 func (s *Stream) sendStatus(ctx context.Context, reply bool) error {
 	flushed := s.position()
 	written := max(s.received, flushed)
+	if flushed == 0 {
+		// Nothing may be confirmed yet. pglogrepl sends the write position
+		// as the flush position when the latter is 0: send 0 for both.
+		written = 0
+	}
 	err := pglogrepl.SendStandbyStatusUpdate(ctx, s.conn, pglogrepl.StandbyStatusUpdate{
 		WALWritePosition: written,
 		WALFlushPosition: flushed,
@@ -294,9 +317,8 @@ func (s *Stream) sendStatus(ctx context.Context, reply bool) error {
 }
 
 // Close sends a final standby status update with the confirmed position,
-// waits for the server to end the stream (so that it has applied the
-// update), and closes the connection. Call it after Run has returned, with a
-// short deadline in ctx.
+// waits until the server has applied it (see endCopy), and closes the
+// connection. Call it after Run has returned, with a short deadline in ctx.
 func (s *Stream) Close(ctx context.Context) error {
 	err := s.sendStatus(ctx, false)
 	if err == nil {
@@ -334,7 +356,8 @@ func (s *Stream) endCopy(ctx context.Context) error {
 		return fmt.Errorf("ending the replication stream of slot %q: %w", s.cfg.Slot, err)
 	}
 	if s.SlotPosition != nil {
-		wait := endWait
+		// Long enough for the end to come back over a slow link.
+		wait := max(endWait, 4*s.roundTrip)
 		if d, ok := ctx.Deadline(); ok {
 			wait = min(wait, time.Until(d)/4)
 		}
@@ -351,7 +374,8 @@ func (s *Stream) endCopy(ctx context.Context) error {
 	return s.awaitApplied(ctx)
 }
 
-// endWait is how long endCopy reads before it waits for the slot instead.
+// endWait is how long endCopy reads, at least, before it waits for the slot
+// instead.
 const endWait = 200 * time.Millisecond
 
 // readToEnd reads until the server has ended the stream.
@@ -382,10 +406,10 @@ func (s *Stream) awaitApplied(ctx context.Context) error {
 		}
 		select {
 		case <-ctx.Done():
-			if err == nil {
-				err = ctx.Err()
+			if err != nil {
+				return fmt.Errorf("slot %q: reading the slot to see the final status update (LSN %s) applied: %w", s.cfg.Slot, s.sent, err)
 			}
-			return fmt.Errorf("slot %q: Postgres had not applied the final status update (LSN %s; the slot is at %s): %w", s.cfg.Slot, s.sent, at, err)
+			return fmt.Errorf("slot %q: Postgres had not applied the final status update (LSN %s; the slot is at %s): %w", s.cfg.Slot, s.sent, at, ctx.Err())
 		case <-tick.C:
 		}
 	}
