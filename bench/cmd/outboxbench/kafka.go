@@ -247,6 +247,7 @@ func cmdProduce(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	res := newResult(c, "catchup") // its load and steal cover the run
 	var ru0 syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru0)
 	start := time.Now()
@@ -278,7 +279,6 @@ func cmdProduce(ctx context.Context, args []string) error {
 		return err
 	}
 	cpu := tv(ru1.Utime) + tv(ru1.Stime) - tv(ru0.Utime) - tv(ru0.Stime)
-	res := newResult(c, "catchup")
 	res.Events = *n
 	res.PayloadBytes = *size
 	res.fillTimes(start, first, last)
@@ -332,6 +332,7 @@ func producePaced(ctx context.Context, c common, size int, rate float64, duratio
 		return err
 	}
 	defer p.Close()
+	res := newResult(c, "live") // its load and steal cover the run
 	var ru0 syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru0)
 	var (
@@ -369,7 +370,6 @@ func producePaced(ctx context.Context, c common, size int, rate float64, duratio
 	var ru1 syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru1)
 	slices.Sort(lat)
-	res := newResult(c, "live")
 	res.Events, res.PayloadBytes = n, size
 	res.TargetRate = rate
 	res.WriteRate = float64(n) / time.Since(start).Seconds()

@@ -234,6 +234,7 @@ func cmdLive(ctx context.Context, args []string) error {
 		werr     atomic.Pointer[error]
 		wwg      sync.WaitGroup
 		pl       = payload(0, f.size)
+		res      = newResult(f.common, "live") // its load and steal cover the run
 		cpu0     = p.now().cpuSec
 		start    = time.Now()
 		stopAt   = start.Add(duration)
@@ -329,7 +330,6 @@ func cmdLive(ctx context.Context, args []string) error {
 		lat[i] = float64(e.lat.Microseconds()) / 1000
 	}
 	slices.Sort(lat)
-	res := newResult(f.common, "live")
 	res.Events, res.PayloadBytes, res.TargetRate = written, f.size, rate
 	res.WriteRate = float64(written) / writeEnd.Sub(start).Seconds()
 	res.Throughput = float64(written) / drained.Sub(start).Seconds()
@@ -382,6 +382,7 @@ func cmdIdle(ctx context.Context, args []string) error {
 		return err
 	}
 	defer wc.Close(ctx)
+	res := newResult(f.common, "idle")
 	cpu0 := p.now().cpuSec
 	start := time.Now()
 	var walBytes int64
@@ -395,7 +396,6 @@ func cmdIdle(ctx context.Context, args []string) error {
 		}
 	}
 	_ = conn.QueryRow(ctx, `SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::bigint`, lsn0).Scan(&walBytes)
-	res := newResult(f.common, "idle")
 	res.SlotLagBytes, _ = slotLag(ctx, conn, f.slot)
 	res.CPUSeconds = p.now().cpuSec - cpu0
 	res.PeakRSSMB = p.peakRSSMB()
