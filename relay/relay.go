@@ -174,7 +174,7 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-var errShutdownTimeout = errors.New("shutdown timeout reached")
+var errShutdownTimeout = errors.New("shutdown_timeout reached")
 
 // runOnce runs one pipeline from the slot's confirmed position.
 func (r *Relay) runOnce(ctx context.Context) error {
@@ -270,6 +270,9 @@ func (r *Relay) runOnce(ctx context.Context) error {
 	// up. A shutdown timeout is no failure of the connection, and is when
 	// the server may be in the middle of a large transaction.
 	timedOut := errors.Is(context.Cause(hard), errShutdownTimeout)
+	if timedOut && errors.Is(err, context.Canceled) {
+		err = fmt.Errorf("%w (%s) while a transaction was still being received or delivered", errShutdownTimeout, r.cfg.ShutdownTimeout)
+	}
 	closeTimeout := 5 * time.Second
 	if err != nil && !timedOut {
 		closeTimeout = time.Second
