@@ -3,11 +3,13 @@ package test
 import (
 	"context"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxd/outboxd/wal"
 )
@@ -183,5 +185,47 @@ func TestCloseOnAnIdleStreamEndsCleanly(t *testing.T) {
 		if err != nil || reads.Load() > 0 {
 			t.Fatalf("stop %d: Close on an idle stream returned %v after %d reads of the slot, want a clean end and none", i, err, reads.Load())
 		}
+	}
+}
+
+// The same stop through outboxd: SIGTERM while Postgres sends a large
+// transaction, with a shutdown_timeout shorter than the transaction. The
+// transaction delivered before it must stay confirmed (no status is sent
+// on the 30 s timer in between: only the final one can confirm it).
+func TestSIGTERMDuringALargeTransactionKeepsTheDeliveredOneConfirmed(t *testing.T) {
+	d := newDB(t)
+	p := start(t, d.env("OUTBOXD_POSTGRES_STATUS_INTERVAL=30s", "OUTBOXD_SHUTDOWN_TIMEOUT=200ms"))
+	p.waitStreaming()
+	before := d.confirmedFlush(t)
+	topic := d.name + "_a-events"
+	// delivered is a position inside transaction A: the slot is past it
+	// once A is confirmed, and before it until then.
+	ctx := context.Background()
+	tx, err := d.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var at string
+	if _, err := tx.Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ($1, '1', 'A', '{}')`, d.name+"_a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&at); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	delivered := parseLSN(t, at)
+	readUntil(t, []string{topic}, 30*time.Second, 0, func(r []*kgo.Record) bool { return len(r) == 1 })
+	d.exec(t, `CREATE TABLE src AS SELECT jsonb_build_object('pad', repeat('x', 200000)) AS v`)
+	d.exec(t, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+		SELECT $1, i::text, 'B', (SELECT v FROM src) FROM generate_series(1, 12000) AS i`, d.name+"_b")
+	time.Sleep(300 * time.Millisecond) // into the large transaction
+	if code := p.stop(syscall.SIGTERM, 30*time.Second); code != 0 {
+		t.Fatalf("exit code %d after SIGTERM, want 0", code)
+	}
+	if got := d.confirmedFlush(t); got < delivered {
+		t.Fatalf("the slot is at %X after the stop (it was at %X before the first transaction, and %X is inside it): a restart sends it again",
+			got, before, delivered)
 	}
 }
