@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxd/outboxd/wal"
@@ -27,16 +26,7 @@ func TestCloseDuringALargeTransactionAppliesTheFinalStatus(t *testing.T) {
 	d.exec(t, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, d.slot)
 	d.exec(t, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('a', '1', 'A', '{}')`)
 
-	cfg, err := pgconn.ParseConfig(d.dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.RuntimeParams["replication"] = "database"
-	repl, err := pgconn.ConnectConfig(ctx, cfg)
-	if err != nil {
-		t.Fatalf("opening a replication connection: %v", err)
-	}
-	defer repl.Close(ctx)
+	repl := d.replicationConn(t)
 	var position atomic.Uint64 // what the test lets the stream confirm
 	stream, err := wal.StartStream(ctx, repl, wal.StreamConfig{Slot: d.slot, Publication: "outboxd", StatusInterval: time.Minute},
 		0, func() wal.LSN { return wal.LSN(position.Load()) })
@@ -150,17 +140,8 @@ func TestCloseOnAnIdleStreamEndsCleanly(t *testing.T) {
 	ctx := context.Background()
 	d.exec(t, `CREATE PUBLICATION outboxd FOR TABLE outbox`)
 	d.exec(t, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, d.slot)
-	cfg, err := pgconn.ParseConfig(d.dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.RuntimeParams["replication"] = "database"
 	for i := range 20 {
-		repl, err := pgconn.ConnectConfig(ctx, cfg)
-		if err != nil {
-			t.Fatalf("opening a replication connection: %v", err)
-		}
-		stream, err := wal.StartStream(ctx, repl, wal.StreamConfig{Slot: d.slot, Publication: "outboxd", StatusInterval: time.Minute},
+		stream, err := wal.StartStream(ctx, d.replicationConn(t), wal.StreamConfig{Slot: d.slot, Publication: "outboxd", StatusInterval: time.Minute},
 			0, func() wal.LSN { return 0 })
 		if err != nil {
 			t.Fatal(err)

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -120,6 +121,23 @@ func (d *db) exec(t *testing.T, sql string, args ...any) {
 	if _, err := d.pool.Exec(context.Background(), sql, args...); err != nil {
 		t.Fatalf("%s: %v", sql, err)
 	}
+}
+
+// replicationConn opens a replication connection (replication=database) to
+// the test database; cleanup closes it if the test has not.
+func (d *db) replicationConn(t *testing.T) *pgconn.PgConn {
+	t.Helper()
+	cfg, err := pgconn.ParseConfig(d.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.RuntimeParams["replication"] = "database"
+	conn, err := pgconn.ConnectConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("opening a replication connection: %v", err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
 }
 
 // confirmedFlush returns the slot's confirmed_flush_lsn (0 when missing).

@@ -12,7 +12,6 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // expectStartupError runs outboxd with env and checks that it exits non-zero
@@ -178,16 +177,8 @@ func TestSlotHeldByAnotherProcessIsWaitedFor(t *testing.T) {
 	d.exec(t, `CREATE PUBLICATION outboxd FOR TABLE public.outbox`)
 	d.exec(t, fmt.Sprintf(`SELECT pg_create_logical_replication_slot('%s', 'pgoutput')`, d.slot))
 	ctx := context.Background()
-	cfg, err := pgconn.ParseConfig(d.dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.RuntimeParams["replication"] = "database"
-	holder, err := pgconn.ConnectConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = pglogrepl.StartReplication(ctx, holder, d.slot, 0, pglogrepl.StartReplicationOptions{
+	holder := d.replicationConn(t)
+	err := pglogrepl.StartReplication(ctx, holder, d.slot, 0, pglogrepl.StartReplicationOptions{
 		PluginArgs: []string{"proto_version '1'", "publication_names 'outboxd'"}})
 	if err != nil {
 		t.Fatal(err)
