@@ -365,13 +365,13 @@ func (s *Stream) endCopy(ctx context.Context) error {
 	}
 	err := s.readToEnd()
 	var ne net.Error
-	if err == nil || s.SlotPosition == nil || ctx.Err() != nil || !errors.As(err, &ne) || !ne.Timeout() {
-		if err != nil {
-			err = fmt.Errorf("ending the replication stream of slot %q: %w", s.cfg.Slot, err)
-		}
-		return err
+	if err != nil && s.SlotPosition != nil && ctx.Err() == nil && errors.As(err, &ne) && ne.Timeout() {
+		return s.awaitApplied(ctx) // the end is slow to come
 	}
-	return s.awaitApplied(ctx)
+	if err != nil {
+		return fmt.Errorf("ending the replication stream of slot %q: %w", s.cfg.Slot, err)
+	}
+	return nil
 }
 
 // endWait is how long endCopy reads, at least, before it waits for the slot
