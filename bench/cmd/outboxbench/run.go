@@ -1,12 +1,14 @@
 package main
 
 import (
+	"bufio"
 	"cmp"
 	"context"
 	"flag"
 	"fmt"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -14,6 +16,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -147,7 +150,7 @@ func cmdLive(ctx context.Context, args []string) error {
 	var rate float64
 	var writers int
 	var duration, warmup, warm time.Duration
-	var latFile string
+	var latFile, received string
 	argv := f.parse("live", args, func(fs *flag.FlagSet) {
 		fs.Float64Var(&rate, "rate", 1000, "events/s over all writers; 0 = as fast as possible")
 		fs.IntVar(&writers, "writers", 8, "concurrent writer connections")
@@ -155,6 +158,7 @@ func cmdLive(ctx context.Context, args []string) error {
 		fs.DurationVar(&warmup, "warmup", 3*time.Second, "latencies of events committed in this first part are not counted")
 		fs.DurationVar(&warm, "warm", 2*time.Second, "wait after the contender took the slot before writing")
 		fs.StringVar(&latFile, "latencies", "", "also write each measured event's commit time (µs since the writers started) and latency (ms) to this file")
+		fs.StringVar(&received, "received", "", "the contender is walread -received FILE: measure commit → receipt from FILE instead of Kafka")
 	})
 	conn, err := connect(ctx, f.dsn)
 	if err != nil {
@@ -176,51 +180,18 @@ func cmdLive(ctx context.Context, args []string) error {
 		return err
 	}
 
-	// Consumer from the current end of every partition.
-	base, err := endOffsets(ctx, adm, f.topics())
-	if err != nil {
-		return err
-	}
-	parts := map[string]map[int32]kgo.Offset{}
-	for t, ps := range base {
-		parts[t] = map[int32]kgo.Offset{}
-		for pt, off := range ps {
-			parts[t][pt] = kgo.NewOffset().At(off)
-		}
-	}
-	// The latency comes from each record's LogAppendTime, so the consumer
-	// need not see records early, and it must not load the machine under
-	// test: it asks for 1 MiB or 100 ms per fetch. Fetching eagerly (any
-	// byte at once) sent the broker a fetch request every few records on
-	// the same two cores, and raised outboxd's p99 at 5k ev/s from 1.4–10 ms
-	// to 12–24 ms (three runs each, alternating).
-	consumer, err := kgo.NewClient(kgo.SeedBrokers(f.brokers), kgo.ConsumePartitions(parts),
-		kgo.FetchMinBytes(1<<20), kgo.FetchMaxWait(100*time.Millisecond))
-	if err != nil {
-		return err
-	}
-	defer consumer.Close()
 	var (
 		omu  sync.Mutex
-		seen = map[string]time.Time{} // event id → LogAppendTime
+		seen = map[string]time.Time{} // event id → LogAppendTime, or receipt with -received
 	)
 	cctx, cancelConsumer := context.WithCancel(ctx)
 	defer cancelConsumer()
 	var cwg sync.WaitGroup
-	cwg.Go(func() {
-		for cctx.Err() == nil {
-			fetches := consumer.PollFetches(cctx)
-			omu.Lock()
-			fetches.EachRecord(func(r *kgo.Record) {
-				for _, h := range r.Headers {
-					if h.Key == "id" {
-						seen[string(h.Value)] = r.Timestamp
-					}
-				}
-			})
-			omu.Unlock()
-		}
-	})
+	if received != "" {
+		cwg.Go(func() { tailReceived(cctx, received, &omu, seen) })
+	} else if err := consume(cctx, &cwg, f.common, adm, &omu, seen); err != nil {
+		return err
+	}
 
 	// Writers.
 	total := int64(rate * duration.Seconds())
@@ -347,12 +318,98 @@ func cmdLive(ctx context.Context, args []string) error {
 	res.DrainSec = &drain
 	res.Note = fmt.Sprintf("%d writers, %d events measured after %s warm-up, drained %.2fs after writers stopped",
 		writers, len(lat), warmup, drain)
+	if received != "" {
+		res.Note += "; commit → receipt of the commit message by a bare slot reader (no Kafka)"
+	}
 	if missing > 0 {
 		res.Missing = missing
 		res.Note += fmt.Sprintf("; %d events never seen", missing)
 	}
 	res.print()
 	return nil
+}
+
+// consume reads every record the contender appends from the current end of
+// the run's topics, noting each event id's LogAppendTime in seen.
+func consume(ctx context.Context, wg *sync.WaitGroup, c common, adm *kadm.Client, mu *sync.Mutex, seen map[string]time.Time) error {
+	base, err := endOffsets(ctx, adm, c.topics())
+	if err != nil {
+		return err
+	}
+	parts := map[string]map[int32]kgo.Offset{}
+	for t, ps := range base {
+		parts[t] = map[int32]kgo.Offset{}
+		for pt, off := range ps {
+			parts[t][pt] = kgo.NewOffset().At(off)
+		}
+	}
+	// The latency comes from each record's LogAppendTime, so the consumer
+	// need not see records early, and it must not load the machine under
+	// test: it asks for 1 MiB or 100 ms per fetch. Fetching eagerly (any
+	// byte at once) sent the broker a fetch request every few records on
+	// the same two cores, and raised outboxd's p99 at 5k ev/s from 1.4–10 ms
+	// to 12–24 ms (three runs each, alternating).
+	consumer, err := kgo.NewClient(kgo.SeedBrokers(c.brokers), kgo.ConsumePartitions(parts),
+		kgo.FetchMinBytes(1<<20), kgo.FetchMaxWait(100*time.Millisecond))
+	if err != nil {
+		return err
+	}
+	wg.Go(func() {
+		defer consumer.Close()
+		for ctx.Err() == nil {
+			fetches := consumer.PollFetches(ctx)
+			mu.Lock()
+			fetches.EachRecord(func(r *kgo.Record) {
+				for _, h := range r.Headers {
+					if h.Key == "id" {
+						seen[string(h.Value)] = r.Timestamp
+					}
+				}
+			})
+			mu.Unlock()
+		}
+	})
+	return nil
+}
+
+// tailReceived follows the file walread -received writes ("<id> <unix ns>"
+// lines) until ctx ends, noting each id's receipt time in seen.
+func tailReceived(ctx context.Context, path string, mu *sync.Mutex, seen map[string]time.Time) {
+	var f *os.File
+	for f == nil {
+		var err error
+		if f, err = os.Open(path); err != nil {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}
+	defer f.Close()
+	r := bufio.NewReader(f)
+	var partial string
+	for {
+		line, err := r.ReadString('\n')
+		if err != nil { // EOF: the writer flushes every 20 ms
+			partial += line
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+			continue
+		}
+		line, partial = partial+line, ""
+		id, ns, ok := strings.Cut(strings.TrimSpace(line), " ")
+		n, perr := strconv.ParseInt(ns, 10, 64)
+		if !ok || perr != nil {
+			continue
+		}
+		mu.Lock()
+		seen[id] = time.Unix(0, n)
+		mu.Unlock()
+	}
 }
 
 // cmdIdle keeps the outbox idle while another table is written, then reads slot lag.

@@ -1,14 +1,17 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"net"
 	"os"
+	"os/signal"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -31,7 +34,11 @@ func cmdWalread(ctx context.Context, args []string) error {
 	pub := fs.String("publication", "bench", "publication")
 	endS := fs.String("end", "", "stop at the first commit ending at or after this LSN")
 	lowat := fs.Int("lowat", 0, "SO_RCVLOWAT while reading (0: leave the socket alone)")
+	received := fs.String("received", "", "live mode: read until SIGTERM and append \"<event id> <unix ns>\" to this file for each row, stamped when its commit arrives (no -end)")
 	_ = fs.Parse(args)
+	if *received != "" {
+		return walreadLive(ctx, *dsn, *slot, *pub, *received)
+	}
 	end, err := pglogrepl.ParseLSN(*endS)
 	if err != nil {
 		return fmt.Errorf("-end: %w", err)
@@ -142,6 +149,132 @@ func cmdWalread(ctx context.Context, args []string) error {
 		fmt.Printf("; %d reads, %d waits ran out", lw.reads, lw.fallbacks)
 	}
 	fmt.Println()
+	return nil
+}
+
+// walreadLive is the Postgres half of the live floor: it reads the slot as
+// outboxd would, without Kafka, and writes each event's id with the time its
+// transaction's commit message arrived, so that outboxbench live can measure
+// commit → receipt under the same writers. It confirms what it read once a
+// second and answers keepalives at once, as outboxd does.
+func walreadLive(ctx context.Context, dsn, slot, pub, path string) error {
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	out, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	defer out.Close()
+	var mu sync.Mutex
+	w := bufio.NewWriterSize(out, 1<<16)
+	flushed := make(chan struct{})
+	go func() { // a reader tails the file: flush every 20 ms
+		defer close(flushed)
+		t := time.NewTicker(20 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				mu.Lock()
+				_ = w.Flush()
+				mu.Unlock()
+			}
+		}
+	}()
+	defer func() {
+		<-flushed
+		mu.Lock()
+		_ = w.Flush()
+		mu.Unlock()
+	}()
+
+	cfg, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		return err
+	}
+	cfg.RuntimeParams["replication"] = "database"
+	conn, err := pgconn.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	err = pglogrepl.StartReplication(ctx, conn, slot, 0, pglogrepl.StartReplicationOptions{
+		PluginArgs: []string{"proto_version '1'", "publication_names '" + pub + "'"}})
+	if err != nil {
+		return err
+	}
+	idCol := map[uint32]int{} // relation → index of its id column
+	var ids []string
+	var pos pglogrepl.LSN
+	nextStatus := time.Now().Add(time.Second)
+	for ctx.Err() == nil {
+		if time.Now().After(nextStatus) {
+			err := pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: pos})
+			if err != nil {
+				return err
+			}
+			nextStatus = time.Now().Add(time.Second)
+		}
+		rctx, cancel := context.WithDeadline(ctx, nextStatus)
+		raw, err := conn.ReceiveMessage(rctx)
+		cancel()
+		if pgconn.Timeout(err) || ctx.Err() != nil {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		cd, ok := raw.(*pgproto3.CopyData)
+		if !ok || len(cd.Data) < 2 {
+			continue
+		}
+		switch cd.Data[0] {
+		case pglogrepl.PrimaryKeepaliveMessageByteID:
+			ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(cd.Data[1:])
+			if err != nil {
+				return err
+			}
+			if ka.ReplyRequested {
+				nextStatus = time.Now()
+			}
+			continue
+		case pglogrepl.XLogDataByteID:
+		default:
+			continue
+		}
+		x, err := pglogrepl.ParseXLogData(cd.Data[1:])
+		if err != nil {
+			return err
+		}
+		m, err := pglogrepl.Parse(x.WALData)
+		if err != nil {
+			return err
+		}
+		switch m := m.(type) {
+		case *pglogrepl.RelationMessage:
+			for i, c := range m.Columns {
+				if c.Name == "id" {
+					idCol[m.RelationID] = i
+				}
+			}
+		case *pglogrepl.InsertMessage:
+			i, ok := idCol[m.RelationID]
+			if !ok || m.Tuple == nil || i >= len(m.Tuple.Columns) {
+				return fmt.Errorf("insert into relation %d without an id column", m.RelationID)
+			}
+			ids = append(ids, string(m.Tuple.Columns[i].Data))
+		case *pglogrepl.CommitMessage:
+			at := time.Now().UnixNano()
+			mu.Lock()
+			for _, id := range ids {
+				fmt.Fprintf(w, "%s %d\n", id, at)
+			}
+			mu.Unlock()
+			ids, pos = ids[:0], m.TransactionEndLSN
+		}
+	}
 	return nil
 }
 
