@@ -39,6 +39,7 @@ var metricNames = map[string]string{
 	"outboxd_sink_commit_to_ack_seconds":                    "histogram",
 	"outboxd_sink_batch_records":                            "histogram",
 	"outboxd_wal_status_round_trip_seconds":                 "histogram",
+	"outboxd_wal_commit_to_send_seconds":                    "histogram",
 	"outboxd_relay_state":                                   "gauge",
 	"outboxd_build_info":                                    "gauge",
 	"outboxd_start_time_seconds":                            "gauge",

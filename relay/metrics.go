@@ -21,6 +21,7 @@ type metrics struct {
 	bufferFill    prometheus.Gauge
 	deadLettered  prometheus.Counter
 	roundTrip     prometheus.Histogram
+	commitToSend  prometheus.Histogram
 	state         *prometheus.GaugeVec
 }
 
@@ -59,12 +60,16 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "outboxd_wal_status_round_trip_seconds", Help: "Time from a standby status update asking for a reply to the server's keepalive.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 		}),
+		commitToSend: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "outboxd_wal_commit_to_send_seconds", Help: "Time from a transaction's commit to the walsender sending it to outboxd, both by Postgres' clock: Postgres' share of the commit → Kafka latency (decoding, waiting for a CPU, and waiting while outboxd applies backpressure or catches up).",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 18), // 0.5 ms to 65 s
+		}),
 		state: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "outboxd_relay_state", Help: "1 for the relay's current state: starting, streaming, standby (another process holds the slot) or stopped.",
 		}, []string{"state"}),
 	}
 	reg.MustRegister(m.confirmedLSN, m.confirmedAt, m.confirmedTxns, m.receivedLSN, m.slotLag, m.slotActive, m.slotPID,
-		m.slotWALStatus, m.changes, m.transactions, m.restarts, m.inFlight, m.bufferFill, m.deadLettered, m.roundTrip, m.state)
+		m.slotWALStatus, m.changes, m.transactions, m.restarts, m.inFlight, m.bufferFill, m.deadLettered, m.roundTrip, m.commitToSend, m.state)
 	for _, op := range []string{"insert", "update", "delete", "message"} {
 		m.changes.WithLabelValues(op)
 	}

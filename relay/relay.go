@@ -444,6 +444,9 @@ func (p *pipeline) handle(item any) error {
 	rcfg := p.r.cfg.Router
 	switch m := item.(type) {
 	case *wal.Begin:
+		if !m.SentTime.IsZero() {
+			p.r.m.commitToSend.Observe(max(m.SentTime.Sub(m.CommitTime), 0).Seconds())
+		}
 		txn, fail := p.tracker.BeginAt(m.CommitTime), p.fail
 		p.txn, p.commitTime = txn, m.CommitTime
 		// One callback per transaction, not per record.

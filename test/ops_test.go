@@ -110,6 +110,7 @@ func TestMetricsAreExported(t *testing.T) {
 		"outboxd_checkpoint_transactions_confirmed_total", `outboxd_sink_records_produced_total{topic="` + d.name + `_m-events"} 1`,
 		"outboxd_sink_produced_bytes_total", "outboxd_sink_records_in_flight", "outboxd_sink_buffer_fill_ratio",
 		"outboxd_sink_commit_to_ack_seconds_bucket", "outboxd_sink_batch_records_bucket", "outboxd_wal_status_round_trip_seconds_bucket",
+		"outboxd_wal_commit_to_send_seconds_bucket",
 		`outboxd_wal_changes_total{op="insert"} 1`, "outboxd_wal_transactions_total", "outboxd_relay_restarts_total 0",
 		"outboxd_router_dead_lettered_total 0", `outboxd_relay_state{state="streaming"} 1`, "outboxd_build_info{",
 		"outboxd_start_time_seconds", "outboxd_kafka_", "go_goroutines", "process_resident_memory_bytes",
@@ -120,6 +121,13 @@ func TestMetricsAreExported(t *testing.T) {
 	}
 	if strings.Contains(body, d.dsn) {
 		t.Error("/metrics contains the DSN")
+	}
+	// The event's transaction was timed from its commit to its sending.
+	if n, _ := p.metricLabelled("outboxd_wal_commit_to_send_seconds_count"); n < 1 {
+		t.Errorf("outboxd_wal_commit_to_send_seconds_count is %g, want at least 1 (the event's transaction)", n)
+	}
+	if sum, _ := p.metricLabelled("outboxd_wal_commit_to_send_seconds_sum"); sum <= 0 || sum > 60 {
+		t.Errorf("outboxd_wal_commit_to_send_seconds_sum is %g s, want the few milliseconds Postgres took to send", sum)
 	}
 }
 

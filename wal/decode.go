@@ -89,6 +89,10 @@ type Begin struct {
 	XID        uint32
 	FinalLSN   LSN // LSN of the commit record
 	CommitTime time.Time
+	// SentTime is when the walsender sent the Begin, by Postgres' clock
+	// like CommitTime (the send time of its XLogData message). Stream sets
+	// it; Decoder leaves it zero.
+	SentTime time.Time
 }
 
 // Commit ends a transaction.

@@ -244,8 +244,13 @@ func (s *Stream) handle(ctx context.Context, raw pgproto3.BackendMessage) (any, 
 			if err != nil {
 				return nil, err
 			}
-			if c, ok := msg.(*Commit); ok && c.EndLSN > s.received {
-				s.received = c.EndLSN
+			switch m := msg.(type) {
+			case *Begin:
+				m.SentTime = xld.ServerTime
+			case *Commit:
+				if m.EndLSN > s.received {
+					s.received = m.EndLSN
+				}
 			}
 			return msg, nil
 		}
