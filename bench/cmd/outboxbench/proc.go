@@ -45,7 +45,12 @@ type result struct {
 	// StealPct is the share of the machine's CPU time the hypervisor gave
 	// to other guests during the run: on a shared VM, a slow hour shows here.
 	StealPct *float64 `json:"steal_pct,omitempty"`
-	Note     string   `json:"note,omitempty"`
+	// PGSendP99ms is the p99 of Postgres' share (live runs of outboxd):
+	// commit → walsender send, from outboxd's histogram
+	// outboxd_wal_commit_to_send_seconds over the run, interpolated within
+	// its buckets as Prometheus' histogram_quantile does.
+	PGSendP99ms *float64 `json:"pg_send_p99_ms,omitempty"`
+	Note        string   `json:"note,omitempty"`
 
 	ticks0, steal0 int64 // /proc/stat at the start
 }

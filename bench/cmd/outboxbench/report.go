@@ -50,8 +50,8 @@ func cmdReport(args []string) error {
 		fmt.Fprintf(tp, "%q %q %.0f\n", r.Workload, r.Label, r.Throughput)
 	}
 	md.WriteString("\n### Live (1-row transactions; latency = commit returned to the writer → Kafka LogAppendTime)\n\n")
-	md.WriteString("| workload | contender | target ev/s | written ev/s | events | p50 ms | p99 ms | p99.9 ms | max ms | CPU s / 100k | steady RSS MB | peak RSS MB | slot lag B | load avg | steal % | note |\n")
-	md.WriteString("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|--:|---|\n")
+	md.WriteString("| workload | contender | target ev/s | written ev/s | events | p50 ms | p99 ms | p99.9 ms | max ms | p99 in Postgres ms | CPU s / 100k | steady RSS MB | peak RSS MB | slot lag B | load avg | steal % | note |\n")
+	md.WriteString("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|--:|---|\n")
 	lp, _ := os.Create(filepath.Join(*out, "live.dat"))
 	defer lp.Close()
 	fmt.Fprintln(lp, "# contender target p50 p99 max")
@@ -63,8 +63,12 @@ func cmdReport(args []string) error {
 		if r.TargetRate > 0 {
 			target = fmt.Sprintf("%.0f", r.TargetRate)
 		}
-		fmt.Fprintf(&md, "| %s | %s | %s | %.0f | %d | %.1f | %.1f | %.1f | %.1f | %.3f | %.0f | %.0f | %d | %s | %s | %s |\n",
-			r.Workload, r.Label, target, r.WriteRate, r.Events, r.P50ms, r.P99ms, r.P999ms, r.Maxms,
+		pgSend := "–"
+		if r.PGSendP99ms != nil {
+			pgSend = fmt.Sprintf("%.1f", *r.PGSendP99ms)
+		}
+		fmt.Fprintf(&md, "| %s | %s | %s | %.0f | %d | %.1f | %.1f | %.1f | %.1f | %s | %.3f | %.0f | %.0f | %d | %s | %s | %s |\n",
+			r.Workload, r.Label, target, r.WriteRate, r.Events, r.P50ms, r.P99ms, r.P999ms, r.Maxms, pgSend,
 			r.CPUPer100k, r.SteadyRSSMB, r.PeakRSSMB, r.SlotLagBytes, r.Load, steal(r.StealPct), r.Note)
 		fmt.Fprintf(lp, "%q %q %.1f %.1f %.1f\n", r.Label, target, r.P50ms, r.P99ms, r.Maxms)
 	}

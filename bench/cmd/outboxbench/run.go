@@ -6,6 +6,9 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"maps"
+	"math"
+	"net/http"
 	"os"
 	"slices"
 	"strconv"
@@ -150,7 +153,7 @@ func cmdLive(ctx context.Context, args []string) error {
 	var rate float64
 	var writers int
 	var duration, warmup, warm time.Duration
-	var latFile, received string
+	var latFile, received, metricsURL string
 	argv := f.parse("live", args, func(fs *flag.FlagSet) {
 		fs.Float64Var(&rate, "rate", 1000, "events/s over all writers; 0 = as fast as possible")
 		fs.IntVar(&writers, "writers", 8, "concurrent writer connections")
@@ -158,6 +161,7 @@ func cmdLive(ctx context.Context, args []string) error {
 		fs.DurationVar(&warmup, "warmup", 3*time.Second, "latencies of events committed in this first part are not counted")
 		fs.DurationVar(&warm, "warm", 2*time.Second, "wait after the contender took the slot before writing")
 		fs.StringVar(&latFile, "latencies", "", "also write each measured event's commit time (µs since the writers started) and latency (ms) to this file")
+		fs.StringVar(&metricsURL, "metrics", "", "the contender's Prometheus endpoint: report the p99 of outboxd_wal_commit_to_send_seconds over the run")
 		fs.StringVar(&received, "received", "", "the contender is walread -received FILE: measure commit → receipt from FILE instead of Kafka")
 	})
 	conn, err := connect(ctx, f.dsn)
@@ -205,6 +209,7 @@ func cmdLive(ctx context.Context, args []string) error {
 		werr     atomic.Pointer[error]
 		wwg      sync.WaitGroup
 		pl       = payload(0, f.size)
+		sendHist = scrapeHistogram(metricsURL, commitToSend)
 		res      = newResult(f.common, "live") // its load and steal cover the run
 		cpu0     = p.now().cpuSec
 		start    = time.Now()
@@ -272,6 +277,12 @@ func cmdLive(ctx context.Context, args []string) error {
 		time.Sleep(10 * time.Millisecond)
 	}
 	done := p.now()
+	if metricsURL != "" {
+		if h := scrapeHistogram(metricsURL, commitToSend); h != nil && sendHist != nil {
+			q := h.minus(sendHist).quantile(0.99) * 1000
+			res.PGSendP99ms = &q
+		}
+	}
 	cancelConsumer()
 	cwg.Wait()
 
@@ -474,4 +485,80 @@ func writeLatencies(path string, events []eventLatency) error {
 		fmt.Fprintf(&b, "%d %.3f\n", e.at.Microseconds(), float64(e.lat.Microseconds())/1000)
 	}
 	return os.WriteFile(path, []byte(b.String()), 0o644)
+}
+
+// commitToSend is outboxd's histogram of Postgres' share of the latency.
+const commitToSend = "outboxd_wal_commit_to_send_seconds"
+
+// histogram is a Prometheus histogram's cumulative bucket counts by upper bound.
+type histogram map[float64]float64
+
+// scrapeHistogram reads histogram name from a Prometheus text endpoint; nil
+// when url is empty or the scrape fails.
+func scrapeHistogram(url, name string) histogram {
+	if url == "" {
+		return nil
+	}
+	c := http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		logf("scraping %s: %v", url, err)
+		return nil
+	}
+	defer resp.Body.Close()
+	h := histogram{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<16), 1<<20)
+	prefix := name + `_bucket{le="`
+	for sc.Scan() {
+		line, ok := strings.CutPrefix(sc.Text(), prefix)
+		if !ok {
+			continue
+		}
+		le, n, ok := strings.Cut(line, `"} `)
+		if !ok {
+			continue
+		}
+		ub, err1 := strconv.ParseFloat(le, 64) // "+Inf" parses too
+		v, err2 := strconv.ParseFloat(n, 64)
+		if err1 == nil && err2 == nil {
+			h[ub] = v
+		}
+	}
+	if len(h) == 0 {
+		logf("%s has no %s", url, name)
+		return nil
+	}
+	return h
+}
+
+func (h histogram) minus(o histogram) histogram {
+	d := histogram{}
+	for ub, v := range h {
+		d[ub] = v - o[ub]
+	}
+	return d
+}
+
+// quantile interpolates linearly within the bucket that holds q, like
+// Prometheus' histogram_quantile; in the +Inf bucket it returns the highest
+// finite bound.
+func (h histogram) quantile(q float64) float64 {
+	ubs := slices.Sorted(maps.Keys(h))
+	total := h[math.Inf(1)]
+	if total <= 0 {
+		return 0
+	}
+	rank := q * total
+	lower, below := 0.0, 0.0
+	for _, ub := range ubs {
+		if h[ub] >= rank {
+			if math.IsInf(ub, 1) {
+				return lower
+			}
+			return lower + (ub-lower)*(rank-below)/(h[ub]-below)
+		}
+		lower, below = ub, h[ub]
+	}
+	return lower
 }
