@@ -50,7 +50,10 @@ type result struct {
 	// outboxd_wal_commit_to_send_seconds over the run, interpolated within
 	// its buckets as Prometheus' histogram_quantile does.
 	PGSendP99ms *float64 `json:"pg_send_p99_ms,omitempty"`
-	Note        string   `json:"note,omitempty"`
+	// BrokerCPUSec is the broker's CPU time during a live run: what the
+	// contender's produce requests (and the measuring consumer) cost Kafka.
+	BrokerCPUSec *float64 `json:"broker_cpu_s,omitempty"`
+	Note         string   `json:"note,omitempty"`
 
 	ticks0, steal0 int64 // /proc/stat at the start
 }

@@ -50,8 +50,8 @@ func cmdReport(args []string) error {
 		fmt.Fprintf(tp, "%q %q %.0f\n", r.Workload, r.Label, r.Throughput)
 	}
 	md.WriteString("\n### Live (1-row transactions; latency = commit returned to the writer → Kafka LogAppendTime)\n\n")
-	md.WriteString("| workload | contender | target ev/s | written ev/s | events | p50 ms | p99 ms | p99.9 ms | max ms | p99 in Postgres ms | CPU s / 100k | steady RSS MB | peak RSS MB | slot lag B | load avg | steal % | note |\n")
-	md.WriteString("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|--:|---|\n")
+	md.WriteString("| workload | contender | target ev/s | written ev/s | events | p50 ms | p99 ms | p99.9 ms | max ms | p99 in Postgres ms | CPU s / 100k | broker CPU s | steady RSS MB | peak RSS MB | slot lag B | load avg | steal % | note |\n")
+	md.WriteString("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|--:|---|\n")
 	lp, _ := os.Create(filepath.Join(*out, "live.dat"))
 	defer lp.Close()
 	fmt.Fprintln(lp, "# contender target p50 p99 max")
@@ -67,9 +67,13 @@ func cmdReport(args []string) error {
 		if r.PGSendP99ms != nil {
 			pgSend = fmt.Sprintf("%.1f", *r.PGSendP99ms)
 		}
-		fmt.Fprintf(&md, "| %s | %s | %s | %.0f | %d | %.1f | %.1f | %.1f | %.1f | %s | %.3f | %.0f | %.0f | %d | %s | %s | %s |\n",
+		broker := "–"
+		if r.BrokerCPUSec != nil {
+			broker = fmt.Sprintf("%.2f", *r.BrokerCPUSec)
+		}
+		fmt.Fprintf(&md, "| %s | %s | %s | %.0f | %d | %.1f | %.1f | %.1f | %.1f | %s | %.3f | %s | %.0f | %.0f | %d | %s | %s | %s |\n",
 			r.Workload, r.Label, target, r.WriteRate, r.Events, r.P50ms, r.P99ms, r.P999ms, r.Maxms, pgSend,
-			r.CPUPer100k, r.SteadyRSSMB, r.PeakRSSMB, r.SlotLagBytes, r.Load, steal(r.StealPct), r.Note)
+			r.CPUPer100k, broker, r.SteadyRSSMB, r.PeakRSSMB, r.SlotLagBytes, r.Load, steal(r.StealPct), r.Note)
 		fmt.Fprintf(lp, "%q %q %.1f %.1f %.1f\n", r.Label, target, r.P50ms, r.P99ms, r.Maxms)
 	}
 	md.WriteString("\n### Idle outbox, writes to another table\n\n")

@@ -153,7 +153,7 @@ func cmdLive(ctx context.Context, args []string) error {
 	var rate float64
 	var writers int
 	var duration, warmup, warm time.Duration
-	var latFile, received, metricsURL string
+	var latFile, received, metricsURL, brokerPIDFile string
 	argv := f.parse("live", args, func(fs *flag.FlagSet) {
 		fs.Float64Var(&rate, "rate", 1000, "events/s over all writers; 0 = as fast as possible")
 		fs.IntVar(&writers, "writers", 8, "concurrent writer connections")
@@ -162,6 +162,7 @@ func cmdLive(ctx context.Context, args []string) error {
 		fs.DurationVar(&warm, "warm", 2*time.Second, "wait after the contender took the slot before writing")
 		fs.StringVar(&latFile, "latencies", "", "also write each measured event's commit time (µs since the writers started) and latency (ms) to this file")
 		fs.StringVar(&metricsURL, "metrics", "", "the contender's Prometheus endpoint: report the p99 of outboxd_wal_commit_to_send_seconds over the run")
+		fs.StringVar(&brokerPIDFile, "broker-pid-file", "", "the broker's pid file: report its CPU time during the run")
 		fs.StringVar(&received, "received", "", "the contender is walread -received FILE: measure commit → receipt from FILE instead of Kafka")
 	})
 	conn, err := connect(ctx, f.dsn)
@@ -210,6 +211,7 @@ func cmdLive(ctx context.Context, args []string) error {
 		wwg      sync.WaitGroup
 		pl       = payload(0, f.size)
 		sendHist = scrapeHistogram(metricsURL, commitToSend)
+		broker0  = brokerCPU(brokerPIDFile)
 		res      = newResult(f.common, "live") // its load and steal cover the run
 		cpu0     = p.now().cpuSec
 		start    = time.Now()
@@ -277,6 +279,10 @@ func cmdLive(ctx context.Context, args []string) error {
 		time.Sleep(10 * time.Millisecond)
 	}
 	done := p.now()
+	if b0, b1 := broker0, brokerCPU(brokerPIDFile); b0 >= 0 && b1 >= 0 {
+		d := b1 - b0
+		res.BrokerCPUSec = &d
+	}
 	if metricsURL != "" {
 		if h := scrapeHistogram(metricsURL, commitToSend); h != nil && sendHist != nil {
 			q := h.minus(sendHist).quantile(0.99) * 1000
@@ -561,4 +567,25 @@ func (h histogram) quantile(q float64) float64 {
 		lower, below = ub, h[ub]
 	}
 	return lower
+}
+
+// brokerCPU reads the CPU seconds of the process a pid file names; -1 when
+// path is empty or the process cannot be read.
+func brokerCPU(path string) float64 {
+	if path == "" {
+		return -1
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return -1
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return -1
+	}
+	cpu, err := procCPU(pid)
+	if err != nil {
+		return -1
+	}
+	return cpu
 }
