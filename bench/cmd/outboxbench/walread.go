@@ -184,6 +184,7 @@ func walreadLive(ctx context.Context, dsn, slot, pub, path string) error {
 		}
 	}()
 	defer func() {
+		stop() // ends the flusher on an error return too
 		<-flushed
 		mu.Lock()
 		_ = w.Flush()
