@@ -321,18 +321,22 @@ func contains(list []string, s string) bool {
 }
 
 // ensureSlot creates the publication and slot when missing and allowed, and
-// refuses an unusable slot.
-// ensureSlot prepares the publication and slot; held reports a slot that
-// another process is streaming from.
+// refuses an unusable slot; held reports a slot that another process is
+// streaming from.
 func (r *Relay) ensureSlot(ctx context.Context, conn *pgx.Conn) (held bool, err error) {
 	pg := r.cfg.Postgres
 	schema, table := pg.TableName()
-	created, err := wal.EnsurePublication(ctx, conn, pg.Publication, schema, table, pg.CreatePublication)
+	pub, err := wal.EnsurePublication(ctx, conn, pg.Publication, schema, table, pg.CreatePublication)
 	if err != nil {
 		return false, err
 	}
-	if created {
-		r.log.Info("created publication", "publication", pg.Publication, "table", pg.Table)
+	switch {
+	case pub.Created:
+		r.log.Info("created publication", "publication", pg.Publication, "table", pg.Table, "publish", wal.PublishActions)
+	case pub.Deletes:
+		r.log.Info("the publication publishes DELETEs, which outboxd ignores; if rows are deleted after insert, Postgres decodes and sends "+
+			"every delete for nothing. ALTER PUBLICATION "+pgx.Identifier{pg.Publication}.Sanitize()+" SET (publish = '"+wal.PublishActions+"') "+
+			"leaves them out from that point in the WAL, on the same slot", "publication", pg.Publication)
 	}
 	info, ok, err := wal.InspectSlot(ctx, conn, pg.Slot)
 	if err != nil {

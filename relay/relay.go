@@ -152,9 +152,9 @@ func (r *Relay) explain(err error) error {
 	schema, table := pg.TableName()
 	return wal.Errorf(wal.ErrPublicationMissing, "publication %q was dropped while outboxd used it (%s): Postgres can no longer decode the slot, "+
 		"so the events committed after the slot's confirmed position stay in the slot, undelivered but not confirmed. "+
-		"Recreate it with CREATE PUBLICATION %s FOR TABLE %s.%s and restart outboxd; transactions Postgres still cannot decode "+
+		"Recreate it with %s and restart outboxd; transactions Postgres still cannot decode "+
 		"must be recovered from the outbox table or the application before the slot is advanced past them",
-		pg.Publication, pgErr.Message, pgx.Identifier{pg.Publication}.Sanitize(), pgx.Identifier{schema}.Sanitize(), pgx.Identifier{table}.Sanitize())
+		pg.Publication, pgErr.Message, wal.PublicationSQL(pg.Publication, schema, table))
 }
 
 func (r *Relay) setState(state, reason string) {

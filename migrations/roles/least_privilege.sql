@@ -50,7 +50,10 @@ GRANT SELECT ON TABLE :table TO :"role";
 
 -- The publication: CREATE PUBLICATION ... FOR TABLE needs ownership of the
 -- table, which outboxd's role must not have, so the owner creates it here.
-SELECT format('CREATE PUBLICATION %I FOR TABLE %s', :'publication', :'table')
+-- It publishes inserts (the events) and updates (which outboxd reports), as
+-- the one outboxd creates does: with insert-then-delete, published deletes
+-- would make Postgres decode and send one more change per event.
+SELECT format('CREATE PUBLICATION %I FOR TABLE %s WITH (publish = ''insert, update'')', :'publication', :'table')
  WHERE NOT EXISTS (SELECT FROM pg_publication WHERE pubname = :'publication') \gexec
 
 -- pg_hba.conf must let the role in. outboxd's replication connection is a
