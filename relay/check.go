@@ -335,8 +335,9 @@ func (r *Relay) ensureSlot(ctx context.Context, conn *pgx.Conn) (held bool, err 
 		r.log.Info("created publication", "publication", pg.Publication, "table", pg.Table, "publish", wal.PublishActions)
 	case pub.Deletes:
 		r.log.Info("the publication publishes DELETEs, which outboxd ignores; if rows are deleted after insert, Postgres decodes and sends "+
-			"every delete for nothing. ALTER PUBLICATION "+pgx.Identifier{pg.Publication}.Sanitize()+" SET (publish = '"+wal.PublishActions+"') "+
-			"leaves them out from that point in the WAL, on the same slot", "publication", pg.Publication)
+			"every delete for nothing. Unless another reader of the publication needs them, ALTER PUBLICATION "+
+			pgx.Identifier{pg.Publication}.Sanitize()+" SET (publish = '"+wal.PublishActions+"') leaves them out from that point in the WAL, "+
+			"on the same slot", "publication", pg.Publication)
 	}
 	info, ok, err := wal.InspectSlot(ctx, conn, pg.Slot)
 	if err != nil {
