@@ -87,12 +87,15 @@ func cmdSlot(ctx context.Context, args []string) error {
 // {"seq": g, "data": "<hex>"} of about size bytes in text form; the hex comes
 // from md5 of distinct inputs, so TOAST compression cannot shrink large ones
 // to nothing.
-func fillSQL(prefix string, types, n, tx, size int) string {
+func fillSQL(prefix string, types, n, tx, size int, deleteRows bool) string {
 	data := max(size-30, 1)
 	md5s := data/32 + 1
 	commit := "COMMIT;"
 	if tx >= n {
 		commit = ""
+	}
+	if deleteRows { // insert-then-delete: each transaction leaves the table as it found it
+		commit = "DELETE FROM public.outbox; " + commit
 	}
 	return fmt.Sprintf(`DO $$
 DECLARE i int := 0;
@@ -116,13 +119,14 @@ func cmdFill(ctx context.Context, args []string) error {
 	n := fs.Int("n", 50000, "events")
 	tx := fs.Int("tx", 100, "rows per transaction (>= n: one transaction)")
 	size := fs.Int("size", 250, "approximate payload bytes")
+	deleteRows := fs.Bool("delete", false, "delete each transaction's rows before it commits (insert-then-delete)")
 	_ = fs.Parse(args)
 	conn, err := connect(ctx, c.dsn)
 	if err != nil {
 		return err
 	}
 	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, fillSQL(c.prefix, c.types, *n, *tx, *size)); err != nil {
+	if _, err := conn.Exec(ctx, fillSQL(c.prefix, c.types, *n, *tx, *size, *deleteRows)); err != nil {
 		return fmt.Errorf("filling outbox: %w", err)
 	}
 	// Keep the table small between workloads: the WAL keeps the inserts.
