@@ -8,7 +8,7 @@
 fill() {
   local dsn=$1 n=$2 tx=$3 size=$4
   local md5s=$((size / 32 + 1)) del=""
-  [ -n "${DELETE:-}" ] && del="DELETE FROM outbox;"
+  [ "${DELETE:-0}" = 1 ] && del="DELETE FROM outbox;"
   psql -q "$dsn" >/dev/null <<SQL
 DO \$\$ BEGIN FOR t IN 1..$((n / tx)) LOOP
   INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)

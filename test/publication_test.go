@@ -76,3 +76,18 @@ func TestExistingPublicationOfDeletesIsHinted(t *testing.T) {
 		t.Error("outboxd changed an existing publication; it must only hint")
 	}
 }
+
+// A publication without INSERTs would deliver nothing: outboxd refuses it
+// and says how to fix it. One without UPDATEs is used, with a warning that
+// router.on_update cannot see them.
+func TestPublicationWithoutInsertsIsRefused(t *testing.T) {
+	d := newDB(t)
+	d.exec(t, `CREATE PUBLICATION outboxd FOR TABLE public.outbox WITH (publish = 'update, delete')`)
+	expectStartupError(t, d.env(), `publication \\?"outboxd\\?" does not publish INSERTs, so no event would reach outboxd; `+
+		`run ALTER PUBLICATION \\?"outboxd\\?" SET \(publish = 'insert, update'\)`)
+
+	d.exec(t, `ALTER PUBLICATION outboxd SET (publish = 'insert')`)
+	p := start(t, d.env())
+	p.waitStreaming()
+	p.waitLog(`level=WARN msg="the publication leaves UPDATEs out, so router.on_update \(warn\) never sees`, time.Second)
+}

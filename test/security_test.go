@@ -516,6 +516,9 @@ func TestLeastPrivilegeRole(t *testing.T) {
 	if super || createDB || createRole || !replication {
 		t.Fatalf("role %s: superuser %v, createdb %v, createrole %v, replication %v", role, super, createDB, createRole, replication)
 	}
+	if ins, upd, del, trunc := publishes(t, d, "outboxd"); !ins || !upd || del || trunc {
+		t.Errorf("the script's publication publishes insert=%v update=%v delete=%v truncate=%v, want what outboxd creates: inserts and updates", ins, upd, del, trunc)
+	}
 	dsn := strings.Replace(d.dsn, "postgres://postgres@", fmt.Sprintf("postgres://%s:%s@", role, password), 1)
 	env := replace(replace(d.env(), "OUTBOXD_POSTGRES_DSN", dsn), "OUTBOXD_POSTGRES_CREATE_PUBLICATION", "false")
 

@@ -124,6 +124,9 @@ type Publication struct {
 	Created bool // outboxd created it, publishing PublishActions
 	// Deletes reports an existing publication that publishes DELETEs.
 	Deletes bool
+	// NoUpdates reports an existing publication that leaves UPDATEs out, so
+	// that router.on_update never sees one.
+	NoUpdates bool
 }
 
 // PublicationSQL is the statement that creates publication name for
@@ -135,8 +138,9 @@ func PublicationSQL(name, schema, table string) string {
 // EnsurePublication checks that the publication exists and covers table, and
 // creates it with PublicationSQL when it is missing and create is true.
 func EnsurePublication(ctx context.Context, conn *pgx.Conn, name, schema, table string, create bool) (Publication, error) {
-	var exists, deletes bool
-	err := conn.QueryRow(ctx, `SELECT count(*) > 0, coalesce(bool_or(pubdelete), false) FROM pg_publication WHERE pubname = $1`, name).Scan(&exists, &deletes)
+	var exists, inserts, updates, deletes bool
+	err := conn.QueryRow(ctx, `SELECT count(*) > 0, coalesce(bool_or(pubinsert), false), coalesce(bool_or(pubupdate), false), coalesce(bool_or(pubdelete), false)
+	  FROM pg_publication WHERE pubname = $1`, name).Scan(&exists, &inserts, &updates, &deletes)
 	if err != nil {
 		return Publication{}, fmt.Errorf("reading publication %q: %w", name, err)
 	}
@@ -157,6 +161,10 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, name, schema, table 
 		}
 		return Publication{Created: true}, nil
 	}
+	if !inserts {
+		return Publication{}, fmt.Errorf("publication %q does not publish INSERTs, so no event would reach outboxd; run ALTER PUBLICATION %s SET (publish = '%s')",
+			name, quoteIdent(name), PublishActions)
+	}
 	var covers bool
 	err = conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3)`,
 		name, schema, table).Scan(&covers)
@@ -167,7 +175,7 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, name, schema, table 
 		return Publication{}, fmt.Errorf("publication %q does not include %s.%s; run ALTER PUBLICATION %s ADD TABLE %s.%s",
 			name, schema, table, quoteIdent(name), quoteIdent(schema), quoteIdent(table))
 	}
-	return Publication{Deletes: deletes}, nil
+	return Publication{Deletes: deletes, NoUpdates: !updates}, nil
 }
 
 func parseLSN(s string) (LSN, error) {
