@@ -335,13 +335,11 @@ func (r *Relay) ensureSlot(ctx context.Context, conn *pgx.Conn) (held bool, err 
 		r.log.Info("created publication", "publication", pg.Publication, "table", pg.Table, "publish", wal.PublishActions)
 	case pub.NoUpdates && r.cfg.Router.OnUpdate != "ignore":
 		r.log.Warn("the publication leaves UPDATEs out, so router.on_update ("+r.cfg.Router.OnUpdate+") never sees an updated outbox row; "+
-			"ALTER PUBLICATION "+pgx.Identifier{pg.Publication}.Sanitize()+" SET (publish = '"+wal.PublishActions+"') publishes them",
-			"publication", pg.Publication)
+			wal.AlterPublicationSQL(pg.Publication)+" publishes them", "publication", pg.Publication)
 	case pub.Deletes:
 		r.log.Info("the publication publishes DELETEs, which outboxd ignores; if rows are deleted after insert, Postgres decodes and sends "+
-			"every delete for nothing. Unless another reader of the publication needs them, ALTER PUBLICATION "+
-			pgx.Identifier{pg.Publication}.Sanitize()+" SET (publish = '"+wal.PublishActions+"') leaves them out from that point in the WAL, "+
-			"on the same slot", "publication", pg.Publication)
+			"every delete for nothing. Unless another reader of the publication needs them, "+wal.AlterPublicationSQL(pg.Publication)+
+			" leaves them out from that point in the WAL, on the same slot", "publication", pg.Publication)
 	}
 	info, ok, err := wal.InspectSlot(ctx, conn, pg.Slot)
 	if err != nil {

@@ -135,16 +135,22 @@ func PublicationSQL(name, schema, table string) string {
 	return fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s.%s WITH (publish = '%s')", quoteIdent(name), quoteIdent(schema), quoteIdent(table), PublishActions)
 }
 
+// AlterPublicationSQL is the statement that makes an existing publication
+// publish what outboxd's own does.
+func AlterPublicationSQL(name string) string {
+	return fmt.Sprintf("ALTER PUBLICATION %s SET (publish = '%s')", quoteIdent(name), PublishActions)
+}
+
 // EnsurePublication checks that the publication exists and covers table, and
 // creates it with PublicationSQL when it is missing and create is true.
 func EnsurePublication(ctx context.Context, conn *pgx.Conn, name, schema, table string, create bool) (Publication, error) {
-	var exists, inserts, updates, deletes bool
-	err := conn.QueryRow(ctx, `SELECT count(*) > 0, coalesce(bool_or(pubinsert), false), coalesce(bool_or(pubupdate), false), coalesce(bool_or(pubdelete), false)
-	  FROM pg_publication WHERE pubname = $1`, name).Scan(&exists, &inserts, &updates, &deletes)
-	if err != nil {
+	var inserts, updates, deletes bool
+	err := conn.QueryRow(ctx, `SELECT pubinsert, pubupdate, pubdelete FROM pg_publication WHERE pubname = $1`, name).Scan(&inserts, &updates, &deletes)
+	missing := errors.Is(err, pgx.ErrNoRows)
+	if err != nil && !missing {
 		return Publication{}, fmt.Errorf("reading publication %q: %w", name, err)
 	}
-	if !exists {
+	if missing {
 		sql := PublicationSQL(name, schema, table)
 		if !create {
 			return Publication{}, Errorf(ErrPublicationMissing, "publication %q does not exist; create it with %s, or set postgres.create_publication: true",
@@ -162,8 +168,7 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, name, schema, table 
 		return Publication{Created: true}, nil
 	}
 	if !inserts {
-		return Publication{}, fmt.Errorf("publication %q does not publish INSERTs, so no event would reach outboxd; run ALTER PUBLICATION %s SET (publish = '%s')",
-			name, quoteIdent(name), PublishActions)
+		return Publication{}, fmt.Errorf("publication %q does not publish INSERTs, so no event would reach outboxd; run %s", name, AlterPublicationSQL(name))
 	}
 	var covers bool
 	err = conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3)`,
