@@ -43,11 +43,10 @@ func cmdWalread(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("-end: %w", err)
 	}
-	cfg, err := pgconn.ParseConfig(*dsn)
+	cfg, err := replicationConfig(*dsn)
 	if err != nil {
 		return err
 	}
-	cfg.RuntimeParams["replication"] = "database"
 	lw := &lowatReader{mark: *lowat}
 	var d net.Dialer
 	cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -67,9 +66,7 @@ func cmdWalread(ctx context.Context, args []string) error {
 	}
 	defer conn.Close(context.Background())
 	start := time.Now()
-	err = pglogrepl.StartReplication(ctx, conn, *slot, 0, pglogrepl.StartReplicationOptions{
-		PluginArgs: []string{"proto_version '1'", "publication_names '" + *pub + "'"}})
-	if err != nil {
+	if err := startReplication(ctx, conn, *slot, *pub); err != nil {
 		return err
 	}
 	wpid, err := walsenderPID(ctx, *dsn, *slot)
@@ -191,19 +188,16 @@ func walreadLive(ctx context.Context, dsn, slot, pub, path string) error {
 		mu.Unlock()
 	}()
 
-	cfg, err := pgconn.ParseConfig(dsn)
+	cfg, err := replicationConfig(dsn)
 	if err != nil {
 		return err
 	}
-	cfg.RuntimeParams["replication"] = "database"
 	conn, err := pgconn.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return err
 	}
 	defer conn.Close(context.Background())
-	err = pglogrepl.StartReplication(ctx, conn, slot, 0, pglogrepl.StartReplicationOptions{
-		PluginArgs: []string{"proto_version '1'", "publication_names '" + pub + "'"}})
-	if err != nil {
+	if err := startReplication(ctx, conn, slot, pub); err != nil {
 		return err
 	}
 	idCol := map[uint32]int{} // relation → index of its id column
@@ -277,6 +271,24 @@ func walreadLive(ctx context.Context, dsn, slot, pub, path string) error {
 		}
 	}
 	return nil
+}
+
+// replicationConfig is dsn's connection settings for a logical replication
+// connection.
+func replicationConfig(dsn string) (*pgconn.Config, error) {
+	cfg, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	cfg.RuntimeParams["replication"] = "database"
+	return cfg, nil
+}
+
+// startReplication streams slot with pgoutput and publication pub, as
+// outboxd does.
+func startReplication(ctx context.Context, conn *pgconn.PgConn, slot, pub string) error {
+	return pglogrepl.StartReplication(ctx, conn, slot, 0, pglogrepl.StartReplicationOptions{
+		PluginArgs: []string{"proto_version '1'", "publication_names '" + pub + "'"}})
 }
 
 // lowatReader keeps SO_RCVLOWAT at mark and waits for it with select (at
