@@ -28,10 +28,9 @@ type Relay struct {
 	m      *metrics
 	sinkM  *sink.Metrics
 
-	reg           prometheus.Registerer
-	warm          warm // what Check opened for the first pipeline
-	schema, table string
-	status        status
+	reg    prometheus.Registerer
+	warm   warm // what Check opened for the first pipeline
+	status status
 }
 
 // New returns a Relay for a validated cfg, with its metrics on reg.
@@ -42,7 +41,6 @@ func New(cfg config.Config, log *slog.Logger, reg prometheus.Registerer) (*Relay
 	}
 	r := &Relay{cfg: cfg, log: log, router: rt, m: newMetrics(reg), sinkM: sink.NewMetrics(reg), reg: reg}
 	r.status.setState(stateStarting, "starting up")
-	r.schema, r.table = cfg.Postgres.TableName()
 	return r, nil
 }
 
@@ -411,8 +409,10 @@ func (r *Relay) inspectSlotOn(ctx context.Context, conn *pgx.Conn) (wal.LSN, err
 // first.
 func (r *Relay) pipe(ctx context.Context, batches <-chan []any, tracker *checkpoint.Tracker, producer *sink.Producer, fail context.CancelCauseFunc) error {
 	p := &pipeline{r: r, ctx: ctx, tracker: tracker, producer: producer, fail: fail,
+		tables:  newOutboxTables(r.cfg.Postgres, r.log),
 		inserts: r.m.changes.WithLabelValues("insert"), updates: r.m.changes.WithLabelValues("update"),
 		deletes: r.m.changes.WithLabelValues("delete"), messages: r.m.changes.WithLabelValues("message")}
+	defer p.tables.close()
 	for batch := range batches {
 		for _, item := range batch {
 			if err := p.handle(item); err != nil {
@@ -430,6 +430,7 @@ type pipeline struct {
 	tracker  *checkpoint.Tracker
 	producer *sink.Producer
 	fail     context.CancelCauseFunc
+	tables   *outboxTables
 
 	txn          *checkpoint.Txn
 	done         func(error) // the outcome of a record of txn
@@ -458,8 +459,8 @@ func (p *pipeline) handle(item any) error {
 			txn.Ack()
 		}
 	case *wal.Change:
-		if m.Relation.Namespace != p.r.schema || m.Relation.Name != p.r.table {
-			return nil // another table in a shared publication
+		if ours, err := p.tables.has(p.ctx, m.Relation); !ours || err != nil {
+			return err // nil: another table in a shared publication
 		}
 		switch m.Op {
 		case wal.Insert:

@@ -170,8 +170,18 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, name, schema, table 
 	if !inserts {
 		return Publication{}, fmt.Errorf("publication %q does not publish INSERTs, so no event would reach outboxd; run %s", name, AlterPublicationSQL(name))
 	}
+	// A partitioned table is listed itself when the publication has
+	// publish_via_partition_root, and by its leaf partitions when not.
 	var covers bool
-	err = conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3)`,
+	err = conn.QueryRow(ctx, `WITH listed AS (
+			SELECT c.oid FROM pg_publication_tables pt
+			JOIN pg_namespace n ON n.nspname = pt.schemaname
+			JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
+			WHERE pt.pubname = $1),
+		t AS (SELECT c.oid, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $2 AND c.relname = $3)
+		SELECT EXISTS (SELECT 1 FROM listed, t WHERE listed.oid = t.oid)
+			OR EXISTS (SELECT 1 FROM t WHERE t.relkind = 'p'
+				AND NOT EXISTS (SELECT 1 FROM pg_partition_tree(t.oid) p WHERE p.isleaf AND p.relid NOT IN (SELECT oid FROM listed)))`,
 		name, schema, table).Scan(&covers)
 	if err != nil {
 		return Publication{}, fmt.Errorf("reading tables of publication %q: %w", name, err)

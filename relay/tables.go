@@ -1,0 +1,92 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/wal"
+)
+
+// outboxTables tells the outbox table's changes from those of other tables
+// that the publication also publishes. Matching the name alone is not
+// enough: Postgres publishes a partition's rows under the partition's name
+// unless the publication has publish_via_partition_root, and an inheritance
+// child's rows always, and a table renamed while outboxd runs keeps its
+// relation ID under a new name. Those rows are outbox events; dropping them
+// would confirm them without delivering them.
+type outboxTables struct {
+	pg     config.Postgres
+	schema string
+	table  string
+	log    *slog.Logger
+
+	outboxID uint32          // the outbox's relation ID, once seen
+	others   map[uint32]bool // relation ID → its rows are outbox rows
+	conn     *pgx.Conn       // for the lookups, opened at the first
+}
+
+func newOutboxTables(pg config.Postgres, log *slog.Logger) *outboxTables {
+	schema, table := pg.TableName()
+	return &outboxTables{pg: pg, schema: schema, table: table, log: log, others: map[uint32]bool{}}
+}
+
+// has reports whether rel's rows are outbox rows. A relation of another name
+// is looked up in the catalog once per run.
+func (t *outboxTables) has(ctx context.Context, rel *wal.Relation) (bool, error) {
+	if rel.Namespace == t.schema && rel.Name == t.table {
+		t.outboxID = rel.ID
+		return true, nil
+	}
+	if rel.ID == t.outboxID {
+		return true, nil
+	}
+	if ours, ok := t.others[rel.ID]; ok {
+		return ours, nil
+	}
+	ours, err := t.lookup(ctx, rel.ID)
+	if err != nil {
+		return false, fmt.Errorf("looking up %s (relation %d), which the publication publishes, to tell whether it is part of the outbox table %s.%s: %w",
+			rel.QualifiedName(), rel.ID, t.schema, t.table, err)
+	}
+	t.others[rel.ID] = ours
+	if ours {
+		t.log.Info("delivering the rows of "+rel.QualifiedName()+" as outbox events: it is a partition or child table of the outbox table, or that table renamed",
+			"table", t.schema+"."+t.table)
+	} else {
+		t.log.Info("ignoring the changes to "+rel.QualifiedName()+": the publication publishes it, but it is not the outbox table. "+
+			"A publication of the outbox table alone spares Postgres decoding them", "publication", t.pg.Publication)
+	}
+	return ours, nil
+}
+
+// lookup reports whether relation id is the outbox table (by its configured
+// name or the ID seen in this run) or inherits from it, at any depth.
+func (t *outboxTables) lookup(ctx context.Context, id uint32) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if t.conn == nil || t.conn.IsClosed() {
+		conn, err := Connect(ctx, t.pg)
+		if err != nil {
+			return false, err
+		}
+		t.conn = conn
+	}
+	var ours bool
+	err := t.conn.QueryRow(ctx, `WITH RECURSIVE family(oid) AS (
+			SELECT oid FROM pg_class WHERE oid = to_regclass($1) OR oid = $2
+			UNION SELECT i.inhrelid FROM pg_inherits i JOIN family f ON i.inhparent = f.oid)
+		SELECT EXISTS (SELECT 1 FROM family WHERE oid = $3)`,
+		pgx.Identifier{t.schema, t.table}.Sanitize(), t.outboxID, id).Scan(&ours)
+	return ours, err
+}
+
+func (t *outboxTables) close() {
+	if t.conn != nil {
+		t.conn.Close(context.Background())
+	}
+}
