@@ -409,7 +409,7 @@ func (r *Relay) inspectSlotOn(ctx context.Context, conn *pgx.Conn) (wal.LSN, err
 // first.
 func (r *Relay) pipe(ctx context.Context, batches <-chan []any, tracker *checkpoint.Tracker, producer *sink.Producer, fail context.CancelCauseFunc) error {
 	p := &pipeline{r: r, ctx: ctx, tracker: tracker, producer: producer, fail: fail,
-		tables:  newOutboxTables(r.cfg.Postgres, r.log),
+		tables:  newOutboxTables(r.cfg.Postgres, r.log, r.router.SetBaseType),
 		inserts: r.m.changes.WithLabelValues("insert"), updates: r.m.changes.WithLabelValues("update"),
 		deletes: r.m.changes.WithLabelValues("delete"), messages: r.m.changes.WithLabelValues("message")}
 	defer p.tables.close()

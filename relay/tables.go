@@ -28,16 +28,33 @@ type outboxTables struct {
 	outboxID uint32          // the outbox's relation ID, once seen
 	others   map[uint32]bool // relation ID → its rows are outbox rows
 	conn     *pgx.Conn       // for the lookups, opened at the first
+
+	// pgoutput names a column's declared type, which for a domain is the
+	// domain. Its base type tells how to read the value (a domain over bytea
+	// is sent as hex text): baseType learns each domain's.
+	baseType func(domain, base uint32)
+	typed    *wal.Relation   // the last outbox relation whose types were looked at
+	types    map[uint32]bool // user-defined type OIDs already looked up
 }
 
-func newOutboxTables(pg config.Postgres, log *slog.Logger) *outboxTables {
+func newOutboxTables(pg config.Postgres, log *slog.Logger, baseType func(domain, base uint32)) *outboxTables {
 	schema, table := pg.TableName()
-	return &outboxTables{pg: pg, schema: schema, table: table, log: log, others: map[uint32]bool{}}
+	return &outboxTables{pg: pg, schema: schema, table: table, log: log, others: map[uint32]bool{},
+		baseType: baseType, types: map[uint32]bool{}}
 }
 
 // has reports whether rel's rows are outbox rows. A relation of another name
-// is looked up in the catalog once per run.
+// is looked up in the catalog once per run, and so are the outbox's
+// user-defined column types.
 func (t *outboxTables) has(ctx context.Context, rel *wal.Relation) (bool, error) {
+	ours, err := t.is(ctx, rel)
+	if ours && err == nil && rel != t.typed {
+		err = t.resolveTypes(ctx, rel)
+	}
+	return ours, err
+}
+
+func (t *outboxTables) is(ctx context.Context, rel *wal.Relation) (bool, error) {
 	if rel.Namespace == t.schema && rel.Name == t.table {
 		t.outboxID = rel.ID
 		return true, nil
@@ -64,17 +81,66 @@ func (t *outboxTables) has(ctx context.Context, rel *wal.Relation) (bool, error)
 	return ours, nil
 }
 
+// firstUserOID is Postgres' FirstNormalObjectId: built-in types are below it.
+const firstUserOID = 16384
+
+// resolveTypes looks up the base type of each domain among rel's column
+// types that it has not seen yet.
+func (t *outboxTables) resolveTypes(ctx context.Context, rel *wal.Relation) error {
+	var oids []uint32
+	for _, c := range rel.Columns {
+		if c.TypeOID >= firstUserOID && !t.types[c.TypeOID] {
+			oids = append(oids, c.TypeOID)
+		}
+	}
+	if len(oids) > 0 {
+		if err := t.connect(ctx); err != nil {
+			return fmt.Errorf("looking up the column types of %s: %w", rel.QualifiedName(), err)
+		}
+		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		rows, err := t.conn.Query(ctx, `WITH RECURSIVE dom(oid, base) AS (
+				SELECT oid, typbasetype FROM pg_type WHERE oid = ANY($1) AND typtype = 'd'
+				UNION ALL SELECT dom.oid, t.typbasetype FROM dom JOIN pg_type t ON t.oid = dom.base AND t.typtype = 'd')
+			SELECT oid, base FROM dom WHERE NOT EXISTS (SELECT 1 FROM pg_type t WHERE t.oid = dom.base AND t.typtype = 'd')`, oids)
+		if err != nil {
+			return fmt.Errorf("looking up the column types of %s: %w", rel.QualifiedName(), err)
+		}
+		var domain, base uint32
+		_, err = pgx.ForEachRow(rows, []any{&domain, &base}, func() error {
+			t.baseType(domain, base)
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("looking up the column types of %s: %w", rel.QualifiedName(), err)
+		}
+		for _, oid := range oids {
+			t.types[oid] = true
+		}
+	}
+	t.typed = rel
+	return nil
+}
+
+func (t *outboxTables) connect(ctx context.Context) error {
+	if t.conn != nil && !t.conn.IsClosed() {
+		return nil
+	}
+	conn, err := Connect(ctx, t.pg)
+	if err != nil {
+		return err
+	}
+	t.conn = conn
+	return nil
+}
+
 // lookup reports whether relation id is the outbox table (by its configured
 // name or the ID seen in this run) or inherits from it, at any depth.
 func (t *outboxTables) lookup(ctx context.Context, id uint32) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if t.conn == nil || t.conn.IsClosed() {
-		conn, err := Connect(ctx, t.pg)
-		if err != nil {
-			return false, err
-		}
-		t.conn = conn
+	if err := t.connect(ctx); err != nil {
+		return false, err
 	}
 	var ours bool
 	err := t.conn.QueryRow(ctx, `WITH RECURSIVE family(oid) AS (

@@ -111,8 +111,10 @@ type Router struct {
 	re       *regexp.Regexp
 	envelope bool
 	rel      *wal.Relation
-	table    string // rel's qualified name
-	layout   []int  // field -> column index of rel, -1 when absent
+	table    string            // rel's qualified name
+	layout   []int             // field -> column index of rel, -1 when absent
+	types    []uint32          // field -> the base type of its column in rel
+	bases    map[uint32]uint32 // domain type OID -> its base type
 	cells    []cell
 	topics   map[string]string // route-by value -> checked topic, bounded by maxTopicCache
 }
@@ -180,8 +182,27 @@ func (r *Router) layoutFor(rel *wal.Relation) ([]int, error) {
 	if len(missing) > 0 {
 		return nil, &LayoutError{Table: rel.QualifiedName(), Missing: missing}
 	}
-	r.rel, r.layout, r.table = rel, layout, rel.QualifiedName()
+	types := make([]uint32, len(layout))
+	for i, col := range layout {
+		if col >= 0 {
+			types[i] = rel.Columns[col].TypeOID
+			if base, ok := r.bases[types[i]]; ok {
+				types[i] = base
+			}
+		}
+	}
+	r.rel, r.layout, r.types, r.table = rel, layout, types, rel.QualifiedName()
 	return layout, nil
+}
+
+// SetBaseType tells the router that type OID domain is a domain over base,
+// so that a column of it is read as base: pgoutput names the domain.
+func (r *Router) SetBaseType(domain, base uint32) {
+	if r.bases == nil {
+		r.bases = map[uint32]uint32{}
+	}
+	r.bases[domain] = base
+	r.rel = nil // the cached layout's types may change
 }
 
 // Route maps one inserted outbox row to a record. It returns a *RowError for
@@ -209,6 +230,7 @@ func (r *Router) RouteInto(c *wal.Change, rec *Record) error {
 			continue
 		}
 		rc := c.Relation.Columns[col]
+		rc.TypeOID = r.types[i]
 		data, err := rc.Value(c.Tuple[col])
 		if err != nil && convErr == nil {
 			convErr = err
