@@ -28,9 +28,10 @@ type Relay struct {
 	m      *metrics
 	sinkM  *sink.Metrics
 
-	reg    prometheus.Registerer
-	warm   warm // what Check opened for the first pipeline
-	status status
+	reg      prometheus.Registerer
+	warm     warm   // what Check opened for the first pipeline
+	outboxID uint32 // the outbox table's relation ID when the run started
+	status   status
 }
 
 // New returns a Relay for a validated cfg, with its metrics on reg.
@@ -394,8 +395,11 @@ func (r *Relay) inspectSlotOn(ctx context.Context, conn *pgx.Conn) (wal.LSN, err
 			"Find them in the outbox table or the application; restart outboxd to create a new slot from the current position",
 			r.cfg.Postgres.Slot)
 	}
+	// The outbox table's relation ID tells its rows after a rename.
 	var db string
-	if err := conn.QueryRow(ctx, "SELECT current_database()").Scan(&db); err != nil {
+	schema, table := r.cfg.Postgres.TableName()
+	if err := conn.QueryRow(ctx, "SELECT current_database(), coalesce(to_regclass($1)::oid, 0)", pgx.Identifier{schema, table}.Sanitize()).
+		Scan(&db, &r.outboxID); err != nil {
 		return 0, fmt.Errorf("reading current database: %w", err)
 	}
 	if err := wal.CheckSlot(info, db); err != nil {
@@ -409,7 +413,7 @@ func (r *Relay) inspectSlotOn(ctx context.Context, conn *pgx.Conn) (wal.LSN, err
 // first.
 func (r *Relay) pipe(ctx context.Context, batches <-chan []any, tracker *checkpoint.Tracker, producer *sink.Producer, fail context.CancelCauseFunc) error {
 	p := &pipeline{r: r, ctx: ctx, tracker: tracker, producer: producer, fail: fail,
-		tables:  newOutboxTables(r.cfg.Postgres, r.log, r.router.SetBaseType),
+		tables:  newOutboxTables(r.cfg.Postgres, r.log, r.outboxID, r.router.SetBaseType),
 		inserts: r.m.changes.WithLabelValues("insert"), updates: r.m.changes.WithLabelValues("update"),
 		deletes: r.m.changes.WithLabelValues("delete"), messages: r.m.changes.WithLabelValues("message")}
 	defer p.tables.close()

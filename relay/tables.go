@@ -14,11 +14,12 @@ import (
 
 // outboxTables tells the outbox table's changes from those of other tables
 // that the publication also publishes. Matching the name alone is not
-// enough: Postgres publishes a partition's rows under the partition's name
-// unless the publication has publish_via_partition_root, and an inheritance
-// child's rows always, and a table renamed while outboxd runs keeps its
-// relation ID under a new name. Those rows are outbox events; dropping them
-// would confirm them without delivering them.
+// enough: a table renamed while outboxd runs keeps its relation ID under a
+// new name, and a publication without publish_via_partition_root (outboxd
+// refuses one at start-up, but it may have been one for the WAL still in
+// the slot) publishes a partition's rows under the partition's name. Those
+// rows are outbox events; dropping them would confirm them undelivered.
+// Tables that inherit from the outbox table are other tables.
 type outboxTables struct {
 	pg     config.Postgres
 	schema string
@@ -37,9 +38,11 @@ type outboxTables struct {
 	types    map[uint32]bool // user-defined type OIDs already looked up
 }
 
-func newOutboxTables(pg config.Postgres, log *slog.Logger, baseType func(domain, base uint32)) *outboxTables {
+// newOutboxTables starts from outboxID, the outbox table's relation ID when
+// the run started (0 if unknown).
+func newOutboxTables(pg config.Postgres, log *slog.Logger, outboxID uint32, baseType func(domain, base uint32)) *outboxTables {
 	schema, table := pg.TableName()
-	return &outboxTables{pg: pg, schema: schema, table: table, log: log, others: map[uint32]bool{},
+	return &outboxTables{pg: pg, schema: schema, table: table, log: log, outboxID: outboxID, others: map[uint32]bool{},
 		baseType: baseType, types: map[uint32]bool{}}
 }
 
@@ -65,16 +68,22 @@ func (t *outboxTables) is(ctx context.Context, rel *wal.Relation) (bool, error) 
 	if ours, ok := t.others[rel.ID]; ok {
 		return ours, nil
 	}
-	ours, err := t.lookup(ctx, rel.ID)
+	exists, ours, err := t.lookup(ctx, rel.ID)
 	if err != nil {
-		return false, fmt.Errorf("looking up %s (relation %d), which the publication publishes, to tell whether it is part of the outbox table %s.%s: %w",
+		return false, fmt.Errorf("looking up %s (relation %d), which the publication publishes, to tell whether it is a partition of the outbox table %s.%s: %w",
 			rel.QualifiedName(), rel.ID, t.schema, t.table, err)
 	}
 	t.others[rel.ID] = ours
-	if ours {
-		t.log.Info("delivering the rows of "+rel.QualifiedName()+" as outbox events: it is a partition or child table of the outbox table, or that table renamed",
+	switch {
+	case ours:
+		t.log.Info("delivering the rows of "+rel.QualifiedName()+" as outbox events: it is a partition of the outbox table, "+
+			"published under its own name (the publication lacked publish_via_partition_root where this part of the WAL was written)",
 			"table", t.schema+"."+t.table)
-	} else {
+	case !exists:
+		t.log.Warn("ignoring the changes to "+rel.QualifiedName()+", a table dropped since: if it was a partition of the outbox table, "+
+			"its events in this part of the WAL are not delivered (they were published under its own name; publish_via_partition_root prevents this)",
+			"relation", rel.ID, "publication", t.pg.Publication)
+	default:
 		t.log.Info("ignoring the changes to "+rel.QualifiedName()+": the publication publishes it, but it is not the outbox table. "+
 			"A publication of the outbox table alone spares Postgres decoding them", "publication", t.pg.Publication)
 	}
@@ -134,21 +143,19 @@ func (t *outboxTables) connect(ctx context.Context) error {
 	return nil
 }
 
-// lookup reports whether relation id is the outbox table (by its configured
-// name or the ID seen in this run) or inherits from it, at any depth.
-func (t *outboxTables) lookup(ctx context.Context, id uint32) (bool, error) {
+// lookup reports whether relation id exists and whether it is a partition
+// of the outbox table (by its configured name or its ID), at any depth.
+func (t *outboxTables) lookup(ctx context.Context, id uint32) (exists, partition bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if err := t.connect(ctx); err != nil {
-		return false, err
+		return false, false, err
 	}
-	var ours bool
-	err := t.conn.QueryRow(ctx, `WITH RECURSIVE family(oid) AS (
-			SELECT oid FROM pg_class WHERE oid = to_regclass($1) OR oid = $2
-			UNION SELECT i.inhrelid FROM pg_inherits i JOIN family f ON i.inhparent = f.oid)
-		SELECT EXISTS (SELECT 1 FROM family WHERE oid = $3)`,
-		pgx.Identifier{t.schema, t.table}.Sanitize(), t.outboxID, id).Scan(&ours)
-	return ours, err
+	err = t.conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_class WHERE oid = $1::oid),
+			EXISTS (SELECT 1 FROM pg_partition_ancestors($1::oid::regclass) a
+				WHERE a.relid::oid <> $1::oid AND (a.relid::oid = to_regclass($2)::oid OR a.relid::oid = $3::oid))`,
+		id, pgx.Identifier{t.schema, t.table}.Sanitize(), t.outboxID).Scan(&exists, &partition)
+	return exists, partition, err
 }
 
 func (t *outboxTables) close() {

@@ -519,6 +519,10 @@ func TestLeastPrivilegeRole(t *testing.T) {
 	if ins, upd, del, trunc := publishes(t, d, "outboxd"); !ins || !upd || del || trunc {
 		t.Errorf("the script's publication publishes insert=%v update=%v delete=%v truncate=%v, want what outboxd creates: inserts and updates", ins, upd, del, trunc)
 	}
+	var viaRoot bool
+	if err := d.pool.QueryRow(context.Background(), `SELECT pubviaroot FROM pg_publication WHERE pubname = 'outboxd'`).Scan(&viaRoot); err != nil || !viaRoot {
+		t.Errorf("the script's publication: publish_via_partition_root = %v (%v), want true, as outboxd creates it", viaRoot, err)
+	}
 	dsn := strings.Replace(d.dsn, "postgres://postgres@", fmt.Sprintf("postgres://%s:%s@", role, password), 1)
 	env := replace(replace(d.env(), "OUTBOXD_POSTGRES_DSN", dsn), "OUTBOXD_POSTGRES_CREATE_PUBLICATION", "false")
 

@@ -83,7 +83,7 @@ func TestStartupErrors(t *testing.T) {
 	t.Run("publication missing and not to be created", func(t *testing.T) {
 		env := replace(d.env(), "OUTBOXD_POSTGRES_CREATE_PUBLICATION", "false")
 		expectStartupError(t, replace(env, "OUTBOXD_POSTGRES_PUBLICATION", "nopub"),
-			`publication \\?"nopub\\?" does not exist; create it with CREATE PUBLICATION \\?"nopub\\?" FOR TABLE \\?"public\\?"\.\\?"outbox\\?" WITH \(publish = 'insert, update'\)`)
+			`publication \\?"nopub\\?" does not exist; create it with CREATE PUBLICATION \\?"nopub\\?" FOR TABLE \\?"public\\?"\.\\?"outbox\\?" WITH \(publish = 'insert, update', publish_via_partition_root = true\)`)
 	})
 }
 

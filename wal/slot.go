@@ -130,9 +130,12 @@ type Publication struct {
 }
 
 // PublicationSQL is the statement that creates publication name for
-// schema.table as outboxd does.
+// schema.table as outboxd does. publish_via_partition_root makes Postgres
+// publish a partitioned table's rows under the table's own name; for other
+// tables it changes nothing.
 func PublicationSQL(name, schema, table string) string {
-	return fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s.%s WITH (publish = '%s')", quoteIdent(name), quoteIdent(schema), quoteIdent(table), PublishActions)
+	return fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s.%s WITH (publish = '%s', publish_via_partition_root = true)",
+		quoteIdent(name), quoteIdent(schema), quoteIdent(table), PublishActions)
 }
 
 // AlterPublicationSQL is the statement that makes an existing publication
@@ -144,8 +147,9 @@ func AlterPublicationSQL(name string) string {
 // EnsurePublication checks that the publication exists and covers table, and
 // creates it with PublicationSQL when it is missing and create is true.
 func EnsurePublication(ctx context.Context, conn *pgx.Conn, name, schema, table string, create bool) (Publication, error) {
-	var inserts, updates, deletes bool
-	err := conn.QueryRow(ctx, `SELECT pubinsert, pubupdate, pubdelete FROM pg_publication WHERE pubname = $1`, name).Scan(&inserts, &updates, &deletes)
+	var inserts, updates, deletes, viaRoot bool
+	err := conn.QueryRow(ctx, `SELECT pubinsert, pubupdate, pubdelete, pubviaroot FROM pg_publication WHERE pubname = $1`, name).
+		Scan(&inserts, &updates, &deletes, &viaRoot)
 	missing := errors.Is(err, pgx.ErrNoRows)
 	if err != nil && !missing {
 		return Publication{}, fmt.Errorf("reading publication %q: %w", name, err)
@@ -170,18 +174,21 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, name, schema, table 
 	if !inserts {
 		return Publication{}, fmt.Errorf("publication %q does not publish INSERTs, so no event would reach outboxd; run %s", name, AlterPublicationSQL(name))
 	}
-	// A partitioned table is listed itself when the publication has
-	// publish_via_partition_root, and by its leaf partitions when not.
+	// Without publish_via_partition_root, Postgres publishes a partition's
+	// rows under the partition's name, and after the partition is dropped
+	// nothing tells that they were the outbox's.
+	var partitioned bool
+	err = conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind = 'p')`, schema, table).Scan(&partitioned)
+	if err != nil {
+		return Publication{}, fmt.Errorf("reading outbox table %s.%s: %w", schema, table, err)
+	}
+	if partitioned && !viaRoot {
+		return Publication{}, fmt.Errorf("the outbox table %s.%s is partitioned, and publication %q publishes its rows under each partition's name; "+
+			"run ALTER PUBLICATION %s SET (publish_via_partition_root = true)", schema, table, name, quoteIdent(name))
+	}
 	var covers bool
-	err = conn.QueryRow(ctx, `WITH listed AS (
-			SELECT c.oid FROM pg_publication_tables pt
-			JOIN pg_namespace n ON n.nspname = pt.schemaname
-			JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
-			WHERE pt.pubname = $1),
-		t AS (SELECT c.oid, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $2 AND c.relname = $3)
-		SELECT EXISTS (SELECT 1 FROM listed, t WHERE listed.oid = t.oid)
-			OR EXISTS (SELECT 1 FROM t WHERE t.relkind = 'p'
-				AND NOT EXISTS (SELECT 1 FROM pg_partition_tree(t.oid) p WHERE p.isleaf AND p.relid NOT IN (SELECT oid FROM listed)))`,
+	err = conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3)`,
 		name, schema, table).Scan(&covers)
 	if err != nil {
 		return Publication{}, fmt.Errorf("reading tables of publication %q: %w", name, err)

@@ -52,8 +52,10 @@ GRANT SELECT ON TABLE :table TO :"role";
 -- table, which outboxd's role must not have, so the owner creates it here.
 -- It publishes inserts (the events) and updates (which outboxd reports), as
 -- the one outboxd creates does: with insert-then-delete, published deletes
--- would make Postgres decode and send one more change per event.
-SELECT format('CREATE PUBLICATION %I FOR TABLE %s WITH (publish = ''insert, update'')', :'publication', :'table')
+-- would make Postgres decode and send one more change per event. With
+-- publish_via_partition_root, a partitioned outbox's rows come under its own
+-- name (outboxd refuses a partitioned outbox's publication without it).
+SELECT format('CREATE PUBLICATION %I FOR TABLE %s WITH (publish = ''insert, update'', publish_via_partition_root = true)', :'publication', :'table')
  WHERE NOT EXISTS (SELECT FROM pg_publication WHERE pubname = :'publication') \gexec
 
 -- pg_hba.conf must let the role in. outboxd's replication connection is a
