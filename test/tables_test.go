@@ -57,7 +57,7 @@ func TestPartitionedOutbox(t *testing.T) {
 	byRoot := insertAt(t, d, "outbox", typ, "2026-08-01")
 	p = start(t, d.env())
 	p.waitStreaming()
-	recs := readUntil(t, topic, 30*time.Second, 0, waitIDs(byName, byRoot))
+	recs := readUntil(t, topic, 30*time.Second, 2*time.Second, waitIDs(byName, byRoot))
 	p.waitLog(`delivering the rows of public.outbox_rest as outbox events: it is a partition of the outbox table`, time.Second)
 	p.waitLog(`level=WARN msg="ignoring the changes to public.outbox_2019, a table dropped since`, time.Second)
 	if ids(recs)[dropped] != nil {
@@ -65,8 +65,17 @@ func TestPartitionedOutbox(t *testing.T) {
 	}
 	p.stop(syscall.SIGTERM, 30*time.Second)
 
-	d.exec(t, `CREATE PUBLICATION leaf FOR TABLE outbox_rest WITH (publish_via_partition_root = true)`)
-	expectStartupError(t, d.env("OUTBOXD_POSTGRES_PUBLICATION=leaf"), `publication \\?"leaf\\?" does not include public.outbox`)
+	// Every partition, but not the table: one attached later would not be in it.
+	d.exec(t, `CREATE PUBLICATION leaves FOR TABLE outbox_rest, outbox_2030 WITH (publish_via_partition_root = true)`)
+	expectStartupError(t, d.env("OUTBOXD_POSTGRES_PUBLICATION=leaves"), `publication \\?"leaves\\?" does not include public.outbox`)
+}
+
+// A row filter on the outbox table: Postgres never decodes the rows it
+// leaves out, so outboxd refuses the publication.
+func TestPublicationRowFilterIsRefused(t *testing.T) {
+	d := newDB(t)
+	d.exec(t, `CREATE PUBLICATION outboxd FOR TABLE public.outbox WHERE (aggregate_type <> 'internal') WITH (publish = 'insert')`)
+	expectStartupError(t, d.env(), `publication \\?"outboxd\\?" publishes only the rows of public.outbox WHERE \\?\(aggregate_type <> 'internal'`)
 }
 
 // Rows of other tables in the publication, among them a table that
@@ -83,7 +92,7 @@ func TestOtherTablesAreIgnored(t *testing.T) {
 	d.exec(t, `INSERT INTO orders VALUES (1)`)
 	child := insertAt(t, d, "outbox_archive", d.name+"_oth", "2026-06-01")
 	own := insertAt(t, d, "outbox", d.name+"_oth", "2026-06-01")
-	recs := readUntil(t, []string{d.name + "_oth-events"}, 30*time.Second, 0, waitIDs(own))
+	recs := readUntil(t, []string{d.name + "_oth-events"}, 30*time.Second, 2*time.Second, waitIDs(own))
 	p.waitLog(`ignoring the changes to public.orders: the publication publishes it, but it is not the outbox table`, time.Second)
 	p.waitLog(`ignoring the changes to public.outbox_archive: `, time.Second)
 	if ids(recs)[child] != nil {

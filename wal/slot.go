@@ -185,7 +185,8 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, name, schema, table 
 	}
 	if partitioned && !viaRoot {
 		return Publication{}, fmt.Errorf("the outbox table %s.%s is partitioned, and publication %q publishes its rows under each partition's name; "+
-			"run ALTER PUBLICATION %s SET (publish_via_partition_root = true)", schema, table, name, quoteIdent(name))
+			"run ALTER PUBLICATION %s SET (publish_via_partition_root = true). The rows it already put into the slot keep their partition's name: "+
+			"outboxd delivers them, if the partition is neither dropped nor detached before outboxd has read them", schema, table, name, quoteIdent(name))
 	}
 	var covers bool
 	err = conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3)`,
@@ -196,6 +197,21 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, name, schema, table 
 	if !covers {
 		return Publication{}, fmt.Errorf("publication %q does not include %s.%s; run ALTER PUBLICATION %s ADD TABLE %s.%s",
 			name, schema, table, quoteIdent(name), quoteIdent(schema), quoteIdent(table))
+	}
+	// Postgres 15's row filters: rows a filter leaves out are never
+	// decoded, and outboxd would confirm past them undelivered. (Read
+	// through to_jsonb: older servers have no rowfilter column.)
+	var filter *string
+	err = conn.QueryRow(ctx, `SELECT to_jsonb(pt) ->> 'rowfilter' FROM pg_publication_tables pt WHERE pt.pubname = $1 AND pt.schemaname = $2 AND pt.tablename = $3`,
+		name, schema, table).Scan(&filter)
+	if err != nil {
+		return Publication{}, fmt.Errorf("reading the row filter of publication %q: %w", name, err)
+	}
+	if filter != nil {
+		return Publication{}, fmt.Errorf("publication %q publishes only the rows of %s.%s WHERE %s, and the events it leaves out would never be delivered; "+
+			"add the table again without WHERE (ALTER PUBLICATION %[5]s DROP TABLE %[6]s.%[7]s; ALTER PUBLICATION %[5]s ADD TABLE %[6]s.%[7]s), "+
+			"or give outboxd a publication of its own",
+			name, schema, table, *filter, quoteIdent(name), quoteIdent(schema), quoteIdent(table))
 	}
 	return Publication{Deletes: deletes, NoUpdates: !updates}, nil
 }
