@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -190,16 +191,27 @@ func (p *proc) sampleLoop() {
 // read samples RSS and CPU from /proc.
 func (p *proc) read() (sample, bool) {
 	pid := p.cmd.Process.Pid
-	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	cpu, err := procCPU(pid)
 	if err != nil {
 		return sample{}, false
 	}
-	// Fields after the parenthesised command name.
-	s := string(st)
+	return sample{at: time.Now(), rssKB: statusKB(pid, "VmRSS:"), cpuSec: cpu}, true
+}
+
+// procCPU returns a process's user+system CPU seconds.
+func procCPU(pid int) (float64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	s := string(b)
 	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
-	ut, _ := strconv.ParseFloat(f[11], 64)
-	stime, _ := strconv.ParseFloat(f[12], 64)
-	return sample{at: time.Now(), rssKB: statusKB(pid, "VmRSS:"), cpuSec: (ut + stime) / clkTck}, true
+	u, err1 := strconv.ParseFloat(f[11], 64)
+	k, err2 := strconv.ParseFloat(f[12], 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return 0, err
+	}
+	return (u + k) / clkTck, nil
 }
 
 func statusKB(pid int, key string) int64 {

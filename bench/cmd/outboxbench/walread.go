@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -367,20 +366,4 @@ func walsenderPID(ctx context.Context, dsn, slot string) (int, error) {
 		return 0, errors.New("slot " + slot + " has no walsender")
 	}
 	return strconv.Atoi(string(r.Rows[0][0]))
-}
-
-// procCPU returns a process's user+system CPU seconds.
-func procCPU(pid int) (float64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
-	u, err1 := strconv.ParseFloat(f[11], 64)
-	k, err2 := strconv.ParseFloat(f[12], 64)
-	if err := errors.Join(err1, err2); err != nil {
-		return 0, err
-	}
-	return (u + k) / 100, nil
 }
