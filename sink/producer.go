@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -159,6 +160,12 @@ type Producer struct {
 	cfg    config.Kafka
 	m      *Metrics
 	known  map[string]int // partition count of topics known to exist (0: unknown)
+	// sentTo lists the topics records were handed over to, for the
+	// watchdog's error when they stall.
+	sentTo struct {
+		sync.Mutex
+		topics []string
+	}
 	// slots holds one token per record handed to Kafka and not yet
 	// acknowledged; Produce blocks on it (backpressure). franz-go's own
 	// buffer cap is set above it so that franz-go never blocks: a record
@@ -209,6 +216,12 @@ func newProducer(cfg config.Kafka, m *Metrics, log *slog.Logger, first ...kgo.Op
 		// default 5 s between metadata refreshes (measured: a bimodal
 		// 1.1 s / 6.3 s to drain 50k events onto new topics).
 		kgo.MetadataMinAge(250*time.Millisecond),
+		// franz-go fails the records of a partition answered
+		// UNKNOWN_TOPIC_OR_PARTITION five times in a row, outside the reject
+		// watch, and a later record of that partition could then be sent
+		// before the fence breaks. Never failing them leaves a missing topic
+		// to the stall watchdog, which names it.
+		kgo.UnknownTopicRetries(-1),
 		kgo.ProducerBatchCompression(codec(cfg.Compression)),
 		kgo.WithLogger(logger{log.With("component", "kafka")}),
 		// One kprom per client: it registers on a client's creation and
@@ -260,11 +273,16 @@ func (h fenceHook) OnProduceRecordUnbuffered(r *kgo.Record, err error) {
 type StallError struct {
 	InFlight int
 	For      time.Duration
+	Missing  []string // topics records were sent to that Kafka does not have
 }
 
 func (e *StallError) Error() string {
-	return fmt.Sprintf("Kafka acknowledged none of %d in-flight records for %s (kafka.delivery_timeout); brokers down or unreachable?",
-		e.InFlight, e.For.Round(time.Second))
+	msg := fmt.Sprintf("Kafka acknowledged none of %d in-flight records for %s (kafka.delivery_timeout)", e.InFlight, e.For.Round(time.Second))
+	if len(e.Missing) > 0 {
+		return msg + "; the topic does not exist: " + strings.Join(e.Missing, ", ") +
+			"; create it, enable the broker's auto.create.topics.enable, or set kafka.topic_creation: admin"
+	}
+	return msg + "; brokers down or unreachable?"
 }
 
 // Watch returns a *StallError when records have been in flight without any
@@ -287,9 +305,33 @@ func (p *Producer) Watch(ctx context.Context) error {
 			continue
 		}
 		if idle := time.Since(time.Unix(0, p.lastAck.Load())); idle > p.cfg.DeliveryTimeout {
-			return &StallError{InFlight: inFlight, For: idle}
+			return &StallError{InFlight: inFlight, For: idle, Missing: p.missingTopics(ctx)}
 		}
 	}
+}
+
+// missingTopics returns the topics of this producer's records that Kafka
+// says do not exist, for a stall's error.
+func (p *Producer) missingTopics(ctx context.Context) []string {
+	p.sentTo.Lock()
+	topics := slices.Clone(p.sentTo.topics)
+	p.sentTo.Unlock()
+	if len(topics) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	td, err := p.admin.ListTopics(ctx, topics...)
+	if err != nil {
+		return nil
+	}
+	var missing []string
+	for _, t := range topics {
+		if d, ok := td[t]; !ok || errors.Is(d.Err, kerr.UnknownTopicOrPartition) {
+			missing = append(missing, t)
+		}
+	}
+	return missing
 }
 
 // saslMechanism returns the SASL mechanism of cfg, or nil for none. The
@@ -458,8 +500,16 @@ func (p *Producer) Fill() float64 {
 // Produce returns; the bytes of its key, value and headers must stay
 // unchanged until done is called.
 func (p *Producer) Produce(ctx context.Context, rec *router.Record, done func(error)) error {
-	if err := p.EnsureTopic(ctx, rec.Topic); err != nil {
-		return err
+	if _, ok := p.known[rec.Topic]; !ok {
+		if err := p.EnsureTopic(ctx, rec.Topic); err != nil {
+			return err
+		}
+		if _, ok := p.known[rec.Topic]; !ok {
+			p.known[rec.Topic] = 0 // the broker creates it, or not; the partition count is not known
+		}
+		p.sentTo.Lock()
+		p.sentTo.topics = append(p.sentTo.topics, rec.Topic)
+		p.sentTo.Unlock()
 	}
 	size := len(rec.Key) + len(rec.Value)
 	for _, h := range rec.Headers {
@@ -636,11 +686,7 @@ func (e *DeliveryError) Rejected() bool {
 }
 
 func (e *DeliveryError) Error() string {
-	hint := ""
-	if errors.Is(e.Err, kerr.UnknownTopicOrPartition) {
-		hint = "; the topic does not exist: create it, enable the broker's auto.create.topics.enable, or set kafka.topic_creation: admin"
-	}
-	return fmt.Sprintf("delivering event %s to topic %s: %v%s", e.EventID, e.Topic, e.Err, hint)
+	return fmt.Sprintf("delivering event %s to topic %s: %v", e.EventID, e.Topic, e.Err)
 }
 
 func (e *DeliveryError) Unwrap() error { return e.Err }

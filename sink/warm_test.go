@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"regexp"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -196,5 +197,34 @@ func TestWatchStartsItsClockWhenCalled(t *testing.T) {
 	release()
 	if err := <-acked; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestStallNamesMissingTopic checks that a record sent to a topic that does
+// not exist (kafka.topic_creation: broker, auto-creation off) is never failed
+// by franz-go (whose failure of a partition's records after repeated
+// UNKNOWN_TOPIC_OR_PARTITION would bypass the fence), and that the watchdog's
+// stall error names the topic.
+func TestStallNamesMissingTopic(t *testing.T) {
+	c := newCluster(t, 1)
+	const timeout = 2 * time.Second
+	p, ctx := newProducer(t, c, func(cfg *config.Kafka) { cfg.DeliveryTimeout = timeout; cfg.TopicCreation = "broker" })
+	acked := make(chan error, 1)
+	rec := &router.Record{Topic: "nowhere-events", Key: []byte("k"), Value: []byte("v"), EventID: "e", Partition: -1}
+	if err := p.Produce(ctx, rec, func(err error) { acked <- err }); err != nil {
+		t.Fatal(err)
+	}
+	watch, stop := context.WithTimeout(ctx, 3*timeout)
+	defer stop()
+	err := p.Watch(watch)
+	select {
+	case aerr := <-acked:
+		t.Fatalf("the record to a missing topic was failed (%v): franz-go gave up on it", aerr)
+	default:
+	}
+	var stall *sink.StallError
+	if !errors.As(err, &stall) || !slices.Equal(stall.Missing, []string{"nowhere-events"}) ||
+		!strings.Contains(err.Error(), "the topic does not exist: nowhere-events") {
+		t.Fatalf("Watch returned %v, want a stall naming the missing topic nowhere-events", err)
 	}
 }
