@@ -33,6 +33,7 @@ type Txn struct {
 	committed bool
 	end       LSN
 	at        time.Time
+	handed    time.Time // when Commit was called: every record handed over
 }
 
 // New returns a Tracker whose confirmed position starts at start.
@@ -91,6 +92,8 @@ func (x *Txn) Commit(end LSN) {
 	x.end = end
 	if x.pending == 0 {
 		t.advance()
+	} else {
+		x.handed = time.Now()
 	}
 	t.mu.Unlock()
 }
@@ -134,6 +137,21 @@ func (t *Tracker) Idle(walEnd LSN) bool {
 	}
 	t.confirmed = walEnd
 	return true
+}
+
+// Waiting returns when the oldest unconfirmed transaction had every record
+// handed over, if it has and still waits for Kafka to acknowledge some of
+// them, and the zero time otherwise. Records handed over after it may have
+// been acknowledged meanwhile: a partition that stopped alone shows here.
+func (t *Tracker) Waiting() time.Time {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.head < len(t.queue) {
+		if x := t.queue[t.head]; x.committed {
+			return x.handed
+		}
+	}
+	return time.Time{}
 }
 
 // Confirmed returns the highest position that is safe to confirm.

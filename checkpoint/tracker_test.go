@@ -662,3 +662,29 @@ func BenchmarkTransactionParallel(b *testing.B) {
 		}
 	})
 }
+
+// TestWaiting checks what the stall watchdog reads: the time since the
+// oldest unconfirmed transaction had all its records handed over, while
+// later transactions are acknowledged; zero while it is still open and once
+// it is confirmed.
+func TestWaiting(t *testing.T) {
+	tr := checkpoint.New(0)
+	a := tr.Begin()
+	a.Add()
+	if w := tr.Waiting(); !w.IsZero() {
+		t.Fatalf("Waiting = %v while the oldest transaction is still open, want zero", w)
+	}
+	before := time.Now()
+	a.Commit(10)
+	b := tr.Begin()
+	b.Add()
+	b.Commit(20)
+	b.Ack() // a later transaction acknowledged: a still waits
+	if w := tr.Waiting(); w.Before(before) {
+		t.Fatalf("Waiting = %v, want the time a was committed (after %v)", w, before)
+	}
+	a.Ack()
+	if w := tr.Waiting(); !w.IsZero() || tr.Confirmed() != 20 {
+		t.Fatalf("Waiting = %v, confirmed %v after every ack, want zero and 20", w, tr.Confirmed())
+	}
+}

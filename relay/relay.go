@@ -254,7 +254,7 @@ func (r *Relay) runOnce(ctx context.Context) error {
 		defer stopWatch() // the watchdog ends with the pipeline, also on a clean stop
 		return r.pipe(gctx, items, tracker, producer, fail)
 	})
-	g.Go(func() error { return producer.Watch(watch) })
+	g.Go(func() error { return producer.Watch(watch, tracker.Waiting) })
 	err = g.Wait()
 	if cause := context.Cause(run); cause != nil && !errors.Is(cause, context.Canceled) && !errors.Is(cause, errShutdownTimeout) {
 		err = cause // the delivery failure that ended the run

@@ -182,7 +182,7 @@ func runRelay(t *testing.T, c *kfake.Cluster, txns []fakeTxn, maxRuns int, tt fa
 		watched := make(chan struct{})
 		go func() {
 			defer close(watched)
-			if err := p.Watch(run); err != nil {
+			if err := p.Watch(run, nil); err != nil {
 				fail(err)
 			}
 		}()

@@ -274,20 +274,32 @@ type StallError struct {
 	InFlight int
 	For      time.Duration
 	Missing  []string // topics records were sent to that Kafka does not have
+	// Partial reports records that wait while later ones were acknowledged.
+	Partial bool
 }
 
 func (e *StallError) Error() string {
 	msg := fmt.Sprintf("Kafka acknowledged none of %d in-flight records for %s (kafka.delivery_timeout)", e.InFlight, e.For.Round(time.Second))
+	cause := "brokers down or unreachable?"
+	if e.Partial {
+		msg = fmt.Sprintf("Kafka has not acknowledged some records of the oldest unconfirmed transaction for %s (kafka.delivery_timeout), "+
+			"while it acknowledged later ones (%d records in flight)", e.For.Round(time.Second), e.InFlight)
+		cause = "a partition without a leader, or without enough in-sync replicas?"
+	}
 	if len(e.Missing) > 0 {
 		return msg + "; the topic does not exist: " + strings.Join(e.Missing, ", ") +
 			"; create it, enable the broker's auto.create.topics.enable, or set kafka.topic_creation: admin"
 	}
-	return msg + "; brokers down or unreachable?"
+	return msg + "; " + cause
 }
 
 // Watch returns a *StallError when records have been in flight without any
-// acknowledgement for kafka.delivery_timeout, and nil when ctx is done.
-func (p *Producer) Watch(ctx context.Context) error {
+// acknowledgement for kafka.delivery_timeout, or when waiting (if not nil)
+// reports a time longer ago than that: the time since which the oldest
+// unconfirmed transaction has had all its records handed over (zero: none
+// waits). Acknowledgements of other partitions do not hide a partition that
+// stopped alone. It returns nil when ctx is done.
+func (p *Producer) Watch(ctx context.Context, waiting func() time.Time) error {
 	tick := time.NewTicker(min(time.Second, p.cfg.DeliveryTimeout/4))
 	defer tick.Stop()
 	// The producer may have been made (and warmed) long before: the stall
@@ -306,6 +318,12 @@ func (p *Producer) Watch(ctx context.Context) error {
 		}
 		if idle := time.Since(time.Unix(0, p.lastAck.Load())); idle > p.cfg.DeliveryTimeout {
 			return &StallError{InFlight: inFlight, For: idle, Missing: p.missingTopics(ctx)}
+		}
+		if waiting == nil {
+			continue
+		}
+		if since := waiting(); !since.IsZero() && time.Since(since) > p.cfg.DeliveryTimeout {
+			return &StallError{InFlight: inFlight, For: time.Since(since), Missing: p.missingTopics(ctx), Partial: true}
 		}
 	}
 }

@@ -3,6 +3,7 @@ package sink_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"regexp"
 	"slices"
@@ -190,7 +191,7 @@ func TestWatchStartsItsClockWhenCalled(t *testing.T) {
 	watch, stop := context.WithTimeout(ctx, timeout/2)
 	defer stop()
 	var stall *sink.StallError
-	if err := p.Watch(watch); errors.As(err, &stall) {
+	if err := p.Watch(watch, nil); errors.As(err, &stall) {
 		t.Fatalf("Watch reported a stall %s after it started, with its record in flight for less than kafka.delivery_timeout (%s): %v",
 			timeout/2, timeout, err)
 	}
@@ -216,7 +217,7 @@ func TestStallNamesMissingTopic(t *testing.T) {
 	}
 	watch, stop := context.WithTimeout(ctx, 3*timeout)
 	defer stop()
-	err := p.Watch(watch)
+	err := p.Watch(watch, nil)
 	select {
 	case aerr := <-acked:
 		t.Fatalf("the record to a missing topic was failed (%v): franz-go gave up on it", aerr)
@@ -226,5 +227,47 @@ func TestStallNamesMissingTopic(t *testing.T) {
 	if !errors.As(err, &stall) || !slices.Equal(stall.Missing, []string{"nowhere-events"}) ||
 		!strings.Contains(err.Error(), "the topic does not exist: nowhere-events") {
 		t.Fatalf("Watch returned %v, want a stall naming the missing topic nowhere-events", err)
+	}
+}
+
+// TestWatchSeesAPartitionStoppedAlone checks that a record that waits while
+// records of other topics keep being acknowledged ends the run after
+// kafka.delivery_timeout: the oldest unconfirmed transaction (waiting) is
+// what counts, not the last acknowledgement.
+func TestWatchSeesAPartitionStoppedAlone(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	const timeout = time.Second
+	p, ctx := newProducer(t, c, func(cfg *config.Kafka) { cfg.DeliveryTimeout = timeout; cfg.TopicCreation = "broker" })
+	var acked atomic.Bool
+	handed := time.Now()
+	stuck := &router.Record{Topic: "nowhere-events", Key: []byte("k"), Value: []byte("v"), EventID: "stuck", Partition: -1}
+	if err := p.Produce(ctx, stuck, func(error) { acked.Store(true) }); err != nil {
+		t.Fatal(err)
+	}
+	run, stop := context.WithTimeout(ctx, 5*timeout)
+	defer stop()
+	go func() { // later records of a topic that exists keep being acknowledged
+		for i := 0; run.Err() == nil; i++ {
+			rec := &router.Record{Topic: topic, Key: []byte("k"), Value: []byte("v"), EventID: fmt.Sprint(i), Partition: -1}
+			if p.Produce(run, rec, func(error) {}) != nil {
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}()
+	waiting := func() time.Time {
+		if acked.Load() {
+			return time.Time{}
+		}
+		return handed
+	}
+	err = p.Watch(run, waiting)
+	var stall *sink.StallError
+	if !errors.As(err, &stall) || !stall.Partial || !strings.Contains(err.Error(), "the topic does not exist: nowhere-events") {
+		t.Fatalf("Watch returned %v, want a stall of the record that waits alone, naming its missing topic", err)
 	}
 }
