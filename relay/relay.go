@@ -256,13 +256,23 @@ func (r *Relay) runOnce(ctx context.Context) error {
 	})
 	g.Go(func() error { return producer.Watch(watch, tracker.Waiting) })
 	err = g.Wait()
-	if cause := context.Cause(run); cause != nil && !errors.Is(cause, context.Canceled) && !errors.Is(cause, errShutdownTimeout) {
-		err = cause // the delivery failure that ended the run
+	failure := func() error { // the delivery failure that ended the run, if one did
+		if cause := context.Cause(run); cause != nil && !errors.Is(cause, context.Canceled) && !errors.Is(cause, errShutdownTimeout) {
+			return cause
+		}
+		return nil
+	}
+	if f := failure(); f != nil {
+		err = f
 	}
 	if err == nil {
-		if werr := tracker.WaitAcked(hard); werr != nil {
-			r.log.Warn("shutdown timeout reached before Kafka acknowledged every record; they will be sent again on restart",
-				"in_flight", tracker.InFlight(), "slot", pg.Slot)
+		// A record that fails now never acknowledges: waiting on run, which
+		// the failure cancels, ends the wait at once with it.
+		if werr := tracker.WaitAcked(run); werr != nil {
+			if err = failure(); err == nil {
+				r.log.Warn("shutdown timeout reached before Kafka acknowledged every record; they will be sent again on restart",
+					"in_flight", tracker.InFlight(), "slot", pg.Slot)
+			}
 		}
 	}
 	// After a failure the connection may be broken: do not hold the exit
