@@ -34,6 +34,7 @@ func pgConfig(pg config.Postgres) (*pgx.ConnConfig, error) {
 	if pw != "" {
 		cfg.Password = pw
 	}
+	cfg.DialFunc = dialer().DialContext
 	return cfg, nil
 }
 
