@@ -233,6 +233,14 @@ func (r *Relay) runOnce(ctx context.Context) error {
 	stream.SlotPosition, closeSlotConn = r.slotPosition()
 	defer closeSlotConn()
 	if r.Status().State == stateStandby {
+		// The previous holder's last status update can land after connect
+		// read the slot's position; Postgres 15 would take this run's first
+		// update, from that older position, and move the slot back (the
+		// next restart would repeat what the holder had delivered). Now
+		// that this run holds the slot, its position no longer moves.
+		if lsn, err := stream.SlotPosition(run); err == nil {
+			tracker.Idle(lsn)
+		}
 		r.log.Info("took over the slot from the previous holder", "slot", pg.Slot)
 	}
 	r.setState(stateStreaming, "")

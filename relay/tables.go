@@ -26,7 +26,7 @@ type outboxTables struct {
 	table  string
 	log    *slog.Logger
 
-	outboxID uint32          // the outbox's relation ID, once seen
+	outboxID uint32          // the outbox's relation ID: read when the run started, then as seen
 	others   map[uint32]bool // relation ID → its rows are outbox rows
 	conn     *pgx.Conn       // for the lookups, opened at the first
 

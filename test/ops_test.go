@@ -82,6 +82,41 @@ func TestHotStandbyTakesOverWhenTheActiveDies(t *testing.T) {
 	verifyLoad(t, l, loadDone)
 }
 
+// A rolling restart: the active instance stops on SIGTERM, confirming what
+// it delivered, and the standby takes over from there. The slot's confirmed
+// position never moves back (the standby starts from the slot's position as
+// it holds it, not as it read it while polling), and the standby delivers
+// what comes next.
+func TestStandbyTakesOverAfterAGracefulStop(t *testing.T) {
+	d := newDB(t)
+	env := d.env("OUTBOXD_POSTGRES_STANDBY_POLL_INTERVAL=100ms")
+	a := start(t, env)
+	a.waitStreaming()
+	a.waitReady(200, 10*time.Second)
+	b := start(t, env)
+	b.waitLog(`standby: another process holds the slot`, 30*time.Second)
+
+	typ := d.name + "_roll"
+	var ids []string
+	for range 20 {
+		id, _ := insertEvent(t, d, typ, "k", `{}`)
+		ids = append(ids, id)
+	}
+	readUntil(t, []string{typ + "-events"}, 30*time.Second, 0, waitIDs(ids...))
+	if code := a.stop(syscall.SIGTERM, 30*time.Second); code != 0 {
+		t.Fatalf("the active instance exited %d on SIGTERM", code)
+	}
+	handedOver := d.confirmedFlush(t)
+	b.waitLog(`took over the slot`, 30*time.Second)
+	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		if got := d.confirmedFlush(t); got < handedOver {
+			t.Fatalf("confirmed_flush_lsn moved back from %X to %X after the standby took over", handedOver, got)
+		}
+	}
+	next, _ := insertEvent(t, d, typ, "k", `{}`)
+	readUntil(t, []string{typ + "-events"}, 30*time.Second, 0, waitIDs(next))
+}
+
 // metricLabelled returns the value of a metric line that starts with series.
 func (p *proc) metricLabelled(series string) (float64, bool) {
 	_, body := p.get("/metrics")
