@@ -148,6 +148,11 @@ func (s *Stream) Run(ctx, graceful context.Context, out chan<- []any) error {
 		if !deadline.Equal(next) {
 			deadline = next
 			_ = nc.SetReadDeadline(deadline)
+			// A wake that came just before was overwritten: look again,
+			// rather than read until next.
+			if ctx.Err() != nil || (!s.dec.InTransaction() && graceful.Err() != nil) {
+				continue
+			}
 		}
 		raw, err := s.conn.ReceiveMessage(context.Background())
 		if err != nil {
