@@ -40,20 +40,26 @@ func (p *proc) waitReady(want int, timeout time.Duration) string {
 	}
 }
 
+// startPair starts two instances on one slot: a, streaming and ready, then
+// b, its standby.
+func startPair(t *testing.T, env []string) (a, b *proc) {
+	t.Helper()
+	a = start(t, env)
+	a.waitStreaming()
+	a.waitReady(200, 10*time.Second)
+	b = start(t, env)
+	m := listenRE.FindStringSubmatch(b.waitLog(`msg="serving metrics and health" addr=\S+`, 30*time.Second))
+	b.addr = m[1]
+	b.waitLog(`standby: another process holds the slot`, 30*time.Second)
+	return a, b
+}
+
 // Two instances on one slot: one streams, the other is a standby that takes
 // over within seconds when the active one is killed, with nothing lost and
 // per-key order intact.
 func TestHotStandbyTakesOverWhenTheActiveDies(t *testing.T) {
 	d := newDB(t)
-	env := d.env("OUTBOXD_POSTGRES_STANDBY_POLL_INTERVAL=250ms")
-	a := start(t, env)
-	a.waitStreaming()
-	a.waitReady(200, 10*time.Second)
-
-	b := start(t, env)
-	m := listenRE.FindStringSubmatch(b.waitLog(`msg="serving metrics and health" addr=\S+`, 30*time.Second))
-	b.addr = m[1]
-	b.waitLog(`standby: another process holds the slot`, 30*time.Second)
+	a, b := startPair(t, d.env("OUTBOXD_POSTGRES_STANDBY_POLL_INTERVAL=250ms"))
 	body := b.waitReady(503, 10*time.Second)
 	if !strings.Contains(body, `"state":"standby"`) {
 		t.Errorf("standby /readyz body %s, want state standby", body)
@@ -89,12 +95,7 @@ func TestHotStandbyTakesOverWhenTheActiveDies(t *testing.T) {
 // what comes next.
 func TestStandbyTakesOverAfterAGracefulStop(t *testing.T) {
 	d := newDB(t)
-	env := d.env("OUTBOXD_POSTGRES_STANDBY_POLL_INTERVAL=100ms")
-	a := start(t, env)
-	a.waitStreaming()
-	a.waitReady(200, 10*time.Second)
-	b := start(t, env)
-	b.waitLog(`standby: another process holds the slot`, 30*time.Second)
+	a, b := startPair(t, d.env("OUTBOXD_POSTGRES_STANDBY_POLL_INTERVAL=100ms"))
 
 	typ := d.name + "_roll"
 	var ids []string
