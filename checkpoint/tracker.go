@@ -24,6 +24,9 @@ type Tracker struct {
 	confirmedTxns uint64
 	inFlight      int           // records added and not yet acknowledged
 	idle          chan struct{} // made by WaitAcked, closed when inFlight drops to 0
+	// headSince is when the oldest unconfirmed transaction became the
+	// oldest: from then on no earlier record is ahead of its records.
+	headSince time.Time
 }
 
 // Txn is one transaction inside a Tracker.
@@ -49,6 +52,9 @@ func (t *Tracker) Begin() *Txn { return t.BeginAt(time.Time{}) }
 func (t *Tracker) BeginAt(commitTime time.Time) *Txn {
 	x := &Txn{t: t, at: commitTime}
 	t.mu.Lock()
+	if t.head == len(t.queue) {
+		t.headSince = time.Now()
+	}
 	t.queue = append(t.queue, x)
 	t.mu.Unlock()
 	return x
@@ -101,6 +107,12 @@ func (x *Txn) Commit(end LSN) {
 // advance pops every fully acknowledged committed transaction from the front
 // of the queue. The caller holds t.mu.
 func (t *Tracker) advance() {
+	popped := false
+	defer func() {
+		if popped && t.head < len(t.queue) {
+			t.headSince = time.Now()
+		}
+	}()
 	for t.head < len(t.queue) {
 		x := t.queue[t.head]
 		if !x.committed || x.pending > 0 {
@@ -115,6 +127,7 @@ func (t *Tracker) advance() {
 		t.confirmedTxns++
 		t.queue[t.head] = nil
 		t.head++
+		popped = true
 	}
 	if t.head == len(t.queue) {
 		t.queue = t.queue[:0]
@@ -139,16 +152,21 @@ func (t *Tracker) Idle(walEnd LSN) bool {
 	return true
 }
 
-// Waiting returns when the oldest unconfirmed transaction had every record
-// handed over, if it has and still waits for Kafka to acknowledge some of
-// them, and the zero time otherwise. Records handed over after it may have
-// been acknowledged meanwhile: a partition that stopped alone shows here.
+// Waiting returns since when the oldest unconfirmed transaction has both
+// had every record handed over and been the oldest, if it waits for Kafka to
+// acknowledge some of them, and the zero time otherwise. From then on no
+// earlier record is queued ahead of its records, so a long wait is a
+// partition that does not move, even while others are acknowledged; a full
+// buffer draining slowly does not count against it.
 func (t *Tracker) Waiting() time.Time {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.head < len(t.queue) {
 		if x := t.queue[t.head]; x.committed {
-			return x.handed
+			if x.handed.After(t.headSince) {
+				return x.handed
+			}
+			return t.headSince
 		}
 	}
 	return time.Time{}

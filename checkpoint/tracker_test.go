@@ -687,4 +687,18 @@ func TestWaiting(t *testing.T) {
 	if w := tr.Waiting(); !w.IsZero() || tr.Confirmed() != 20 {
 		t.Fatalf("Waiting = %v, confirmed %v after every ack, want zero and 20", w, tr.Confirmed())
 	}
+
+	// A transaction handed over long before it became the oldest (a full
+	// buffer draining) is timed from when it became the oldest.
+	c, e := tr.Begin(), tr.Begin()
+	c.Add()
+	e.Add()
+	c.Commit(30)
+	e.Commit(40)
+	time.Sleep(20 * time.Millisecond)
+	acked := time.Now()
+	c.Ack()
+	if w := tr.Waiting(); w.Before(acked) {
+		t.Fatalf("Waiting = %v, want the time e became the oldest (after %v), not when it was handed over", w, acked)
+	}
 }

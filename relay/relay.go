@@ -233,14 +233,6 @@ func (r *Relay) runOnce(ctx context.Context) error {
 	stream.SlotPosition, closeSlotConn = r.slotPosition()
 	defer closeSlotConn()
 	if r.Status().State == stateStandby {
-		// The previous holder's last status update can land after connect
-		// read the slot's position; Postgres 15 would take this run's first
-		// update, from that older position, and move the slot back (the
-		// next restart would repeat what the holder had delivered). Now
-		// that this run holds the slot, its position no longer moves.
-		if lsn, err := stream.SlotPosition(run); err == nil {
-			tracker.Idle(lsn)
-		}
 		r.log.Info("took over the slot from the previous holder", "slot", pg.Slot)
 	}
 	r.setState(stateStreaming, "")
@@ -277,9 +269,15 @@ func (r *Relay) runOnce(ctx context.Context) error {
 		// A record that fails now never acknowledges: waiting on run, which
 		// the failure cancels, ends the wait at once with it.
 		if werr := tracker.WaitAcked(run); werr != nil {
-			if err = failure(); err == nil {
+			switch err = failure(); {
+			case err != nil:
+			case errors.Is(context.Cause(hard), errShutdownTimeout):
 				r.log.Warn("shutdown timeout reached before Kafka acknowledged every record; they will be sent again on restart",
 					"in_flight", tracker.InFlight(), "slot", pg.Slot)
+			default:
+				// The first record to fail was one the fence stopped, after
+				// an earlier failure (reported later by franz-go).
+				err = context.Cause(run)
 			}
 		}
 	}

@@ -274,7 +274,8 @@ type StallError struct {
 	InFlight int
 	For      time.Duration
 	Missing  []string // topics records were sent to that Kafka does not have
-	// Partial reports records that wait while later ones were acknowledged.
+	// Partial reports the oldest unconfirmed transaction waiting, while
+	// acknowledgements may have come for later records.
 	Partial bool
 }
 
@@ -283,7 +284,7 @@ func (e *StallError) Error() string {
 	cause := "brokers down or unreachable?"
 	if e.Partial {
 		msg = fmt.Sprintf("Kafka has not acknowledged some records of the oldest unconfirmed transaction for %s (kafka.delivery_timeout), "+
-			"while it acknowledged later ones (%d records in flight)", e.For.Round(time.Second), e.InFlight)
+			"with no earlier record ahead of them (%d records in flight)", e.For.Round(time.Second), e.InFlight)
 		cause = "a partition without a leader, or without enough in-sync replicas?"
 	}
 	if len(e.Missing) > 0 {

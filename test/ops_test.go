@@ -90,9 +90,9 @@ func TestHotStandbyTakesOverWhenTheActiveDies(t *testing.T) {
 
 // A rolling restart: the active instance stops on SIGTERM, confirming what
 // it delivered, and the standby takes over from there. The slot's confirmed
-// position never moves back (the standby starts from the slot's position as
-// it holds it, not as it read it while polling), and the standby delivers
-// what comes next.
+// position never moves back (the standby reads it only once the slot is
+// released: connect refuses an active slot), and the standby delivers what
+// comes next.
 func TestStandbyTakesOverAfterAGracefulStop(t *testing.T) {
 	d := newDB(t)
 	a, b := startPair(t, d.env("OUTBOXD_POSTGRES_STANDBY_POLL_INTERVAL=100ms"))
