@@ -107,12 +107,7 @@ func (x *Txn) Commit(end LSN) {
 // advance pops every fully acknowledged committed transaction from the front
 // of the queue. The caller holds t.mu.
 func (t *Tracker) advance() {
-	popped := false
-	defer func() {
-		if popped && t.head < len(t.queue) {
-			t.headSince = time.Now()
-		}
-	}()
+	first := t.head
 	for t.head < len(t.queue) {
 		x := t.queue[t.head]
 		if !x.committed || x.pending > 0 {
@@ -127,7 +122,9 @@ func (t *Tracker) advance() {
 		t.confirmedTxns++
 		t.queue[t.head] = nil
 		t.head++
-		popped = true
+	}
+	if t.head != first && t.head < len(t.queue) {
+		t.headSince = time.Now() // a new oldest transaction
 	}
 	if t.head == len(t.queue) {
 		t.queue = t.queue[:0]

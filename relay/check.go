@@ -63,6 +63,30 @@ func Connect(ctx context.Context, pg config.Postgres) (*pgx.Conn, error) {
 	return conn, nil
 }
 
+// lazyConn is a regular connection opened at its first use, and again after
+// the server closed it.
+type lazyConn struct {
+	pg   config.Postgres
+	conn *pgx.Conn
+}
+
+func (l *lazyConn) get(ctx context.Context) (*pgx.Conn, error) {
+	if l.conn == nil || l.conn.IsClosed() {
+		conn, err := Connect(ctx, l.pg)
+		if err != nil {
+			return nil, err
+		}
+		l.conn = conn
+	}
+	return l.conn, nil
+}
+
+func (l *lazyConn) close() {
+	if l.conn != nil {
+		l.conn.Close(context.Background())
+	}
+}
+
 // connectReplication opens a logical replication connection.
 func (r *Relay) connectReplication(ctx context.Context) (*pgconn.PgConn, error) {
 	pg := r.cfg.Postgres

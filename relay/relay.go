@@ -256,28 +256,20 @@ func (r *Relay) runOnce(ctx context.Context) error {
 	})
 	g.Go(func() error { return producer.Watch(watch, tracker.Waiting) })
 	err = g.Wait()
-	failure := func() error { // the delivery failure that ended the run, if one did
-		if cause := context.Cause(run); cause != nil && !errors.Is(cause, context.Canceled) && !errors.Is(cause, errShutdownTimeout) {
-			return cause
-		}
-		return nil
-	}
-	if f := failure(); f != nil {
-		err = f
+	if cause := context.Cause(run); cause != nil && !errors.Is(cause, context.Canceled) && !errors.Is(cause, errShutdownTimeout) {
+		err = cause // the delivery failure that ended the run
 	}
 	if err == nil {
 		// A record that fails now never acknowledges: waiting on run, which
-		// the failure cancels, ends the wait at once with it.
+		// the failure cancels, ends the wait at once with it (possibly a
+		// record the fence stopped, reported before the failure that broke
+		// the fence).
 		if werr := tracker.WaitAcked(run); werr != nil {
-			switch err = failure(); {
-			case err != nil:
-			case errors.Is(context.Cause(hard), errShutdownTimeout):
+			if cause := context.Cause(run); !errors.Is(cause, errShutdownTimeout) {
+				err = cause
+			} else {
 				r.log.Warn("shutdown timeout reached before Kafka acknowledged every record; they will be sent again on restart",
 					"in_flight", tracker.InFlight(), "slot", pg.Slot)
-			default:
-				// The first record to fail was one the fence stopped, after
-				// an earlier failure (reported later by franz-go).
-				err = context.Cause(run)
 			}
 		}
 	}
@@ -308,14 +300,11 @@ func (r *Relay) runOnce(ctx context.Context) error {
 // on a connection of its own, opened at the first call, and one that closes
 // that connection.
 func (r *Relay) slotPosition() (read func(context.Context) (wal.LSN, error), closeConn func()) {
-	var conn *pgx.Conn
+	lc := &lazyConn{pg: r.cfg.Postgres}
 	read = func(ctx context.Context) (wal.LSN, error) {
-		if conn == nil || conn.IsClosed() {
-			c, err := Connect(ctx, r.cfg.Postgres)
-			if err != nil {
-				return 0, err
-			}
-			conn = c
+		conn, err := lc.get(ctx)
+		if err != nil {
+			return 0, err
 		}
 		info, ok, err := wal.InspectSlot(ctx, conn, r.cfg.Postgres.Slot)
 		if err == nil && !ok {
@@ -323,12 +312,7 @@ func (r *Relay) slotPosition() (read func(context.Context) (wal.LSN, error), clo
 		}
 		return info.ConfirmedFlushLSN, err
 	}
-	closeConn = func() {
-		if conn != nil {
-			conn.Close(context.Background())
-		}
-	}
-	return read, closeConn
+	return read, lc.close
 }
 
 // connect inspects the slot and opens the replication connection. It opens

@@ -21,14 +21,14 @@ import (
 // rows are outbox events; dropping them would confirm them undelivered.
 // Tables that inherit from the outbox table are other tables.
 type outboxTables struct {
-	pg     config.Postgres
-	schema string
-	table  string
-	log    *slog.Logger
+	publication string
+	schema      string
+	table       string
+	log         *slog.Logger
 
 	outboxID uint32          // the outbox's relation ID: read when the run started, then as seen
 	others   map[uint32]bool // relation ID → its rows are outbox rows
-	conn     *pgx.Conn       // for the lookups, opened at the first
+	db       lazyConn        // for the lookups
 
 	// pgoutput names a column's declared type, which for a domain is the
 	// domain. Its base type tells how to read the value (a domain over bytea
@@ -42,8 +42,8 @@ type outboxTables struct {
 // the run started (0 if unknown).
 func newOutboxTables(pg config.Postgres, log *slog.Logger, outboxID uint32, baseType func(domain, base uint32)) *outboxTables {
 	schema, table := pg.TableName()
-	return &outboxTables{pg: pg, schema: schema, table: table, log: log, outboxID: outboxID, others: map[uint32]bool{},
-		baseType: baseType, types: map[uint32]bool{}}
+	return &outboxTables{publication: pg.Publication, schema: schema, table: table, log: log, outboxID: outboxID, others: map[uint32]bool{},
+		db: lazyConn{pg: pg}, baseType: baseType, types: map[uint32]bool{}}
 }
 
 // has reports whether rel's rows are outbox rows. A relation of another name
@@ -82,10 +82,10 @@ func (t *outboxTables) is(ctx context.Context, rel *wal.Relation) (bool, error) 
 	case !exists:
 		t.log.Warn("ignoring the changes to "+rel.QualifiedName()+", a table dropped since: if it was a partition of the outbox table, "+
 			"its events in this part of the WAL are not delivered (they were published under its own name; publish_via_partition_root prevents this)",
-			"relation", rel.ID, "publication", t.pg.Publication)
+			"relation", rel.ID, "publication", t.publication)
 	default:
 		t.log.Info("ignoring the changes to "+rel.QualifiedName()+": the publication publishes it, but it is not the outbox table. "+
-			"A publication of the outbox table alone spares Postgres decoding them", "publication", t.pg.Publication)
+			"A publication of the outbox table alone spares Postgres decoding them", "publication", t.publication)
 	}
 	return ours, nil
 }
@@ -103,12 +103,13 @@ func (t *outboxTables) resolveTypes(ctx context.Context, rel *wal.Relation) erro
 		}
 	}
 	if len(oids) > 0 {
-		if err := t.connect(ctx); err != nil {
-			return fmt.Errorf("looking up the column types of %s: %w", rel.QualifiedName(), err)
-		}
 		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
-		rows, err := t.conn.Query(ctx, `WITH RECURSIVE dom(oid, base) AS (
+		conn, err := t.db.get(ctx)
+		if err != nil {
+			return fmt.Errorf("looking up the column types of %s: %w", rel.QualifiedName(), err)
+		}
+		rows, err := conn.Query(ctx, `WITH RECURSIVE dom(oid, base) AS (
 				SELECT oid, typbasetype FROM pg_type WHERE oid = ANY($1) AND typtype = 'd'
 				UNION ALL SELECT dom.oid, t.typbasetype FROM dom JOIN pg_type t ON t.oid = dom.base AND t.typtype = 'd')
 			SELECT oid, base FROM dom WHERE NOT EXISTS (SELECT 1 FROM pg_type t WHERE t.oid = dom.base AND t.typtype = 'd')`, oids)
@@ -131,35 +132,20 @@ func (t *outboxTables) resolveTypes(ctx context.Context, rel *wal.Relation) erro
 	return nil
 }
 
-func (t *outboxTables) connect(ctx context.Context) error {
-	if t.conn != nil && !t.conn.IsClosed() {
-		return nil
-	}
-	conn, err := Connect(ctx, t.pg)
-	if err != nil {
-		return err
-	}
-	t.conn = conn
-	return nil
-}
-
 // lookup reports whether relation id exists and whether it is a partition
 // of the outbox table (by its configured name or its ID), at any depth.
 func (t *outboxTables) lookup(ctx context.Context, id uint32) (exists, partition bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if err := t.connect(ctx); err != nil {
+	conn, err := t.db.get(ctx)
+	if err != nil {
 		return false, false, err
 	}
-	err = t.conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_class WHERE oid = $1::oid),
+	err = conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_class WHERE oid = $1::oid),
 			EXISTS (SELECT 1 FROM pg_partition_ancestors($1::oid::regclass) a
 				WHERE a.relid::oid <> $1::oid AND (a.relid::oid = to_regclass($2)::oid OR a.relid::oid = $3::oid))`,
 		id, pgx.Identifier{t.schema, t.table}.Sanitize(), t.outboxID).Scan(&exists, &partition)
 	return exists, partition, err
 }
 
-func (t *outboxTables) close() {
-	if t.conn != nil {
-		t.conn.Close(context.Background())
-	}
-}
+func (t *outboxTables) close() { t.db.close() }

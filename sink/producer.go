@@ -113,7 +113,6 @@ func errorKind(err error) string {
 	return "other"
 }
 
-// OnProduceBatchWritten implements kgo.HookProduceBatchWritten.
 // kpromClient is franz-go's client metrics (outboxd_kafka_*: connections,
 // requests, bytes, throttling) without its counters per produced batch, which
 // outboxd_sink_* already keep by topic. kprom builds a label map for every
@@ -124,6 +123,7 @@ type kpromClient struct{ *kprom.Metrics }
 func (kpromClient) OnProduceBatchWritten(kgo.BrokerMetadata, string, int32, kgo.ProduceBatchMetrics) {
 }
 
+// OnProduceBatchWritten implements kgo.HookProduceBatchWritten.
 func (m *Metrics) OnProduceBatchWritten(_ kgo.BrokerMetadata, _ string, _ int32, b kgo.ProduceBatchMetrics) {
 	m.batchRecords.Observe(float64(b.NumRecords))
 }

@@ -188,24 +188,20 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, name, schema, table 
 			"run ALTER PUBLICATION %s SET (publish_via_partition_root = true). The rows it already put into the slot keep their partition's name: "+
 			"outboxd delivers them, if the partition is neither dropped nor detached before outboxd has read them", schema, table, name, quoteIdent(name))
 	}
-	var covers bool
-	err = conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3)`,
-		name, schema, table).Scan(&covers)
-	if err != nil {
-		return Publication{}, fmt.Errorf("reading tables of publication %q: %w", name, err)
-	}
-	if !covers {
-		return Publication{}, fmt.Errorf("publication %q does not include %s.%s; run ALTER PUBLICATION %s ADD TABLE %s.%s",
-			name, schema, table, quoteIdent(name), quoteIdent(schema), quoteIdent(table))
-	}
-	// Postgres 15's row filters: rows a filter leaves out are never
-	// decoded, and outboxd would confirm past them undelivered. (Read
-	// through to_jsonb: older servers have no rowfilter column.)
+	// The table's row in pg_publication_tables: none when the publication
+	// does not cover it. Its Postgres 15 row filter, if any: rows a filter
+	// leaves out are never decoded, and outboxd would confirm past them
+	// undelivered (read through to_jsonb: older servers have no rowfilter
+	// column).
 	var filter *string
 	err = conn.QueryRow(ctx, `SELECT to_jsonb(pt) ->> 'rowfilter' FROM pg_publication_tables pt WHERE pt.pubname = $1 AND pt.schemaname = $2 AND pt.tablename = $3`,
 		name, schema, table).Scan(&filter)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Publication{}, fmt.Errorf("publication %q does not include %s.%s; run ALTER PUBLICATION %s ADD TABLE %s.%s",
+			name, schema, table, quoteIdent(name), quoteIdent(schema), quoteIdent(table))
+	}
 	if err != nil {
-		return Publication{}, fmt.Errorf("reading the row filter of publication %q: %w", name, err)
+		return Publication{}, fmt.Errorf("reading tables of publication %q: %w", name, err)
 	}
 	if filter != nil {
 		return Publication{}, fmt.Errorf("publication %q publishes only the rows of %s.%s WHERE %s, and the events it leaves out would never be delivered; "+
