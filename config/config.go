@@ -102,9 +102,10 @@ type Router struct {
 	// TopicTemplate names the topic; ${routedByValue} stands for the
 	// route-by column's value, as in Debezium's route.topic.replacement.
 	TopicTemplate string `yaml:"topic_template"`
-	// TopicRegex, if set, is matched against the route-by value first;
-	// TopicTemplate may then refer to its groups ($1, ${name}), and the
-	// first match is replaced, as Debezium's route.topic.regex does.
+	// TopicRegex, if set, must match the whole route-by value (else the row
+	// is a poison row); TopicTemplate then names the topic with its groups
+	// ($1, ${1}, ${name}; ${routedByValue} is the group of that name), as
+	// Debezium's route.topic.regex and route.topic.replacement do.
 	TopicRegex string `yaml:"topic_regex"`
 	// TopicColumn, if set, names a column whose non-NULL value is the topic,
 	// overriding the template for that row.
@@ -116,8 +117,12 @@ type Router struct {
 	EventTypeColumn   string `yaml:"event_type_column"` // "-" sends no type header
 	TimestampColumn   string `yaml:"timestamp_column"`  // record timestamp; else the commit time
 	TraceparentColumn string `yaml:"traceparent_column"`
-	IDHeader          string `yaml:"id_header"`
-	EventTypeHeader   string `yaml:"event_type_header"`
+	// HeadersColumn, if set, names a json or jsonb column (or message field)
+	// holding an object; each member becomes a record header, string values
+	// as their text, other values as their JSON, null as a null header.
+	HeadersColumn   string `yaml:"headers_column"`
+	IDHeader        string `yaml:"id_header"`
+	EventTypeHeader string `yaml:"event_type_header"`
 	// AdditionalFields places more columns, like Debezium's
 	// table.fields.additional.placement.
 	AdditionalFields []Field `yaml:"additional_fields"`
@@ -130,9 +135,10 @@ type Router struct {
 	// ExpandJSONPayload requires the payload to be JSON and embeds it as JSON
 	// (not as a string) in an envelope.
 	ExpandJSONPayload bool `yaml:"expand_json_payload"`
-	// TombstoneOnEmptyPayload also sends a blank payload (empty or only
-	// white space) as a tombstone (key kept, value null). A NULL payload is
-	// always a tombstone, as with Debezium.
+	// TombstoneOnEmptyPayload sends a NULL or blank payload (nothing but
+	// characters up to U+0020; never a bytea one) as a tombstone: key kept,
+	// value null, no envelope. Without it, as with Debezium, a NULL payload
+	// is a null value, or null in the envelope.
 	TombstoneOnEmptyPayload bool `yaml:"tombstone_on_empty_payload"`
 	// RequireKey makes a NULL key a poison row; without it the record has a
 	// null key (and no per-key order).
@@ -155,7 +161,9 @@ type Field struct {
 // named like the columns (id, aggregate_type, aggregate_id, event_type,
 // payload, ...).
 type Messages struct {
-	Prefix string `yaml:"prefix"` // "" disables message events
+	// Prefix is the prefix of the messages routed; "" disables message
+	// events. The default, "outbox", is the prefix package outbox writes.
+	Prefix string `yaml:"prefix"`
 	// DefaultRouteBy routes a message without a route-by field.
 	DefaultRouteBy string `yaml:"default_route_by"`
 }
@@ -272,6 +280,7 @@ func base() Config {
 			KeyEncoding:       "raw",
 			RequireKey:        true,
 			OnUpdate:          "warn",
+			Messages:          Messages{Prefix: "outbox"},
 			Poison:            Poison{Policy: "halt"},
 		},
 		HTTP:            HTTP{Listen: ":8080"},
@@ -528,9 +537,13 @@ func (r Router) validate() []error {
 		bad("topic_template", "must not be empty")
 	}
 	if r.TopicRegex != "" {
-		if _, err := regexp.Compile(r.TopicRegex); err != nil {
+		if re, err := regexp.Compile(r.TopicRegex); err != nil {
 			bad("topic_regex", "not a valid regular expression: %v", err)
+		} else if err := checkGroups(r.TopicTemplate, re); err != nil {
+			bad("topic_template", "%v", err)
 		}
+	} else if t := strings.ReplaceAll(r.TopicTemplate, "${routedByValue}", ""); strings.Contains(t, "$") {
+		bad("topic_template", "%q refers to a regex group, but router.topic_regex is empty; set topic_regex, or use only ${routedByValue}", r.TopicTemplate)
 	}
 	for field, v := range map[string]string{
 		"route_by_column": r.RouteByColumn, "id_column": r.IDColumn, "key_column": r.KeyColumn,
@@ -570,6 +583,46 @@ func (r Router) validate() []error {
 		bad("poison.dlq_topic", "must name a topic when router.poison.policy is dlq")
 	}
 	return errs
+}
+
+// checkGroups checks that every group the template refers to ($1, ${1},
+// $name, ${name}; $$ is a dollar sign) is a group of re, as Java's
+// Matcher, which Debezium uses, refuses a reference to a missing group.
+func checkGroups(tmpl string, re *regexp.Regexp) error {
+	for i := 0; i < len(tmpl); i++ {
+		if tmpl[i] != '$' {
+			continue
+		}
+		rest := tmpl[i+1:]
+		var name string
+		switch {
+		case strings.HasPrefix(rest, "$"):
+			i++
+			continue
+		case strings.HasPrefix(rest, "{"):
+			end := strings.IndexByte(rest, '}')
+			if end < 0 {
+				return fmt.Errorf("%q has a ${ without its }", tmpl)
+			}
+			name = rest[1:end]
+		default:
+			n := 0
+			for n < len(rest) && (rest[n] == '_' || rest[n] >= '0' && rest[n] <= '9' || rest[n] >= 'a' && rest[n] <= 'z' || rest[n] >= 'A' && rest[n] <= 'Z') {
+				n++
+			}
+			name = rest[:n]
+		}
+		if num, err := strconv.Atoi(name); err == nil && num >= 0 {
+			if num > re.NumSubexp() {
+				return fmt.Errorf("%q refers to group %d, but router.topic_regex %q has %d groups", tmpl, num, re, re.NumSubexp())
+			}
+			continue
+		}
+		if name == "" || re.SubexpIndex(name) < 0 {
+			return fmt.Errorf("%q refers to group %q, which router.topic_regex %q does not name; a reference runs on over letters, digits and _, so write ${1}_x for group 1 followed by _x, and name a group (?<routedByValue>...) for ${routedByValue}", tmpl, name, re)
+		}
+	}
+	return nil
 }
 
 func validPort(s string) bool {

@@ -307,6 +307,13 @@ func TestValidateNamesField(t *testing.T) {
 		{"kafka.compression", func(c *config.Config) { c.Kafka.Compression = "" }},
 		{"kafka.compression", func(c *config.Config) { c.Kafka.Compression = "brotli" }},
 		{"router.topic_template", func(c *config.Config) { c.Router.TopicTemplate = "" }},
+		{"router.topic_template", func(c *config.Config) { c.Router.TopicTemplate = "outbox.$1" }},
+		{"router.topic_template", func(c *config.Config) {
+			c.Router.TopicRegex, c.Router.TopicTemplate = "(.*)", "${routedByValue}-events"
+		}},
+		{"router.topic_template", func(c *config.Config) { c.Router.TopicRegex, c.Router.TopicTemplate = "(.*)", "t.$2" }},
+		{"router.topic_template", func(c *config.Config) { c.Router.TopicRegex, c.Router.TopicTemplate = "(.*)", "t.$1_v2" }},
+		{"router.topic_template", func(c *config.Config) { c.Router.TopicRegex, c.Router.TopicTemplate = "(.*)", "t.${1" }},
 		{"router.route_by_column", func(c *config.Config) { c.Router.RouteByColumn = "" }},
 		{"router.id_column", func(c *config.Config) { c.Router.IDColumn = "" }},
 		{"router.key_column", func(c *config.Config) { c.Router.KeyColumn = "" }},
@@ -357,6 +364,9 @@ func TestValidateAcceptsEdges(t *testing.T) {
 		{"every compression", func(c *config.Config) { c.Kafka.Compression = "lz4" }},
 		{"no event type", func(c *config.Config) { c.Router.EventTypeColumn, c.Router.EventTypeHeader = "", "" }},
 		{"template without placeholder", func(c *config.Config) { c.Router.TopicTemplate = "events" }},
+		{"regex groups by number and name", func(c *config.Config) {
+			c.Router.TopicRegex, c.Router.TopicTemplate = `(?<routedByValue>[a-z]+)_(v\d)`, "${routedByValue}.$2.${2}_x.$$"
+		}},
 		{"http disabled", func(c *config.Config) { c.HTTP.Listen = "" }},
 		{"zero shutdown timeout", func(c *config.Config) { c.ShutdownTimeout = 0 }},
 		{"table without public schema", func(c *config.Config) { c.Postgres.Table = "app.outbox" }},

@@ -285,12 +285,17 @@ func checkServer(ctx context.Context, conn *pgx.Conn, cfg config.Postgres, colum
 	}
 	var user string
 	var canReplicate bool
-	err := conn.QueryRow(ctx, `SELECT current_user, rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user`).Scan(&user, &canReplicate)
+	// On Amazon RDS and Aurora, membership of rds_replication stands for
+	// the REPLICATION attribute, which no one can give there.
+	err := conn.QueryRow(ctx, `SELECT current_user, rolreplication OR rolsuper OR EXISTS (
+			SELECT FROM pg_roles r WHERE r.rolname = 'rds_replication' AND pg_has_role(current_user, r.oid, 'MEMBER'))
+		FROM pg_roles WHERE rolname = current_user`).Scan(&user, &canReplicate)
 	if err != nil {
 		return fmt.Errorf("reading the role's attributes: %w", err)
 	}
 	if !canReplicate {
-		return fmt.Errorf("role %s lacks the REPLICATION attribute; run ALTER ROLE %s WITH REPLICATION, or connect as a role that has it", user, pgx.Identifier{user}.Sanitize())
+		role := pgx.Identifier{user}.Sanitize()
+		return fmt.Errorf("role %s lacks the REPLICATION attribute; run ALTER ROLE %s WITH REPLICATION (on Amazon RDS and Aurora: GRANT rds_replication TO %s), or connect as a role that has it", user, role, role)
 	}
 	schema, table := cfg.TableName()
 	var present []string
@@ -379,7 +384,7 @@ func (r *Relay) ensureSlot(ctx context.Context, conn *pgx.Conn) (held bool, err 
 		if err != nil {
 			return false, err
 		}
-		r.log.Info("created replication slot; events committed from here on will be delivered", "slot", pg.Slot, "lsn", lsn)
+		r.log.Info("created replication slot; events committed from here on will be delivered", "slot", pg.Slot, "lsn", lsn.String())
 		return false, nil
 	}
 	var db string

@@ -126,7 +126,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			backoff = minBackoff
 		}
 		r.setState(stateStarting, "restarting after: "+err.Error())
-		r.log.Warn("pipeline stopped; restarting from the slot's confirmed position", "err", err, "retry_in", backoff)
+		r.log.Warn("pipeline stopped; restarting from the slot's confirmed position", "err", err, "slot", r.cfg.Postgres.Slot, "retry_in", backoff)
 		r.m.restarts.Inc()
 		if !sleep(ctx, backoff) {
 			return nil
@@ -159,6 +159,12 @@ func (r *Relay) explain(err error) error {
 func (r *Relay) setState(state, reason string) {
 	r.status.setState(state, reason)
 	r.m.setState(state)
+	if state != stateStreaming {
+		// Only a streaming run has records in flight; a standby must not
+		// keep reporting the buffer it had while it held the slot.
+		r.m.inFlight.Set(0)
+		r.m.bufferFill.Set(0)
+	}
 }
 
 // sleep waits d or until ctx is done; it reports whether d passed.
@@ -236,7 +242,7 @@ func (r *Relay) runOnce(ctx context.Context) error {
 		r.log.Info("took over the slot from the previous holder", "slot", pg.Slot)
 	}
 	r.setState(stateStreaming, "")
-	r.log.Info("streaming", "slot", pg.Slot, "lsn", start, "publication", pg.Publication)
+	r.log.Info("streaming", "slot", pg.Slot, "lsn", start.String(), "publication", pg.Publication)
 
 	g, gctx := errgroup.WithContext(run)
 	graceful, stopReading := context.WithCancel(gctx)
@@ -291,7 +297,7 @@ func (r *Relay) runOnce(ctx context.Context) error {
 	}
 	r.m.confirmedLSN.Set(float64(tracker.Confirmed()))
 	if err == nil && ctx.Err() != nil {
-		r.log.Info("stopped", "slot", pg.Slot, "lsn", tracker.Confirmed())
+		r.log.Info("stopped", "slot", pg.Slot, "lsn", tracker.Confirmed().String())
 	}
 	return err
 }
@@ -415,7 +421,7 @@ func (r *Relay) pipe(ctx context.Context, batches <-chan []any, tracker *checkpo
 	p := &pipeline{r: r, ctx: ctx, tracker: tracker, producer: producer, fail: fail,
 		tables:  newOutboxTables(r.cfg.Postgres, r.log, r.outboxID, r.router.SetBaseType),
 		inserts: r.m.changes.WithLabelValues("insert"), updates: r.m.changes.WithLabelValues("update"),
-		deletes: r.m.changes.WithLabelValues("delete"), messages: r.m.changes.WithLabelValues("message")}
+		deletes: r.m.changes.WithLabelValues("delete"), messages: r.m.changes.WithLabelValues("message"), nontx: r.m.changes.WithLabelValues("message_nontransactional")}
 	defer p.tables.close()
 	for batch := range batches {
 		for _, item := range batch {
@@ -440,9 +446,10 @@ type pipeline struct {
 	done         func(error) // the outcome of a record of txn
 	commitTime   time.Time
 	warnedUpdate bool
+	warnedNontx  bool
 	rec          router.Record // each insert's record: the producer keeps none of it
 
-	inserts, updates, deletes, messages prometheus.Counter
+	inserts, updates, deletes, messages, nontx prometheus.Counter
 }
 
 func (p *pipeline) handle(item any) error {
@@ -480,14 +487,25 @@ func (p *pipeline) handle(item any) error {
 			case rcfg.OnUpdate == "warn" && !p.warnedUpdate:
 				p.warnedUpdate = true
 				p.r.log.Warn("UPDATE on the outbox table is not delivered; outbox rows should only be inserted (counted in outboxd_wal_changes_total{op=\"update\"})",
-					"lsn", m.LSN, "xid", m.XID)
+					"lsn", m.LSN.String(), "xid", m.XID)
 			}
 		case wal.Delete:
 			p.deletes.Inc() // insert-then-delete keeps the table empty; the insert was delivered
 		}
 	case *wal.Message:
-		if !m.Transactional || rcfg.Messages.Prefix == "" || m.Prefix != rcfg.Messages.Prefix {
+		if rcfg.Messages.Prefix == "" || m.Prefix != rcfg.Messages.Prefix {
 			return nil // not an outbox event
+		}
+		if !m.Transactional {
+			// Emitted whether or not its transaction commits: not an
+			// outbox event, but most likely a mistake to point out.
+			if !p.warnedNontx {
+				p.warnedNontx = true
+				p.r.log.Warn("a non-transactional logical message with the outbox prefix is not delivered; write events with pg_logical_emit_message(true, ...) so that they are sent only if their transaction commits (counted in outboxd_wal_changes_total{op=\"message_nontransactional\"})",
+					"lsn", m.LSN.String(), "prefix", m.Prefix)
+			}
+			p.nontx.Inc()
+			return nil
 		}
 		p.messages.Inc()
 		rec, err := p.r.router.RouteMessage(m, p.commitTime)
@@ -527,7 +545,7 @@ func (p *pipeline) deliver(rec *router.Record, routeErr error, lsn wal.LSN, sour
 			"(and router.poison.dlq_topic) and restart: the row goes to the dead-letter topic and streaming continues", poison)
 	}
 	r.m.deadLettered.Inc()
-	r.log.Warn("outbox row sent to the dead-letter topic", "event_id", poison.EventID, "lsn", lsn, "topic", r.cfg.Router.Poison.DLQTopic, "reason", poison.Reason)
+	r.log.Warn("outbox row sent to the dead-letter topic", "event_id", poison.EventID, "lsn", lsn.String(), "topic", r.cfg.Router.Poison.DLQTopic, "reason", poison.Reason)
 	return produce(p.ctx, p.txn, r.deadLetter(poison), p.producer, p.done)
 }
 

@@ -20,6 +20,7 @@ const (
 	oidInt8        = 20
 	oidInt4        = 23
 	oidTimestamptz = 1184
+	oidNumeric     = 1700
 )
 
 // wide is an outbox table with every kind of extra column the options use.
@@ -39,6 +40,9 @@ func wide() table {
 		wal.Column{Name: "occurred_ms", TypeOID: oidInt8},
 		wal.Column{Name: "traceparent", TypeOID: oidText},
 		wal.Column{Name: "text_payload", TypeOID: oidText},
+		wal.Column{Name: "bin_payload", TypeOID: oidBytea},
+		wal.Column{Name: "hdrs", TypeOID: oidJSONB},
+		wal.Column{Name: "amount", TypeOID: oidNumeric},
 	)
 }
 
@@ -106,7 +110,27 @@ func TestRouteOptionsGolden(t *testing.T) {
 		{"header_placement_with_alias", cfg(func(c *config.Router) {
 			c.AdditionalFields = []config.Field{header("tenant", "tenantId"), header("seq", "")}
 		}), wideRow()},
-		{"header_placement_null_omitted", cfg(func(c *config.Router) { c.AdditionalFields = []config.Field{header("tenant", "")} }), with(wideRow(), "tenant", nil)},
+		{"header_placement_null_no_value", cfg(func(c *config.Router) { c.AdditionalFields = []config.Field{header("tenant", "")} }), with(wideRow(), "tenant", nil)},
+		{"header_placement_bool", cfg(func(c *config.Router) { c.AdditionalFields = []config.Field{header("urgent", "")} }), wideRow()},
+		{"error_regex_must_match_whole_value", cfg(func(c *config.Router) {
+			c.TopicRegex, c.TopicTemplate = `(.*)Aggregate`, "outbox.$1"
+		}), with(wideRow(), "aggregate_type", s("OrderAggregateV2"))},
+		{"headers_column", cfg(func(c *config.Router) { c.HeadersColumn = "hdrs" }),
+			with(wideRow(), "hdrs", s(`{"a": "x", "n": 1, "z": null, "obj": {"k": [1]}, "tenant": "acme"}`))},
+		{"headers_column_null", cfg(func(c *config.Router) { c.HeadersColumn = "hdrs" }), wideRow()},
+		{"error_headers_column_not_object", cfg(func(c *config.Router) { c.HeadersColumn = "hdrs" }), with(wideRow(), "hdrs", s(`["a"]`))},
+		{"error_headers_column_sets_id", cfg(func(c *config.Router) { c.HeadersColumn = "hdrs" }), with(wideRow(), "hdrs", s(`{"id": "other"}`))},
+		{"headers_column_not_json", cfg(func(c *config.Router) { c.HeadersColumn = "tenant" }), wideRow()},
+		{"key_encoding_json_jackson_escapes", cfg(func(c *config.Router) { c.KeyEncoding = "json" }), with(wideRow(), "aggregate_id", s("a&b<c>\u2028\x1f\t/é"))},
+		{"key_encoding_json_integer_key", cfg(func(c *config.Router) { c.KeyEncoding, c.KeyColumn = "json", "seq" }), wideRow()},
+		{"key_encoding_json_numeric_key", cfg(func(c *config.Router) { c.KeyEncoding, c.KeyColumn = "json", "amount" }), wideRow()},
+		{"envelope_null_payload_is_null", cfg(func(c *config.Router) { c.AdditionalFields = []config.Field{envelope("event_type", "type")} }), with(wideRow(), "payload", nil)},
+		{"envelope_null_payload_tombstone_on_empty", cfg(func(c *config.Router) {
+			c.TombstoneOnEmptyPayload, c.AdditionalFields = true, []config.Field{envelope("event_type", "type")}
+		}), with(wideRow(), "payload", nil)},
+		{"tombstone_on_blank_bytea_payload_kept", cfg(func(c *config.Router) { c.TombstoneOnEmptyPayload, c.PayloadColumn = true, "bin_payload" }), with(wideRow(), "bin_payload", s(`\x0a`))},
+		{"tombstone_on_control_characters", cfg(func(c *config.Router) { c.TombstoneOnEmptyPayload, c.PayloadColumn = true, "text_payload" }), with(wideRow(), "text_payload", s("\x00\x1f "))},
+		{"no_tombstone_on_no_break_space", cfg(func(c *config.Router) { c.TombstoneOnEmptyPayload, c.PayloadColumn = true, "text_payload" }), with(wideRow(), "text_payload", s("\u00a0"))},
 		{"envelope_placement", cfg(func(c *config.Router) {
 			c.AdditionalFields = []config.Field{envelope("event_type", "eventType"), envelope("seq", ""), envelope("urgent", ""), envelope("tenant", ""), envelope("occurred_at", "")}
 		}), wideRow()},

@@ -69,14 +69,20 @@ func (e *RowError) Error() string {
 	return fmt.Sprintf("cannot route outbox row %s at LSN %s in %s: %s", id, e.LSN, e.Table, e.Reason)
 }
 
-// LayoutError reports a table that lacks a configured column. It is a
-// configuration error, not a poison row: no row of that table can be routed.
+// LayoutError reports a table that lacks a configured column, or has one of
+// a type the settings cannot use. It is a configuration error, not a poison
+// row: no row of that table can be routed.
 type LayoutError struct {
 	Table   string
 	Missing []string
+	// Reason, when set, says what is wrong with a column that is present.
+	Reason string
 }
 
 func (e *LayoutError) Error() string {
+	if e.Reason != "" {
+		return fmt.Sprintf("outbox table %s: %s", e.Table, e.Reason)
+	}
 	return fmt.Sprintf("outbox table %s has no column %s; add it or set the router.*_column settings to the table's column names",
 		e.Table, strings.Join(e.Missing, ", "))
 }
@@ -91,6 +97,7 @@ const (
 	fTimestamp
 	fTraceparent
 	fTopic
+	fHeaders
 	nFixed
 )
 
@@ -108,7 +115,7 @@ type Router struct {
 	cfg      config.Router
 	names    []string // field names: the configured columns, then additional fields
 	parts    []string // the template split around Placeholder
-	re       *regexp.Regexp
+	re       *regexp.Regexp // topic_regex, anchored: it must match the whole value
 	envelope bool
 	rel      *wal.Relation
 	table    string            // rel's qualified name
@@ -130,7 +137,9 @@ func New(cfg config.Router) (*Router, error) {
 	}
 	r := &Router{cfg: cfg, parts: strings.Split(cfg.TopicTemplate, Placeholder)}
 	if cfg.TopicRegex != "" {
-		re, err := regexp.Compile(cfg.TopicRegex)
+		// Kafka's RegexRouter, which Debezium's EventRouter uses, rewrites
+		// only a value the regex matches as a whole (Matcher.matches).
+		re, err := regexp.Compile(`^(?:` + cfg.TopicRegex + `)$`)
 		if err != nil {
 			return nil, fmt.Errorf("router.topic_regex: %w", err)
 		}
@@ -143,7 +152,7 @@ func New(cfg config.Router) (*Router, error) {
 		return s
 	}
 	r.names = []string{cfg.IDColumn, cfg.RouteByColumn, cfg.KeyColumn, cfg.PayloadColumn,
-		optional(cfg.EventTypeColumn), cfg.TimestampColumn, cfg.TraceparentColumn, cfg.TopicColumn}
+		optional(cfg.EventTypeColumn), cfg.TimestampColumn, cfg.TraceparentColumn, cfg.TopicColumn, cfg.HeadersColumn}
 	for _, f := range cfg.AdditionalFields {
 		r.names = append(r.names, f.Column)
 		r.envelope = r.envelope || f.Placement == "envelope"
@@ -191,8 +200,34 @@ func (r *Router) layoutFor(rel *wal.Relation) ([]int, error) {
 			}
 		}
 	}
+	if err := r.checkTypes(rel, types); err != nil {
+		return nil, err
+	}
 	r.rel, r.layout, r.types, r.table = rel, layout, types, rel.QualifiedName()
 	return layout, nil
+}
+
+// checkTypes refuses column types the settings cannot route faithfully.
+func (r *Router) checkTypes(rel *wal.Relation, types []uint32) error {
+	if t := types[fHeaders]; r.names[fHeaders] != "" && t != oidJSON && t != oidJSONB {
+		return &LayoutError{Table: rel.QualifiedName(), Reason: fmt.Sprintf(
+			"column %s (router.headers_column) must be of type json or jsonb, holding an object whose members become headers", r.names[fHeaders])}
+	}
+	if r.cfg.KeyEncoding == "json" {
+		if name, ok := jsonKeyRefused[types[fKey]]; ok {
+			return &LayoutError{Table: rel.QualifiedName(), Reason: fmt.Sprintf(
+				"key column %s is %s, whose JSON form Kafka Connect's JsonConverter writes from Debezium's own representation, which router.key_encoding json does not reproduce; use a text, uuid or integer key column, or key_encoding raw",
+				r.names[fKey], name)}
+		}
+	}
+	return nil
+}
+
+// jsonKeyRefused names the key column types key_encoding json refuses.
+var jsonKeyRefused = map[uint32]string{
+	oidNumeric: "numeric", oidFloat4: "real", oidFloat8: "double precision", oidBytea: "bytea", oidDate: "date",
+	oidTime: "time", oidTimetz: "timetz", oidTimestamp: "timestamp", oidTimestamptz: "timestamptz",
+	oidInterval: "interval", oidMoney: "money",
 }
 
 // SetBaseType tells the router that type OID domain is a domain over base,
@@ -326,15 +361,19 @@ func (r *Router) build(rec *Record, lsn wal.LSN, source string, commitTime time.
 		return fail(rec.Topic, "column %s is NULL; a key is required (router.require_key) so that the events of an aggregate stay in order", r.cfg.KeyColumn)
 	case key.null:
 	case r.cfg.KeyEncoding == "json":
-		rec.Key, _ = json.Marshal(string(key.data)) // a string always marshals
+		rec.Key = appendJSONKey(nil, key)
 	default:
 		rec.Key = key.data
 	}
 
+	// As Debezium's EventRouter: a NULL or blank payload is a tombstone
+	// with route.tombstone.on.empty.payload; otherwise a NULL payload is a
+	// null value, or null in the envelope. Blank is Java's trim() of the
+	// string: nothing above U+0020. A bytea payload is never blank.
 	payload := cells[fPayload]
-	blank := !payload.null && len(bytes.TrimSpace(payload.data)) == 0
-	tombstone := payload.null || (blank && r.cfg.TombstoneOnEmptyPayload)
-	if r.cfg.ExpandJSONPayload && !tombstone && !json.Valid(payload.data) {
+	blank := !payload.null && payload.oid != oidBytea && javaBlank(payload.data)
+	tombstone := (payload.null || blank) && r.cfg.TombstoneOnEmptyPayload || payload.null && !r.envelope
+	if r.cfg.ExpandJSONPayload && !payload.null && !tombstone && !json.Valid(payload.data) {
 		return fail(rec.Topic, "column %s is not valid JSON (router.expand_json_payload is on)", r.cfg.PayloadColumn)
 	}
 	if !tombstone {
@@ -346,8 +385,10 @@ func (r *Router) build(rec *Record, lsn wal.LSN, source string, commitTime time.
 
 	rec.Headers = rec.hdrs[:0]
 	rec.Headers = append(rec.Headers, Header{Key: r.cfg.IDHeader, Value: cells[fID].data})
-	if et := cells[fEventType]; !et.null {
-		rec.Headers = append(rec.Headers, Header{Key: r.cfg.EventTypeHeader, Value: et.data})
+	// The event type is a header placement in Debezium, which sends a
+	// NULL column as a header without a value.
+	if et := cells[fEventType]; !et.missing {
+		rec.Headers = append(rec.Headers, Header{Key: r.cfg.EventTypeHeader, Value: headerValue(et)})
 	}
 	if tp := cells[fTraceparent]; !tp.null {
 		rec.Headers = append(rec.Headers, Header{Key: TraceparentHeader, Value: tp.data})
@@ -356,14 +397,20 @@ func (r *Router) build(rec *Record, lsn wal.LSN, source string, commitTime time.
 		c := cells[nFixed+i]
 		switch {
 		case c.missing:
-		case f.Placement == "header" && !c.null:
-			rec.Headers = append(rec.Headers, Header{Key: alias(f), Value: c.data})
+		case f.Placement == "header":
+			rec.Headers = append(rec.Headers, Header{Key: alias(f), Value: headerValue(c)})
 		case f.Placement == "partition" && !c.null:
 			p, err := strconv.ParseInt(string(c.data), 10, 32)
 			if err != nil || p < 0 {
 				return fail(rec.Topic, "column %s placed as partition holds %q, not a partition number", f.Column, c.data)
 			}
 			rec.Partition = int32(p)
+		}
+	}
+	if h := cells[fHeaders]; !h.null {
+		var err error
+		if rec.Headers, err = r.appendHeaders(rec.Headers, h); err != nil {
+			return fail(rec.Topic, "column %s (router.headers_column): %v", r.cfg.HeadersColumn, err)
 		}
 	}
 	if ts := cells[fTimestamp]; !ts.null {
@@ -410,10 +457,16 @@ func (r *Router) envelopeOf(payload cell) []byte {
 // Type OIDs the router converts.
 const (
 	oidBool        = 16
+	oidBytea       = 17
 	oidInt8        = 20
 	oidInt2        = 21
 	oidInt4        = 23
 	oidJSON        = 114
+	oidMoney       = 790
+	oidDate        = 1082
+	oidTime        = 1083
+	oidInterval    = 1186
+	oidTimetz      = 1266
 	oidFloat4      = 700
 	oidFloat8      = 701
 	oidTimestamp   = 1114
@@ -440,6 +493,105 @@ func writeJSON(b *bytes.Buffer, c cell, expand bool) {
 		s, _ := json.Marshal(string(c.data))
 		b.Write(s)
 	}
+}
+
+// headerValue is a column's header value: nil for NULL (a header without a
+// value, as Kafka Connect sends a null header), true or false for a
+// boolean (as its SimpleHeaderConverter writes one), else the text form.
+func headerValue(c cell) []byte {
+	switch {
+	case c.null:
+		return nil
+	case c.oid == oidBool && string(c.data) == "t":
+		return []byte("true")
+	case c.oid == oidBool && string(c.data) == "f":
+		return []byte("false")
+	}
+	return c.data
+}
+
+// appendHeaders appends a headers column's members: a JSON object, string
+// values as their text, other values as their JSON, null as no value.
+func (r *Router) appendHeaders(hs []Header, c cell) ([]Header, error) {
+	d := json.NewDecoder(bytes.NewReader(c.data))
+	if t, err := d.Token(); err != nil || t != json.Delim('{') {
+		return hs, fmt.Errorf("%.60q is not a JSON object", c.data)
+	}
+	for d.More() {
+		t, err := d.Token()
+		if err != nil {
+			return hs, fmt.Errorf("not a JSON object: %v", err)
+		}
+		key := t.(string) // object keys are strings
+		if key == r.cfg.IDHeader || key == r.cfg.EventTypeHeader && r.names[fEventType] != "" {
+			return hs, fmt.Errorf("member %q would repeat the header outboxd sets from column %s; rename the member", key, r.cfg.IDColumn)
+		}
+		var raw json.RawMessage
+		if err := d.Decode(&raw); err != nil {
+			return hs, fmt.Errorf("not a JSON object: %v", err)
+		}
+		var v []byte
+		switch raw[0] {
+		case 'n':
+		case '"':
+			var str string
+			_ = json.Unmarshal(raw, &str) // a decoded JSON string
+			v = []byte(str)
+		default:
+			v = raw
+		}
+		hs = append(hs, Header{Key: key, Value: v})
+	}
+	return hs, nil
+}
+
+// javaBlank reports whether Java's String.trim() leaves nothing of b, as
+// Debezium judges an empty payload: every byte is U+0020 or below.
+func javaBlank(b []byte) bool {
+	for _, c := range b {
+		if c > ' ' {
+			return false
+		}
+	}
+	return true
+}
+
+// appendJSONKey appends the key as Kafka Connect's JsonConverter (schemas
+// off) wrote it: integers and booleans bare, anything else as a JSON
+// string escaped as Jackson escapes it.
+func appendJSONKey(dst []byte, c cell) []byte {
+	switch {
+	case c.json || c.oid == oidInt2 || c.oid == oidInt4 || c.oid == oidInt8:
+		return append(dst, c.data...)
+	case c.oid == oidBool:
+		if string(c.data) == "t" {
+			return append(dst, "true"...)
+		}
+		return append(dst, "false"...)
+	}
+	const hex = "0123456789ABCDEF"
+	dst = append(dst, '"')
+	for _, b := range c.data {
+		switch {
+		case b == '"' || b == '\\':
+			dst = append(dst, '\\', b)
+		case b == '\b':
+			dst = append(dst, '\\', 'b')
+		case b == '\t':
+			dst = append(dst, '\\', 't')
+		case b == '\n':
+			dst = append(dst, '\\', 'n')
+		case b == '\f':
+			dst = append(dst, '\\', 'f')
+		case b == '\r':
+			dst = append(dst, '\\', 'r')
+		case b < 0x20:
+			dst = append(dst, '\\', 'u', '0', '0', hex[b>>4], hex[b&0xF])
+		default:
+			dst = append(dst, b)
+		}
+	}
+	return append(dst, '"')
 }
 
 // parseTimestamp reads Postgres' text form of timestamptz/timestamp (ISO
@@ -469,10 +621,10 @@ func (r *Router) topic(routeBy []byte) (string, error) {
 		v := string(routeBy)
 		loc := r.re.FindStringSubmatchIndex(v)
 		if loc == nil {
-			return "", fmt.Errorf("value %q of column %s does not match router.topic_regex %q", v, r.cfg.RouteByColumn, r.re)
+			return "", fmt.Errorf("value %q of column %s does not match router.topic_regex %q as a whole", v, r.cfg.RouteByColumn, r.cfg.TopicRegex)
 		}
-		tmpl := strings.ReplaceAll(r.cfg.TopicTemplate, Placeholder, "${routedByValue}")
-		return v[:loc[0]] + string(r.re.ExpandString(nil, tmpl, v, loc)) + v[loc[1]:], nil
+		// Placeholder is a reference to the group named routedByValue.
+		return string(r.re.ExpandString(nil, r.cfg.TopicTemplate, v, loc)), nil
 	}
 	if len(r.parts) == 1 {
 		return r.parts[0], nil

@@ -295,8 +295,8 @@ func TestRouteExact(t *testing.T) {
 	if rec.Key != nil || rec.Value != nil {
 		t.Errorf("NULL key and payload gave key %#v, value %#v; want nil, nil", rec.Key, rec.Value)
 	}
-	if len(rec.Headers) != 1 || rec.Headers[0].Key != "id" {
-		t.Errorf("NULL event type gave headers %q, want only id", rec.Headers)
+	if len(rec.Headers) != 2 || rec.Headers[0].Key != "id" || rec.Headers[1].Key != "eventType" || rec.Headers[1].Value != nil {
+		t.Errorf("NULL event type gave headers %q, want id and eventType without a value (as Debezium's header placement)", rec.Headers)
 	}
 
 	rec, err = r.Route(outbox().change(0x10, with(defaultRow(), "payload", s(""))))
@@ -456,7 +456,8 @@ func TestRouteIntoReusedRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	if rec.EventID != "second" || rec.Key != nil || rec.Value != nil || rec.Partition != -1 ||
-		len(rec.Headers) != 1 || rec.Headers[0].Key != "id" || string(rec.Headers[0].Value) != "second" {
+		len(rec.Headers) != 3 || rec.Headers[0].Key != "id" || string(rec.Headers[0].Value) != "second" ||
+		rec.Headers[1].Value != nil || rec.Headers[2].Value != nil {
 		t.Errorf("second row kept parts of the first: event id %q, key %q, value %q, partition %d, headers %q",
 			rec.EventID, rec.Key, rec.Value, rec.Partition, rec.Headers)
 	}

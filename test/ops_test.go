@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"os/exec"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -164,6 +165,21 @@ func TestMetricsAreExported(t *testing.T) {
 	}
 	if sum, _ := p.metricLabelled("outboxd_wal_commit_to_send_seconds_sum"); sum <= 0 || sum > 60 {
 		t.Errorf("outboxd_wal_commit_to_send_seconds_sum is %g s, want the few milliseconds Postgres took to send", sum)
+	}
+}
+
+// JSON logs carry positions in Postgres' form (0/16B3748), as text logs,
+// /status and Postgres itself do, not as the number slog would print.
+func TestJSONLogsShowLSNsAsPostgresDoes(t *testing.T) {
+	d := newDB(t)
+	p := start(t, d.env("OUTBOXD_LOG_FORMAT=json"))
+	line := p.waitLog(`\{[^\n]*"msg":"streaming"[^\n]*`, 30*time.Second)
+	if !regexp.MustCompile(`"lsn":"[0-9A-F]+/[0-9A-F]+"`).MatchString(line) {
+		t.Errorf("streaming line %s: want \"lsn\":\"<hi>/<lo>\"", line)
+	}
+	p.stop(syscall.SIGTERM, 30*time.Second)
+	if line := regexp.MustCompile(`\{[^\n]*"msg":"stopped"[^\n]*`).FindString(p.logs.String()); !regexp.MustCompile(`"lsn":"[0-9A-F]+/[0-9A-F]+"`).MatchString(line) {
+		t.Errorf("stopped line %q: want \"lsn\":\"<hi>/<lo>\"", line)
 	}
 }
 

@@ -150,15 +150,19 @@ func TestOversizedAndBadPartitionRowsAreDeadLettered(t *testing.T) {
 
 // Events written with pg_logical_emit_message, without a table, follow the
 // same routing and ack rule; rolled-back and non-transactional messages are
-// not delivered.
+// not delivered, and the first non-transactional one is pointed out. The
+// prefix is outboxd's default, the one package outbox writes. A headers
+// field (router.headers_column) becomes record headers, null ones without a
+// value.
 func TestLogicalMessageEvents(t *testing.T) {
 	d := newDB(t)
 	agg := d.name + "_msg"
-	d.exec(t, `ALTER TABLE outbox ADD COLUMN traceparent text`) // the column settings describe the table too
-	p := start(t, d.env("OUTBOXD_ROUTER_MESSAGES_PREFIX=outbox", "OUTBOXD_ROUTER_TRACEPARENT_COLUMN=traceparent"))
+	// The column settings describe the table too.
+	d.exec(t, `ALTER TABLE outbox ADD COLUMN traceparent text, ADD COLUMN headers jsonb`)
+	p := start(t, d.env("OUTBOXD_ROUTER_TRACEPARENT_COLUMN=traceparent", "OUTBOXD_ROUTER_HEADERS_COLUMN=headers"))
 	p.waitStreaming()
 	msg := func(id string) string {
-		return fmt.Sprintf(`{"id": "%s", "aggregate_type": "%s", "aggregate_id": "m-1", "event_type": "Sent", "payload": {"id": "%s"}, "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}`, id, agg, id)
+		return fmt.Sprintf(`{"id": "%s", "aggregate_type": "%s", "aggregate_id": "m-1", "event_type": "Sent", "payload": {"id": "%s"}, "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "headers": {"tenant": "acme", "none": null}}`, id, agg, id)
 	}
 	ctx := context.Background()
 	emit := func(transactional bool, prefix, content string) {
@@ -195,8 +199,32 @@ func TestLogicalMessageEvents(t *testing.T) {
 			header(r, "traceparent") == "" || string(r.Value) != fmt.Sprintf(`{"id": "%s"}`, header(r, "id")) {
 			t.Errorf("message record %s: topic %s key %q headers %v value %q", header(r, "id"), r.Topic, r.Key, r.Headers, r.Value)
 		}
+		if !hasNullHeader(r, "none") || header(r, "tenant") != "acme" {
+			t.Errorf("message record %s: headers %q, want tenant=acme and none without a value", header(r, "id"), r.Headers)
+		}
 	}
 	if strings.Join(order, ",") != "m-a,m-b,m-c" {
 		t.Errorf("delivered %v, want exactly m-a, m-b, m-c in commit order", order)
 	}
+	p.waitLog(`msg="a non-transactional logical message with the outbox prefix is not delivered`, 10*time.Second)
+
+	// The same headers from a row's jsonb column.
+	id := uuid()
+	d.exec(t, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, headers) VALUES ($1, $2, 'r-1', 'Sent', '{}', '{"tenant": "acme", "none": null, "n": 2}')`, id, agg)
+	for _, r := range readUntil(t, []string{agg + "-events"}, time.Minute, 0, waitIDs(id)) {
+		if header(r, "id") == id && (!hasNullHeader(r, "none") || header(r, "tenant") != "acme" || header(r, "n") != "2") {
+			t.Errorf("row record: headers %q, want tenant=acme, n=2 and none without a value", r.Headers)
+		}
+	}
+}
+
+// hasNullHeader reports whether rec has header key without a value (as
+// opposed to an empty one).
+func hasNullHeader(rec *kgo.Record, key string) bool {
+	for _, h := range rec.Headers {
+		if h.Key == key {
+			return h.Value == nil
+		}
+	}
+	return false
 }

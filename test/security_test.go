@@ -547,3 +547,36 @@ func TestLeastPrivilegeRole(t *testing.T) {
 		noSecret(t, "log", proc.logs.String(), password)
 	})
 }
+
+// On Amazon RDS and Aurora no one can give REPLICATION; membership of the
+// role rds_replication stands for it. The least-privilege script grants the
+// membership where that role exists, and outboxd's start-up check accepts
+// it: here, on a Postgres without RDS' change, it is Postgres itself that
+// then refuses the slot. Not parallel: while rds_replication exists, the
+// script takes this branch for every role.
+func TestLeastPrivilegeRoleOnRDS(t *testing.T) {
+	requireTool(t, "psql")
+	d := newDB(t)
+	role := "lprds_" + randomSuffix()
+	const password = "Least-Pr1v-rds"
+	d.exec(t, `CREATE ROLE rds_replication NOLOGIN`)
+	t.Cleanup(func() {
+		_, _ = d.pool.Exec(context.Background(), fmt.Sprintf(`DROP OWNED BY %s; DROP ROLE IF EXISTS %s; DROP ROLE IF EXISTS rds_replication`, role, role))
+	})
+	psql := exec.Command("psql", d.dsn, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-v", "role="+role, "-v", "password="+password,
+		"-v", "table=public.outbox", "-v", "schema=public", "-v", "publication=outboxd", "-f", "../migrations/roles/least_privilege.sql")
+	if out, err := psql.CombinedOutput(); err != nil {
+		t.Fatalf("psql -f migrations/roles/least_privilege.sql: %v\n%s", err, out)
+	}
+	var replication, member bool
+	if err := d.pool.QueryRow(context.Background(), `SELECT rolreplication, pg_has_role(rolname, 'rds_replication', 'MEMBER') FROM pg_roles WHERE rolname = $1`, role).
+		Scan(&replication, &member); err != nil {
+		t.Fatal(err)
+	}
+	if replication || !member {
+		t.Fatalf("role %s: REPLICATION %v, member of rds_replication %v; want the membership instead of the attribute", role, replication, member)
+	}
+	dsn := strings.Replace(d.dsn, "postgres://postgres@", fmt.Sprintf("postgres://%s:%s@", role, password), 1)
+	env := replace(replace(d.env(), "OUTBOXD_POSTGRES_DSN", dsn), "OUTBOXD_POSTGRES_CREATE_PUBLICATION", "false")
+	expectStartupError(t, env, `must be superuser or replication role`)
+}

@@ -2,13 +2,22 @@
 -- on the outbox table and nothing else. Not superuser, owns nothing, cannot
 -- write. outboxd's start-up check names any privilege that is missing.
 --
--- Run it with psql as the outbox table's owner (or a superuser), in the
--- outbox's database:
+-- Run it with psql as a superuser (on Amazon RDS and Aurora, as the master
+-- user, a member of rds_superuser), in the outbox's database:
 --
 --   psql "$ADMIN_DSN" -v ON_ERROR_STOP=1 \
 --        -v role=outboxd -v table=public.outbox -v schema=public -v publication=outboxd \
 --        -v password="$(cat /run/secrets/outboxd-pg-password)" \
 --        -f migrations/roles/least_privilege.sql
+--
+-- On PostgreSQL 15, only a superuser may give a role REPLICATION or take
+-- SUPERUSER or BYPASSRLS away, so the script changes only the attributes
+-- that differ: run again on a role that is already right, it needs only
+-- CREATEROLE (for the password), ownership of the table and of the
+-- publication, and the right to grant CONNECT on the database. Where the
+-- role rds_replication exists (Amazon RDS and Aurora), the role is made a
+-- member of it instead of being given REPLICATION, which RDS does not let
+-- anyone give.
 --
 -- Leave out -v password=... to keep the role's current password (or set it
 -- later with \password, which keeps it out of the shell history and ps).
@@ -25,14 +34,27 @@
 
 \set ON_ERROR_STOP 1
 
--- LOGIN: outboxd connects. REPLICATION: outboxd creates the logical slot
+-- LOGIN: outboxd connects. REPLICATION (or, on RDS, membership of
+-- rds_replication): outboxd creates the logical slot
 -- (pg_create_logical_replication_slot) and streams from it over a
--- replication connection (START_REPLICATION). Everything else is off
--- explicitly, so that running this on an existing role also takes away
--- what it should not have.
+-- replication connection (START_REPLICATION). Everything else is taken away
+-- when the role has it, so that running this on an existing role also takes
+-- away what it should not have.
 SELECT format('CREATE ROLE %I', :'role')
  WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = :'role') \gexec
-ALTER ROLE :"role" WITH LOGIN REPLICATION NOSUPERUSER NOCREATEDB NOCREATEROLE NOBYPASSRLS;
+SELECT format('ALTER ROLE %I WITH %s', rolname, a.attrs)
+  FROM pg_roles,
+       LATERAL (SELECT concat_ws(' ',
+           CASE WHEN NOT rolcanlogin THEN 'LOGIN' END,
+           CASE WHEN NOT rolreplication AND NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'rds_replication') THEN 'REPLICATION' END,
+           CASE WHEN rolsuper THEN 'NOSUPERUSER' END,
+           CASE WHEN rolcreatedb THEN 'NOCREATEDB' END,
+           CASE WHEN rolcreaterole THEN 'NOCREATEROLE' END,
+           CASE WHEN rolbypassrls THEN 'NOBYPASSRLS' END) AS attrs) a
+ WHERE rolname = :'role' AND a.attrs <> '' \gexec
+SELECT format('GRANT rds_replication TO %I', :'role')
+ WHERE CASE WHEN EXISTS (SELECT FROM pg_roles WHERE rolname = 'rds_replication')
+            THEN NOT pg_has_role(:'role', 'rds_replication', 'MEMBER') END \gexec
 \if :{?password}
 ALTER ROLE :"role" WITH PASSWORD :'password';
 \endif
@@ -49,7 +71,8 @@ GRANT USAGE ON SCHEMA :"schema" TO :"role";
 GRANT SELECT ON TABLE :table TO :"role";
 
 -- The publication: CREATE PUBLICATION ... FOR TABLE needs ownership of the
--- table, which outboxd's role must not have, so the owner creates it here.
+-- table (or superuser) and CREATE on the database, which outboxd's role must
+-- not have, so it is created here.
 -- It publishes inserts (the events) and updates (which outboxd reports), as
 -- the one outboxd creates does: with insert-then-delete, published deletes
 -- would make Postgres decode and send one more change per event. With
