@@ -113,8 +113,8 @@ type cell struct {
 // Router routes rows; see the package documentation.
 type Router struct {
 	cfg      config.Router
-	names    []string // field names: the configured columns, then additional fields
-	parts    []string // the template split around Placeholder
+	names    []string       // field names: the configured columns, then additional fields
+	parts    []string       // the template split around Placeholder
 	re       *regexp.Regexp // topic_regex, anchored: it must match the whole value
 	envelope bool
 	rel      *wal.Relation
