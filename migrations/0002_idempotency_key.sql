@@ -1,14 +1,21 @@
--- Optional idempotency key for outbox events (package outbox, Event.IdempotencyKey).
--- `outboxd migrate` applies this file after 0001, with public.outbox replaced by
--- the configured postgres.table. Both statements are idempotent.
+-- Optional idempotency key for outbox events (package outbox: set
+-- Columns.IdempotencyKey = "idempotency_key", then Event.IdempotencyKey).
+-- `outboxd migrate` applies this file after 0001, with public.outbox replaced
+-- by the configured postgres.table and the index named after that table
+-- (<table>_idempotency_key_idx), so that each outbox table in a schema gets
+-- its own. Both statements are idempotent.
 --
--- The unique index rejects a second event with the same key while the first
--- row is still in the table. With insert-then-delete (the row is deleted in
--- its own transaction) the key is gone once that transaction commits, so the
--- index only catches concurrent duplicates; keep rows (and delete them later)
--- if the key must hold over time. NULL keys are never in conflict.
+-- The unique index rejects a second event with the same key only while the
+-- first event's row is in the table. So the key needs the rows kept: insert
+-- them, and delete them later (no sooner than a duplicate may still arrive).
+-- With insert-then-delete in one transaction the row, and with it the key, is
+-- gone when that transaction commits: a later insert with the same key, or a
+-- concurrent one once the first has committed, is never rejected. Package
+-- outbox therefore refuses a key in InsertDelete mode. NULL keys are never in
+-- conflict.
 --
--- The index name is fixed: two outbox tables in one schema need the second
--- index created by hand under another name.
+-- A partitioned table cannot take this index (Postgres requires a unique index
+-- on a partitioned table to include the partition key), so `outboxd migrate`
+-- skips this file for one rather than fail.
 ALTER TABLE public.outbox ADD COLUMN IF NOT EXISTS idempotency_key text;
 CREATE UNIQUE INDEX IF NOT EXISTS outbox_idempotency_key_idx ON public.outbox (idempotency_key);

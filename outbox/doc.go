@@ -4,9 +4,10 @@
 //
 // A Writer describes the outbox once: the table, its column names (Columns;
 // DefaultColumns matches outboxd's defaults, DebeziumColumns matches
-// Debezium's) and the Mode. Write takes a pgx.Tx, WriteSQL a *sql.Tx; both
-// write any number of events in one round trip (one multi-row statement, or
-// one pgx batch when Mode is InsertDelete) and return the event ids.
+// Debezium's, RouterColumns reads them from outboxd's router settings) and
+// the Mode. Write takes a pgx.Tx, WriteSQL a *sql.Tx; both write any number
+// of events in one round trip (one multi-row statement, or one pgx batch
+// when Mode is InsertDelete) and return the event ids.
 //
 // The caller's duties:
 //
@@ -16,9 +17,13 @@
 //  2. Commit or roll back. Write never does either; when it returns an error
 //     the transaction is usually aborted (Postgres refuses further
 //     statements), so roll it back.
-//  3. Apply the outbox migrations (`outboxd migrate`) before writing, and
-//     0002_idempotency_key.sql if events carry an IdempotencyKey.
-//  4. Keep Columns and Mode in step with outboxd's router settings.
+//  3. Apply the outbox migrations (`outboxd migrate`) before writing. To use
+//     IdempotencyKey, also have migration 0002_idempotency_key.sql applied
+//     (`outboxd migrate` applies it, except to a partitioned table), set
+//     Columns.IdempotencyKey = "idempotency_key", and use Insert mode.
+//  4. Keep Columns and Mode in step with outboxd's router settings
+//     (RouterColumns does so for the columns); in Message mode, keep
+//     Config.MessagePrefix equal to outboxd's router.messages.prefix.
 //
 // # Event ids
 //
@@ -37,25 +42,51 @@
 //
 //	SELECT pg_logical_emit_message(true, prefix, content)
 //
-// transactional, so it is decoded only if the transaction commits. content is
-// a JSON object:
+// transactional, so it is decoded only if the transaction commits. prefix is
+// Config.MessagePrefix; outboxd routes only the messages whose prefix is its
+// router.messages.prefix and ignores the others, so the two must be equal.
+// Both default to "outbox" (DefaultMessagePrefix).
+//
+// content is a JSON object whose fields are named like the columns
+// (Columns), which is how outboxd's router reads a message. With
+// DefaultColumns and Columns.Headers = "headers" (router.headers_column:
+// headers):
 //
 //	{"id": "0190…", "aggregate_type": "order", "aggregate_id": "42",
 //	 "event_type": "OrderPlaced", "payload": {…}, "headers": {"k": "v"}}
 //
-// payload is the event's payload embedded as JSON (null when empty); it must
-// be valid JSON. headers is present only when the event has headers or a
-// traceparent (which is sent as header "traceparent"). Partition and
-// IdempotencyKey cannot be expressed in a message and are errors in this
-// mode.
+// The fields are: Columns.ID, the event id; Columns.AggregateType and
+// Columns.AggregateID; Columns.EventType, when it names one; Columns.Payload,
+// the event's payload embedded as JSON (null when nil), which must be valid
+// JSON; Columns.Traceparent, when it names one and the event has a
+// traceparent; and Columns.Headers, an object of string values, when the
+// event has headers, or a traceparent and there is no traceparent field (it
+// is then the header "traceparent"). As in the table modes, an event with a
+// Type, Headers or a Traceparent that no field is named for is an error.
+// Partition and IdempotencyKey cannot be expressed in a message and are
+// errors in this mode.
 //
 // # Optional columns
 //
-// Traceparent, Partition, Headers (jsonb object of string values) and
-// IdempotencyKey are written only to columns named in Columns. An event that
-// sets one of them when the table has no such column is an error rather
+// Traceparent, Partition, Headers (a json or jsonb object of string values)
+// and IdempotencyKey are written only to columns named in Columns. An event
+// that sets one of them when the table has no such column is an error rather
 // than data dropped on the floor; the one exception is a traceparent, which
 // goes into the headers column when there is no traceparent column.
+//
+// # Idempotency keys
+//
+// Migration 0002 adds the column idempotency_key with a unique index, which
+// rejects an event whose key is already in the table (Write returns
+// ErrDuplicate). That holds only while the first event's row is in the
+// table, so keys need Insert mode, with rows deleted later, no sooner than a
+// duplicate may still arrive. InsertDelete mode refuses an event with a key:
+// its row is deleted in the same transaction, so neither a later insert nor
+// a concurrent one (once the first commits) would ever conflict with it.
+// DefaultColumns leaves the key out, so that a table made by migration 0001
+// alone works; set Columns.IdempotencyKey to use it. A partitioned outbox
+// table cannot have the index (Postgres needs the partition key in a unique
+// index), so `outboxd migrate` leaves migration 0002 out for one.
 //
 // # Payload
 //

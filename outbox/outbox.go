@@ -26,22 +26,30 @@ type Event struct {
 	// Payload is the record value: JSON for a jsonb column (and in Message
 	// mode), any bytes for a bytea column. nil is SQL NULL.
 	Payload []byte
-	// Headers go to the headers column (jsonb object) or, in Message mode,
-	// to the message's "headers" object.
+	// Headers go to the headers column (Columns.Headers, a json or jsonb
+	// object) or, in Message mode, to the message's field of that name.
+	// outboxd makes each one a record header; it refuses one named like its
+	// id or event-type header (router.id_header, router.event_type_header).
 	Headers map[string]string
-	// Traceparent is a W3C trace context; it goes to the traceparent column,
-	// or to the headers under "traceparent" when there is none.
+	// Traceparent is a W3C trace context; it goes to the traceparent column
+	// (or message field), or to the headers under "traceparent" when there
+	// is none.
 	Traceparent string
 	// Partition, when set, goes to the partition column.
 	Partition *int32
-	// IdempotencyKey, when set, goes to the idempotency key column, whose
-	// unique index rejects a second event with the same key.
+	// IdempotencyKey, when set, goes to the idempotency key column
+	// (Columns.IdempotencyKey, added by migration 0002), whose unique index
+	// rejects a second event with the same key for as long as the first
+	// one's row is in the table. It therefore needs Insert mode, with rows
+	// deleted later (no sooner than a duplicate may still arrive);
+	// InsertDelete and Message mode refuse it, as they keep no row.
 	IdempotencyKey string
 }
 
-// Columns names the outbox table's columns. ID, AggregateType, AggregateID
-// and Payload are required; every other name may be "" when the table has no
-// such column.
+// Columns names the outbox table's columns (in Message mode, the message's
+// fields). ID, AggregateType, AggregateID and Payload are required; every
+// other name may be "" when the table has no such column. No two may be the
+// same.
 type Columns struct {
 	ID            string
 	AggregateType string
@@ -50,19 +58,24 @@ type Columns struct {
 	Payload       string
 	// BinaryPayload says the payload column is bytea: Payload is sent as
 	// raw bytes rather than as text.
-	BinaryPayload  bool
-	Traceparent    string
-	Partition      string
-	Headers        string // jsonb
+	BinaryPayload bool
+	Traceparent   string
+	Partition     string
+	Headers       string // json or jsonb
+	// IdempotencyKey is the column of migration 0002: set it to
+	// "idempotency_key" once that migration is applied, and only in Insert
+	// mode (see Event.IdempotencyKey).
 	IdempotencyKey string
 }
 
-// DefaultColumns returns outboxd's column names (migrations/*.sql and the
-// router defaults), including the idempotency key of migration 0002.
+// DefaultColumns returns the column names of outboxd's table as
+// migrations/0001_outbox.sql creates it, which are also the router's
+// defaults. The idempotency key is opt-in: after migration 0002, set
+// IdempotencyKey to "idempotency_key" on the result.
 func DefaultColumns() Columns {
 	return Columns{
 		ID: "id", AggregateType: "aggregate_type", AggregateID: "aggregate_id",
-		EventType: "event_type", Payload: "payload", IdempotencyKey: "idempotency_key",
+		EventType: "event_type", Payload: "payload",
 	}
 }
 
@@ -74,13 +87,14 @@ func DebeziumColumns() Columns {
 
 // RouterColumns returns the columns outboxd's router settings read (pass
 // the Router of a loaded, validated config), so that the writer and outboxd
-// share one description of the table. An event type column of "" or "-"
-// means none. The traceparent column and a column placed as partition are
-// carried over; the headers and idempotency-key columns are not router
-// settings: set them on the result.
+// share one description of the table, or of a message's fields. An event
+// type column of "" or "-" means none. The traceparent and headers columns
+// (router.traceparent_column, router.headers_column) and a column placed as
+// partition are carried over. The idempotency key is not a router setting:
+// set IdempotencyKey on the result when the table has it.
 func RouterColumns(r config.Router) Columns {
 	c := Columns{ID: r.IDColumn, AggregateType: r.RouteByColumn, AggregateID: r.KeyColumn, EventType: r.EventTypeColumn,
-		Payload: r.PayloadColumn, Traceparent: r.TraceparentColumn}
+		Payload: r.PayloadColumn, Traceparent: r.TraceparentColumn, Headers: r.HeadersColumn}
 	if c.EventType == "-" {
 		c.EventType = ""
 	}
@@ -99,7 +113,8 @@ const (
 	// Insert inserts one row per event and leaves it in the table.
 	Insert Mode = iota
 	// InsertDelete inserts the rows and deletes them in the same
-	// transaction; the WAL still carries the inserts.
+	// transaction; the WAL still carries the inserts. As no row stays, an
+	// event with an IdempotencyKey is refused.
 	InsertDelete
 	// Message writes one transactional logical decoding message per event
 	// and no row; see the package documentation for its content.
@@ -125,12 +140,14 @@ type Config struct {
 	Columns Columns // zero value: DefaultColumns()
 	Mode    Mode
 	// MessagePrefix is the prefix of logical messages in Message mode; it
-	// must be the prefix outboxd routes. "" is DefaultMessagePrefix.
+	// must equal outboxd's router.messages.prefix, which ignores messages
+	// with any other prefix. "" is DefaultMessagePrefix.
 	MessagePrefix string
 }
 
 // DefaultMessagePrefix is the logical message prefix used when
-// Config.MessagePrefix is empty.
+// Config.MessagePrefix is empty; it is also outboxd's default
+// router.messages.prefix.
 const DefaultMessagePrefix = "outbox"
 
 // ErrDuplicate reports an event whose id or idempotency key is already in the
@@ -169,6 +186,20 @@ func New(cfg Config) (*Writer, error) {
 		if f.name == "" {
 			return nil, fmt.Errorf("outbox: Columns.%s is empty; name the table's column (DefaultColumns and DebeziumColumns list the usual names)", f.field)
 		}
+	}
+	named := map[string]string{} // column name -> field
+	for _, f := range []struct{ field, name string }{
+		{"ID", c.ID}, {"AggregateType", c.AggregateType}, {"AggregateID", c.AggregateID}, {"EventType", c.EventType},
+		{"Payload", c.Payload}, {"Traceparent", c.Traceparent}, {"Partition", c.Partition}, {"Headers", c.Headers},
+		{"IdempotencyKey", c.IdempotencyKey},
+	} {
+		if f.name == "" {
+			continue
+		}
+		if other, ok := named[f.name]; ok {
+			return nil, fmt.Errorf("outbox: Columns.%s and Columns.%s both name %q; each names its own column", other, f.field, f.name)
+		}
+		named[f.name] = f.field
 	}
 	switch cfg.Mode {
 	case Insert, InsertDelete:
@@ -213,6 +244,17 @@ func (w *Writer) Statements(events ...Event) ([]Statement, []uuid.UUID, error) {
 	for i, e := range events {
 		if e.AggregateType == "" {
 			return nil, nil, fmt.Errorf("outbox: event %d: AggregateType is empty; it names the topic", i)
+		}
+		if e.IdempotencyKey != "" {
+			switch w.cfg.Mode {
+			case InsertDelete:
+				return nil, nil, fmt.Errorf("outbox: event %d has an IdempotencyKey, which InsertDelete mode cannot enforce: "+
+					"the row is deleted in the same transaction, so the unique index never sees the key again; "+
+					"the key needs rows kept in the table (Insert mode, rows deleted later)", i)
+			case Message:
+				return nil, nil, fmt.Errorf("outbox: event %d has an IdempotencyKey, which needs a table: Message mode writes no row; "+
+					"the key needs rows kept in the table (Insert mode, rows deleted later)", i)
+			}
 		}
 		ids[i] = e.ID
 		if e.ID == uuid.Nil {
@@ -311,7 +353,8 @@ func (w *Writer) insert(events []Event, ids []uuid.UUID, first int) (Statement, 
 		if c.IdempotencyKey != "" {
 			args = append(args, nullString(e.IdempotencyKey))
 		} else if e.IdempotencyKey != "" {
-			return Statement{}, fmt.Errorf("outbox: event %d has an IdempotencyKey but Columns.IdempotencyKey names no column; apply migration 0002", n)
+			return Statement{}, fmt.Errorf("outbox: event %d has an IdempotencyKey but Columns.IdempotencyKey names no column; "+
+				`apply migration 0002 and set Columns.IdempotencyKey = "idempotency_key"`, n)
 		}
 	}
 	return Statement{SQL: b.String(), Args: args}, nil
@@ -366,16 +409,6 @@ func (w *Writer) delete(ids []uuid.UUID) Statement {
 	return Statement{SQL: b.String(), Args: args}
 }
 
-// message is the content of a logical message; see the package doc.
-type message struct {
-	ID            string            `json:"id"`
-	AggregateType string            `json:"aggregate_type"`
-	AggregateID   string            `json:"aggregate_id"`
-	EventType     string            `json:"event_type"`
-	Payload       json.RawMessage   `json:"payload"`
-	Headers       map[string]string `json:"headers,omitempty"`
-}
-
 func (w *Writer) messages(events []Event, ids []uuid.UUID) ([]Statement, error) {
 	var stmts []Statement
 	var b strings.Builder
@@ -387,21 +420,9 @@ func (w *Writer) messages(events []Event, ids []uuid.UUID) ([]Statement, error) 
 		args = nil
 	}
 	for i, e := range events {
-		switch {
-		case e.Partition != nil:
-			return nil, fmt.Errorf("outbox: event %d has a Partition, which a logical message cannot carry", i)
-		case e.IdempotencyKey != "":
-			return nil, fmt.Errorf("outbox: event %d has an IdempotencyKey, which needs a table; use Insert or InsertDelete mode", i)
-		case e.Payload != nil && !json.Valid(e.Payload):
-			return nil, fmt.Errorf("outbox: event %d: Payload is not valid JSON, which Message mode requires", i)
-		}
-		m := message{ID: ids[i].String(), AggregateType: e.AggregateType, AggregateID: e.AggregateID, EventType: e.Type, Payload: e.Payload, Headers: e.Headers}
-		if e.Traceparent != "" {
-			m.Headers = withHeader(e.Headers, "traceparent", e.Traceparent)
-		}
-		content, err := json.Marshal(m)
+		content, err := w.message(e, ids[i], i)
 		if err != nil {
-			return nil, fmt.Errorf("outbox: event %d: encoding message: %w", i, err)
+			return nil, err
 		}
 		if len(args) == maxParams {
 			flush()
@@ -420,6 +441,60 @@ func (w *Writer) messages(events []Event, ids []uuid.UUID) ([]Statement, error) 
 	}
 	flush()
 	return stmts, nil
+}
+
+// message returns the content of event n's logical message: a JSON object
+// whose fields are named like the columns, as outboxd's router reads them
+// (see the package doc).
+func (w *Writer) message(e Event, id uuid.UUID, n int) ([]byte, error) {
+	c := w.cfg.Columns
+	switch {
+	case e.Partition != nil:
+		return nil, fmt.Errorf("outbox: event %d has a Partition, which a logical message cannot carry", n)
+	case e.Payload != nil && !json.Valid(e.Payload):
+		return nil, fmt.Errorf("outbox: event %d: Payload is not valid JSON, which Message mode requires", n)
+	case e.Type != "" && c.EventType == "":
+		return nil, fmt.Errorf("outbox: event %d has Type %q but Columns.EventType names no field", n, e.Type)
+	}
+	type field struct {
+		name  string
+		value any
+	}
+	fields := []field{{c.ID, id.String()}, {c.AggregateType, e.AggregateType}, {c.AggregateID, e.AggregateID}}
+	if c.EventType != "" {
+		fields = append(fields, field{c.EventType, e.Type})
+	}
+	fields = append(fields, field{c.Payload, json.RawMessage(e.Payload)}) // nil is null
+	headers := e.Headers
+	if e.Traceparent != "" {
+		switch {
+		case c.Traceparent != "":
+			fields = append(fields, field{c.Traceparent, e.Traceparent})
+		case c.Headers != "":
+			headers = withHeader(headers, "traceparent", e.Traceparent)
+		default:
+			return nil, fmt.Errorf("outbox: event %d has a Traceparent but Columns names neither a traceparent nor a headers field (Columns.Traceparent, Columns.Headers)", n)
+		}
+	}
+	if len(headers) > 0 {
+		if c.Headers == "" {
+			return nil, fmt.Errorf("outbox: event %d has Headers but Columns.Headers names no field (outboxd reads the field named by router.headers_column)", n)
+		}
+		fields = append(fields, field{c.Headers, headers})
+	}
+	b := []byte{'{'}
+	for i, f := range fields {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		k, _ := json.Marshal(f.name) // a string always marshals
+		v, err := json.Marshal(f.value)
+		if err != nil {
+			return nil, fmt.Errorf("outbox: event %d: encoding field %s: %w", n, f.name, err)
+		}
+		b = append(append(append(b, k...), ':'), v...)
+	}
+	return append(b, '}'), nil
 }
 
 // quoteLiteral quotes s as an SQL string literal (standard_conforming_strings).

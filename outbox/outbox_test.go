@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/migrations"
 	"github.com/outboxd/outboxd/outbox"
 )
 
@@ -26,6 +27,8 @@ func TestNewRejects(t *testing.T) {
 		{"missing payload column", outbox.Config{Columns: outbox.Columns{ID: "id", AggregateType: "a", AggregateID: "b"}}, "Columns.Payload is empty"},
 		{"binary payload in message mode", outbox.Config{Mode: outbox.Message, Columns: outbox.Columns{ID: "id", AggregateType: "a", AggregateID: "b", Payload: "p", BinaryPayload: true}}, "BinaryPayload must be false"},
 		{"unknown mode", outbox.Config{Mode: 7}, "unknown Mode 7"},
+		{"two fields, one column", outbox.Config{Columns: outbox.Columns{ID: "id", AggregateType: "a", AggregateID: "b", Payload: "p", Headers: "p"}},
+			`Columns.Payload and Columns.Headers both name "p"`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			_, err := outbox.New(c.cfg)
@@ -39,6 +42,9 @@ func TestNewRejects(t *testing.T) {
 func TestStatementsRejects(t *testing.T) {
 	ok := outbox.Event{AggregateType: "order", AggregateID: "1", Type: "T", Payload: []byte(`{}`)}
 	with := func(f func(*outbox.Event)) outbox.Event { e := ok; f(&e); return e }
+	keyed := outbox.DefaultColumns()
+	keyed.IdempotencyKey = "idempotency_key"
+	noType := outbox.Columns{ID: "id", AggregateType: "a", AggregateID: "b", Payload: "p"}
 	for _, c := range []struct {
 		name  string
 		cfg   outbox.Config
@@ -51,9 +57,23 @@ func TestStatementsRejects(t *testing.T) {
 		{"partition without column", outbox.Config{}, with(func(e *outbox.Event) { e.Partition = ptr[int32](1) }), "Columns.Partition names no column"},
 		{"type without column", outbox.Config{Columns: outbox.Columns{ID: "id", AggregateType: "a", AggregateID: "b", Payload: "p"}}, ok, "Columns.EventType names no column"},
 		{"idempotency key without column", outbox.Config{Columns: outbox.DebeziumColumns()}, with(func(e *outbox.Event) { e.IdempotencyKey = "k" }), "apply migration 0002"},
+		// DefaultColumns matches migration 0001 alone: the key is opt-in.
+		{"idempotency key with default columns", outbox.Config{}, with(func(e *outbox.Event) { e.IdempotencyKey = "k" }),
+			`set Columns.IdempotencyKey = "idempotency_key"`},
+		// The row is deleted in its own transaction: the unique index
+		// would never see the key again.
+		{"insert-delete with idempotency key", outbox.Config{Mode: outbox.InsertDelete, Columns: keyed}, with(func(e *outbox.Event) { e.IdempotencyKey = "k" }),
+			"the key needs rows kept in the table (Insert mode, rows deleted later)"},
+		{"insert-delete with idempotency key, no column", outbox.Config{Mode: outbox.InsertDelete}, with(func(e *outbox.Event) { e.IdempotencyKey = "k" }),
+			"InsertDelete mode cannot enforce"},
 		{"message with partition", outbox.Config{Mode: outbox.Message}, with(func(e *outbox.Event) { e.Partition = ptr[int32](1) }), "a logical message cannot carry"},
-		{"message with idempotency key", outbox.Config{Mode: outbox.Message}, with(func(e *outbox.Event) { e.IdempotencyKey = "k" }), "needs a table"},
+		{"message with idempotency key", outbox.Config{Mode: outbox.Message, Columns: keyed}, with(func(e *outbox.Event) { e.IdempotencyKey = "k" }), "needs a table"},
 		{"message with invalid JSON", outbox.Config{Mode: outbox.Message}, with(func(e *outbox.Event) { e.Payload = []byte("{") }), "not valid JSON"},
+		{"message headers without field", outbox.Config{Mode: outbox.Message}, with(func(e *outbox.Event) { e.Headers = map[string]string{"a": "b"} }),
+			"Columns.Headers names no field"},
+		{"message traceparent without field", outbox.Config{Mode: outbox.Message}, with(func(e *outbox.Event) { e.Traceparent = "00-x" }),
+			"neither a traceparent nor a headers field"},
+		{"message type without field", outbox.Config{Mode: outbox.Message, Columns: noType}, ok, "Columns.EventType names no field"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			w, err := outbox.New(c.cfg)
@@ -98,7 +118,7 @@ func TestStatementsSplitsLargeBatches(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	evs := make([]outbox.Event, 12000) // 6 parameters a row: 10922 rows a statement
+	evs := make([]outbox.Event, 14000) // 5 parameters a row: 13107 rows a statement
 	for i := range evs {
 		evs[i] = outbox.Event{AggregateType: "a", AggregateID: "k"}
 	}
@@ -112,7 +132,7 @@ func TestStatementsSplitsLargeBatches(t *testing.T) {
 			t.Errorf("statement with %d arguments", len(s.Args))
 		}
 		if strings.HasPrefix(s.SQL, "INSERT") {
-			inserted += len(s.Args) / 6
+			inserted += len(s.Args) / 5
 		} else {
 			deleted += len(s.Args)
 		}
@@ -123,11 +143,84 @@ func TestStatementsSplitsLargeBatches(t *testing.T) {
 }
 
 func TestRouterColumns(t *testing.T) {
-	got := outbox.RouterColumns(config.Default().Router)
-	want := outbox.DefaultColumns()
-	want.IdempotencyKey = "" // not a router setting
-	if got != want {
-		t.Errorf("RouterColumns(defaults) = %+v; want %+v", got, want)
+	if got, want := outbox.RouterColumns(config.Default().Router), outbox.DefaultColumns(); got != want {
+		t.Errorf("RouterColumns(defaults) = %+v; want DefaultColumns %+v", got, want)
+	}
+	r := config.Default().Router
+	r.EventTypeColumn = "-"
+	r.TraceparentColumn, r.HeadersColumn = "traceparent", "headers"
+	r.AdditionalFields = []config.Field{{Column: "tenant", Placement: "header"}, {Column: "part", Placement: "partition"}}
+	want := outbox.Columns{ID: "id", AggregateType: "aggregate_type", AggregateID: "aggregate_id", Payload: "payload",
+		Traceparent: "traceparent", Headers: "headers", Partition: "part"}
+	if got := outbox.RouterColumns(r); got != want {
+		t.Errorf("RouterColumns = %+v; want %+v", got, want)
+	}
+}
+
+// DefaultColumns names only columns of migration 0001's table, so that a
+// Writer works on the table the README shows.
+func TestDefaultColumnsIn0001(t *testing.T) {
+	stmts, err := migrations.SQL("public", "outbox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	create := stmts[0][strings.Index(stmts[0], "CREATE TABLE"):]
+	columns := map[string]bool{}
+	for _, l := range strings.Split(create, "\n")[1:] {
+		if f := strings.Fields(l); len(f) > 1 {
+			columns[f[0]] = true
+		}
+	}
+	c := outbox.DefaultColumns()
+	for _, name := range []string{c.ID, c.AggregateType, c.AggregateID, c.EventType, c.Payload, c.Traceparent, c.Partition, c.Headers, c.IdempotencyKey} {
+		if name != "" && !columns[name] {
+			t.Errorf("DefaultColumns names %q, which migration 0001 does not create (it creates %v)", name, columns)
+		}
+	}
+}
+
+// Message mode names every field like the columns (Columns), as outboxd's
+// router reads a message; a traceparent goes to its own field, else to the
+// headers field.
+func TestMessageFields(t *testing.T) {
+	id := uuid.MustParse("01890a5d-ac96-774b-bcce-b302099a8057")
+	tp := "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	full := outbox.Event{ID: id, AggregateType: "order", AggregateID: "42", Type: "OrderPlaced", Payload: []byte(`{"n": 1}`),
+		Headers: map[string]string{"tenant": "t1"}, Traceparent: tp}
+	debezium := outbox.DebeziumColumns()
+	debezium.Traceparent, debezium.Headers = "tracingspancontext", "hdrs"
+	headersOnly := outbox.DefaultColumns()
+	headersOnly.Headers = "headers"
+	custom := outbox.Columns{ID: "event_id", AggregateType: "topic_of", AggregateID: "key", Payload: "body", Headers: "meta"}
+	for _, c := range []struct {
+		name  string
+		cols  outbox.Columns
+		event outbox.Event
+		want  string
+	}{
+		{"debezium with traceparent field", debezium, full,
+			`{"id":"` + id.String() + `","aggregatetype":"order","aggregateid":"42","type":"OrderPlaced","payload":{"n":1},"tracingspancontext":"` + tp + `","hdrs":{"tenant":"t1"}}`},
+		{"traceparent into headers", headersOnly, full,
+			`{"id":"` + id.String() + `","aggregate_type":"order","aggregate_id":"42","event_type":"OrderPlaced","payload":{"n":1},"headers":{"tenant":"t1","traceparent":"` + tp + `"}}`},
+		{"no event type field, nil payload, no headers", custom, outbox.Event{ID: id, AggregateType: "order", AggregateID: "42"},
+			`{"event_id":"` + id.String() + `","topic_of":"order","key":"42","body":null}`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			w, err := outbox.New(outbox.Config{Columns: c.cols, Mode: outbox.Message})
+			if err != nil {
+				t.Fatal(err)
+			}
+			stmts, _, err := w.Statements(c.event)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := stmts[0].Args[0]; got != c.want {
+				t.Errorf("content\n%s\nwant\n%s", got, c.want)
+			}
+		})
+	}
+	if len(full.Headers) != 1 {
+		t.Errorf("the event's headers were changed: %v", full.Headers)
 	}
 }
 
@@ -231,7 +324,9 @@ func TestWriteOptionalColumns(t *testing.T) {
 func TestWriteDuplicate(t *testing.T) {
 	d := newDB(t, "outbox_dup")
 	ctx := context.Background()
-	w, err := outbox.New(outbox.Config{})
+	cols := outbox.DefaultColumns()
+	cols.IdempotencyKey = "idempotency_key"
+	w, err := outbox.New(outbox.Config{Columns: cols})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -279,7 +374,9 @@ func TestWriteMessages(t *testing.T) {
 	if _, err := d.pool.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'test_decoding')`, slot); err != nil {
 		t.Fatal(err)
 	}
-	w, err := outbox.New(outbox.Config{Mode: outbox.Message, MessagePrefix: "outboxd"})
+	cols := outbox.DefaultColumns()
+	cols.Headers = "headers"
+	w, err := outbox.New(outbox.Config{Mode: outbox.Message, MessagePrefix: "outboxd", Columns: cols})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,7 +9,9 @@ import (
 	"github.com/outboxd/outboxd/internal/testenv"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
+	"github.com/outboxd/outboxd/migrations"
 	"github.com/outboxd/outboxd/outbox"
 )
 
@@ -160,5 +162,94 @@ func TestWriteDeliveredByOutboxd(t *testing.T) {
 	}
 	if rows != len(kept) {
 		t.Errorf("outbox holds %d rows; want the %d written in Insert mode", rows, len(kept))
+	}
+}
+
+// A Writer with the default columns writes to a table made by migration 0001
+// alone (the table the README shows), in both table modes.
+func TestWriteTableFrom0001(t *testing.T) {
+	d := newDB(t, "outbox_0001")
+	ctx := context.Background()
+	stmts, err := migrations.SQL("plain", "outbox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.pool.Exec(ctx, "CREATE SCHEMA plain; "+stmts[0]); err != nil {
+		t.Fatal(err)
+	}
+	for _, mode := range []outbox.Mode{outbox.Insert, outbox.InsertDelete} {
+		t.Run(mode.String(), func(t *testing.T) {
+			w, err := outbox.New(outbox.Config{Table: "plain.outbox", Mode: mode})
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error {
+				_, err := w.Write(ctx, tx, outbox.Event{AggregateType: "order", AggregateID: "1", Type: "OrderPlaced", Payload: []byte(`{}`)})
+				return err
+			})
+			if err != nil {
+				t.Fatalf("writing to a table made by migration 0001: %v", err)
+			}
+		})
+	}
+}
+
+// Message mode with the columns of outboxd's router settings, none of them
+// outboxd's defaults, and both prefixes left at their defaults: outboxd
+// delivers the events with the right topic, key, value and headers.
+func TestMessagesDeliveredByOutboxd(t *testing.T) {
+	d := newDB(t, "outbox_msgs")
+	ctx := context.Background()
+	if _, err := d.pool.Exec(ctx, `CREATE SCHEMA app; CREATE TABLE app.events (
+		event_id uuid PRIMARY KEY, aggregatetype text NOT NULL, aggregateid text NOT NULL, type text NOT NULL,
+		body jsonb, span text, meta jsonb)`); err != nil {
+		t.Fatal(err)
+	}
+	cfg := testenv.RelayConfig(d.dsn, d.name, d.brokers)
+	cfg.Postgres.Table = "app.events"
+	r := &cfg.Router
+	r.IDColumn, r.RouteByColumn, r.KeyColumn, r.EventTypeColumn = "event_id", "aggregatetype", "aggregateid", "type"
+	r.PayloadColumn, r.TraceparentColumn, r.HeadersColumn = "body", "span", "meta"
+	testenv.StartRelay(t, cfg)
+
+	w, err := outbox.New(outbox.Config{Columns: outbox.RouterColumns(cfg.Router), Mode: outbox.Message})
+	if err != nil {
+		t.Fatal(err)
+	}
+	aggregate := "om_" + testenv.RandomSuffix()
+	tp := "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	events := []outbox.Event{
+		{AggregateType: aggregate, AggregateID: "1", Type: "OrderPlaced", Payload: []byte(`{"n":1}`),
+			Headers: map[string]string{"tenant": "t1"}, Traceparent: tp},
+		{AggregateType: aggregate, AggregateID: "1", Type: "OrderPaid", Payload: []byte(`{"n":2}`)},
+	}
+	var ids []uuid.UUID
+	err = pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) (err error) {
+		ids, err = w.Write(ctx, tx, events...)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs := readTopic(t, d.brokers, aggregate+"-events", len(events), 500*time.Millisecond)
+	if len(recs) != len(events) {
+		t.Fatalf("%d records; want %d", len(recs), len(events))
+	}
+	for i, rec := range recs {
+		e := events[i]
+		want := map[string]string{"id": ids[i].String(), "eventType": e.Type}
+		if e.Traceparent != "" {
+			want["traceparent"] = e.Traceparent
+		}
+		for k, v := range e.Headers {
+			want[k] = v
+		}
+		got := map[string]string{}
+		for _, h := range rec.Headers {
+			got[h.Key] = string(h.Value)
+		}
+		if string(rec.Key) != e.AggregateID || string(rec.Value) != string(e.Payload) || fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("record %d: key %q value %q headers %v; want %q %q %v", i, rec.Key, rec.Value, got, e.AggregateID, e.Payload, want)
+		}
 	}
 }

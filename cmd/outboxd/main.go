@@ -182,8 +182,12 @@ func migrate(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	schema, table := cfg.Postgres.TableName()
-	if err := migrations.Apply(ctx, conn, schema, table); err != nil {
+	skipped, err := migrations.Run(ctx, conn, schema, table)
+	if err != nil {
 		return err
+	}
+	for _, s := range skipped {
+		log.Warn("migration skipped", "migration", s.Migration, "table", cfg.Postgres.Table, "reason", s.Reason)
 	}
 	log.Info("outbox table ready", "table", cfg.Postgres.Table)
 	return nil
