@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -56,26 +57,27 @@ type Result struct {
 // Convert maps a Debezium PostgreSQL connector with an Outbox EventRouter to
 // an outboxd configuration. The result passes config.Config.Validate. It
 // returns an error, which never quotes a password, when c is not such a
-// connector or a setting is invalid.
+// connector, a setting is invalid, or a setting it reads is a Kafka Connect
+// config provider reference (${provider:...}), which only Connect resolves.
 func Convert(c Connector, opts Options) (Result, error) {
 	v := &conv{cfg: c.Config, used: map[string]bool{}}
-	if err := v.connector(); err != nil {
+	if err := v.check(v.connector()); err != nil {
 		return Result{}, err
 	}
 	er, err := v.transforms()
-	if err != nil {
+	if err := v.check(err); err != nil {
 		return Result{}, err
 	}
 	pg, err := v.postgres()
-	if err != nil {
+	if err := v.check(err); err != nil {
 		return Result{}, err
 	}
 	rt, err := v.router("transforms." + er + ".")
-	if err != nil {
+	if err := v.check(err); err != nil {
 		return Result{}, err
 	}
 	kafka, err := v.kafka(opts)
-	if err != nil {
+	if err := v.check(err); err != nil {
 		return Result{}, err
 	}
 	v.leftovers()
@@ -115,13 +117,49 @@ type conv struct {
 	cfg      map[string]string
 	used     map[string]bool
 	warnings []Warning
+	refErr   error // the first setting read that is a config provider reference
 }
 
+// get reads a setting. A config provider reference in it is an error (see
+// check), except in the secrets, which are never copied: their warnings say
+// how to give them to outboxd.
 func (v *conv) get(key string) (string, bool) {
 	v.used[key] = true
 	s, ok := v.cfg[key]
 	s = strings.TrimSpace(s)
+	if p, ref := providerReference(s); ref && !secrets[key] && v.refErr == nil {
+		v.refErr = fmt.Errorf("%s is a Kafka Connect config provider reference (${%s:...}), which outboxd cannot resolve; "+
+			"replace it with its value and convert again, or remove it, convert, and set the outboxd setting it maps to "+
+			"in the file or through its OUTBOXD_* environment variable", key, p)
+	}
 	return s, ok && s != ""
+}
+
+// check returns the error of a config provider reference read so far, which
+// explains err (a value misread as its literal text), else err.
+func (v *conv) check(err error) error {
+	if v.refErr != nil {
+		return v.refErr
+	}
+	return err
+}
+
+// secrets are the settings Convert never copies.
+var secrets = map[string]bool{"database.password": true, "database.sslpassword": true}
+
+// configProvider is Kafka's ConfigTransformer.DEFAULT_PATTERN: ${provider:[path:]key}.
+// ${routedByValue}, a group of route.topic.replacement, has no ':'.
+var configProvider = regexp.MustCompile(`\$\{([^}]*?):(?:[^}]*?:)?[^}]*?\}`)
+
+// providerReference reports whether s holds a Kafka Connect config provider
+// reference such as ${file:/etc/secrets.properties:key} or ${env:VAR}, and
+// names its provider. Kafka Connect resolved these; outboxd cannot.
+func providerReference(s string) (provider string, ok bool) {
+	m := configProvider.FindStringSubmatch(s)
+	if m == nil {
+		return "", false
+	}
+	return m[1], true
 }
 
 func (v *conv) or(key, def string) string {
@@ -210,8 +248,6 @@ func (s *section) add(key string, value any, comment string) {
 	s.items = append(s.items, item{key, value, comment})
 }
 
-func isReference(s string) bool { return strings.Contains(s, "${") }
-
 func (v *conv) postgres() (section, error) {
 	s := section{name: "postgres"}
 	var missing []string
@@ -227,10 +263,8 @@ func (v *conv) postgres() (section, error) {
 		return s, fmt.Errorf("%s not set; Debezium requires them, and outboxd needs them for postgres.dsn", strings.Join(missing, ", "))
 	}
 	port := v.or("database.port", "5432")
-	for key, val := range map[string]string{"database.hostname": host, "database.user": user, "database.dbname": db, "database.port": port} {
-		if isReference(val) {
-			return s, fmt.Errorf("%s is a Kafka Connect config provider reference (${...}); replace it with its value and convert again", key)
-		}
+	if err := v.check(nil); err != nil {
+		return s, err
 	}
 	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
 		return s, fmt.Errorf("database.port %q is not a port number", port)
@@ -253,13 +287,24 @@ func (v *conv) postgres() (section, error) {
 	}
 	dsn := url.URL{Scheme: "postgres", User: url.User(user), Host: net.JoinHostPort(host, port), Path: "/" + db, RawQuery: q.Encode()}
 	s.add("dsn", dsn.String(), "database.hostname, .port, .user, .dbname, .ssl*; no password")
-	if _, ok := v.get("database.password"); ok {
-		v.warn("database.password", "not copied. Give outboxd the password through the environment: set PGPASSWORD "+
-			"(pgx reads it, as libpq does), or add it to ~/.pgpass (%s:%s:%s:%s:PASSWORD), "+
-			"or put the whole DSN, password included, in OUTBOXD_POSTGRES_DSN", host, port, db, user)
+	if pw, ok := v.get("database.password"); ok {
+		if p, ref := providerReference(pw); ref {
+			v.warn("database.password", "is a Kafka Connect config provider reference (${%s:...}), which outboxd cannot resolve. "+
+				"It is not copied: give outboxd the password itself through PGPASSWORD, ~/.pgpass (%s:%s:%s:%s:PASSWORD), "+
+				"postgres.password_file (OUTBOXD_POSTGRES_PASSWORD_FILE: a file holding only the password, such as a mounted secret) "+
+				"or OUTBOXD_POSTGRES_DSN", p, host, port, db, user)
+		} else {
+			v.warn("database.password", "not copied. Give outboxd the password through the environment: set PGPASSWORD "+
+				"(pgx reads it, as libpq does), or add it to ~/.pgpass (%s:%s:%s:%s:PASSWORD), "+
+				"or put the whole DSN, password included, in OUTBOXD_POSTGRES_DSN", host, port, db, user)
+		}
 	}
-	if _, ok := v.get("database.sslpassword"); ok {
-		v.warn("database.sslpassword", "not copied; set PGSSLPASSWORD (pgx reads it), or put sslpassword=... in OUTBOXD_POSTGRES_DSN")
+	if pw, ok := v.get("database.sslpassword"); ok {
+		why := "not copied"
+		if p, ref := providerReference(pw); ref {
+			why = fmt.Sprintf("is a Kafka Connect config provider reference (${%s:...}), which outboxd cannot resolve, and is not copied", p)
+		}
+		v.warn("database.sslpassword", "%s; set PGSSLPASSWORD (pgx reads it), or put sslpassword=... in OUTBOXD_POSTGRES_DSN", why)
 	}
 
 	slot := v.or("slot.name", defaultSlot)
@@ -389,7 +434,7 @@ func (v *conv) router(p string) (section, error) {
 	}
 	re, err := compileJavaRegex(regex)
 	if err != nil {
-		return s, fmt.Errorf("%sroute.topic.regex %q %v; rewrite it, or convert without it and set router.topic_regex by hand", p, regex, err)
+		return s, fmt.Errorf("%sroute.topic.regex %q %v, or convert without it and set router.topic_regex by hand", p, regex, err)
 	}
 	replacement := v.or(p+"route.topic.replacement", defaultReplacement)
 	parts, err := parseJavaReplacement(replacement, re)
@@ -487,6 +532,9 @@ func (v *conv) router(p string) (section, error) {
 	if expand {
 		v.warn(p+"table.expand.json.payload", "a payload that is not JSON: Debezium logs a warning and sends it unexpanded, outboxd stops with a poison row (or dead-letters it)")
 	}
+	if err := v.expandedJSON(p, expand); err != nil {
+		return s, err
+	}
 	v.valueConverter(envelope, expand)
 	tomb, err := v.boolean(p+"route.tombstone.on.empty.payload", false)
 	if err != nil {
@@ -511,11 +559,6 @@ func (v *conv) router(p string) (section, error) {
 	if f, ok := v.get(p + "table.field.event.schema.version"); ok {
 		v.warn(p+"table.field.event.schema.version", "outboxd writes no Connect schemas, so column %s does not version anything; it is ignored", f)
 	}
-	for _, k := range []string{"table.json.payload.null.behavior", "table.json.payload.empty.array.behavior"} {
-		if _, ok := v.get(p + k); ok {
-			v.warn(p+k, "outboxd sends the payload's JSON text as it is: null fields and empty arrays are kept")
-		}
-	}
 	for _, k := range []string{"predicate", "negate"} {
 		if _, ok := v.get(p + k); ok {
 			v.warn(p+k, "outboxd applies its router to every row of the outbox table; a predicate that skipped records has no equivalent")
@@ -528,6 +571,35 @@ func (v *conv) router(p string) (section, error) {
 		}
 	}
 	return s, nil
+}
+
+// expandedJSON warns of what Debezium dropped from an expanded payload.
+// Debezium rebuilt it as a Connect Struct with a schema inferred from the
+// JSON (JsonSchemaData), in which, by default (ignore), a null value or an
+// empty array has no schema, so its field is left out. outboxd sends
+// Postgres' jsonb text as it is, keeping them.
+func (v *conv) expandedJSON(p string, expand bool) error {
+	for _, o := range []struct{ key, keep, dropped, example string }{
+		{"table.json.payload.null.behavior", "optional_bytes", "fields whose value is null", `{"a":1,"b":null} became {"a":1}`},
+		{"table.json.payload.empty.array.behavior", "optional_string", "fields whose value is an empty array", `{"a":1,"b":[]} became {"a":1}`},
+	} {
+		val, set := v.get(p + o.key)
+		switch b := strings.ToLower(val); {
+		case !set || b == "ignore":
+			if !expand {
+				continue // Debezium applies it only to an expanded payload
+			}
+			how := "is ignore"
+			if !set {
+				how = "is not set, so ignore (Debezium's default)"
+			}
+			v.warn(p+o.key, "%s: with table.expand.json.payload, Debezium dropped %s from the payload (%s); outboxd sends Postgres' jsonb text byte for byte and keeps them. "+
+				"Consumers that tell a missing field from this value see the difference", how, o.dropped, o.example)
+		case b != o.keep:
+			return fmt.Errorf("%s%s %q is not ignore or %s", p, o.key, val, o.keep)
+		}
+	}
+	return nil
 }
 
 func (v *conv) boolean(key string, def bool) (bool, error) {
@@ -599,7 +671,8 @@ func (v *conv) valueConverter(envelope, expand bool) {
 	case conv == jsonConverter && !envelope && !expand:
 		v.warn("value.converter", "JsonConverter (schemas off) wrote the payload as a JSON string literal (quoted, escaped); outboxd writes the payload's text itself, so consumers that decode a JSON string must parse the value directly")
 	case conv == jsonConverter:
-		v.warn("value.converter", "JsonConverter re-serialized the expanded payload compactly; outboxd writes Postgres' text of it: the same JSON, but not the same bytes (jsonb's text has a space after ':' and ',')")
+		v.warn("value.converter", "JsonConverter serialized the expanded payload compactly from the Connect Struct Debezium built of it; outboxd writes Postgres' jsonb text as it is. "+
+			"The bytes differ (jsonb's text has a space after ':' and ','), and so can the JSON: numbers went through Java int, long or double (1.10 became 1.1, 1e2 100.0)")
 	default:
 		v.warn("value.converter", "%s is not supported; outboxd writes the payload column's text (bytea: its bytes)", conv)
 	}

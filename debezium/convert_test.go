@@ -234,6 +234,12 @@ func TestParseProperties(t *testing.T) {
 		{"# a=b\n! a=c\na=d", "a", "d"},
 		{"a=b\r\nc=d", "a", "b"},
 		{"a", "a", ""},
+		{`a=\ud83d\ude00`, "a", "\U0001F600"}, // a UTF-16 surrogate pair is one code point
+		{`a=x\uD83D\uDE00y`, "a", "x\U0001F600y"},
+		{`a=\ud83d`, "a", "\uFFFD"}, // a lone surrogate
+		{`a=\ude00\ud83d`, "a", "\uFFFD\uFFFD"},
+		{`a=\ud83d\u0041`, "a", "\uFFFDA"},
+		{`a=\ud83dA`, "a", "\uFFFDA"},
 	} {
 		got, err := parseProperties([]byte(tc.in))
 		if err != nil {
@@ -349,4 +355,154 @@ func FuzzConvert(f *testing.F) {
 			t.Fatalf("password in output")
 		}
 	})
+}
+
+// connector is a minimal convertible connector with the given settings added
+// (or removed, when ""). The EventRouter is transforms.outbox.
+func connector(settings map[string]string) Connector {
+	c := map[string]string{
+		"connector.class":        PostgresConnector,
+		"database.hostname":      "db",
+		"database.user":          "dbz",
+		"database.dbname":        "app",
+		"plugin.name":            "pgoutput",
+		"table.include.list":     "public.outbox",
+		"key.converter":          "org.apache.kafka.connect.storage.StringConverter",
+		"value.converter":        "org.apache.kafka.connect.storage.StringConverter",
+		"transforms":             "outbox",
+		"transforms.outbox.type": EventRouter,
+	}
+	for k, v := range settings {
+		if v == "" {
+			delete(c, k)
+			continue
+		}
+		c[k] = v
+	}
+	return Connector{Name: "test", Config: c}
+}
+
+// TestConvertErrors checks that settings outboxd cannot honour stop the
+// conversion with an error naming the setting and what to do.
+func TestConvertErrors(t *testing.T) {
+	const provider = "is a Kafka Connect config provider reference"
+	for _, tc := range []struct {
+		name     string
+		settings map[string]string
+		want     []string // substrings of the error
+	}{
+		{"class intersection", map[string]string{"transforms.outbox.route.topic.regex": "(?<routedByValue>[a-z&&[^x]]+)"},
+			[]string{"transforms.outbox.route.topic.regex", "intersection", "rewrite the class without &&", "router.topic_regex"}},
+		{"publication from a file", map[string]string{"publication.name": "${file:/opt/secrets.properties:pub}"},
+			[]string{"publication.name " + provider + " (${file:...})", "replace it with its value", "OUTBOXD_"}},
+		{"slot from the environment", map[string]string{"slot.name": "${env:SLOT}"}, []string{"slot.name " + provider + " (${env:...})"}},
+		{"host from vault", map[string]string{"database.hostname": "${vault:secret/db:host}"}, []string{"database.hostname " + provider}},
+		{"port", map[string]string{"database.port": "${env:PORT}"}, []string{"database.port " + provider}},
+		{"user within text", map[string]string{"database.user": "app_${env:ENV}"}, []string{"database.user " + provider}},
+		{"plugin", map[string]string{"plugin.name": "${env:PLUGIN}"}, []string{"plugin.name " + provider}},
+		{"autocreate mode", map[string]string{"publication.autocreate.mode": "${env:MODE}"}, []string{"publication.autocreate.mode " + provider}},
+		{"table", map[string]string{"table.include.list": "${file:/c.properties:table}"}, []string{"table.include.list " + provider}},
+		{"certificate", map[string]string{"database.sslrootcert": "${file:/c.properties:ca}"}, []string{"database.sslrootcert " + provider}},
+		{"transforms", map[string]string{"transforms": "${env:TRANSFORMS}"}, []string{"transforms " + provider}},
+		{"key column", map[string]string{"transforms.outbox.table.field.event.key": "${env:KEY}"}, []string{"transforms.outbox.table.field.event.key " + provider}},
+		{"topic replacement", map[string]string{"transforms.outbox.route.topic.replacement": "${env:PREFIX}.${routedByValue}"},
+			[]string{"transforms.outbox.route.topic.replacement " + provider}},
+		{"expand", map[string]string{"transforms.outbox.table.expand.json.payload": "${env:EXPAND}"}, []string{"table.expand.json.payload " + provider}},
+		{"brokers", map[string]string{"producer.override.bootstrap.servers": "${env:BROKERS}"}, []string{"producer.override.bootstrap.servers " + provider}},
+		{"client id", map[string]string{"producer.override.client.id": "${env:CLIENT}"}, []string{"producer.override.client.id " + provider}},
+		{"value converter", map[string]string{"value.converter": "${env:CONVERTER}"}, []string{"value.converter " + provider}},
+		{"null behaviour", map[string]string{"transforms.outbox.table.expand.json.payload": "true", "transforms.outbox.table.json.payload.null.behavior": "keep"},
+			[]string{`table.json.payload.null.behavior "keep" is not ignore or optional_bytes`}},
+		{"empty array behaviour", map[string]string{"transforms.outbox.table.json.payload.empty.array.behavior": "keep"},
+			[]string{"is not ignore or optional_string"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res, err := Convert(connector(tc.settings), Options{}) // brokers from the connector
+			if err == nil {
+				t.Fatalf("converted:\n%s\nwarnings: %v", res.YAML, res.Warnings)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not contain %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+// TestConvertWarnings checks the warnings (and their absence) for settings
+// outboxd honours differently.
+func TestConvertWarnings(t *testing.T) {
+	const (
+		nullKey  = "transforms.outbox.table.json.payload.null.behavior"
+		arrayKey = "transforms.outbox.table.json.payload.empty.array.behavior"
+		expand   = "transforms.outbox.table.expand.json.payload"
+	)
+	jsonValues := map[string]string{"value.converter": jsonConverter, "value.converter.schemas.enable": "false"}
+	with := func(a, b map[string]string) map[string]string {
+		m := map[string]string{}
+		for k, v := range a {
+			m[k] = v
+		}
+		for k, v := range b {
+			m[k] = v
+		}
+		return m
+	}
+	for _, tc := range []struct {
+		name     string
+		settings map[string]string
+		want     map[string][]string // warning key: substrings of its message
+		absent   []string            // warning keys that must not appear
+		never    string              // text no warning may hold
+	}{
+		{name: "expanded, behaviours unset", settings: with(jsonValues, map[string]string{expand: "true"}),
+			want: map[string][]string{
+				nullKey:           {"Debezium's default", "dropped fields whose value is null", "keeps them"},
+				arrayKey:          {"Debezium's default", "dropped fields whose value is an empty array", "keeps them"},
+				"value.converter": {"1.10 became 1.1"},
+			},
+			never: "same JSON"},
+		{name: "expanded, behaviours ignore", settings: map[string]string{expand: "true", nullKey: "IGNORE", arrayKey: "ignore"},
+			want: map[string][]string{nullKey: {"is ignore", "null"}, arrayKey: {"is ignore", "empty array"}}},
+		{name: "expanded, values kept", settings: map[string]string{expand: "true", nullKey: "optional_bytes", arrayKey: "optional_string"},
+			absent: []string{nullKey, arrayKey}},
+		{name: "not expanded", settings: map[string]string{nullKey: "ignore", arrayKey: "optional_string"},
+			absent: []string{nullKey, arrayKey}},
+		{name: "password from a provider", settings: map[string]string{"database.password": "${file:/opt/connect.properties:pw}"},
+			want:  map[string][]string{"database.password": {"config provider reference (${file:...})", "PGPASSWORD", "postgres.password_file", "OUTBOXD_POSTGRES_DSN"}},
+			never: "/opt/connect.properties"},
+		{name: "ssl password from a provider", settings: map[string]string{"database.sslpassword": "${env:KEY_PW}"},
+			want: map[string][]string{"database.sslpassword": {"config provider reference (${env:...})", "PGSSLPASSWORD"}}},
+		{name: "routedByValue is no provider", settings: map[string]string{"transforms.outbox.route.topic.replacement": "events.${routedByValue}"}},
+		{name: "provider in an ignored setting", settings: map[string]string{"producer.override.sasl.jaas.config": "${file:/jaas.properties:config}"},
+			want: map[string][]string{"producer.override.sasl.jaas.config": {"ignored"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res, err := Convert(connector(tc.settings), Options{Brokers: []string{"k:9092"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := map[string]string{}
+			for _, w := range res.Warnings {
+				got[w.Key] += w.Message + "\n"
+				if tc.never != "" && strings.Contains(w.Message, tc.never) {
+					t.Errorf("warning %s holds %q", w, tc.never)
+				}
+			}
+			for key, subs := range tc.want {
+				for _, sub := range subs {
+					if !strings.Contains(got[key], sub) {
+						t.Errorf("warning on %s = %q; want one containing %q", key, got[key], sub)
+					}
+				}
+			}
+			for _, key := range tc.absent {
+				if got[key] != "" {
+					t.Errorf("unexpected warning on %s: %s", key, got[key])
+				}
+			}
+			loadBack(t, res.YAML)
+		})
+	}
 }

@@ -11,7 +11,8 @@
 //  1. Show every Warning to the operator; the conversion is faithful only
 //     where no warning says otherwise.
 //  2. Supply the Postgres password outside the converted file (PGPASSWORD,
-//     ~/.pgpass, or OUTBOXD_POSTGRES_DSN); Convert never copies it.
+//     ~/.pgpass, postgres.password_file or OUTBOXD_POSTGRES_DSN); Convert
+//     never copies it, nor resolves a config provider reference in it.
 //  3. Supply the Kafka brokers (Options.Brokers): a connector configuration
 //     does not name them, the Connect worker's does.
 package debezium

@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"unicode/utf16"
 	"unicode/utf8"
 )
 
@@ -202,18 +203,34 @@ func unescapeProperty(s string) (string, error) {
 		case 'f':
 			b.WriteByte('\f')
 		case 'u':
-			if i+5 > len(s) {
+			r, ok := hex4(s[i+1:])
+			if !ok {
 				return "", errors.New(`malformed \uXXXX escape`)
 			}
-			r, err := strconv.ParseUint(s[i+1:i+5], 16, 16)
-			if err != nil {
-				return "", errors.New(`malformed \uXXXX escape`)
-			}
-			b.WriteRune(rune(r))
 			i += 4
+			// java.util.Properties reads UTF-16 code units: a high and a
+			// low surrogate are one code point. A lone one becomes U+FFFD.
+			if utf16.IsSurrogate(r) && strings.HasPrefix(s[i+1:], `\u`) {
+				if lo, ok := hex4(s[i+3:]); ok {
+					if pair := utf16.DecodeRune(r, lo); pair != utf8.RuneError {
+						r = pair
+						i += 6
+					}
+				}
+			}
+			b.WriteRune(r)
 		default:
 			b.WriteByte(s[i])
 		}
 	}
 	return b.String(), nil
+}
+
+// hex4 reads the four hex digits of a \uXXXX escape at the start of s.
+func hex4(s string) (rune, bool) {
+	if len(s) < 4 {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(s[:4], 16, 16)
+	return rune(n), err == nil
 }
