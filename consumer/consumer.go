@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -90,6 +91,8 @@ type Consumer struct {
 	// transaction committed: Run returns errCrashed at once, committing no
 	// offsets.
 	crashAfterCommit func(*kgo.Record) bool
+
+	ran atomic.Bool // Run was called
 }
 
 var errCrashed = errors.New("simulated crash")
@@ -166,7 +169,15 @@ func (c *Consumer) Close() { c.cl.Close() }
 
 // Run consumes until ctx is done (it returns nil) or a record can neither be
 // applied nor dead-lettered, or the database fails (it returns the error).
+// Run may be called once: the Kafka client keeps its fetch position past
+// records that the last poll returned but Run did not apply, so a second Run
+// would skip them and then commit past them. To go on after Run returned,
+// Close the Consumer and create a new one, which resumes from the committed
+// offsets.
 func (c *Consumer) Run(ctx context.Context) error {
+	if c.ran.Swap(true) {
+		return errors.New("consumer: Run may be called once, and it was; Close this Consumer and create a new one, which resumes from the committed offsets (a second Run would skip the records the first left unapplied)")
+	}
 	if err := c.checkDeadLetterTopic(ctx); err != nil {
 		return err
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -320,6 +321,23 @@ func TestNewRejects(t *testing.T) {
 	}
 }
 
+// A second Run would start from the client's fetch position, past records
+// the first polled but did not apply, and commit past them: it is refused.
+func TestRunOnlyOnce(t *testing.T) {
+	cfg := Config{Brokers: []string{"127.0.0.1:1"}, Group: "g", Topics: []string{"t"}, DeadLetterTopic: "d"}
+	c, err := New(cfg, fakeDB{}, func(context.Context, pgx.Tx, *kgo.Record) error { return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_ = c.Run(ctx)
+	if err := c.Run(context.Background()); err == nil || !strings.Contains(err.Error(), "Run may be called once") {
+		t.Fatalf("second Run: %v; want it refused", err)
+	}
+}
+
 // Run refuses to start without its dead-letter topic, rather than failing
 // when a record first needs it.
 func TestMissingDeadLetterTopic(t *testing.T) {
@@ -332,4 +350,12 @@ func TestMissingDeadLetterTopic(t *testing.T) {
 	if err := c.Run(ctx); err == nil || !strings.Contains(err.Error(), "does not exist; create it") {
 		t.Fatalf("Run: %v; want the missing dead-letter topic named", err)
 	}
+}
+
+// fakeDB is a DB for tests that never reach the database.
+type fakeDB struct{}
+
+func (fakeDB) Begin(context.Context) (pgx.Tx, error) { return nil, errors.New("fakeDB") }
+func (fakeDB) Exec(context.Context, string, ...any) (pgconn.CommandTag, error) {
+	return pgconn.CommandTag{}, errors.New("fakeDB")
 }
