@@ -9,10 +9,14 @@ import (
 	"reflect"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"gopkg.in/yaml.v3"
+
+	"github.com/outboxd/outboxd/sink"
 )
 
 var update = flag.Bool("update", false, "rewrite generated files (kubernetes/prometheusrule.yaml) instead of comparing")
@@ -259,7 +263,77 @@ metadata:
 	for _, r := range pr.Spec.Groups[0].Rules {
 		names = append(names, r.Alert)
 	}
-	if !slices.Contains(names, "OutboxdSlotLagHigh") {
-		t.Errorf("%s lacks OutboxdSlotLagHigh", path)
+	if !slices.Contains(names, "OutboxdSlotRetainedWALHigh") {
+		t.Errorf("%s lacks OutboxdSlotRetainedWALHigh", path)
+	}
+}
+
+// TestLatencyBucketsFitAlert: histogram_quantile interpolates inside a
+// bucket, so OutboxdEventLatencyHigh's threshold must be a bucket bound of
+// outboxd_sink_commit_to_ack_seconds (else the alert fires for latencies
+// well below it: with buckets 16.384 and 32.768, at about 17s for 30s), and
+// the buckets must reach well past it.
+func TestLatencyBucketsFitAlert(t *testing.T) {
+	var threshold float64
+	for _, g := range loadRules(t).Groups {
+		for _, r := range g.Rules {
+			if r.Alert != "OutboxdEventLatencyHigh" {
+				continue
+			}
+			m := regexp.MustCompile(`outboxd_sink_commit_to_ack_seconds_bucket.*>\s*([0-9.]+)\s*$`).FindStringSubmatch(r.Expr)
+			if m == nil {
+				t.Fatalf("cannot find the threshold in %q", r.Expr)
+			}
+			threshold, _ = strconv.ParseFloat(m[1], 64)
+		}
+	}
+	if threshold == 0 {
+		t.Fatal("no OutboxdEventLatencyHigh rule")
+	}
+	reg := prometheus.NewRegistry()
+	sink.NewMetrics(reg)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var bounds []float64
+	for _, mf := range mfs {
+		if mf.GetName() == "outboxd_sink_commit_to_ack_seconds" {
+			for _, b := range mf.GetMetric()[0].GetHistogram().GetBucket() {
+				bounds = append(bounds, b.GetUpperBound())
+			}
+		}
+	}
+	if len(bounds) == 0 {
+		t.Fatal("sink.NewMetrics registers no outboxd_sink_commit_to_ack_seconds")
+	}
+	t.Logf("buckets %v, alert threshold %gs", bounds, threshold)
+	if !slices.Contains(bounds, threshold) {
+		t.Errorf("the alert threshold %gs is not a bucket bound: p99 is interpolated across it", threshold)
+	}
+	if top := bounds[len(bounds)-1]; top < 4*threshold {
+		t.Errorf("the highest bucket is %gs; want at least %gs to tell a slow pipeline from a stuck one", top, 4*threshold)
+	}
+	if bounds[0] > 0.001 {
+		t.Errorf("the lowest bucket is %gs; want 1 ms or less (healthy latency is milliseconds)", bounds[0])
+	}
+	if len(bounds) > 20 {
+		t.Errorf("%d buckets; keep it at 20 or fewer (each is a series)", len(bounds))
+	}
+}
+
+// TestLastErrorWhereServed: /healthz answers {"status":"ok"} only (see
+// metrics.TestEndpoints); last_error is in /status and /readyz's body. The
+// runbook and the alerts must send operators there.
+func TestLastErrorWhereServed(t *testing.T) {
+	wrong := regexp.MustCompile(`healthz[^.|\n]{0,80}last_error|last_error[^.|\n]{0,80}healthz`)
+	for _, path := range []string{"../docs/operations.md", "prometheus/alerts.yaml"} {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range wrong.FindAll(data, -1) {
+			t.Errorf("%s: %q: /healthz has no last_error; it is in /status (and /readyz's body)", path, m)
+		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -196,4 +197,110 @@ func TestDashboardQueriesParse(t *testing.T) {
 		t.Fatal(err)
 	}
 	runPromtool(t, dir, "check", "rules", "dashboard.yaml")
+}
+
+// counterFunc finds rate(), irate() and increase() and what they are applied
+// to: a metric name, or "" when the argument starts otherwise (a subquery).
+var counterFunc = regexp.MustCompile(`\b(rate|irate|increase)\s*\(\s*([a-zA-Z_:][a-zA-Z0-9_:]*)?`)
+
+// nonCounterRates returns the rate/irate/increase calls in expr applied to
+// something that is not a counter: a counter's name ends in _total, or it is
+// a histogram's _bucket, _sum or _count. On a gauge (an LSN, a timestamp)
+// these functions read every decrease as a counter reset and every jump from
+// 0 (a standby taking over) as an increase of the whole value.
+func nonCounterRates(expr string) []string {
+	var bad []string
+	for _, m := range counterFunc.FindAllStringSubmatch(expr, -1) {
+		name := m[2]
+		ok := false
+		for _, s := range []string{"_total", "_bucket", "_sum", "_count"} {
+			ok = ok || strings.HasSuffix(name, s)
+		}
+		if !ok {
+			bad = append(bad, m[0])
+		}
+	}
+	return bad
+}
+
+func TestNonCounterRatesDetected(t *testing.T) {
+	for _, tc := range []struct {
+		expr string
+		bad  int
+	}{
+		{`sum(rate(outboxd_sink_records_produced_total{job=~"$job"}[5m]))`, 0},
+		{`histogram_quantile(0.99, sum by (le) (rate(outboxd_sink_commit_to_ack_seconds_bucket[5m])))`, 0},
+		{`rate(outboxd_sink_commit_to_ack_seconds_sum[5m]) / rate(outboxd_sink_commit_to_ack_seconds_count[5m])`, 0},
+		{`increase(outboxd_relay_restarts_total[15m])`, 0},
+		{`max by (job) (rate(outboxd_checkpoint_confirmed_lsn{job=~"$job"}[5m]))`, 1},
+		{`increase(outboxd_wal_received_lsn[5m])`, 1},
+		{`irate(outboxd_start_time_seconds[5m])`, 1},
+		{`rate((max(outboxd_checkpoint_confirmed_lsn))[5m:])`, 1},
+		{`deriv(outboxd_checkpoint_confirmed_lsn[5m])`, 0},
+	} {
+		if got := nonCounterRates(tc.expr); len(got) != tc.bad {
+			t.Errorf("nonCounterRates(%q) = %q, want %d", tc.expr, got, tc.bad)
+		}
+	}
+}
+
+// TestRatesOnlyOnCounters: the dashboard and the alert rules apply rate(),
+// irate() and increase() to counters only.
+func TestRatesOnlyOnCounters(t *testing.T) {
+	for where, expr := range loadDashboard(t).queries() {
+		if bad := nonCounterRates(expr); len(bad) > 0 {
+			t.Errorf("%s applies %v to a metric that is not a counter; use deriv() or delta() on gauges\n  %s", where, bad, expr)
+		}
+	}
+	for _, g := range loadRules(t).Groups {
+		for _, r := range g.Rules {
+			if bad := nonCounterRates(r.Expr); len(bad) > 0 {
+				t.Errorf("alert %s applies %v to a metric that is not a counter\n  %s", r.Alert, bad, r.Expr)
+			}
+		}
+	}
+}
+
+// TestDashboardConfirmedRateTakeover evaluates the confirmed-LSN throughput
+// query with promtool over a failover: instance a streams and dies at minute
+// 10; standby b, which reported 0, takes over at the slot's position (50 GB)
+// and advances 1 MB a minute. The throughput must stay 1 MB/min throughout,
+// not show the 50 GB jump.
+func TestDashboardConfirmedRateTakeover(t *testing.T) {
+	promtool(t)
+	var expr string
+	for where, q := range loadDashboard(t).queries() {
+		if strings.Contains(where, "Received vs confirmed WAL") && !strings.Contains(q, "outboxd_wal_received_lsn") {
+			expr = q
+		}
+	}
+	if expr == "" {
+		t.Fatal("no confirmed-LSN throughput query in panel \"Received vs confirmed WAL\"")
+	}
+	expr = strings.NewReplacer("$__rate_interval", "5m", "$__interval", "1m", "$job", ".*", "$instance", ".*").Replace(expr)
+	test := map[string]any{
+		"rule_files":          []string{},
+		"evaluation_interval": "1m",
+		"tests": []any{map[string]any{
+			"interval": "1m",
+			"input_series": []map[string]string{
+				{"series": `outboxd_checkpoint_confirmed_lsn{job="outboxd",instance="a"}`, "values": "49990000000+1000000x10"},
+				{"series": `outboxd_checkpoint_confirmed_lsn{job="outboxd",instance="b"}`, "values": "0x10 50000000000+1000000x20"},
+			},
+			"promql_expr_test": []map[string]any{
+				{"expr": expr, "eval_time": "8m", "exp_samples": []map[string]any{{"labels": `{job="outboxd"}`, "value": 1e6 / 60}}},
+				{"expr": expr, "eval_time": "13m", "exp_samples": []map[string]any{{"labels": `{job="outboxd"}`, "value": 1e6 / 60}}},
+				{"expr": expr, "eval_time": "20m", "exp_samples": []map[string]any{{"labels": `{job="outboxd"}`, "value": 1e6 / 60}}},
+			},
+		}},
+	}
+	out, err := yaml.Marshal(test)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "takeover_test.yaml"), out, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	runPromtool(t, dir, "test", "rules", "takeover_test.yaml")
 }

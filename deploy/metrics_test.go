@@ -18,6 +18,9 @@ import (
 // (and in the assets) must break this package's tests.
 var metricNames = map[string]string{
 	"outboxd_slot_lag_bytes":                                "gauge",
+	"outboxd_slot_retained_wal_bytes":                       "gauge",
+	"outboxd_slot_last_read_timestamp_seconds":              "gauge",
+	"outboxd_slot_read_errors_total":                        "counter",
 	"outboxd_slot_active":                                   "gauge",
 	"outboxd_slot_active_pid":                               "gauge",
 	"outboxd_slot_wal_status":                               "gauge",

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"debug/elf"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"io"
 	"net"
@@ -17,6 +18,7 @@ import (
 	"regexp"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -63,13 +65,15 @@ func TestExampleConfig(t *testing.T) {
 
 // --- Dockerfile -------------------------------------------------------------
 
-func TestDockerfile(t *testing.T) {
+// readDockerfile returns the Dockerfile's instructions, continuation lines
+// joined and comments dropped, and those of its final stage.
+func readDockerfile(t *testing.T) (lines, final []string) {
+	t.Helper()
 	data, err := os.ReadFile("../Dockerfile")
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Join continuation lines, drop comments.
-	var lines []string
 	var cur strings.Builder
 	for _, l := range strings.Split(string(data), "\n") {
 		if strings.HasPrefix(strings.TrimSpace(l), "#") {
@@ -85,13 +89,55 @@ func TestDockerfile(t *testing.T) {
 		}
 		cur.Reset()
 	}
-	var froms, final []string
 	for _, l := range lines {
 		if strings.HasPrefix(l, "FROM ") {
-			froms = append(froms, l)
 			final = nil
 		}
 		final = append(final, l)
+	}
+	return lines, final
+}
+
+// instruction returns the arguments of the last instruction name in lines.
+func instruction(lines []string, name string) string {
+	for _, l := range slices.Backward(lines) {
+		if rest, ok := strings.CutPrefix(l, name+" "); ok {
+			return strings.TrimSpace(rest)
+		}
+	}
+	return ""
+}
+
+// execForm decodes an exec-form (JSON array) instruction argument.
+func execForm(t *testing.T, what, s string) []string {
+	t.Helper()
+	var args []string
+	if err := json.Unmarshal([]byte(s), &args); err != nil {
+		t.Fatalf("%s %s: not an exec-form JSON array: %v", what, s, err)
+	}
+	return args
+}
+
+// configFlag returns the value of -config in args, or "".
+func configFlag(args []string) string {
+	for i, a := range args {
+		if (a == "-config" || a == "--config") && i+1 < len(args) {
+			return args[i+1]
+		}
+		if v, ok := strings.CutPrefix(strings.TrimLeft(a, "-"), "config="); ok && strings.HasPrefix(a, "-") {
+			return v
+		}
+	}
+	return ""
+}
+
+func TestDockerfile(t *testing.T) {
+	lines, final := readDockerfile(t)
+	var froms []string
+	for _, l := range lines {
+		if strings.HasPrefix(l, "FROM ") {
+			froms = append(froms, l)
+		}
 	}
 	all := strings.Join(lines, "\n")
 	if len(froms) < 2 {
@@ -131,8 +177,53 @@ func TestDockerfile(t *testing.T) {
 		t.Errorf("final COPY %q does not install %s", c, binPath)
 	}
 	hc := instr("HEALTHCHECK")
-	if !strings.HasSuffix(hc, `CMD ["`+binPath+`", "healthcheck"]`) {
+	if !strings.Contains(hc, `CMD ["`+binPath+`", "healthcheck"`) {
 		t.Errorf("HEALTHCHECK %q, want exec form running %s healthcheck", hc, binPath)
+	}
+}
+
+// TestHealthcheckReadsTheRunConfig: `outboxd healthcheck` finds the address
+// to probe in http.listen of its -config file, so the Docker HEALTHCHECK and
+// compose's healthcheck must name the file the process itself runs with;
+// without it they probe the default :8080 and a configuration listening
+// elsewhere is reported unhealthy.
+func TestHealthcheckReadsTheRunConfig(t *testing.T) {
+	_, final := readDockerfile(t)
+	run := append(execForm(t, "ENTRYPOINT", instruction(final, "ENTRYPOINT")), execForm(t, "CMD", instruction(final, "CMD"))...)
+	_, hcArgs, ok := strings.Cut(instruction(final, "HEALTHCHECK"), " CMD ")
+	if !ok {
+		t.Fatalf("HEALTHCHECK %q has no CMD", instruction(final, "HEALTHCHECK"))
+	}
+	hc := execForm(t, "HEALTHCHECK CMD", hcArgs)
+	runCfg, hcCfg := configFlag(run), configFlag(hc)
+	if runCfg == "" {
+		t.Errorf("ENTRYPOINT+CMD %v passes no -config", run)
+	}
+	if hcCfg != runCfg {
+		t.Errorf("HEALTHCHECK %v reads -config %q, the process (ENTRYPOINT+CMD %v) reads %q", hc, hcCfg, run, runCfg)
+	}
+	// The default CMD must work without a mount: the image carries the file.
+	if !slices.ContainsFunc(final, func(l string) bool {
+		return strings.HasPrefix(l, "COPY ") && strings.HasSuffix(l, " "+runCfg)
+	}) {
+		t.Errorf("the final stage does not install %s, which the default CMD reads", runCfg)
+	}
+
+	var c composeFile
+	data, err := os.ReadFile("compose.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(data, &c); err != nil {
+		t.Fatalf("compose.yaml: %v", err)
+	}
+	for name, s := range c.Services {
+		if s.Healthcheck == nil || !slices.Contains(s.Healthcheck.Test, "healthcheck") {
+			continue
+		}
+		if got, want := configFlag(s.Healthcheck.Test), configFlag(s.Command); got != want || want == "" {
+			t.Errorf("compose service %s: healthcheck %v reads -config %q, its command %v reads %q", name, s.Healthcheck.Test, got, s.Command, want)
+		}
 	}
 }
 
@@ -202,8 +293,8 @@ func TestCompose(t *testing.T) {
 	if !slices.Contains(od.Ports, metricsPort+":"+metricsPort) {
 		t.Errorf("outboxd ports %v do not publish %s", od.Ports, metricsPort)
 	}
-	if od.Healthcheck == nil || !slices.Equal(od.Healthcheck.Test, []string{"CMD", binPath, "healthcheck"}) {
-		t.Errorf("outboxd healthcheck %+v, want [CMD %s healthcheck]", od.Healthcheck, binPath)
+	if od.Healthcheck == nil || !slices.Equal(od.Healthcheck.Test[:min(3, len(od.Healthcheck.Test))], []string{"CMD", binPath, "healthcheck"}) {
+		t.Errorf("outboxd healthcheck %+v, want [CMD %s healthcheck ...]", od.Healthcheck, binPath)
 	}
 	for dep, want := range map[string]string{"postgres": "service_healthy", "kafka": "service_healthy", "migrate": "service_completed_successfully"} {
 		if got := od.DependsOn[dep].Condition; got != want {
@@ -611,12 +702,43 @@ func TestSystemdUnit(t *testing.T) {
 	if err != nil || stop <= config.Default().ShutdownTimeout {
 		t.Errorf("TimeoutStopSec %v must exceed the default shutdown_timeout %s", svc["TimeoutStopSec"], config.Default().ShutdownTimeout)
 	}
+	// A dependency that is down for a while at boot makes outboxd exit 1 at
+	// every start: the start limit must never be reached by restarting at
+	// RestartSec, or the unit stays failed after the dependency is back.
+	restart, err := time.ParseDuration(svc["RestartSec"][0])
+	if err != nil {
+		t.Fatalf("RestartSec %v: %v", svc["RestartSec"], err)
+	}
+	limitInterval, burst := 10*time.Second, 5 // systemd's defaults
+	if v := u["Unit"]["StartLimitIntervalSec"]; len(v) > 0 {
+		if limitInterval, err = parseSystemdSeconds(v[len(v)-1]); err != nil {
+			t.Fatalf("StartLimitIntervalSec %v: %v", v, err)
+		}
+	}
+	if v := u["Unit"]["StartLimitBurst"]; len(v) > 0 {
+		if burst, err = strconv.Atoi(v[len(v)-1]); err != nil {
+			t.Fatalf("StartLimitBurst %v: %v", v, err)
+		}
+	}
+	if limitInterval != 0 && time.Duration(burst)*restart <= limitInterval {
+		t.Errorf("StartLimitBurst=%d in StartLimitIntervalSec=%s with RestartSec=%s: restarting through an outage longer than %s leaves the unit failed; set StartLimitIntervalSec=0",
+			burst, limitInterval, restart, time.Duration(burst)*restart)
+	}
 	if got := u["Install"]["WantedBy"]; !slices.Equal(got, []string{"multi-user.target"}) {
 		t.Errorf("[Install] WantedBy=%v", got)
 	}
 	if !slices.Contains(u["Unit"]["After"], "network-online.target") {
 		t.Error("[Unit] After= lacks network-online.target")
 	}
+}
+
+// parseSystemdSeconds parses a systemd time span as the unit uses them: a
+// bare number of seconds, or a Go duration ("10min" is written "10m").
+func parseSystemdSeconds(v string) (time.Duration, error) {
+	if n, err := strconv.Atoi(v); err == nil {
+		return time.Duration(n) * time.Second, nil
+	}
+	return time.ParseDuration(strings.Replace(v, "min", "m", 1))
 }
 
 // --- scripts/release and the binary ------------------------------------------

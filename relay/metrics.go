@@ -5,24 +5,27 @@ import (
 )
 
 type metrics struct {
-	confirmedLSN  prometheus.Gauge
-	confirmedAt   prometheus.Gauge
-	confirmedTxns prometheus.Counter
-	receivedLSN   prometheus.Gauge
-	slotLag       prometheus.Gauge
-	slotActive    prometheus.Gauge
-	slotPID       prometheus.Gauge
-	slotWALStatus *prometheus.GaugeVec
-	slotSafeWAL   prometheus.Gauge
-	changes       *prometheus.CounterVec
-	transactions  prometheus.Counter
-	restarts      prometheus.Counter
-	inFlight      prometheus.Gauge
-	bufferFill    prometheus.Gauge
-	deadLettered  prometheus.Counter
-	roundTrip     prometheus.Histogram
-	commitToSend  prometheus.Histogram
-	state         *prometheus.GaugeVec
+	confirmedLSN   prometheus.Gauge
+	confirmedAt    prometheus.Gauge
+	confirmedTxns  prometheus.Counter
+	receivedLSN    prometheus.Gauge
+	slotLag        prometheus.Gauge
+	slotRetained   prometheus.Gauge
+	slotLastRead   prometheus.Gauge
+	slotReadErrors prometheus.Counter
+	slotActive     prometheus.Gauge
+	slotPID        prometheus.Gauge
+	slotWALStatus  *prometheus.GaugeVec
+	slotSafeWAL    prometheus.Gauge
+	changes        *prometheus.CounterVec
+	transactions   prometheus.Counter
+	restarts       prometheus.Counter
+	inFlight       prometheus.Gauge
+	bufferFill     prometheus.Gauge
+	deadLettered   prometheus.Counter
+	roundTrip      prometheus.Histogram
+	commitToSend   prometheus.Histogram
+	state          *prometheus.GaugeVec
 }
 
 // walStatuses are the values of pg_replication_slots.wal_status.
@@ -39,13 +42,16 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
 	}
 	m := &metrics{
-		confirmedLSN:  gauge("outboxd_checkpoint_confirmed_lsn", "WAL position last confirmed to Postgres (as a number)."),
-		confirmedAt:   gauge("outboxd_checkpoint_confirmed_commit_timestamp_seconds", "Commit time of the last confirmed transaction (Unix seconds); time() minus it is the delivery lag while there is work."),
-		confirmedTxns: counter("outboxd_checkpoint_transactions_confirmed_total", "Transactions confirmed to Postgres after Kafka acknowledged all their records."),
-		receivedLSN:   gauge("outboxd_wal_received_lsn", "End WAL position of the last complete transaction received."),
-		slotLag:       gauge("outboxd_slot_lag_bytes", "pg_current_wal_lsn() - confirmed_flush_lsn of the slot: WAL Postgres retains for outboxd."),
-		slotActive:    gauge("outboxd_slot_active", "1 when the slot is held by a process, 0 otherwise."),
-		slotPID:       gauge("outboxd_slot_active_pid", "Process id of the walsender holding the slot (0 when none)."),
+		confirmedLSN:   gauge("outboxd_checkpoint_confirmed_lsn", "WAL position last confirmed to Postgres (as a number)."),
+		confirmedAt:    gauge("outboxd_checkpoint_confirmed_commit_timestamp_seconds", "Commit time of the last confirmed transaction (Unix seconds); time() minus it is the delivery lag while there is work."),
+		confirmedTxns:  counter("outboxd_checkpoint_transactions_confirmed_total", "Transactions confirmed to Postgres after Kafka acknowledged all their records."),
+		receivedLSN:    gauge("outboxd_wal_received_lsn", "End WAL position of the last complete transaction received."),
+		slotLag:        gauge("outboxd_slot_lag_bytes", "pg_current_wal_lsn() - confirmed_flush_lsn of the slot: WAL written since the position outboxd last confirmed (delivery lag in bytes)."),
+		slotRetained:   gauge("outboxd_slot_retained_wal_bytes", "pg_current_wal_lsn() - restart_lsn of the slot: WAL Postgres keeps on disk for the slot (at least the lag; more while a long transaction is open)."),
+		slotLastRead:   gauge("outboxd_slot_last_read_timestamp_seconds", "When the slot's row was last read from pg_replication_slots (Unix seconds); the other outboxd_slot_* values are as of then."),
+		slotReadErrors: counter("outboxd_slot_read_errors_total", "Failed reads of the slot's row (no connection, a failed query, or no such slot); the slot metrics keep their last values."),
+		slotActive:     gauge("outboxd_slot_active", "1 when the slot is held by a process, 0 otherwise."),
+		slotPID:        gauge("outboxd_slot_active_pid", "Process id of the walsender holding the slot (0 when none)."),
 		slotWALStatus: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "outboxd_slot_wal_status", Help: "The slot's wal_status: 1 for the current value (reserved, extended, unreserved, lost).",
 		}, []string{"status"}),
@@ -68,7 +74,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "outboxd_relay_state", Help: "1 for the relay's current state: starting, streaming, standby (another process holds the slot) or stopped.",
 		}, []string{"state"}),
 	}
-	reg.MustRegister(m.confirmedLSN, m.confirmedAt, m.confirmedTxns, m.receivedLSN, m.slotLag, m.slotActive, m.slotPID,
+	reg.MustRegister(m.confirmedLSN, m.confirmedAt, m.confirmedTxns, m.receivedLSN, m.slotLag, m.slotRetained, m.slotLastRead, m.slotReadErrors, m.slotActive, m.slotPID,
 		m.slotWALStatus, m.changes, m.transactions, m.restarts, m.inFlight, m.bufferFill, m.deadLettered, m.roundTrip, m.commitToSend, m.state)
 	for _, op := range []string{"insert", "update", "delete", "message"} {
 		m.changes.WithLabelValues(op)

@@ -23,7 +23,8 @@ type Report struct {
 	Active      bool      `json:"active"`
 	ActivePID   int       `json:"active_pid,omitempty"`
 	Confirmed   string    `json:"confirmed_flush_lsn,omitempty"`
-	LagBytes    int64     `json:"lag_bytes"`
+	LagBytes    int64     `json:"lag_bytes"`           // pg_current_wal_lsn() - confirmed_flush_lsn
+	Retained    int64     `json:"retained_wal_bytes"`  // pg_current_wal_lsn() - restart_lsn
 	FlushLag    string    `json:"flush_lag,omitempty"` // pg_stat_replication.flush_lag of the holder
 	WALStatus   string    `json:"wal_status,omitempty"`
 	SafeWALSize *int64    `json:"safe_wal_size_bytes,omitempty"`
@@ -36,7 +37,11 @@ type Report struct {
 	ProcessURL  string    `json:"outboxd_url"`
 	ProcessErr  string    `json:"outboxd_error,omitempty"`
 	ReadAt      time.Time `json:"read_at"`
-	LagAge      *float64  `json:"lag_seconds,omitempty"` // from the process's confirmed commit time
+	// ConfirmedAge is how long ago the last transaction the running outboxd
+	// confirmed was committed, set only while it has records in flight: then
+	// the oldest undelivered event is at most this old. With nothing in
+	// flight it would only measure how long the outbox has been idle.
+	ConfirmedAge *float64 `json:"last_confirmed_commit_age_seconds,omitempty"`
 }
 
 // BuildReport reads the report from Postgres and from the outboxd HTTP
@@ -56,9 +61,10 @@ func BuildReport(ctx context.Context, cfg config.Config, statusURL string) (Repo
 		rep.SlotExists, rep.Plugin, rep.Active, rep.ActivePID, rep.WALStatus = true, info.Plugin, info.Active, info.ActivePID, info.WALStatus
 		rep.Confirmed = info.ConfirmedFlushLSN.String()
 		var flushLag *string
-		err := conn.QueryRow(ctx, `SELECT coalesce((pg_current_wal_lsn() - s.confirmed_flush_lsn)::bigint, 0), s.safe_wal_size,
+		err := conn.QueryRow(ctx, `SELECT coalesce((pg_current_wal_lsn() - s.confirmed_flush_lsn)::bigint, 0),
+				coalesce((pg_current_wal_lsn() - s.restart_lsn)::bigint, 0), s.safe_wal_size,
 				(SELECT r.flush_lag::text FROM pg_stat_replication r WHERE r.pid = s.active_pid)
-			FROM pg_replication_slots s WHERE s.slot_name = $1`, cfg.Postgres.Slot).Scan(&rep.LagBytes, &rep.SafeWALSize, &flushLag)
+			FROM pg_replication_slots s WHERE s.slot_name = $1`, cfg.Postgres.Slot).Scan(&rep.LagBytes, &rep.Retained, &rep.SafeWALSize, &flushLag)
 		if err != nil {
 			return rep, fmt.Errorf("reading slot lag: %w", err)
 		}
@@ -89,13 +95,20 @@ func BuildReport(ctx context.Context, cfg config.Config, statusURL string) (Repo
 			rep.ProcessErr = err.Error()
 		} else {
 			rep.Process = &st
-			if !st.ConfirmedCommitTime.IsZero() && rep.LagBytes > 0 {
-				age := time.Since(st.ConfirmedCommitTime).Seconds()
-				rep.LagAge = &age
-			}
+			rep.ConfirmedAge = confirmedAge(st, rep.ReadAt)
 		}
 	}
 	return rep, nil
+}
+
+// confirmedAge returns the age at now of the last confirmed commit while
+// records are in flight, and nil otherwise.
+func confirmedAge(st Status, now time.Time) *float64 {
+	if st.InFlight == 0 || st.ConfirmedCommitTime.IsZero() {
+		return nil
+	}
+	age := max(now.Sub(st.ConfirmedCommitTime).Seconds(), 0)
+	return &age
 }
 
 func fetchStatus(ctx context.Context, url string) (Status, error) {
@@ -129,14 +142,8 @@ func (rep Report) WriteText(w io.Writer) error {
 			holder = fmt.Sprintf("active, held by pid %d", rep.ActivePID)
 		}
 		row("slot", "%s (%s), %s", rep.Slot, rep.Plugin, holder)
-		lag := bytesText(rep.LagBytes)
-		if rep.LagAge != nil {
-			lag += fmt.Sprintf(", oldest undelivered commit %s ago", time.Duration(*rep.LagAge*float64(time.Second)).Round(time.Millisecond))
-		}
-		if rep.FlushLag != "" {
-			lag += ", flush lag " + rep.FlushLag
-		}
-		row("lag", "%s", lag)
+		row("lag", "%s", rep.lagText())
+		row("retained", "%s of WAL kept for the slot (since its restart_lsn)", bytesText(rep.Retained))
 		row("confirmed", "%s", rep.Confirmed)
 		wal := rep.WALStatus
 		if wal != "reserved" {
@@ -170,6 +177,21 @@ func (rep Report) WriteText(w io.Writer) error {
 		row("outboxd", "%s", rep.ProcessErr)
 	}
 	return tw.Flush()
+}
+
+// lagText is the report's lag line: the WAL written since the confirmed
+// position, the age of the last confirmed commit while records are in
+// flight, and the holder's flush lag.
+func (rep Report) lagText() string {
+	lag := bytesText(rep.LagBytes) + " of WAL since the confirmed position"
+	if rep.ConfirmedAge != nil && rep.Process != nil {
+		lag += fmt.Sprintf(", %d records in flight, last confirmed commit %s ago",
+			rep.Process.InFlight, time.Duration(*rep.ConfirmedAge*float64(time.Second)).Round(time.Millisecond))
+	}
+	if rep.FlushLag != "" {
+		lag += ", flush lag " + rep.FlushLag
+	}
+	return lag
 }
 
 func bytesText(n int64) string {

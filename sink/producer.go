@@ -63,7 +63,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		commitToAck: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "outboxd_sink_commit_to_ack_seconds", Help: "Time from an event's commit in Postgres to its acknowledgement by Kafka.",
-			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16), // 1 ms to 33 s
+			// 0.5 ms to 5 min; 30 s is a bucket boundary because the latency alert's threshold is.
+			Buckets: []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300},
 		}),
 		batchRecords: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "outboxd_sink_batch_records", Help: "Records per batch written to Kafka.",

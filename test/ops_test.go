@@ -142,7 +142,8 @@ func TestMetricsAreExported(t *testing.T) {
 	time.Sleep(time.Second) // one status interval and slot-lag poll
 	_, body := p.get("/metrics")
 	for _, name := range []string{
-		"outboxd_slot_lag_bytes", "outboxd_slot_active", "outboxd_slot_active_pid", `outboxd_slot_wal_status{status="reserved"} 1`,
+		"outboxd_slot_lag_bytes", "outboxd_slot_retained_wal_bytes", "outboxd_slot_last_read_timestamp_seconds",
+		"outboxd_slot_read_errors_total 0", "outboxd_slot_active", "outboxd_slot_active_pid", `outboxd_slot_wal_status{status="reserved"} 1`,
 		"outboxd_checkpoint_confirmed_lsn", "outboxd_wal_received_lsn", "outboxd_checkpoint_confirmed_commit_timestamp_seconds",
 		"outboxd_checkpoint_transactions_confirmed_total", `outboxd_sink_records_produced_total{topic="` + d.name + `_m-events"} 1`,
 		"outboxd_sink_produced_bytes_total", "outboxd_sink_records_in_flight", "outboxd_sink_buffer_fill_ratio",

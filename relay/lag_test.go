@@ -1,0 +1,155 @@
+package relay
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/outboxd/outboxd/config"
+)
+
+// syncBuffer is a bytes.Buffer safe for the monitor's goroutine and the test.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// TestMonitorSlotUnreachable runs the slot monitor against an address nothing
+// listens on: every read fails, the error counter rises, the last-read time
+// stays unset, one warning is logged with err and slot, and MonitorSlot
+// returns nil when ctx ends.
+func TestMonitorSlotUnreachable(t *testing.T) {
+	cfg := config.Default()
+	cfg.Postgres.DSN = "postgres://outboxd@127.0.0.1:1/app?sslmode=disable&connect_timeout=2"
+	cfg.Postgres.Slot = "outboxd_test"
+	cfg.Postgres.SlotLagInterval = 100 * time.Millisecond
+	var logs syncBuffer
+	reg := prometheus.NewRegistry()
+	r := &Relay{cfg: cfg, log: slog.New(slog.NewTextHandler(&logs, nil)), m: newMetrics(reg), reg: reg}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.MonitorSlot(ctx) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for value(r.m.slotReadErrors) < 3 {
+		if time.Now().After(deadline) {
+			cancel()
+			t.Fatalf("outboxd_slot_read_errors_total = %v after 10s, want >= 3", value(r.m.slotReadErrors))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("MonitorSlot returned %v, want nil", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("MonitorSlot did not return after ctx was cancelled")
+	}
+
+	if v := value(r.m.slotLastRead); v != 0 {
+		t.Errorf("outboxd_slot_last_read_timestamp_seconds = %v, want 0 (never read)", v)
+	}
+	out := logs.String()
+	t.Log(out)
+	if n := strings.Count(out, "level=WARN"); n != 1 {
+		t.Errorf("%d warnings, want 1 (at most one a minute while reads keep failing)", n)
+	}
+	for _, want := range []string{"slot=outboxd_test", "err=", "127.0.0.1"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the warning lacks %q", want)
+		}
+	}
+}
+
+// value reads a gauge or counter.
+func value(c prometheus.Collector) float64 {
+	ch := make(chan prometheus.Metric, 1)
+	c.Collect(ch)
+	var m dto.Metric
+	if err := (<-ch).Write(&m); err != nil {
+		panic(err)
+	}
+	if m.Counter != nil {
+		return m.Counter.GetValue()
+	}
+	return m.Gauge.GetValue()
+}
+
+func TestSlotFailuresThrottle(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	var f slotFailures
+	for i, tc := range []struct {
+		at      time.Duration // after t0; -1 is a successful read
+		wantN   int
+		wantLog bool
+	}{
+		{0, 1, true}, // the first failure is logged at once
+		{10 * time.Second, 2, false},
+		{50 * time.Second, 3, false},
+		{60 * time.Second, 4, true}, // a minute later, again
+		{90 * time.Second, 5, false},
+		{-1, 5, true},                // recovery reports the 5 failures
+		{100 * time.Second, 1, true}, // a new run of failures logs at once
+		{-1, 1, true},
+		{-1, 0, false}, // a success after a success logs nothing
+	} {
+		var n int
+		var logged bool
+		if tc.at < 0 {
+			n, logged = f.succeeded()
+		} else {
+			n, logged = f.failed(t0.Add(tc.at))
+		}
+		if n != tc.wantN || logged != tc.wantLog {
+			t.Errorf("step %d: (%d, %v), want (%d, %v)", i, n, logged, tc.wantN, tc.wantLog)
+		}
+	}
+}
+
+func TestSlotReadSetsGauges(t *testing.T) {
+	m := newMetrics(prometheus.NewRegistry())
+	i64 := func(v int64) *int64 { return &v }
+	pid, status := int32(4242), "extended"
+	before := float64(time.Now().Unix())
+	m.slotRead(slotReading{lag: i64(100), retained: i64(5000), safeWAL: i64(1 << 30), active: true, pid: &pid, walStatus: &status})
+	for name, tc := range map[string]struct {
+		g    prometheus.Collector
+		want float64
+	}{
+		"lag":      {m.slotLag, 100},
+		"retained": {m.slotRetained, 5000},
+		"safe":     {m.slotSafeWAL, 1 << 30},
+		"active":   {m.slotActive, 1},
+		"pid":      {m.slotPID, 4242},
+		"extended": {m.slotWALStatus.WithLabelValues("extended"), 1},
+		"reserved": {m.slotWALStatus.WithLabelValues("reserved"), 0},
+	} {
+		if got := value(tc.g); got != tc.want {
+			t.Errorf("%s = %v, want %v", name, got, tc.want)
+		}
+	}
+	if got := value(m.slotLastRead); got < before {
+		t.Errorf("last read %v, want >= %v", got, before)
+	}
+}
