@@ -3,6 +3,7 @@ package test
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"regexp"
@@ -75,6 +76,37 @@ func TestStartupErrors(t *testing.T) {
 	t.Run("kafka unreachable", func(t *testing.T) {
 		expectStartupError(t, replace(d.env(), "OUTBOXD_KAFKA_BROKERS", "127.0.0.1:1"),
 			`cannot reach Kafka brokers 127\.0\.0\.1:1: .*check kafka\.brokers`)
+	})
+	t.Run("endpoints answer during a slow check", func(t *testing.T) {
+		// A "broker" that accepts connections and never answers keeps the
+		// start-up check waiting; meanwhile the endpoints say alive, not
+		// ready, and why.
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				defer c.Close()
+			}
+		}()
+		p := start(t, replace(d.env(), "OUTBOXD_KAFKA_BROKERS", ln.Addr().String()))
+		defer p.kill()
+		p.addr = listenRE.FindStringSubmatch(p.waitLog(`msg="serving metrics and health" addr=\S+`, 30*time.Second))[1]
+		if code, body := p.get("/healthz"); code != 200 {
+			t.Errorf("/healthz during the start-up check: %d %s, want 200", code, body)
+		}
+		if code, body := p.get("/readyz"); code != 503 || !strings.Contains(body, `"state":"starting"`) {
+			t.Errorf("/readyz during the start-up check: %d %s, want 503 with state starting", code, body)
+		}
+		if _, body := p.get("/metrics"); !strings.Contains(body, `outboxd_relay_state{state="starting"} 1`) {
+			t.Errorf("/metrics during the start-up check has no starting state:\n%.2000s", body)
+		}
 	})
 	t.Run("invalid configuration", func(t *testing.T) {
 		expectStartupError(t, append(d.env(), "OUTBOXD_POSTGRES_SLOTT=x"),

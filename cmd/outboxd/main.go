@@ -151,11 +151,13 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	if err := r.Check(ctx); err != nil {
-		return err
-	}
-	defer r.Close()
+	// The endpoints answer from the start, so that a slow start-up check
+	// (Kafka or Postgres not reachable yet) shows as not ready, with its
+	// reason, rather than as no answer.
 	g, gctx := errgroup.WithContext(ctx)
+	// The pipeline ending (cleanly or not) ends the other components.
+	runCtx, endAll := context.WithCancel(gctx)
+	defer endAll()
 	if cfg.HTTP.Listen != "" {
 		srv, err := metrics.Listen(cfg.HTTP.Listen, reg, func() (bool, any) {
 			ok, st := r.Ready()
@@ -166,10 +168,14 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 			return err
 		}
 		log.Info("serving metrics and health", "addr", srv.Addr())
-		g.Go(func() error { return srv.Run(gctx) })
+		g.Go(func() error { return srv.Run(runCtx) })
 	}
-	// The pipeline ending (cleanly or not) ends the other components.
-	runCtx, endAll := context.WithCancel(gctx)
+	if err := r.Check(ctx); err != nil {
+		endAll()
+		_ = g.Wait()
+		return err
+	}
+	defer r.Close()
 	g.Go(func() error { defer endAll(); return r.Run(runCtx) })
 	g.Go(func() error { return r.MonitorSlot(runCtx) })
 	return g.Wait()
