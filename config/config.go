@@ -543,7 +543,7 @@ func (r Router) validate() []error {
 			bad("topic_template", "%v", err)
 		}
 	} else if t := strings.ReplaceAll(r.TopicTemplate, "${routedByValue}", ""); strings.Contains(t, "$") {
-		bad("topic_template", "%q refers to a regex group, but router.topic_regex is empty; set topic_regex, or use only ${routedByValue}", r.TopicTemplate)
+		bad("topic_template", "%q has a $ other than ${routedByValue}: a group reference, which needs router.topic_regex, or a literal $, which no Kafka topic name may contain", r.TopicTemplate)
 	}
 	for field, v := range map[string]string{
 		"route_by_column": r.RouteByColumn, "id_column": r.IDColumn, "key_column": r.KeyColumn,

@@ -179,6 +179,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		return errors.New("consumer: Run may be called once, and it was; Close this Consumer and create a new one, which resumes from the committed offsets (a second Run would skip the records the first left unapplied)")
 	}
 	if err := c.checkDeadLetterTopic(ctx); err != nil {
+		c.ran.Store(false) // nothing was polled: Run may try again
 		return err
 	}
 	g, ctx := errgroup.WithContext(ctx)

@@ -324,7 +324,10 @@ func TestNewRejects(t *testing.T) {
 // A second Run would start from the client's fetch position, past records
 // the first polled but did not apply, and commit past them: it is refused.
 func TestRunOnlyOnce(t *testing.T) {
-	cfg := Config{Brokers: []string{"127.0.0.1:1"}, Group: "g", Topics: []string{"t"}, DeadLetterTopic: "d"}
+	// With topic auto-creation the dead-letter topic is not looked up, so
+	// the first Run polls (and returns at once: its context is done).
+	cfg := Config{Brokers: []string{"127.0.0.1:1"}, Group: "g", Topics: []string{"t"}, DeadLetterTopic: "d",
+		KafkaOpts: []kgo.Opt{kgo.AllowAutoTopicCreation()}}
 	c, err := New(cfg, fakeDB{}, func(context.Context, pgx.Tx, *kgo.Record) error { return nil })
 	if err != nil {
 		t.Fatal(err)
@@ -349,6 +352,10 @@ func TestMissingDeadLetterTopic(t *testing.T) {
 	defer cancel()
 	if err := c.Run(ctx); err == nil || !strings.Contains(err.Error(), "does not exist; create it") {
 		t.Fatalf("Run: %v; want the missing dead-letter topic named", err)
+	}
+	// Nothing was polled, so Run may try again (and fails the same way).
+	if err := c.Run(ctx); err == nil || !strings.Contains(err.Error(), "does not exist; create it") {
+		t.Fatalf("second Run: %v; want the missing dead-letter topic named again", err)
 	}
 }
 

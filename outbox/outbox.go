@@ -66,6 +66,11 @@ type Columns struct {
 	// "idempotency_key" once that migration is applied, and only in Insert
 	// mode (see Event.IdempotencyKey).
 	IdempotencyKey string
+	// IDHeader and EventTypeHeader are the headers outboxd sets from the id
+	// and event type (router.id_header, router.event_type_header; "" means
+	// "id", and "eventType" when EventType names a column). An event's
+	// Headers may not use them: outboxd would stop at such a row.
+	IDHeader, EventTypeHeader string
 }
 
 // DefaultColumns returns the column names of outboxd's table as
@@ -75,14 +80,15 @@ type Columns struct {
 func DefaultColumns() Columns {
 	return Columns{
 		ID: "id", AggregateType: "aggregate_type", AggregateID: "aggregate_id",
-		EventType: "event_type", Payload: "payload",
+		EventType: "event_type", Payload: "payload", IDHeader: "id", EventTypeHeader: "eventType",
 	}
 }
 
 // DebeziumColumns returns the column names of Debezium's EventRouter
 // defaults: id, aggregatetype, aggregateid, type, payload.
 func DebeziumColumns() Columns {
-	return Columns{ID: "id", AggregateType: "aggregatetype", AggregateID: "aggregateid", EventType: "type", Payload: "payload"}
+	return Columns{ID: "id", AggregateType: "aggregatetype", AggregateID: "aggregateid", EventType: "type", Payload: "payload",
+		IDHeader: "id", EventTypeHeader: "eventType"}
 }
 
 // RouterColumns returns the columns outboxd's router settings read (pass
@@ -94,9 +100,10 @@ func DebeziumColumns() Columns {
 // set IdempotencyKey on the result when the table has it.
 func RouterColumns(r config.Router) Columns {
 	c := Columns{ID: r.IDColumn, AggregateType: r.RouteByColumn, AggregateID: r.KeyColumn, EventType: r.EventTypeColumn,
-		Payload: r.PayloadColumn, Traceparent: r.TraceparentColumn, Headers: r.HeadersColumn}
-	if c.EventType == "-" {
-		c.EventType = ""
+		Payload: r.PayloadColumn, Traceparent: r.TraceparentColumn, Headers: r.HeadersColumn,
+		IDHeader: r.IDHeader, EventTypeHeader: r.EventTypeHeader}
+	if c.EventType == "-" || c.EventType == "" {
+		c.EventType, c.EventTypeHeader = "", ""
 	}
 	for _, f := range r.AdditionalFields {
 		if f.Placement == "partition" {
@@ -245,6 +252,9 @@ func (w *Writer) Statements(events ...Event) ([]Statement, []uuid.UUID, error) {
 		if e.AggregateType == "" {
 			return nil, nil, fmt.Errorf("outbox: event %d: AggregateType is empty; it names the topic", i)
 		}
+		if err := w.checkHeaders(i, e.Headers); err != nil {
+			return nil, nil, err
+		}
 		if e.IdempotencyKey != "" {
 			switch w.cfg.Mode {
 			case InsertDelete:
@@ -286,6 +296,25 @@ func (w *Writer) Statements(events ...Event) ([]Statement, []uuid.UUID, error) {
 	return stmts, ids, nil
 }
 
+// checkHeaders refuses the headers outboxd sets itself, which it would
+// refuse as a poison row.
+func (w *Writer) checkHeaders(n int, h map[string]string) error {
+	c := w.cfg.Columns
+	idHeader, typeHeader := c.IDHeader, c.EventTypeHeader
+	if idHeader == "" {
+		idHeader = "id"
+	}
+	if typeHeader == "" && c.EventType != "" {
+		typeHeader = "eventType"
+	}
+	for k := range h {
+		if k == idHeader || k == typeHeader {
+			return fmt.Errorf("outbox: event %d: header %q is one outboxd sets itself (from the event id or type), and outboxd would stop at the event; rename it", n, k)
+		}
+	}
+	return nil
+}
+
 // insert builds one multi-row INSERT; first is the index of events[0] in
 // the caller's list, for error messages.
 func (w *Writer) insert(events []Event, ids []uuid.UUID, first int) (Statement, error) {
@@ -324,7 +353,7 @@ func (w *Writer) insert(events []Event, ids []uuid.UUID, first int) (Statement, 
 			args = append(args, nullString(e.Traceparent))
 		} else if e.Traceparent != "" {
 			if c.Headers == "" {
-				return Statement{}, fmt.Errorf("outbox: event %d has a Traceparent but the table has neither a traceparent nor a headers column (Columns.Traceparent, Columns.Headers)", n)
+				return Statement{}, fmt.Errorf("outbox: event %d has a Traceparent but the table has neither a traceparent nor a headers column (Columns.Traceparent, Columns.Headers; outboxd reads them with router.traceparent_column, router.headers_column)", n)
 			}
 			headers = withHeader(headers, "traceparent", e.Traceparent)
 		}
@@ -348,7 +377,7 @@ func (w *Writer) insert(events []Event, ids []uuid.UUID, first int) (Statement, 
 				args = append(args, string(h))
 			}
 		} else if len(headers) > 0 {
-			return Statement{}, fmt.Errorf("outbox: event %d has Headers but Columns.Headers names no column", n)
+			return Statement{}, fmt.Errorf("outbox: event %d has Headers but Columns.Headers names no column (outboxd reads it with router.headers_column)", n)
 		}
 		if c.IdempotencyKey != "" {
 			args = append(args, nullString(e.IdempotencyKey))
@@ -473,7 +502,7 @@ func (w *Writer) message(e Event, id uuid.UUID, n int) ([]byte, error) {
 		case c.Headers != "":
 			headers = withHeader(headers, "traceparent", e.Traceparent)
 		default:
-			return nil, fmt.Errorf("outbox: event %d has a Traceparent but Columns names neither a traceparent nor a headers field (Columns.Traceparent, Columns.Headers)", n)
+			return nil, fmt.Errorf("outbox: event %d has a Traceparent but Columns names neither a traceparent nor a headers field (Columns.Traceparent, Columns.Headers; outboxd reads them with router.traceparent_column, router.headers_column)", n)
 		}
 	}
 	if len(headers) > 0 {

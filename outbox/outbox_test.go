@@ -53,6 +53,11 @@ func TestStatementsRejects(t *testing.T) {
 	}{
 		{"empty aggregate type", outbox.Config{}, with(func(e *outbox.Event) { e.AggregateType = "" }), "event 1: AggregateType is empty"},
 		{"headers without column", outbox.Config{}, with(func(e *outbox.Event) { e.Headers = map[string]string{"a": "b"} }), "Columns.Headers names no column"},
+		// outboxd sets these itself and would stop at the row.
+		{"id header", outbox.Config{}, with(func(e *outbox.Event) { e.Headers = map[string]string{"id": "x"} }), `header "id" is one outboxd sets itself`},
+		{"event type header", outbox.Config{Mode: outbox.Message}, with(func(e *outbox.Event) { e.Headers = map[string]string{"eventType": "x"} }), `header "eventType" is one outboxd sets itself`},
+		{"router's id header", outbox.Config{Columns: func() outbox.Columns { c := outbox.DefaultColumns(); c.Headers, c.IDHeader = "h", "eventId"; return c }()},
+			with(func(e *outbox.Event) { e.Headers = map[string]string{"eventId": "x"} }), `header "eventId" is one outboxd sets itself`},
 		{"traceparent without column", outbox.Config{}, with(func(e *outbox.Event) { e.Traceparent = "00-x" }), "neither a traceparent nor a headers column"},
 		{"partition without column", outbox.Config{}, with(func(e *outbox.Event) { e.Partition = ptr[int32](1) }), "Columns.Partition names no column"},
 		{"type without column", outbox.Config{Columns: outbox.Columns{ID: "id", AggregateType: "a", AggregateID: "b", Payload: "p"}}, ok, "Columns.EventType names no column"},
@@ -151,7 +156,7 @@ func TestRouterColumns(t *testing.T) {
 	r.TraceparentColumn, r.HeadersColumn = "traceparent", "headers"
 	r.AdditionalFields = []config.Field{{Column: "tenant", Placement: "header"}, {Column: "part", Placement: "partition"}}
 	want := outbox.Columns{ID: "id", AggregateType: "aggregate_type", AggregateID: "aggregate_id", Payload: "payload",
-		Traceparent: "traceparent", Headers: "headers", Partition: "part"}
+		Traceparent: "traceparent", Headers: "headers", Partition: "part", IDHeader: "id"}
 	if got := outbox.RouterColumns(r); got != want {
 		t.Errorf("RouterColumns = %+v; want %+v", got, want)
 	}

@@ -198,6 +198,10 @@ func (r *Relay) checkPostgres(ctx context.Context) (held bool, err error) {
 		conn.Close(context.WithoutCancel(ctx))
 		return false, err
 	}
+	if err := r.checkColumnTypes(ctx, conn); err != nil {
+		conn.Close(context.WithoutCancel(ctx))
+		return false, err
+	}
 	held, err = r.ensureSlot(ctx, conn)
 	if err != nil {
 		conn.Close(context.WithoutCancel(ctx))
@@ -339,6 +343,29 @@ func checkServer(ctx context.Context, conn *pgx.Conn, cfg config.Postgres, colum
 			cfg.Table, strings.Join(missing, ", "))
 	}
 	return nil
+}
+
+// checkColumnTypes reads the base type of each outbox column (through
+// domains) and lets the router refuse the ones its settings cannot use.
+func (r *Relay) checkColumnTypes(ctx context.Context, conn *pgx.Conn) error {
+	schema, table := r.cfg.Postgres.TableName()
+	rows, err := conn.Query(ctx, `WITH RECURSIVE b(name, oid) AS (
+			SELECT a.attname::text, a.atttypid FROM pg_attribute a
+			WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped
+			UNION ALL
+			SELECT b.name, t.typbasetype FROM b JOIN pg_type t ON t.oid = b.oid WHERE t.typtype = 'd')
+		SELECT b.name, b.oid FROM b JOIN pg_type t ON t.oid = b.oid WHERE t.typtype <> 'd'`,
+		pgx.Identifier{schema, table}.Sanitize())
+	if err != nil {
+		return fmt.Errorf("reading the column types of %s: %w", r.cfg.Postgres.Table, err)
+	}
+	types := map[string]uint32{}
+	var name string
+	var oid uint32
+	if _, err := pgx.ForEachRow(rows, []any{&name, &oid}, func() error { types[name] = oid; return nil }); err != nil {
+		return fmt.Errorf("reading the column types of %s: %w", r.cfg.Postgres.Table, err)
+	}
+	return r.router.CheckTypes(r.cfg.Postgres.Table, types)
 }
 
 func contains(list []string, s string) bool {

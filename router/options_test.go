@@ -123,6 +123,8 @@ func TestRouteOptionsGolden(t *testing.T) {
 		{"headers_column_not_json", cfg(func(c *config.Router) { c.HeadersColumn = "tenant" }), wideRow()},
 		{"key_encoding_json_jackson_escapes", cfg(func(c *config.Router) { c.KeyEncoding = "json" }), with(wideRow(), "aggregate_id", s("a&b<c>\u2028\x1f\t/é"))},
 		{"key_encoding_json_integer_key", cfg(func(c *config.Router) { c.KeyEncoding, c.KeyColumn = "json", "seq" }), wideRow()},
+		{"key_encoding_json_jsonb_key_quoted", cfg(func(c *config.Router) { c.KeyEncoding, c.KeyColumn = "json", "hdrs" }), with(wideRow(), "hdrs", s(`{"a": 1}`))},
+		{"error_headers_column_sets_event_type", cfg(func(c *config.Router) { c.HeadersColumn = "hdrs" }), with(wideRow(), "hdrs", s(`{"eventType": "other"}`))},
 		{"key_encoding_json_numeric_key", cfg(func(c *config.Router) { c.KeyEncoding, c.KeyColumn = "json", "amount" }), wideRow()},
 		{"envelope_null_payload_is_null", cfg(func(c *config.Router) { c.AdditionalFields = []config.Field{envelope("event_type", "type")} }), with(wideRow(), "payload", nil)},
 		{"envelope_null_payload_tombstone_on_empty", cfg(func(c *config.Router) {

@@ -200,22 +200,30 @@ func (r *Router) layoutFor(rel *wal.Relation) ([]int, error) {
 			}
 		}
 	}
-	if err := r.checkTypes(rel, types); err != nil {
+	if err := r.checkTypes(rel.QualifiedName(), func(f int) uint32 { return types[f] }); err != nil {
 		return nil, err
 	}
 	r.rel, r.layout, r.types, r.table = rel, layout, types, rel.QualifiedName()
 	return layout, nil
 }
 
-// checkTypes refuses column types the settings cannot route faithfully.
-func (r *Router) checkTypes(rel *wal.Relation, types []uint32) error {
-	if t := types[fHeaders]; r.names[fHeaders] != "" && t != oidJSON && t != oidJSONB {
-		return &LayoutError{Table: rel.QualifiedName(), Reason: fmt.Sprintf(
+// CheckTypes checks the base types of table's columns (by name) against the
+// settings, as routing its first row would: the start-up check calls it so
+// that a column of a type the router refuses stops outboxd before any row.
+func (r *Router) CheckTypes(table string, types map[string]uint32) error {
+	return r.checkTypes(table, func(f int) uint32 { return types[r.names[f]] })
+}
+
+// checkTypes refuses column types the settings cannot route faithfully;
+// typeOf gives a field's base type.
+func (r *Router) checkTypes(table string, typeOf func(field int) uint32) error {
+	if t := typeOf(fHeaders); r.names[fHeaders] != "" && t != oidJSON && t != oidJSONB {
+		return &LayoutError{Table: table, Reason: fmt.Sprintf(
 			"column %s (router.headers_column) must be of type json or jsonb, holding an object whose members become headers", r.names[fHeaders])}
 	}
 	if r.cfg.KeyEncoding == "json" {
-		if name, ok := jsonKeyRefused[types[fKey]]; ok {
-			return &LayoutError{Table: rel.QualifiedName(), Reason: fmt.Sprintf(
+		if name, ok := jsonKeyRefused[typeOf(fKey)]; ok {
+			return &LayoutError{Table: table, Reason: fmt.Sprintf(
 				"key column %s is %s, whose JSON form Kafka Connect's JsonConverter writes from Debezium's own representation, which router.key_encoding json does not reproduce; use a text, uuid or integer key column, or key_encoding raw",
 				r.names[fKey], name)}
 		}
@@ -523,8 +531,11 @@ func (r *Router) appendHeaders(hs []Header, c cell) ([]Header, error) {
 			return hs, fmt.Errorf("not a JSON object: %v", err)
 		}
 		key := t.(string) // object keys are strings
-		if key == r.cfg.IDHeader || key == r.cfg.EventTypeHeader && r.names[fEventType] != "" {
+		switch {
+		case key == r.cfg.IDHeader:
 			return hs, fmt.Errorf("member %q would repeat the header outboxd sets from column %s; rename the member", key, r.cfg.IDColumn)
+		case key == r.cfg.EventTypeHeader && r.names[fEventType] != "":
+			return hs, fmt.Errorf("member %q would repeat the header outboxd sets from column %s; rename the member", key, r.names[fEventType])
 		}
 		var raw json.RawMessage
 		if err := d.Decode(&raw); err != nil {
@@ -561,7 +572,9 @@ func javaBlank(b []byte) bool {
 // string escaped as Jackson escapes it.
 func appendJSONKey(dst []byte, c cell) []byte {
 	switch {
-	case c.json || c.oid == oidInt2 || c.oid == oidInt4 || c.oid == oidInt8:
+	case c.json && c.oid == 0, c.oid == oidInt2 || c.oid == oidInt4 || c.oid == oidInt8:
+		// A message's non-string field is JSON already; a json or jsonb
+		// column is a string to Debezium, quoted below.
 		return append(dst, c.data...)
 	case c.oid == oidBool:
 		if string(c.data) == "t" {

@@ -73,6 +73,14 @@ func TestStartupErrors(t *testing.T) {
 		expectStartupError(t, replace(d.env(), "OUTBOXD_ROUTER_KEY_COLUMN", "aggregateid"),
 			`outbox table public\.outbox has no column aggregateid`)
 	})
+	t.Run("key column type that key_encoding json refuses", func(t *testing.T) {
+		expectStartupError(t, append(d.env(), "OUTBOXD_ROUTER_KEY_ENCODING=json", "OUTBOXD_ROUTER_KEY_COLUMN=created_at"),
+			`outbox table public\.outbox: key column created_at is timestamptz, .*use a text, uuid or integer key column, or key_encoding raw`)
+	})
+	t.Run("headers column not json", func(t *testing.T) {
+		expectStartupError(t, append(d.env(), "OUTBOXD_ROUTER_HEADERS_COLUMN=event_type"),
+			`column event_type \(router\.headers_column\) must be of type json or jsonb`)
+	})
 	t.Run("kafka unreachable", func(t *testing.T) {
 		expectStartupError(t, replace(d.env(), "OUTBOXD_KAFKA_BROKERS", "127.0.0.1:1"),
 			`cannot reach Kafka brokers 127\.0\.0\.1:1: .*check kafka\.brokers`)

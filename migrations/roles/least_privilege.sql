@@ -11,10 +11,11 @@
 --        -f migrations/roles/least_privilege.sql
 --
 -- On PostgreSQL 15, only a superuser may give a role REPLICATION or take
--- SUPERUSER or BYPASSRLS away, so the script changes only the attributes
--- that differ: run again on a role that is already right, it needs only
--- CREATEROLE (for the password), ownership of the table and of the
--- publication, and the right to grant CONNECT on the database. Where the
+-- SUPERUSER or BYPASSRLS away (or change the password of a role with
+-- REPLICATION), so the script changes only the attributes that differ: run
+-- again without -v password on a role that is already right, it needs only
+-- ownership of the table, of the schema or grant options on them, and the
+-- right to grant CONNECT on the database. Where the
 -- role rds_replication exists (Amazon RDS and Aurora), the role is made a
 -- member of it instead of being given REPLICATION, which RDS does not let
 -- anyone give.
