@@ -209,14 +209,7 @@ func TestHealthcheckReadsTheRunConfig(t *testing.T) {
 		t.Errorf("the final stage does not install %s, which the default CMD reads", runCfg)
 	}
 
-	var c composeFile
-	data, err := os.ReadFile("compose.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := yaml.Unmarshal(data, &c); err != nil {
-		t.Fatalf("compose.yaml: %v", err)
-	}
+	c := readCompose(t)
 	for name, s := range c.Services {
 		if s.Healthcheck == nil || !slices.Contains(s.Healthcheck.Test, "healthcheck") {
 			continue
@@ -253,14 +246,7 @@ type composeService struct {
 }
 
 func TestCompose(t *testing.T) {
-	var c composeFile
-	data, err := os.ReadFile("compose.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := yaml.Unmarshal(data, &c); err != nil {
-		t.Fatalf("compose.yaml: %v", err)
-	}
+	c := readCompose(t)
 	for _, name := range []string{"postgres", "kafka", "migrate", "outboxd"} {
 		if _, ok := c.Services[name]; !ok {
 			t.Fatalf("compose.yaml has no service %s", name)
@@ -886,4 +872,18 @@ func TestReleaseBinary(t *testing.T) {
 	if err != nil || len(bytes.TrimSpace(vout)) > 0 {
 		t.Errorf("systemd-analyze verify: %v\n%s", err, vout)
 	}
+}
+
+// readCompose reads compose.yaml.
+func readCompose(t *testing.T) composeFile {
+	t.Helper()
+	var c composeFile
+	data, err := os.ReadFile("compose.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(data, &c); err != nil {
+		t.Fatalf("compose.yaml: %v", err)
+	}
+	return c
 }

@@ -10,11 +10,14 @@ import (
 
 	"github.com/outboxd/outboxd/internal/testenv"
 
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxd/outboxd/migrations"
+	"github.com/outboxd/outboxd/outbox"
 )
 
 // testDB is a throwaway database with the outbox table (all migrations).
@@ -113,4 +116,19 @@ func openSQL(t testing.TB, d *testDB) *sql.DB {
 	}
 	t.Cleanup(func() { _ = db.Close() })
 	return db
+}
+
+// writeCommitted writes events with w in a transaction of its own, commits
+// it, and returns their ids.
+func writeCommitted(t *testing.T, pool *pgxpool.Pool, w *outbox.Writer, events ...outbox.Event) []uuid.UUID {
+	t.Helper()
+	var ids []uuid.UUID
+	err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) (err error) {
+		ids, err = w.Write(context.Background(), tx, events...)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ids
 }

@@ -390,14 +390,7 @@ func TestWriteMessages(t *testing.T) {
 			Headers: map[string]string{"tenant": "t1"}, Traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
 		{AggregateType: "order", AggregateID: "2", Type: "OrderPlaced"},
 	}
-	var ids []uuid.UUID
-	err = pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) (err error) {
-		ids, err = w.Write(ctx, tx, events...)
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ids := writeCommitted(t, d.pool, w, events...)
 	tx, err := d.pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -223,14 +223,7 @@ func TestMessagesDeliveredByOutboxd(t *testing.T) {
 			Headers: map[string]string{"tenant": "t1"}, Traceparent: tp},
 		{AggregateType: aggregate, AggregateID: "1", Type: "OrderPaid", Payload: []byte(`{"n":2}`)},
 	}
-	var ids []uuid.UUID
-	err = pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) (err error) {
-		ids, err = w.Write(ctx, tx, events...)
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ids := writeCommitted(t, d.pool, w, events...)
 	recs := readTopic(t, d.brokers, aggregate+"-events", len(events), 500*time.Millisecond)
 	if len(recs) != len(events) {
 		t.Fatalf("%d records; want %d", len(recs), len(events))
