@@ -106,15 +106,39 @@ func indexName(table string) string {
 // idempotent, so Run may run again. The caller should report what was
 // skipped.
 func Run(ctx context.Context, conn *pgx.Conn, schema, table string) ([]Skipped, error) {
+	return RunWith(ctx, conn, schema, table, Options{})
+}
+
+// Options adapt the migrations to the outbox table outboxd is configured
+// for.
+type Options struct {
+	// Columns renames columns that 0001 creates, from its name (id,
+	// aggregate_type, aggregate_id, event_type, payload) to the configured
+	// one; "" leaves the column out.
+	Columns map[string]string
+}
+
+// RunWith is Run with opts. Besides a partitioned table, it leaves 0002 out
+// for a table that existed before it ran and lacks the idempotency key:
+// building a unique index locks the table's writes while it builds, so the
+// reason gives the statements to add it concurrently instead.
+func RunWith(ctx context.Context, conn *pgx.Conn, schema, table string, opts Options) ([]Skipped, error) {
 	ms, err := load(schema, table)
 	if err != nil {
 		return nil, fmt.Errorf("reading migrations: %w", err)
 	}
 	qualified := pgx.Identifier{schema, table}.Sanitize()
+	var existed bool
+	if err := conn.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, qualified).Scan(&existed); err != nil {
+		return nil, fmt.Errorf("looking up %s.%s: %w", schema, table, err)
+	}
 	var skipped []Skipped
 	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		skipped = skipped[:0]
 		for _, m := range ms {
+			if m.name == "0001_outbox.sql" && len(opts.Columns) > 0 {
+				m.sql = renameColumns(m.sql, opts.Columns)
+			}
 			if reason, ok := plainTableOnly[m.name]; ok {
 				var partitioned bool
 				err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_class WHERE oid = to_regclass($1) AND relkind = 'p')`, qualified).Scan(&partitioned)
@@ -130,6 +154,22 @@ func Run(ctx context.Context, conn *pgx.Conn, schema, table string) ([]Skipped, 
 				if err := renameLegacyIndex(ctx, tx, schema, table); err != nil {
 					return fmt.Errorf("migration %s: %w", m.name, err)
 				}
+				if existed {
+					var applied bool
+					err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+						WHERE i.indrelid = to_regclass($1) AND c.relname = $2)`, qualified, indexName(table)).Scan(&applied)
+					if err != nil {
+						return fmt.Errorf("migration %s: looking for its index on %s.%s: %w", m.name, schema, table, err)
+					}
+					if !applied {
+						skipped = append(skipped, Skipped{Migration: m.name, Reason: fmt.Sprintf(
+							"the table existed already, and building a unique index locks its writes while it builds; "+
+								"to add the optional idempotency key, run ALTER TABLE %s ADD COLUMN IF NOT EXISTS idempotency_key text; "+
+								"CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS %s ON %s (idempotency_key)",
+							qualified, pgx.Identifier{indexName(table)}.Sanitize(), qualified)})
+						continue
+					}
+				}
 			}
 			if _, err := tx.Exec(ctx, m.sql); err != nil {
 				return fmt.Errorf("applying migration %s to %s.%s: %w", m.name, schema, table, err)
@@ -141,6 +181,26 @@ func Run(ctx context.Context, conn *pgx.Conn, schema, table string) ([]Skipped, 
 		return nil, err
 	}
 	return skipped, nil
+}
+
+// renameColumns renames the column definitions of a CREATE TABLE (lines
+// that start with four spaces and the column's name), or leaves them out.
+func renameColumns(sql string, names map[string]string) string {
+	lines := strings.Split(sql, "\n")
+	out := lines[:0]
+	for _, l := range lines {
+		if rest, ok := strings.CutPrefix(l, "    "); ok {
+			col, def, _ := strings.Cut(rest, " ")
+			if to, ok := names[col]; ok {
+				if to == "" {
+					continue
+				}
+				l = "    " + pgx.Identifier{to}.Sanitize() + " " + def
+			}
+		}
+		out = append(out, l)
+	}
+	return strings.Join(out, "\n")
 }
 
 // Apply is Run for a caller that does not report skipped migrations.

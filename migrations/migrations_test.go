@@ -154,3 +154,55 @@ func TestApplyRenamesLegacyIndex(t *testing.T) {
 		t.Errorf("unique indexes on public.events (idempotency_key): %v; want [events_idempotency_key_idx]", got)
 	}
 }
+
+// On a table that existed before, a unique index would lock its writes
+// while it builds: 0002 is left out, with the statements that add it
+// concurrently. Run again on a table it created, 0002 is in place.
+func TestRunExistingTableSkipsTheIndex(t *testing.T) {
+	conn := connect(t)
+	ctx := context.Background()
+	stmts, err := migrations.SQL("public", "outbox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, stmts[0]); err != nil { // 0001 alone, as an older outboxd made it
+		t.Fatal(err)
+	}
+	skipped, err := migrations.Run(ctx, conn, "public", "outbox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(skipped) != 1 || skipped[0].Migration != "0002_idempotency_key.sql" || !strings.Contains(skipped[0].Reason, "CREATE UNIQUE INDEX CONCURRENTLY") {
+		t.Fatalf("skipped %+v; want 0002 with the statements that add it concurrently", skipped)
+	}
+	if got := uniqueKeyIndexes(t, conn, "public", "outbox"); len(got) != 0 {
+		t.Errorf("an existing table got unique indexes %v", got)
+	}
+
+	fresh := connect(t)
+	if skipped, err := migrations.Run(ctx, fresh, "public", "outbox"); err != nil || len(skipped) != 0 {
+		t.Fatalf("Run on a new table: skipped %+v, %v; want every migration applied", skipped, err)
+	}
+	if skipped, err := migrations.Run(ctx, fresh, "public", "outbox"); err != nil || len(skipped) != 0 {
+		t.Fatalf("Run again on a table it made: skipped %+v, %v; want nothing skipped", skipped, err)
+	}
+}
+
+// The table gets the column names the router reads.
+func TestRunWithColumnNames(t *testing.T) {
+	conn := connect(t)
+	ctx := context.Background()
+	_, err := migrations.RunWith(ctx, conn, "public", "outboxevent", migrations.Options{Columns: map[string]string{
+		"aggregate_type": "aggregatetype", "aggregate_id": "aggregateid", "event_type": "", "payload": "Payload"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cols []string
+	if err := conn.QueryRow(ctx, `SELECT array_agg(attname::text ORDER BY attnum) FROM pg_attribute
+		WHERE attrelid = 'public.outboxevent'::regclass AND attnum > 0 AND NOT attisdropped`).Scan(&cols); err != nil {
+		t.Fatal(err)
+	}
+	if want := "id aggregatetype aggregateid Payload created_at idempotency_key"; strings.Join(cols, " ") != want {
+		t.Errorf("columns %v; want %s", cols, want)
+	}
+}

@@ -280,3 +280,24 @@ func TestSecretsNeverAppearInOutput(t *testing.T) {
 	check("/metrics", metrics)
 	check("/status", status)
 }
+
+// outboxd migrate makes the table with the columns the router reads, here
+// the debezium preset's, and outboxd then streams from it; run again on
+// the table it made, it changes nothing.
+func TestMigrateMakesTheConfiguredTable(t *testing.T) {
+	d := newDB(t)
+	d.exec(t, `DROP TABLE outbox`)
+	env := d.env("OUTBOXD_ROUTER_PRESET=debezium")
+	for range 2 {
+		migrate := exec.Command(svc.bin, "migrate")
+		migrate.Env = env
+		if out, err := migrate.CombinedOutput(); err != nil || strings.Contains(string(out), "migration skipped") {
+			t.Fatalf("outboxd migrate with the debezium preset: %v\n%s", err, out)
+		}
+	}
+	p := start(t, env)
+	p.waitStreaming()
+	id := uuid()
+	d.exec(t, `INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) VALUES ($1, $2, 'k-1', 'Made', '{}')`, id, d.name+"_mig")
+	readUntil(t, []string{d.name + "_mig-events"}, time.Minute, 0, waitIDs(id))
+}

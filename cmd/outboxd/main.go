@@ -188,7 +188,21 @@ func migrate(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	schema, table := cfg.Postgres.TableName()
-	skipped, err := migrations.Run(ctx, conn, schema, table)
+	// The table gets the column names the router reads (the debezium
+	// preset's, or the *_column settings).
+	rc := cfg.Router
+	eventType := rc.EventTypeColumn
+	if eventType == "-" {
+		eventType = ""
+	}
+	cols := map[string]string{}
+	for from, to := range map[string]string{"id": rc.IDColumn, "aggregate_type": rc.RouteByColumn,
+		"aggregate_id": rc.KeyColumn, "event_type": eventType, "payload": rc.PayloadColumn} {
+		if from != to {
+			cols[from] = to
+		}
+	}
+	skipped, err := migrations.RunWith(ctx, conn, schema, table, migrations.Options{Columns: cols})
 	if err != nil {
 		return err
 	}
