@@ -285,7 +285,9 @@ func checkServer(ctx context.Context, conn *pgx.Conn, cfg config.Postgres, colum
 		return fmt.Errorf("reading wal_level: %w", err)
 	}
 	if walLevel != "logical" {
-		return fmt.Errorf("wal_level is %s; set wal_level = logical in postgresql.conf (or ALTER SYSTEM SET wal_level = logical) and restart Postgres", walLevel)
+		return fmt.Errorf("wal_level is %s; set wal_level = logical in postgresql.conf (or ALTER SYSTEM SET wal_level = logical) and restart Postgres "+
+			"(on Amazon RDS and Aurora: rds.logical_replication = 1 in the parameter group; on Google Cloud SQL: the flag cloudsql.logical_decoding = on; "+
+			"on Azure Database for PostgreSQL: the server parameter wal_level = logical)", walLevel)
 	}
 	var user string
 	var canReplicate bool

@@ -551,13 +551,13 @@ func (p *pipeline) deliver(rec *router.Record, routeErr error, lsn wal.LSN, sour
 
 // deadLetter builds the dead-letter record for a poison row: its key and
 // payload as they were (the payload is dropped if it alone is too large),
-// and headers saying why and where from.
+// its id and event type headers, and headers saying why and where from.
 func (r *Relay) deadLetter(p *router.RowError) *router.Record {
 	value := p.Value
 	if len(value)+len(p.Key) > r.cfg.Kafka.MaxMessageBytes/2 {
 		value = nil
 	}
-	return &router.Record{
+	rec := &router.Record{
 		Topic: r.cfg.Router.Poison.DLQTopic, Key: p.Key, Value: value, EventID: p.EventID, Partition: -1,
 		Headers: []router.Header{
 			{Key: r.cfg.Router.IDHeader, Value: []byte(p.EventID)},
@@ -567,6 +567,10 @@ func (r *Relay) deadLetter(p *router.RowError) *router.Record {
 			{Key: "outboxd.intended.topic", Value: []byte(p.Topic)},
 		},
 	}
+	if p.EventType != "" { // so that the row can be replayed as it was
+		rec.Headers = append(rec.Headers, router.Header{Key: r.cfg.Router.EventTypeHeader, Value: []byte(p.EventType)})
+	}
+	return rec
 }
 
 // produce registers rec with txn and hands it to the producer; done is

@@ -57,8 +57,10 @@ type RowError struct {
 	Table   string
 	Topic   string // the intended topic, when known
 	Reason  string
-	// Key and Value are the row's key and payload bytes, for a dead letter.
+	// Key and Value are the row's key and payload bytes, and EventType its
+	// event type ("" when NULL or not configured), for a dead letter.
 	Key, Value []byte
+	EventType  string
 }
 
 func (e *RowError) Error() string {
@@ -331,7 +333,8 @@ func (r *Router) build(rec *Record, lsn wal.LSN, source string, commitTime time.
 	*rec = Record{EventID: unsafeString(cells[fID].data), Partition: -1, Timestamp: commitTime, CommitTime: commitTime}
 	fail := func(topic, format string, args ...any) error {
 		return &RowError{EventID: string(cells[fID].data), LSN: lsn, Table: source, Topic: topic,
-			Reason: fmt.Sprintf(format, args...), Key: cells[fKey].data, Value: cells[fPayload].data}
+			Reason: fmt.Sprintf(format, args...), Key: cells[fKey].data, Value: cells[fPayload].data,
+			EventType: string(cells[fEventType].data)}
 	}
 	if cells[fID].null {
 		return fail("", "column %s is NULL; every outbox row needs an event id", r.cfg.IDColumn)

@@ -96,7 +96,7 @@ func TestPoisonRowHaltsThenDeadLetters(t *testing.T) {
 		t.Fatalf("poison row went to %s, want the dead-letter topic %s", dead.Topic, dlq)
 	}
 	for h, want := range map[string]string{
-		"outboxd.source.table": "public.outbox", "outboxd.intended.topic": "bad topic-events",
+		"outboxd.source.table": "public.outbox", "outboxd.intended.topic": "bad topic-events", "eventType": "Happened",
 	} {
 		if header(dead, h) != want {
 			t.Errorf("dead letter header %s = %q, want %q", h, header(dead, h), want)

@@ -114,6 +114,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 	case "migrate":
 		return migrate(ctx, cfg, log)
 	case "healthcheck":
+		if base == "" {
+			return errors.New("http.listen is empty, so outboxd serves no /healthz to probe; set http.listen (or pass -url)")
+		}
 		hctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 		defer cancel()
 		return metrics.Probe(hctx, base+"/healthz")
