@@ -45,12 +45,23 @@ func Command(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 		fs.PrintDefaults()
 		fs.SetOutput(io.Discard)
 	}
-	if err := fs.Parse(args[1:]); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
+	// Flags may come before or after the file, as users type them.
+	rest, files := args[1:], []string(nil)
+	for {
+		if err := fs.Parse(rest); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				printUsage()
+				return nil
+			}
 			printUsage()
-			return nil
+			return fmt.Errorf("debezium convert: %w", err)
 		}
-		printUsage()
+		if fs.NArg() == 0 {
+			break
+		}
+		files, rest = append(files, fs.Arg(0)), fs.Args()[1:]
+	}
+	if err := fs.Parse(files); err != nil { // leaves the files as the arguments
 		return fmt.Errorf("debezium convert: %w", err)
 	}
 	if fs.NArg() != 1 {

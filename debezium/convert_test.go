@@ -325,6 +325,16 @@ func TestCommandUsage(t *testing.T) {
 		t.Fatalf("stdin: %v", err)
 	}
 	loadBack(t, stdout.Bytes())
+
+	// Flags after the file, as users type them.
+	stdout.Reset()
+	in.Reset(`{"connector.class": "` + PostgresConnector + `", "database.hostname": "h", "database.user": "u", "database.dbname": "d", "transforms": "o", "transforms.o.type": "` + EventRouter + `"}`)
+	if err := Command([]string{"convert", "-", "-brokers", "k:9092"}, in, &stdout, &stderr); err != nil {
+		t.Fatalf("flags after the file: %v", err)
+	}
+	if !strings.Contains(stdout.String(), "k:9092") {
+		t.Errorf("flags after the file: -brokers not applied:\n%s", stdout.String())
+	}
 }
 
 func FuzzConvert(f *testing.F) {

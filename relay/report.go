@@ -31,7 +31,7 @@ type Report struct {
 	Publication string    `json:"publication"`
 	PubTables   []string  `json:"publication_tables"`
 	Table       string    `json:"table"`
-	TableRows   int64     `json:"table_rows_estimate"`
+	TableRows   int64     `json:"table_rows_estimate"` // -1: not known, the table was never analysed
 	TableBytes  int64     `json:"table_bytes"`
 	Process     *Status   `json:"outboxd,omitempty"`
 	ProcessURL  string    `json:"outboxd_url"`
@@ -87,7 +87,7 @@ func BuildReport(ctx context.Context, cfg config.Config, statusURL string) (Repo
 		return rep, err
 	}
 	schema, table := cfg.Postgres.TableName()
-	_ = conn.QueryRow(ctx, `SELECT greatest(c.reltuples, 0)::bigint, pg_total_relation_size(c.oid) FROM pg_class c
+	_ = conn.QueryRow(ctx, `SELECT c.reltuples::bigint, pg_total_relation_size(c.oid) FROM pg_class c
 		JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2`, schema, table).Scan(&rep.TableRows, &rep.TableBytes)
 	if statusURL != "" {
 		st, err := fetchStatus(ctx, statusURL)
@@ -159,7 +159,11 @@ func (rep Report) WriteText(w io.Writer) error {
 		pub = "(missing or empty)"
 	}
 	row("publication", "%s: %s", rep.Publication, pub)
-	row("outbox", "%s: ~%d rows, %s", rep.Table, rep.TableRows, bytesText(rep.TableBytes))
+	if rep.TableRows < 0 {
+		row("outbox", "%s: rows not known (never analysed), %s", rep.Table, bytesText(rep.TableBytes))
+	} else {
+		row("outbox", "%s: ~%d rows, %s", rep.Table, rep.TableRows, bytesText(rep.TableBytes))
+	}
 	switch {
 	case rep.Process != nil:
 		p := rep.Process

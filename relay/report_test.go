@@ -85,3 +85,16 @@ func deref(p *float64) any {
 	}
 	return *p
 }
+
+// A table Postgres never analysed has no row estimate (reltuples -1): the
+// report says so rather than "~0 rows".
+func TestWriteTextRowsNotKnown(t *testing.T) {
+	rep := Report{Slot: "outboxd", SlotExists: true, Table: "public.outbox", TableRows: -1, TableBytes: 8192}
+	var b strings.Builder
+	if err := rep.WriteText(&b); err != nil {
+		t.Fatal(err)
+	}
+	if out := b.String(); !strings.Contains(out, "rows not known (never analysed)") || strings.Contains(out, "~-1") {
+		t.Errorf("report for a never-analysed table:\n%s", out)
+	}
+}
