@@ -335,7 +335,7 @@ func Decode(data []byte, cfg *Config) error {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(cfg); err != nil && !errors.Is(err, io.EOF) {
-		return fmt.Errorf("%s", strings.ReplaceAll(err.Error(), "yaml: ", ""))
+		return fmt.Errorf("%s", explainUnknown(strings.ReplaceAll(err.Error(), "yaml: ", "")))
 	}
 	if err := dec.Decode(new(any)); !errors.Is(err, io.EOF) {
 		return errors.New("more than one YAML document; put every setting in one document")
@@ -358,7 +358,15 @@ func applyEnv(cfg *Config, environ []string) error {
 		}
 		f, ok := fields[name]
 		if !ok {
-			errs = append(errs, fmt.Errorf("environment variable %s names no setting; see the README for the OUTBOXD_* names", name))
+			hint := ""
+			names := make([]string, 0, len(fields))
+			for n := range fields {
+				names = append(names, n)
+			}
+			if best := closest(name, names); best != "" {
+				hint = " (did you mean " + best + "?)"
+			}
+			errs = append(errs, fmt.Errorf("environment variable %s names no setting%s; see the README for the OUTBOXD_* names", name, hint))
 			continue
 		}
 		if err := setField(f, value); err != nil {

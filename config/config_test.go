@@ -109,7 +109,9 @@ func TestDecodeErrors(t *testing.T) {
 		want []string // substrings of the error
 	}{
 		{"unknown top-level key", "postgress:\n  dsn: x\n", []string{"postgress", "line 1"}},
-		{"unknown nested key", "postgres:\n  slot: a\n  tabel: public.outbox\n", []string{"tabel", "line 3"}},
+		{"unknown nested key", "postgres:\n  slot: a\n  tabel: public.outbox\n", []string{"line 3", "unknown setting postgres.tabel (did you mean postgres.table?)"}},
+		{"unknown key two levels down", "kafka:\n  tls:\n    ca: x\n", []string{"unknown setting kafka.tls.ca"}},
+		{"unknown key in a list item", "router:\n  additional_fields:\n    - {colum: a, placement: header}\n", []string{"unknown setting router.additional_fields.colum (did you mean router.additional_fields.column?)"}},
 		{"unknown key in kafka", "kafka:\n  acks: all\n", []string{"acks"}},
 		{"string for int", "kafka:\n  topic_partitions: six\n", []string{"six", "int"}},
 		{"bare int for duration", "postgres:\n  status_interval: 5\n", []string{"line 2", "time.Duration"}},
@@ -225,7 +227,8 @@ func TestEnvErrors(t *testing.T) {
 		env  string
 		want []string
 	}{
-		{"OUTBOXD_POSTGRES_SLOTT=x", []string{"OUTBOXD_POSTGRES_SLOTT", "names no setting"}},
+		{"OUTBOXD_POSTGRES_SLOTT=x", []string{"OUTBOXD_POSTGRES_SLOTT", "names no setting", "did you mean OUTBOXD_POSTGRES_SLOT?"}},
+		{"OUTBOXD_KAFKA_BROKER=x", []string{"did you mean OUTBOXD_KAFKA_BROKERS?"}},
 		{"OUTBOXD_DSN=x", []string{"OUTBOXD_DSN", "names no setting"}},
 		{"OUTBOXD_POSTGRES=x", []string{"OUTBOXD_POSTGRES", "names no setting"}},
 		{"OUTBOXD_=x", []string{"OUTBOXD_", "names no setting"}},
