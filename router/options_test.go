@@ -122,6 +122,7 @@ func TestRouteOptionsGolden(t *testing.T) {
 		{"error_headers_column_sets_id", cfg(func(c *config.Router) { c.HeadersColumn = "hdrs" }), with(wideRow(), "hdrs", s(`{"id": "other"}`))},
 		{"headers_column_not_json", cfg(func(c *config.Router) { c.HeadersColumn = "tenant" }), wideRow()},
 		{"key_encoding_json_jackson_escapes", cfg(func(c *config.Router) { c.KeyEncoding = "json" }), with(wideRow(), "aggregate_id", s("a&b<c>\u2028\x1f\t/é"))},
+		{"key_encoding_json_short_escapes", cfg(func(c *config.Router) { c.KeyEncoding = "json" }), with(wideRow(), "aggregate_id", s("a\"b\\c\b\f\n\r"))},
 		{"key_encoding_json_integer_key", cfg(func(c *config.Router) { c.KeyEncoding, c.KeyColumn = "json", "seq" }), wideRow()},
 		{"key_encoding_json_jsonb_key_quoted", cfg(func(c *config.Router) { c.KeyEncoding, c.KeyColumn = "json", "hdrs" }), with(wideRow(), "hdrs", s(`{"a": 1}`))},
 		{"error_headers_column_sets_event_type", cfg(func(c *config.Router) { c.HeadersColumn = "hdrs" }), with(wideRow(), "hdrs", s(`{"eventType": "other"}`))},

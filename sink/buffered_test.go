@@ -72,3 +72,47 @@ func TestProduceBlocksAtMaxBufferedBytes(t *testing.T) {
 		t.Errorf("Fill() = %v with nothing in flight, want 0", got)
 	}
 }
+
+// At max_buffered_records unacknowledged records, Produce waits until one
+// is acknowledged: the record cap, like the byte cap, is what stops WAL
+// reading instead of growing memory.
+func TestProduceBlocksAtMaxBufferedRecords(t *testing.T) {
+	c := newCluster(t, 1)
+	release := holdProduce(c)
+	p, ctx := newProducer(t, c, func(cfg *config.Kafka) {
+		cfg.MaxBufferedRecords = 3
+		cfg.MaxBufferedBytes = 1 << 20
+	})
+	var acked atomic.Int32
+	done := func(err error) {
+		if err != nil {
+			t.Errorf("delivery failed: %v", err)
+		}
+		acked.Add(1)
+	}
+	rec := func(i int) *router.Record {
+		return &router.Record{Topic: topic, Key: fmt.Appendf(nil, "k%d", i), Value: []byte("v"), EventID: fmt.Sprint(i), Partition: -1}
+	}
+	for i := range 3 {
+		if err := p.Produce(ctx, rec(i), done); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fourth := make(chan error, 1)
+	go func() { fourth <- p.Produce(ctx, rec(3), done) }()
+	select {
+	case err := <-fourth:
+		t.Fatalf("a fourth record was handed over with max_buffered_records 3 and nothing acknowledged (err %v)", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	release()
+	if err := <-fourth; err != nil {
+		t.Fatal(err)
+	}
+	for acked.Load() < 4 {
+		if ctx.Err() != nil {
+			t.Fatalf("%d of 4 records acknowledged", acked.Load())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

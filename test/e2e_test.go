@@ -210,3 +210,19 @@ func TestLargeTransactionStreamsInBoundedMemory(t *testing.T) {
 		t.Errorf("peak RSS %d MiB, want under 200 MiB", peak/1024)
 	}
 }
+
+// outboxd answers the walsender's keepalives that ask for a reply at once,
+// not at its next status update: with wal_sender_timeout 2 s and status
+// updates every 30 s, an idle outboxd keeps its connection.
+func TestKeepaliveRepliesKeepTheConnection(t *testing.T) {
+	d := newDB(t)
+	dsn := d.dsn + "&options=-c%20wal_sender_timeout%3D2s"
+	p := start(t, replace(d.env("OUTBOXD_POSTGRES_STATUS_INTERVAL=30s"), "OUTBOXD_POSTGRES_DSN", dsn))
+	p.waitStreaming()
+	time.Sleep(7 * time.Second) // three and a half timeouts, idle
+	if n, _ := p.metric("outboxd_relay_restarts_total"); n != 0 {
+		t.Fatalf("%g pipeline restarts while idle: the walsender timed out waiting for replies; log:\n%s", n, p.logs.String())
+	}
+	id, _ := insertEvent(t, d, d.name+"_ka", "k", `{}`)
+	readUntil(t, []string{d.name + "_ka-events"}, 30*time.Second, 0, waitIDs(id))
+}

@@ -228,3 +228,28 @@ func hasNullHeader(rec *kgo.Record, key string) bool {
 	}
 	return false
 }
+
+// router.on_update: error stops outboxd at an UPDATE of an outbox row,
+// without confirming past it.
+func TestUpdateStopsWithOnUpdateError(t *testing.T) {
+	d := newDB(t)
+	p := start(t, d.env("OUTBOXD_ROUTER_ON_UPDATE=error"))
+	p.waitStreaming()
+	id, _ := insertEvent(t, d, d.name+"_upd", "k", `{}`)
+	readUntil(t, []string{d.name + "_upd-events"}, time.Minute, 0, waitIDs(id))
+	var s string
+	if err := d.pool.QueryRow(context.Background(), `SELECT pg_current_wal_insert_lsn()::text`).Scan(&s); err != nil {
+		t.Fatal(err)
+	}
+	beforeUpdate := parseLSN(t, s)
+	d.exec(t, `UPDATE outbox SET payload = '{"n": 2}' WHERE id = $1`, id)
+	if code := p.waitExit(60 * time.Second); code != 1 {
+		t.Fatalf("outboxd exited %d after an UPDATE with router.on_update error, want 1", code)
+	}
+	if !strings.Contains(p.logs.String(), "router.on_update is error") {
+		t.Errorf("no error naming router.on_update:\n%s", p.logs.String())
+	}
+	if got := d.confirmedFlush(t); got > beforeUpdate {
+		t.Errorf("slot confirmed at %X, past the UPDATE's transaction (begun after %X)", got, beforeUpdate)
+	}
+}

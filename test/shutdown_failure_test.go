@@ -27,7 +27,7 @@ func TestShutdownEndsOnARejectionWhileDraining(t *testing.T) {
 	readUntil(t, []string{typ + "-events"}, 30*time.Second, 0, waitIDs(first))
 
 	kProxy.Stall()
-	insertEvent(t, d, typ, "k", `{"pad": "`+strings.Repeat("x", 2000)+`"}`) // over the topic's max.message.bytes
+	_, rejected := insertEvent(t, d, typ, "k", `{"pad": "`+strings.Repeat("x", 2000)+`"}`) // over the topic's max.message.bytes
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		if v, _ := p.metric("outboxd_sink_records_in_flight"); v >= 1 {
@@ -48,5 +48,10 @@ func TestShutdownEndsOnARejectionWhileDraining(t *testing.T) {
 	}
 	if code == 0 || !strings.Contains(p.logs.String(), "MESSAGE_TOO_LARGE") {
 		t.Errorf("exit %d, want non-zero with Kafka's rejection (MESSAGE_TOO_LARGE) in the log:\n%s", code, p.logs.String())
+	}
+	// The rejected event was never written: the slot must not be confirmed
+	// past it, or it would be lost.
+	if got := d.confirmedFlush(t); got > rejected {
+		t.Errorf("slot confirmed at %X, past the rejected record's transaction (written at %X)", got, rejected)
 	}
 }
