@@ -226,3 +226,33 @@ func TestKeepaliveRepliesKeepTheConnection(t *testing.T) {
 	id, _ := insertEvent(t, d, d.name+"_ka", "k", `{}`)
 	readUntil(t, []string{d.name + "_ka-events"}, 30*time.Second, 0, waitIDs(id))
 }
+
+// While the pipeline is blocked by backpressure (Kafka stalled, the record
+// cap reached), the stream goroutine cannot read the walsender's keepalives
+// but still sends its status updates, so Postgres keeps the connection
+// (wal_sender_timeout 2 s here) and nothing restarts.
+func TestStatusUpdatesWhileBackpressured(t *testing.T) {
+	d := newDB(t)
+	kProxy := newProxy(t, svc.brokers[0], true)
+	dsn := d.dsn + "&options=-c%20wal_sender_timeout%3D2s"
+	env := replace(replace(d.env("OUTBOXD_POSTGRES_STATUS_INTERVAL=500ms", "OUTBOXD_KAFKA_MAX_BUFFERED_RECORDS=1"),
+		"OUTBOXD_POSTGRES_DSN", dsn), "OUTBOXD_KAFKA_BROKERS", kProxy.Addr())
+	p := start(t, env)
+	p.waitStreaming()
+	typ := d.name + "_bp"
+	first, _ := insertEvent(t, d, typ, "k", `{}`)
+	readUntil(t, []string{typ + "-events"}, 30*time.Second, 0, waitIDs(first))
+
+	kProxy.Stall()
+	var ids []string
+	for range 20 {
+		id, _ := insertEvent(t, d, typ, "k", `{}`)
+		ids = append(ids, id)
+	}
+	time.Sleep(7 * time.Second) // Kafka stalled for three and a half timeouts
+	kProxy.Resume()
+	readUntil(t, []string{typ + "-events"}, time.Minute, 0, waitIDs(ids...))
+	if n, _ := p.metric("outboxd_relay_restarts_total"); n != 0 {
+		t.Fatalf("%g pipeline restarts while backpressured: Postgres timed out waiting for status updates; log:\n%s", n, p.logs.String())
+	}
+}
