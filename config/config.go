@@ -129,8 +129,10 @@ type Router struct {
 	// AdditionalMissing is error or ignore: what a placed column absent
 	// from the table does.
 	AdditionalMissing string `yaml:"additional_missing"`
-	// KeyEncoding is raw (the key column's bytes) or json (the key as a JSON
-	// string, quotes included, as Kafka Connect's JsonConverter wrote it).
+	// KeyEncoding is raw (the key column's bytes), json (the key as Kafka
+	// Connect's JsonConverter with schemas off wrote it: a JSON string,
+	// quotes included, integers bare) or json_schema (as JsonConverter with
+	// schemas on, its default, wrote it: {"schema":...,"payload":...}).
 	KeyEncoding string `yaml:"key_encoding"`
 	// ExpandJSONPayload requires the payload to be JSON and embeds it as JSON
 	// (not as a string) in an envelope.
@@ -584,7 +586,7 @@ func (r Router) validate() []error {
 		}
 	}
 	oneOf("additional_missing", r.AdditionalMissing, "error", "ignore")
-	oneOf("key_encoding", r.KeyEncoding, "raw", "json")
+	oneOf("key_encoding", r.KeyEncoding, "raw", "json", "json_schema")
 	oneOf("on_update", r.OnUpdate, "ignore", "warn", "error")
 	oneOf("poison.policy", r.Poison.Policy, "halt", "dlq")
 	if r.Poison.Policy == "dlq" && r.Poison.DLQTopic == "" {

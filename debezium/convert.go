@@ -634,19 +634,19 @@ func (v *conv) keyEncoding() (string, error) {
 	schemas, _ := v.boolean("key.converter.schemas.enable", true)
 	switch {
 	case !ok:
-		v.warn("key.converter", "not set, so Kafka Connect used the worker's key.converter; the configuration assumes raw key bytes (StringConverter). "+
-			"If the worker used JsonConverter, set router.key_encoding: json, or keys and their partitions change")
-		return "raw", nil
+		v.warn("key.converter", "not set, so Kafka Connect used the worker's key.converter; the configuration assumes JsonConverter with schemas on "+
+			"(Kafka's sample worker configurations and Debezium's container images use it): key_encoding json_schema. "+
+			"If the worker used StringConverter, set router.key_encoding: raw, and with JsonConverter and schemas.enable=false, json, or keys and their partitions change")
+		return "json_schema", nil
 	case conv == stringConverter || byteConverters[conv]:
 		return "raw", nil
 	case conv == jsonConverter:
-		if schemas {
-			v.warn("key.converter.schemas.enable", "is true (JsonConverter's default): Debezium's keys were {\"schema\":...,\"payload\":...} envelopes, which outboxd does not write; "+
-				"key_encoding: json writes the bare JSON string, so keys and their partitions change")
+		if schemas { // JsonConverter's default: {"schema":...,"payload":...} keys
+			return "json_schema", nil
 		}
 		return "json", nil
 	default:
-		v.warn("key.converter", "%s is not supported; outboxd writes the key column's bytes (key_encoding: raw) or a JSON string (json), so keys and their partitions change", conv)
+		v.warn("key.converter", "%s is not supported; outboxd writes the key column's bytes (key_encoding: raw) or JsonConverter's bytes (json, json_schema), so keys and their partitions change", conv)
 		return "raw", nil
 	}
 }
@@ -791,7 +791,7 @@ var unsupported = []struct{ key, why string }{
 	{"schema.", "outboxd streams the one table in postgres.table"},
 	{"table.", "outboxd streams the one table in postgres.table"},
 	{"column.", "outboxd sends column text as it is"},
-	{"key.converter.", "outboxd's keys are router.key_encoding raw or json only"},
+	{"key.converter.", "outboxd's keys are router.key_encoding raw, json or json_schema only"},
 	{"value.converter.", "outboxd's values are the payload column's text (bytea: bytes)"},
 	{"header.converter.", "outboxd's header values are text"},
 	{"decimal.handling.mode", "outboxd sends column text as it is"},

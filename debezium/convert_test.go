@@ -516,3 +516,40 @@ func TestConvertWarnings(t *testing.T) {
 		})
 	}
 }
+
+// The key converter decides the key bytes, and so each key's partition:
+// JsonConverter with schemas on (its default) wrote envelopes, which
+// key_encoding json_schema writes too, and an unset key.converter is taken
+// to be the worker's usual JsonConverter with schemas on, with a warning.
+func TestConvertKeyEncoding(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		settings map[string]string
+		want     string
+		warns    bool
+	}{
+		{"JsonConverter, schemas by default", map[string]string{"key.converter": jsonConverter}, "json_schema", false},
+		{"JsonConverter, schemas on", map[string]string{"key.converter": jsonConverter, "key.converter.schemas.enable": "true"}, "json_schema", false},
+		{"JsonConverter, schemas off", map[string]string{"key.converter": jsonConverter, "key.converter.schemas.enable": "false"}, "json", false},
+		{"StringConverter", map[string]string{"key.converter": stringConverter}, "raw", false},
+		{"worker's converter", map[string]string{"key.converter": ""}, "json_schema", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res, err := Convert(connector(tc.settings), Options{Brokers: []string{"k:9092"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(string(res.YAML), "key_encoding: "+tc.want+" ") {
+				t.Errorf("want key_encoding: %s in\n%s", tc.want, res.YAML)
+			}
+			warned := false
+			for _, w := range res.Warnings {
+				warned = warned || w.Key == "key.converter" || w.Key == "key.converter.schemas.enable"
+			}
+			if warned != tc.warns {
+				t.Errorf("warned about the key converter: %v, want %v (%v)", warned, tc.warns, res.Warnings)
+			}
+			loadBack(t, res.YAML)
+		})
+	}
+}

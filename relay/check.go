@@ -367,7 +367,17 @@ func (r *Relay) checkColumnTypes(ctx context.Context, conn *pgx.Conn) error {
 	if _, err := pgx.ForEachRow(rows, []any{&name, &oid}, func() error { types[name] = oid; return nil }); err != nil {
 		return fmt.Errorf("reading the column types of %s: %w", r.cfg.Postgres.Table, err)
 	}
-	return r.router.CheckTypes(r.cfg.Postgres.Table, types)
+	if err := r.router.CheckTypes(r.cfg.Postgres.Table, types); err != nil {
+		return err
+	}
+	// Debezium's key schema is optional when the key column may be NULL.
+	var notNull bool
+	if err := conn.QueryRow(ctx, `SELECT attnotnull FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = $2`,
+		pgx.Identifier{schema, table}.Sanitize(), r.cfg.Router.KeyColumn).Scan(&notNull); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("reading whether key column %s may be NULL: %w", r.cfg.Router.KeyColumn, err)
+	}
+	r.router.SetKeyOptional(!notNull)
+	return nil
 }
 
 func contains(list []string, s string) bool {

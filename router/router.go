@@ -125,6 +125,9 @@ type Router struct {
 	types    []uint32          // field -> the base type of its column in rel
 	bases    map[uint32]uint32 // domain type OID -> its base type
 	cells    []cell
+	// keyOptional says the key column may be NULL: Debezium's key schema
+	// is optional then (key_encoding json_schema).
+	keyOptional bool
 	topics   map[string]string // route-by value -> checked topic, bounded by maxTopicCache
 }
 
@@ -223,7 +226,7 @@ func (r *Router) checkTypes(table string, typeOf func(field int) uint32) error {
 		return &LayoutError{Table: table, Reason: fmt.Sprintf(
 			"column %s (router.headers_column) must be of type json or jsonb, holding an object whose members become headers", r.names[fHeaders])}
 	}
-	if r.cfg.KeyEncoding == "json" {
+	if r.cfg.KeyEncoding == "json" || r.cfg.KeyEncoding == "json_schema" {
 		if name, ok := jsonKeyRefused[typeOf(fKey)]; ok {
 			return &LayoutError{Table: table, Reason: fmt.Sprintf(
 				"key column %s is %s, whose JSON form Kafka Connect's JsonConverter writes from Debezium's own representation, which router.key_encoding json does not reproduce; use a text, uuid or integer key column, or key_encoding raw",
@@ -239,6 +242,10 @@ var jsonKeyRefused = map[uint32]string{
 	oidTime: "time", oidTimetz: "timetz", oidTimestamp: "timestamp", oidTimestamptz: "timestamptz",
 	oidInterval: "interval", oidMoney: "money",
 }
+
+// SetKeyOptional tells the router whether the key column may be NULL,
+// which makes Debezium's key schema optional (key_encoding json_schema).
+func (r *Router) SetKeyOptional(optional bool) { r.keyOptional = optional }
 
 // SetBaseType tells the router that type OID domain is a domain over base,
 // so that a column of it is read as base: pgoutput names the domain.
@@ -373,6 +380,8 @@ func (r *Router) build(rec *Record, lsn wal.LSN, source string, commitTime time.
 	case key.null:
 	case r.cfg.KeyEncoding == "json":
 		rec.Key = appendJSONKey(nil, key)
+	case r.cfg.KeyEncoding == "json_schema":
+		rec.Key = r.appendJSONSchemaKey(nil, key)
 	default:
 		rec.Key = key.data
 	}
@@ -484,6 +493,7 @@ const (
 	oidTimestamptz = 1184
 	oidNumeric     = 1700
 	oidJSONB       = 3802
+	oidUUID        = 2950
 )
 
 func writeJSON(b *bytes.Buffer, c cell, expand bool) {
@@ -608,6 +618,43 @@ func appendJSONKey(dst []byte, c cell) []byte {
 		}
 	}
 	return append(dst, '"')
+}
+
+// appendJSONSchemaKey appends the key as Kafka Connect's JsonConverter with
+// schemas on wrote Debezium's key: an envelope of the key column's Connect
+// schema (as Debezium maps the column type) and the value,
+// {"schema":{"type":"string","optional":false},"payload":"42"}.
+func (r *Router) appendJSONSchemaKey(dst []byte, c cell) []byte {
+	typ, name := "string", ""
+	switch c.oid {
+	case oidInt2:
+		typ = "int16"
+	case oidInt4:
+		typ = "int32"
+	case oidInt8:
+		typ = "int64"
+	case oidBool:
+		typ = "boolean"
+	case oidUUID:
+		name = "io.debezium.data.Uuid"
+	case oidJSON, oidJSONB:
+		name = "io.debezium.data.Json"
+	}
+	dst = append(dst, `{"schema":{"type":"`...)
+	dst = append(dst, typ...)
+	dst = append(dst, `","optional":`...)
+	dst = strconv.AppendBool(dst, r.keyOptional)
+	if name != "" {
+		dst = append(dst, `,"name":"`...)
+		dst = append(dst, name...)
+		dst = append(dst, `","version":1`...)
+	}
+	dst = append(dst, `},"payload":`...)
+	if c.oid == 0 { // a message's field: its text, as a string
+		c.json = false
+	}
+	dst = appendJSONKey(dst, c)
+	return append(dst, '}')
 }
 
 // parseTimestamp reads Postgres' text form of timestamptz/timestamp (ISO

@@ -295,9 +295,21 @@ func TestMigrateMakesTheConfiguredTable(t *testing.T) {
 			t.Fatalf("outboxd migrate with the debezium preset: %v\n%s", err, out)
 		}
 	}
-	p := start(t, env)
-	p.waitStreaming()
-	id := uuid()
-	d.exec(t, `INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) VALUES ($1, $2, 'k-1', 'Made', '{}')`, id, d.name+"_mig")
-	readUntil(t, []string{d.name + "_mig-events"}, time.Minute, 0, waitIDs(id))
+	// With key_encoding json_schema the key is JsonConverter's envelope,
+	// whose schema is optional when the key column may be NULL.
+	env = append(env, "OUTBOXD_ROUTER_KEY_ENCODING=json_schema")
+	for _, optional := range []bool{false, true} {
+		if optional {
+			d.exec(t, `ALTER TABLE outbox ALTER COLUMN aggregateid DROP NOT NULL`)
+		}
+		p := start(t, env)
+		p.waitStreaming()
+		id := uuid()
+		d.exec(t, `INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) VALUES ($1, $2, 'k-1', 'Made', '{}')`, id, d.name+"_mig")
+		want := fmt.Sprintf(`{"schema":{"type":"string","optional":%t},"payload":"k-1"}`, optional)
+		if got := string(ids(readUntil(t, []string{d.name + "_mig-events"}, time.Minute, 0, waitIDs(id)))[id].Key); got != want {
+			t.Errorf("key %s, want %s", got, want)
+		}
+		p.stop(syscall.SIGTERM, 30*time.Second)
+	}
 }
