@@ -128,7 +128,7 @@ type Router struct {
 	// keyOptional says the key column may be NULL: Debezium's key schema
 	// is optional then (key_encoding json_schema).
 	keyOptional bool
-	topics   map[string]string // route-by value -> checked topic, bounded by maxTopicCache
+	topics      map[string]string // route-by value -> checked topic, bounded by maxTopicCache
 }
 
 // maxTopicCache bounds the route-by value -> topic cache; past it the cache
