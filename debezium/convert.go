@@ -636,7 +636,8 @@ func (v *conv) keyEncoding() (string, error) {
 	case !ok:
 		v.warn("key.converter", "not set, so Kafka Connect used the worker's key.converter; the configuration assumes JsonConverter with schemas on "+
 			"(Kafka's sample worker configurations and Debezium's container images use it): key_encoding json_schema. "+
-			"If the worker used StringConverter, set router.key_encoding: raw, and with JsonConverter and schemas.enable=false, json, or keys and their partitions change")
+			"If the worker used StringConverter, set router.key_encoding: raw, and with JsonConverter and schemas.enable=false, json, or keys and their partitions change. "+
+			"To check, read a key Debezium wrote (kafka-console-consumer --property print.key=true): one that starts with {\"schema\": is json_schema")
 		return "json_schema", nil
 	case conv == stringConverter || byteConverters[conv]:
 		return "raw", nil

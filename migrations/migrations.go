@@ -157,7 +157,7 @@ func RunWith(ctx context.Context, conn *pgx.Conn, schema, table string, opts Opt
 				if existed {
 					var applied bool
 					err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
-						WHERE i.indrelid = to_regclass($1) AND c.relname = $2)`, qualified, indexName(table)).Scan(&applied)
+						WHERE i.indrelid = to_regclass($1) AND c.relname = $2 AND i.indisvalid)`, qualified, indexName(table)).Scan(&applied)
 					if err != nil {
 						return fmt.Errorf("migration %s: looking for its index on %s.%s: %w", m.name, schema, table, err)
 					}

@@ -370,11 +370,20 @@ func (r *Relay) checkColumnTypes(ctx context.Context, conn *pgx.Conn) error {
 	if err := r.router.CheckTypes(r.cfg.Postgres.Table, types); err != nil {
 		return err
 	}
-	// Debezium's key schema is optional when the key column may be NULL.
-	var notNull bool
-	if err := conn.QueryRow(ctx, `SELECT attnotnull FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = $2`,
-		pgx.Identifier{schema, table}.Sanitize(), r.cfg.Router.KeyColumn).Scan(&notNull); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+	// Debezium's key schema is optional when the key column may be NULL (as
+	// pgjdbc tells it: the column's or its domain's NOT NULL), and carries
+	// the column's default, which outboxd does not reproduce.
+	var notNull, hasDefault bool
+	if err := conn.QueryRow(ctx, `SELECT a.attnotnull OR (t.typtype = 'd' AND t.typnotnull), a.atthasdef
+		FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid WHERE a.attrelid = to_regclass($1) AND a.attname = $2`,
+		pgx.Identifier{schema, table}.Sanitize(), r.cfg.Router.KeyColumn).Scan(&notNull, &hasDefault); err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("reading whether key column %s may be NULL: %w", r.cfg.Router.KeyColumn, err)
+	}
+	if hasDefault && r.cfg.Router.KeyEncoding == "json_schema" {
+		return fmt.Errorf("key column %s of %s has a DEFAULT, which Debezium put into the key's schema (\"default\":..., for a function a placeholder), "+
+			"and router.key_encoding json_schema does not reproduce it, so keys would land on other partitions; "+
+			"drop the default (ALTER TABLE %s ALTER COLUMN %s DROP DEFAULT) or use key_encoding json or raw",
+			r.cfg.Router.KeyColumn, r.cfg.Postgres.Table, pgx.Identifier{schema, table}.Sanitize(), pgx.Identifier{r.cfg.Router.KeyColumn}.Sanitize())
 	}
 	r.router.SetKeyOptional(!notNull)
 	return nil

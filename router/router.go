@@ -226,12 +226,18 @@ func (r *Router) checkTypes(table string, typeOf func(field int) uint32) error {
 		return &LayoutError{Table: table, Reason: fmt.Sprintf(
 			"column %s (router.headers_column) must be of type json or jsonb, holding an object whose members become headers", r.names[fHeaders])}
 	}
-	if r.cfg.KeyEncoding == "json" || r.cfg.KeyEncoding == "json_schema" {
+	enc := r.cfg.KeyEncoding
+	if enc == "json" || enc == "json_schema" {
 		if name, ok := jsonKeyRefused[typeOf(fKey)]; ok {
 			return &LayoutError{Table: table, Reason: fmt.Sprintf(
-				"key column %s is %s, whose JSON form Kafka Connect's JsonConverter writes from Debezium's own representation, which router.key_encoding json does not reproduce; use a text, uuid or integer key column, or key_encoding raw",
-				r.names[fKey], name)}
+				"key column %s is %s, whose JSON form Kafka Connect's JsonConverter writes from Debezium's own representation, which router.key_encoding %s does not reproduce; use a text, uuid or integer key column, or key_encoding raw",
+				r.names[fKey], name, enc)}
 		}
+	}
+	if t := typeOf(fKey); enc == "json_schema" && !jsonSchemaKeyTypes[t] {
+		return &LayoutError{Table: table, Reason: fmt.Sprintf(
+			"key column %s is of a type (OID %d) whose Connect schema outboxd does not reproduce for router.key_encoding json_schema; "+
+				"use a text, varchar, char, uuid, integer, boolean, json or jsonb key column, or key_encoding json or raw", r.names[fKey], t)}
 	}
 	return nil
 }
@@ -241,6 +247,13 @@ var jsonKeyRefused = map[uint32]string{
 	oidNumeric: "numeric", oidFloat4: "real", oidFloat8: "double precision", oidBytea: "bytea", oidDate: "date",
 	oidTime: "time", oidTimetz: "timetz", oidTimestamp: "timestamp", oidTimestamptz: "timestamptz",
 	oidInterval: "interval", oidMoney: "money",
+}
+
+// jsonSchemaKeyTypes are the key column types whose Connect schema
+// key_encoding json_schema writes as Debezium mapped them.
+var jsonSchemaKeyTypes = map[uint32]bool{
+	oidText: true, oidVarchar: true, oidBpchar: true, oidUUID: true, oidInt2: true, oidInt4: true, oidInt8: true,
+	oidBool: true, oidJSON: true, oidJSONB: true,
 }
 
 // SetKeyOptional tells the router whether the key column may be NULL,
@@ -377,6 +390,10 @@ func (r *Router) build(rec *Record, lsn wal.LSN, source string, commitTime time.
 	switch key := cells[fKey]; {
 	case key.null && r.cfg.RequireKey:
 		return fail(rec.Topic, "column %s is NULL; a key is required (router.require_key) so that the events of an aggregate stay in order", r.cfg.KeyColumn)
+	case key.null && r.cfg.KeyEncoding == "json":
+		rec.Key = []byte("null") // JsonConverter serialized a null of an optional schema so
+	case key.null && r.cfg.KeyEncoding == "json_schema":
+		rec.Key = r.appendJSONSchemaKey(nil, key)
 	case key.null:
 	case r.cfg.KeyEncoding == "json":
 		rec.Key = appendJSONKey(nil, key)
@@ -494,6 +511,9 @@ const (
 	oidNumeric     = 1700
 	oidJSONB       = 3802
 	oidUUID        = 2950
+	oidText        = 25
+	oidBpchar      = 1042
+	oidVarchar     = 1043
 )
 
 func writeJSON(b *bytes.Buffer, c cell, expand bool) {
@@ -650,6 +670,9 @@ func (r *Router) appendJSONSchemaKey(dst []byte, c cell) []byte {
 		dst = append(dst, `","version":1`...)
 	}
 	dst = append(dst, `},"payload":`...)
+	if c.null {
+		return append(dst, `null}`...)
+	}
 	if c.oid == 0 { // a message's field: its text, as a string
 		c.json = false
 	}

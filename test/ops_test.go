@@ -295,6 +295,23 @@ func TestMigrateMakesTheConfiguredTable(t *testing.T) {
 			t.Fatalf("outboxd migrate with the debezium preset: %v\n%s", err, out)
 		}
 	}
+	// Columns migrate does not make are named; two settings naming one
+	// column are refused.
+	for _, c := range []struct {
+		env  []string
+		want string
+	}{
+		{[]string{"OUTBOXD_ROUTER_TIMESTAMP_COLUMN=occurred_at"}, `the router reads columns the table lacks.*columns=occurred_at`},
+		{[]string{"OUTBOXD_ROUTER_ROUTE_BY_COLUMN=type"}, `router.event_type_column and router.route_by_column both name column type`},
+	} {
+		migrate := exec.Command(svc.bin, "migrate")
+		migrate.Env = append(env[:len(env):len(env)], c.env...)
+		out, _ := migrate.CombinedOutput()
+		if !regexp.MustCompile(c.want).Match(out) {
+			t.Errorf("outboxd migrate with %v: want %q in\n%s", c.env, c.want, out)
+		}
+	}
+
 	// With key_encoding json_schema the key is JsonConverter's envelope,
 	// whose schema is optional when the key column may be NULL.
 	env = append(env, "OUTBOXD_ROUTER_KEY_ENCODING=json_schema")

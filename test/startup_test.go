@@ -77,6 +77,10 @@ func TestStartupErrors(t *testing.T) {
 		expectStartupError(t, append(d.env(), "OUTBOXD_ROUTER_KEY_ENCODING=json", "OUTBOXD_ROUTER_KEY_COLUMN=created_at"),
 			`outbox table public\.outbox: key column created_at is timestamptz, .*use a text, uuid or integer key column, or key_encoding raw`)
 	})
+	t.Run("key column with a default under key_encoding json_schema", func(t *testing.T) {
+		expectStartupError(t, append(d.env(), "OUTBOXD_ROUTER_KEY_ENCODING=json_schema", "OUTBOXD_ROUTER_KEY_COLUMN=id"),
+			`key column id of public\.outbox has a DEFAULT, .*DROP DEFAULT\) or use key_encoding json or raw`)
+	})
 	t.Run("headers column not json", func(t *testing.T) {
 		expectStartupError(t, append(d.env(), "OUTBOXD_ROUTER_HEADERS_COLUMN=event_type"),
 			`column event_type \(router\.headers_column\) must be of type json or jsonb`)

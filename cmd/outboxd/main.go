@@ -25,7 +25,6 @@ import (
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/debezium"
 	"github.com/outboxd/outboxd/metrics"
-	"github.com/outboxd/outboxd/migrations"
 	"github.com/outboxd/outboxd/relay"
 )
 
@@ -112,7 +111,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	switch cmd {
 	case "migrate":
-		return migrate(ctx, cfg, log)
+		return relay.Migrate(ctx, cfg, log)
 	case "healthcheck":
 		if base == "" {
 			return errors.New("http.listen is empty, so outboxd serves no /healthz to probe; set http.listen (or pass -url)")
@@ -182,38 +181,6 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	g.Go(func() error { defer endAll(); return r.Run(runCtx) })
 	g.Go(func() error { return r.MonitorSlot(runCtx) })
 	return g.Wait()
-}
-
-func migrate(ctx context.Context, cfg config.Config, log *slog.Logger) error {
-	conn, err := relay.Connect(ctx, cfg.Postgres)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	schema, table := cfg.Postgres.TableName()
-	// The table gets the column names the router reads (the debezium
-	// preset's, or the *_column settings).
-	rc := cfg.Router
-	eventType := rc.EventTypeColumn
-	if eventType == "-" {
-		eventType = ""
-	}
-	cols := map[string]string{}
-	for from, to := range map[string]string{"id": rc.IDColumn, "aggregate_type": rc.RouteByColumn,
-		"aggregate_id": rc.KeyColumn, "event_type": eventType, "payload": rc.PayloadColumn} {
-		if from != to {
-			cols[from] = to
-		}
-	}
-	skipped, err := migrations.RunWith(ctx, conn, schema, table, migrations.Options{Columns: cols})
-	if err != nil {
-		return err
-	}
-	for _, s := range skipped {
-		log.Warn("migration skipped", "migration", s.Migration, "table", cfg.Postgres.Table, "reason", s.Reason)
-	}
-	log.Info("outbox table ready", "table", cfg.Postgres.Table)
-	return nil
 }
 
 func newLogger(cfg config.Log, w io.Writer) *slog.Logger {

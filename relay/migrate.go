@@ -1,0 +1,83 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/migrations"
+	"github.com/outboxd/outboxd/router"
+)
+
+// Migrate creates or completes the outbox table of cfg (outboxd migrate):
+// the migrations, with the column names the router reads. It logs the
+// migrations it left out and the columns other settings read that the
+// table lacks.
+func Migrate(ctx context.Context, cfg config.Config, log *slog.Logger) error {
+	conn, err := Connect(ctx, cfg.Postgres)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	schema, table := cfg.Postgres.TableName()
+	// The table gets the column names the router reads (the debezium
+	// preset's, or the *_column settings).
+	rc := cfg.Router
+	eventType := rc.EventTypeColumn
+	if eventType == "-" {
+		eventType = ""
+	}
+	cols := map[string]string{}
+	seen := map[string]string{"created_at": "created_at"}
+	for _, c := range []struct{ from, to, setting string }{
+		{"id", rc.IDColumn, "id_column"}, {"aggregate_type", rc.RouteByColumn, "route_by_column"},
+		{"aggregate_id", rc.KeyColumn, "key_column"}, {"event_type", eventType, "event_type_column"},
+		{"payload", rc.PayloadColumn, "payload_column"},
+	} {
+		if c.from != c.to {
+			cols[c.from] = c.to
+		}
+		if c.to == "" {
+			continue
+		}
+		if other, ok := seen[c.to]; ok {
+			return fmt.Errorf("router.%s and %s both name column %s, and a table cannot have two columns of one name; "+
+				"create the outbox table yourself (migrations/0001_outbox.sql shows outboxd's) or give each setting its own column", c.setting, other, c.to)
+		}
+		seen[c.to] = "router." + c.setting
+	}
+	skipped, err := migrations.RunWith(ctx, conn, schema, table, migrations.Options{Columns: cols})
+	if err != nil {
+		return err
+	}
+	for _, s := range skipped {
+		log.Warn("migration skipped", "migration", s.Migration, "table", cfg.Postgres.Table, "reason", s.Reason)
+	}
+	// Columns of other settings (timestamp, traceparent, headers,
+	// additional fields) are not made: say which ones outboxd will miss.
+	rt, err := router.New(cfg.Router)
+	if err != nil {
+		return err
+	}
+	var present []string
+	if err := conn.QueryRow(ctx, `SELECT coalesce(array_agg(attname::text), '{}') FROM pg_attribute
+		WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped`, pgx.Identifier{schema, table}.Sanitize()).Scan(&present); err != nil {
+		return fmt.Errorf("reading the columns of %s: %w", cfg.Postgres.Table, err)
+	}
+	var missing []string
+	for _, c := range rt.Columns() {
+		if !slices.Contains(present, c) {
+			missing = append(missing, c)
+		}
+	}
+	if len(missing) > 0 {
+		log.Warn("the router reads columns the table lacks; add them, or outboxd will not start", "table", cfg.Postgres.Table, "columns", strings.Join(missing, ","))
+	}
+	log.Info("outbox table ready", "table", cfg.Postgres.Table)
+	return nil
+}
