@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -304,12 +305,7 @@ func checkServer(ctx context.Context, conn *pgx.Conn, cfg config.Postgres, colum
 		return fmt.Errorf("role %s lacks the REPLICATION attribute; run ALTER ROLE %s WITH REPLICATION (on Amazon RDS and Aurora: GRANT rds_replication TO %s), or connect as a role that has it", user, role, role)
 	}
 	schema, table := cfg.TableName()
-	var present []string
-	err = conn.QueryRow(ctx, `SELECT coalesce(array_agg(a.attname::text), '{}') FROM pg_class c
-		JOIN pg_namespace n ON n.oid = c.relnamespace
-		LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
-		WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')
-		HAVING count(c.oid) > 0`, schema, table).Scan(&present)
+	present, err := tableColumns(ctx, conn, schema, table)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("outbox table %s does not exist; run 'outboxd migrate' to create it, or set postgres.table to your outbox table", cfg.Table)
 	}
@@ -334,13 +330,7 @@ func checkServer(ctx context.Context, conn *pgx.Conn, cfg config.Postgres, colum
 		return fmt.Errorf("role %s lacks SELECT on the outbox table %s; run GRANT SELECT ON %s TO %s (see migrations/roles/least_privilege.sql)",
 			user, cfg.Table, pgx.Identifier{schema, table}.Sanitize(), role)
 	}
-	var missing []string
-	for _, c := range columns {
-		if !contains(present, c) {
-			missing = append(missing, c)
-		}
-	}
-	if len(missing) > 0 {
+	if missing := missingColumns(present, columns); len(missing) > 0 {
 		return fmt.Errorf("outbox table %s has no column %s; add it or set the router.*_column settings to the table's column names",
 			cfg.Table, strings.Join(missing, ", "))
 	}
@@ -348,15 +338,20 @@ func checkServer(ctx context.Context, conn *pgx.Conn, cfg config.Postgres, colum
 }
 
 // checkColumnTypes reads the base type of each outbox column (through
-// domains) and lets the router refuse the ones its settings cannot use.
+// domains) and lets the router refuse the ones its settings cannot use. It
+// reads the key column's nullability and default with them: Debezium's key
+// schema is optional when the key column may be NULL (as pgjdbc tells it:
+// the column's or its domain's NOT NULL), and carries the column's
+// default, which outboxd does not reproduce.
 func (r *Relay) checkColumnTypes(ctx context.Context, conn *pgx.Conn) error {
 	schema, table := r.cfg.Postgres.TableName()
-	rows, err := conn.Query(ctx, `WITH RECURSIVE b(name, oid) AS (
-			SELECT a.attname::text, a.atttypid FROM pg_attribute a
+	rows, err := conn.Query(ctx, `WITH RECURSIVE b(name, oid, not_null, has_def) AS (
+			SELECT a.attname::text, a.atttypid, a.attnotnull OR (t.typtype = 'd' AND t.typnotnull), a.atthasdef
+			FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
 			WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped
 			UNION ALL
-			SELECT b.name, t.typbasetype FROM b JOIN pg_type t ON t.oid = b.oid WHERE t.typtype = 'd')
-		SELECT b.name, b.oid FROM b JOIN pg_type t ON t.oid = b.oid WHERE t.typtype <> 'd'`,
+			SELECT b.name, t.typbasetype, b.not_null, b.has_def FROM b JOIN pg_type t ON t.oid = b.oid WHERE t.typtype = 'd')
+		SELECT b.name, b.oid, b.not_null, b.has_def FROM b JOIN pg_type t ON t.oid = b.oid WHERE t.typtype <> 'd'`,
 		pgx.Identifier{schema, table}.Sanitize())
 	if err != nil {
 		return fmt.Errorf("reading the column types of %s: %w", r.cfg.Postgres.Table, err)
@@ -364,38 +359,51 @@ func (r *Relay) checkColumnTypes(ctx context.Context, conn *pgx.Conn) error {
 	types := map[string]uint32{}
 	var name string
 	var oid uint32
-	if _, err := pgx.ForEachRow(rows, []any{&name, &oid}, func() error { types[name] = oid; return nil }); err != nil {
+	var notNull, hasDefault, keyNotNull, keyDefault bool
+	_, err = pgx.ForEachRow(rows, []any{&name, &oid, &notNull, &hasDefault}, func() error {
+		types[name] = oid
+		if name == r.cfg.Router.KeyColumn {
+			keyNotNull, keyDefault = notNull, hasDefault
+		}
+		return nil
+	})
+	if err != nil {
 		return fmt.Errorf("reading the column types of %s: %w", r.cfg.Postgres.Table, err)
 	}
 	if err := r.router.CheckTypes(r.cfg.Postgres.Table, types); err != nil {
 		return err
 	}
-	// Debezium's key schema is optional when the key column may be NULL (as
-	// pgjdbc tells it: the column's or its domain's NOT NULL), and carries
-	// the column's default, which outboxd does not reproduce.
-	var notNull, hasDefault bool
-	if err := conn.QueryRow(ctx, `SELECT a.attnotnull OR (t.typtype = 'd' AND t.typnotnull), a.atthasdef
-		FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid WHERE a.attrelid = to_regclass($1) AND a.attname = $2`,
-		pgx.Identifier{schema, table}.Sanitize(), r.cfg.Router.KeyColumn).Scan(&notNull, &hasDefault); err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("reading whether key column %s may be NULL: %w", r.cfg.Router.KeyColumn, err)
-	}
-	if hasDefault && r.cfg.Router.KeyEncoding == "json_schema" {
+	if keyDefault && r.cfg.Router.KeyEncoding == "json_schema" {
 		return fmt.Errorf("key column %s of %s has a DEFAULT, which Debezium put into the key's schema (\"default\":..., for a function a placeholder), "+
 			"and router.key_encoding json_schema does not reproduce it, so keys would land on other partitions; "+
 			"drop the default (ALTER TABLE %s ALTER COLUMN %s DROP DEFAULT) or use key_encoding json or raw",
 			r.cfg.Router.KeyColumn, r.cfg.Postgres.Table, pgx.Identifier{schema, table}.Sanitize(), pgx.Identifier{r.cfg.Router.KeyColumn}.Sanitize())
 	}
-	r.router.SetKeyOptional(!notNull)
+	r.router.SetKeyOptional(!keyNotNull)
 	return nil
 }
 
-func contains(list []string, s string) bool {
-	for _, v := range list {
-		if v == s {
-			return true
+// tableColumns returns the column names of the table (or partitioned
+// table) schema.table, or pgx.ErrNoRows when there is none.
+func tableColumns(ctx context.Context, conn *pgx.Conn, schema, table string) ([]string, error) {
+	var present []string
+	err := conn.QueryRow(ctx, `SELECT coalesce(array_agg(a.attname::text), '{}') FROM pg_class c
+		JOIN pg_namespace n ON n.oid = c.relnamespace
+		LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+		WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')
+		HAVING count(c.oid) > 0`, schema, table).Scan(&present)
+	return present, err
+}
+
+// missingColumns returns the names in want that present lacks.
+func missingColumns(present, want []string) []string {
+	var missing []string
+	for _, c := range want {
+		if !slices.Contains(present, c) {
+			missing = append(missing, c)
 		}
 	}
-	return false
+	return missing
 }
 
 // ensureSlot creates the publication and slot when missing and allowed, and

@@ -4,10 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"slices"
 	"strings"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/migrations"
@@ -64,18 +61,11 @@ func Migrate(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	var present []string
-	if err := conn.QueryRow(ctx, `SELECT coalesce(array_agg(attname::text), '{}') FROM pg_attribute
-		WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped`, pgx.Identifier{schema, table}.Sanitize()).Scan(&present); err != nil {
+	present, err := tableColumns(ctx, conn, schema, table)
+	if err != nil {
 		return fmt.Errorf("reading the columns of %s: %w", cfg.Postgres.Table, err)
 	}
-	var missing []string
-	for _, c := range rt.Columns() {
-		if !slices.Contains(present, c) {
-			missing = append(missing, c)
-		}
-	}
-	if len(missing) > 0 {
+	if missing := missingColumns(present, rt.Columns()); len(missing) > 0 {
 		log.Warn("the router reads columns the table lacks; add them, or outboxd will not start", "table", cfg.Postgres.Table, "columns", strings.Join(missing, ","))
 	}
 	log.Info("outbox table ready", "table", cfg.Postgres.Table)
