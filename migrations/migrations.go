@@ -23,14 +23,9 @@ const DefaultTable = "public.outbox"
 // name from the table's instead.
 const defaultIndex = "outbox_idempotency_key_idx"
 
-// plainTableOnly names the migrations that a partitioned table cannot take,
-// with the reason Run reports when it leaves one out.
-var plainTableOnly = map[string]string{
-	"0002_idempotency_key.sql": "the table is partitioned, and Postgres cannot build a unique index on " +
-		"idempotency_key alone on a partitioned table (a unique index must include the partition key), " +
-		"so the table gets no idempotency key: leave outbox.Columns.IdempotencyKey empty " +
-		"and let consumers deduplicate on the event id",
-}
+// keyMigration is the migration of the optional idempotency key, the one
+// that a table made before the run may not take (see keySkip).
+const keyMigration = "0002_idempotency_key.sql"
 
 // Skipped is a migration that Run left out, and why.
 type Skipped struct {
@@ -128,47 +123,26 @@ func RunWith(ctx context.Context, conn *pgx.Conn, schema, table string, opts Opt
 		return nil, fmt.Errorf("reading migrations: %w", err)
 	}
 	qualified := pgx.Identifier{schema, table}.Sanitize()
-	var existed bool
-	if err := conn.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, qualified).Scan(&existed); err != nil {
+	var relkind string // "" when 0001 makes the table in this run
+	err = conn.QueryRow(ctx, `SELECT coalesce((SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)), '')`, qualified).Scan(&relkind)
+	if err != nil {
 		return nil, fmt.Errorf("looking up %s.%s: %w", schema, table, err)
 	}
 	var skipped []Skipped
 	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		skipped = skipped[:0]
 		for _, m := range ms {
-			if m.name == "0001_outbox.sql" && len(opts.Columns) > 0 {
+			switch m.name {
+			case "0001_outbox.sql":
 				m.sql = renameColumns(m.sql, opts.Columns)
-			}
-			if reason, ok := plainTableOnly[m.name]; ok {
-				var partitioned bool
-				err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_class WHERE oid = to_regclass($1) AND relkind = 'p')`, qualified).Scan(&partitioned)
+			case keyMigration:
+				reason, err := keySkip(ctx, tx, schema, table, relkind)
 				if err != nil {
-					return fmt.Errorf("migration %s: checking whether %s.%s is partitioned: %w", m.name, schema, table, err)
-				}
-				if partitioned {
-					skipped = append(skipped, Skipped{Migration: m.name, Reason: reason})
-					continue
-				}
-			}
-			if m.name == "0002_idempotency_key.sql" {
-				if err := renameLegacyIndex(ctx, tx, schema, table); err != nil {
 					return fmt.Errorf("migration %s: %w", m.name, err)
 				}
-				if existed {
-					var applied bool
-					err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
-						WHERE i.indrelid = to_regclass($1) AND c.relname = $2 AND i.indisvalid)`, qualified, indexName(table)).Scan(&applied)
-					if err != nil {
-						return fmt.Errorf("migration %s: looking for its index on %s.%s: %w", m.name, schema, table, err)
-					}
-					if !applied {
-						skipped = append(skipped, Skipped{Migration: m.name, Reason: fmt.Sprintf(
-							"the table existed already, and building a unique index locks its writes while it builds; "+
-								"to add the optional idempotency key, run ALTER TABLE %s ADD COLUMN IF NOT EXISTS idempotency_key text; "+
-								"CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS %s ON %s (idempotency_key)",
-							qualified, pgx.Identifier{indexName(table)}.Sanitize(), qualified)})
-						continue
-					}
+				if reason != "" {
+					skipped = append(skipped, Skipped{Migration: m.name, Reason: reason})
+					continue
 				}
 			}
 			if _, err := tx.Exec(ctx, m.sql); err != nil {
@@ -181,6 +155,40 @@ func RunWith(ctx context.Context, conn *pgx.Conn, schema, table string, opts Opt
 		return nil, err
 	}
 	return skipped, nil
+}
+
+// keySkip says why 0002 is left out of schema.table, whose relkind before
+// the run was relkind, or "" to apply it: always to a table the run made;
+// to an older one only when its index is there already (after renaming an
+// index of the old fixed name), for building it would lock the table's
+// writes; never to a partitioned table, which cannot take the index.
+func keySkip(ctx context.Context, tx pgx.Tx, schema, table, relkind string) (string, error) {
+	qualified := pgx.Identifier{schema, table}.Sanitize()
+	switch relkind {
+	case "":
+		return "", nil
+	case "p":
+		return "the table is partitioned, and Postgres cannot build a unique index on " +
+			"idempotency_key alone on a partitioned table (a unique index must include the partition key), " +
+			"so the table gets no idempotency key: leave outbox.Columns.IdempotencyKey empty " +
+			"and let consumers deduplicate on the event id", nil
+	}
+	if err := renameLegacyIndex(ctx, tx, schema, table); err != nil {
+		return "", err
+	}
+	var applied bool
+	err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+		WHERE i.indrelid = to_regclass($1) AND c.relname = $2 AND i.indisvalid)`, qualified, indexName(table)).Scan(&applied)
+	if err != nil {
+		return "", fmt.Errorf("looking for its index on %s.%s: %w", schema, table, err)
+	}
+	if applied {
+		return "", nil
+	}
+	return fmt.Sprintf("the table existed already, and building a unique index locks its writes while it builds; "+
+		"to add the optional idempotency key, run ALTER TABLE %s ADD COLUMN IF NOT EXISTS idempotency_key text; "+
+		"CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS %s ON %s (idempotency_key)",
+		qualified, pgx.Identifier{indexName(table)}.Sanitize(), qualified), nil
 }
 
 // renameColumns renames the column definitions of a CREATE TABLE (lines
