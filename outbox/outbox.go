@@ -348,14 +348,12 @@ func (w *Writer) insert(events []Event, ids []uuid.UUID, first int) (Statement, 
 			return Statement{}, fmt.Errorf("outbox: event %d has Type %q but Columns.EventType names no column", n, e.Type)
 		}
 		args = append(args, w.payloadArg(e.Payload))
-		headers := e.Headers
+		headers, err := w.headers(n, e, "column")
+		if err != nil {
+			return Statement{}, err
+		}
 		if c.Traceparent != "" {
 			args = append(args, nullString(e.Traceparent))
-		} else if e.Traceparent != "" {
-			if c.Headers == "" {
-				return Statement{}, fmt.Errorf("outbox: event %d has a Traceparent but the table has neither a traceparent nor a headers column (Columns.Traceparent, Columns.Headers; outboxd reads them with router.traceparent_column, router.headers_column)", n)
-			}
-			headers = withHeader(headers, "traceparent", e.Traceparent)
 		}
 		if c.Partition != "" {
 			if e.Partition != nil {
@@ -376,8 +374,6 @@ func (w *Writer) insert(events []Event, ids []uuid.UUID, first int) (Statement, 
 				}
 				args = append(args, string(h))
 			}
-		} else if len(headers) > 0 {
-			return Statement{}, fmt.Errorf("outbox: event %d has Headers but Columns.Headers names no column (outboxd reads it with router.headers_column)", n)
 		}
 		if c.IdempotencyKey != "" {
 			args = append(args, nullString(e.IdempotencyKey))
@@ -387,6 +383,25 @@ func (w *Writer) insert(events []Event, ids []uuid.UUID, first int) (Statement, 
 		}
 	}
 	return Statement{SQL: b.String(), Args: args}, nil
+}
+
+// headers returns event n's headers, with its traceparent among them when
+// Columns names no traceparent column, or an error when the table (noun
+// "column") or the message ("field") has no place for them.
+func (w *Writer) headers(n int, e Event, noun string) (map[string]string, error) {
+	c := w.cfg.Columns
+	h := e.Headers
+	if e.Traceparent != "" && c.Traceparent == "" {
+		if c.Headers == "" {
+			return nil, fmt.Errorf("outbox: event %d has a Traceparent but Columns names neither a traceparent nor a headers %s "+
+				"(Columns.Traceparent, Columns.Headers; outboxd reads them with router.traceparent_column, router.headers_column)", n, noun)
+		}
+		h = withHeader(h, "traceparent", e.Traceparent)
+	}
+	if len(h) > 0 && c.Headers == "" {
+		return nil, fmt.Errorf("outbox: event %d has Headers but Columns.Headers names no %s (outboxd reads it with router.headers_column)", n, noun)
+	}
+	return h, nil
 }
 
 func (w *Writer) payloadArg(p []byte) any {
@@ -494,21 +509,14 @@ func (w *Writer) message(e Event, id uuid.UUID, n int) ([]byte, error) {
 		fields = append(fields, field{c.EventType, e.Type})
 	}
 	fields = append(fields, field{c.Payload, json.RawMessage(e.Payload)}) // nil is null
-	headers := e.Headers
-	if e.Traceparent != "" {
-		switch {
-		case c.Traceparent != "":
-			fields = append(fields, field{c.Traceparent, e.Traceparent})
-		case c.Headers != "":
-			headers = withHeader(headers, "traceparent", e.Traceparent)
-		default:
-			return nil, fmt.Errorf("outbox: event %d has a Traceparent but Columns names neither a traceparent nor a headers field (Columns.Traceparent, Columns.Headers; outboxd reads them with router.traceparent_column, router.headers_column)", n)
-		}
+	headers, err := w.headers(n, e, "field")
+	if err != nil {
+		return nil, err
+	}
+	if c.Traceparent != "" && e.Traceparent != "" {
+		fields = append(fields, field{c.Traceparent, e.Traceparent})
 	}
 	if len(headers) > 0 {
-		if c.Headers == "" {
-			return nil, fmt.Errorf("outbox: event %d has Headers but Columns.Headers names no field (outboxd reads the field named by router.headers_column)", n)
-		}
 		fields = append(fields, field{c.Headers, headers})
 	}
 	b := []byte{'{'}
