@@ -403,3 +403,30 @@ func verifyLoad(t *testing.T, l *ledger, loadDone <-chan error) report {
 	r.failOnLoss(t)
 	return r
 }
+
+// serverMajor returns the major version of the Postgres at OUTBOXD_TEST_PG_DSN.
+func serverMajor(t *testing.T) int {
+	t.Helper()
+	requireServices(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, svc.pgDSN)
+	if err != nil {
+		t.Fatalf("connecting to Postgres at OUTBOXD_TEST_PG_DSN: %v", err)
+	}
+	defer conn.Close(ctx)
+	var num int
+	if err := conn.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&num); err != nil {
+		t.Fatalf("reading server_version_num: %v", err)
+	}
+	return num / 10000
+}
+
+// needsMajor ends a test that checks a feature the server's major version
+// does not have, saying so.
+func needsMajor(t *testing.T, major int, feature string) {
+	t.Helper()
+	if v := serverMajor(t); v < major {
+		t.Skipf("Postgres %d has no %s (it came in %d); nothing to check", v, feature, major)
+	}
+}

@@ -83,6 +83,7 @@ func TestPartitionedOutbox(t *testing.T) {
 // A row filter on the outbox table: Postgres never decodes the rows it
 // leaves out, so outboxd refuses the publication.
 func TestPublicationRowFilterIsRefused(t *testing.T) {
+	needsMajor(t, 15, "publication row filters")
 	d := newDB(t)
 	d.exec(t, `CREATE PUBLICATION outboxd FOR TABLE public.outbox WHERE (aggregate_type <> 'internal') WITH (publish = 'insert')`)
 	expectStartupError(t, d.env(), `publication \\?"outboxd\\?" publishes only the rows of public.outbox WHERE \\?\(aggregate_type <> 'internal'`)
