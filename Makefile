@@ -5,7 +5,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 COMMIT ?= $(shell git rev-parse --short HEAD 2>/dev/null)
 LDFLAGS := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 
-.PHONY: build demo test unit bench bench-micro chaos release testbed-up testbed-down fmt vet
+.PHONY: build demo test test-matrix unit bench bench-micro chaos release testbed-up testbed-down fmt vet
 
 build: ## build bin/outboxd (static)
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/outboxd ./cmd/outboxd
@@ -13,8 +13,11 @@ build: ## build bin/outboxd (static)
 demo: build ## start Postgres and Kafka, run outboxd, write sample events, show them arrive
 	scripts/demo
 
-test: ## every test: unit, fuzz seeds, integration and end-to-end against real Postgres and Kafka
+test: ## every test against real Postgres and Kafka on Postgres 17 (OUTBOXD_TESTBED_PG_VERSION), then the core subset on 14, 15, 16 and 18
 	scripts/test
+
+test-matrix: ## the end-to-end, start-up and fault tests on every supported Postgres (14-18)
+	scripts/test --matrix
 
 unit: ## the tests that need no services
 	$(GO) test -race -count=1 ./checkpoint ./config ./router ./wal ./sink ./relay ./metrics ./migrations ./debezium ./deploy ./outbox ./consumer
