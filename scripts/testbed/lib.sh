@@ -104,3 +104,38 @@ pg_bin_dir() {
   fi
   echo "$dir/bin"
 }
+
+# Kafka jars and java, shared by kafka-start and the kafka-cluster-* scripts.
+# kafka_env sets KAFKA_VERSION (default 4.3.1), KAFKA_CACHE (the jar cache of
+# that version), KAFKA_LIBS (its classpath directory) and JAVA (default
+# $JAVA_HOME/bin/java, else java).
+kafka_env() {
+  KAFKA_VERSION=${KAFKA_VERSION:-4.3.1}
+  KAFKA_CACHE=${OUTBOXD_TESTBED_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/outboxd}/kafka-$KAFKA_VERSION
+  KAFKA_LIBS=$KAFKA_CACHE/libs
+  if [[ -n ${JAVA:-} ]]; then :; elif [[ -n ${JAVA_HOME:-} ]]; then JAVA=$JAVA_HOME/bin/java; else JAVA=java; fi
+}
+
+# fetch_kafka_jars: fetch the Kafka $KAFKA_VERSION broker classpath into
+# $KAFKA_LIBS with Maven, once per version (a .complete marker skips it).
+# Call kafka_env first.
+fetch_kafka_jars() {
+  [[ -f $KAFKA_CACHE/.complete ]] && return 0
+  command -v mvn >/dev/null || die "mvn not found (needed once to fetch Kafka jars)"
+  log "fetching Kafka $KAFKA_VERSION jars from Maven Central into $KAFKA_LIBS"
+  mkdir -p "$KAFKA_CACHE"
+  local work
+  work=$(mktemp -d "$KAFKA_CACHE/.fetch.XXXXXX")
+  cp "$(dirname "${BASH_SOURCE[0]}")/kafka/pom.xml" "$work/"
+  # Debian's mvn emits stray ANSI codes even with -q -B, so keep its output in a log.
+  if ! (cd "$work" && mvn -q -B -Dkafka.version="$KAFKA_VERSION" dependency:copy-dependencies \
+    -DincludeScope=runtime -DoutputDirectory="$work/libs") >"$work/mvn.log" 2>&1; then
+    sed 's/\x1b\[[0-9;]*m//g' "$work/mvn.log" | grep -v '^\s*$' | tail -n 20 >&2
+    rm -rf "$work"
+    die "Maven fetch of Kafka $KAFKA_VERSION failed"
+  fi
+  rm -rf "$KAFKA_LIBS"
+  mv "$work/libs" "$KAFKA_LIBS"
+  rm -rf "$work"
+  touch "$KAFKA_CACHE/.complete"
+}
