@@ -445,6 +445,11 @@ func (p *Producer) EnsureTopic(ctx context.Context, topic string) error {
 		case err == nil:
 			p.m.topicsCreated.Inc()
 		case errors.Is(err, kerr.TopicAlreadyExists):
+		case errors.Is(err, kerr.InvalidReplicationFactor):
+			// A broker restarting or down: the pipeline restarts until it is back.
+			return fmt.Errorf("creating topic %q (%d partitions, replication factor %d): %w; fewer brokers are up than kafka.topic_replication_factor: "+
+				"outboxd tries again until enough are back; if the cluster has fewer brokers, lower the setting",
+				topic, p.cfg.TopicPartitions, p.cfg.TopicReplicationFactor, err)
 		default:
 			return fmt.Errorf("creating topic %q (%d partitions, replication factor %d): %w; create it by hand or fix the broker's permissions",
 				topic, p.cfg.TopicPartitions, p.cfg.TopicReplicationFactor, err)
