@@ -48,6 +48,10 @@ type Postgres struct {
 	CreateSlot        bool          `yaml:"create_slot"`
 	CreatePublication bool          `yaml:"create_publication"`
 	StatusInterval    time.Duration `yaml:"status_interval"`
+	// ReceiveTimeout restarts the stream when nothing has come from Postgres
+	// (no data, no keepalive) for this long; 0 takes the server's
+	// wal_sender_timeout, read at each connection (60s if that is 0).
+	ReceiveTimeout time.Duration `yaml:"receive_timeout"`
 	// SlotLagInterval is how often slot lag is read from pg_replication_slots.
 	SlotLagInterval time.Duration `yaml:"slot_lag_interval"`
 	// StandbyPollInterval is how often a standby (another process holds the
@@ -466,6 +470,10 @@ func (c Config) Validate() error {
 	}
 	if c.Postgres.StandbyPollInterval < 100*time.Millisecond {
 		bad("postgres.standby_poll_interval", "%s must be at least 100ms", c.Postgres.StandbyPollInterval)
+	}
+	if c.Postgres.ReceiveTimeout != 0 && c.Postgres.ReceiveTimeout < 2*c.Postgres.StatusInterval {
+		bad("postgres.receive_timeout", "%s must be 0 (the server's wal_sender_timeout) or at least twice postgres.status_interval (%s): "+
+			"a live server may stay silent for a status interval", c.Postgres.ReceiveTimeout, c.Postgres.StatusInterval)
 	}
 	if c.Postgres.SlotLagInterval < 100*time.Millisecond {
 		bad("postgres.slot_lag_interval", "%s must be at least 100ms", c.Postgres.SlotLagInterval)

@@ -32,6 +32,11 @@ type Relay struct {
 	warm     warm   // what Check opened for the first pipeline
 	outboxID uint32 // the outbox table's relation ID when the run started
 	status   status
+	// What the last pipeline start saw, to tell a promotion from a dropped
+	// slot (see slotMissing).
+	timeline     int
+	major        int
+	slotFailover bool
 }
 
 // New returns a Relay for a validated cfg, with its metrics on reg.
@@ -209,7 +214,8 @@ func (r *Relay) runOnce(ctx context.Context) error {
 	tracker := checkpoint.New(start)
 	stream, err := wal.StartStream(run, conn, wal.StreamConfig{
 		Slot: pg.Slot, Publication: pg.Publication, StatusInterval: pg.StatusInterval,
-		Messages: r.cfg.Router.Messages.Prefix != "",
+		ReceiveTimeout: r.receiveTimeout(run, conn),
+		Messages:       r.cfg.Router.Messages.Prefix != "",
 	}, 0, tracker.Confirmed)
 	if err != nil {
 		conn.Close(context.Background())
@@ -300,6 +306,24 @@ func (r *Relay) runOnce(ctx context.Context) error {
 		r.log.Info("stopped", "slot", pg.Slot, "lsn", tracker.Confirmed().String())
 	}
 	return err
+}
+
+// receiveTimeout is postgres.receive_timeout, or else the server's
+// wal_sender_timeout (60s when that is 0 or cannot be read), and at least
+// twice the status interval: a live server answers each status update.
+func (r *Relay) receiveTimeout(ctx context.Context, conn *pgconn.PgConn) time.Duration {
+	pg := r.cfg.Postgres
+	if pg.ReceiveTimeout > 0 {
+		return pg.ReceiveTimeout
+	}
+	d, err := wal.SenderTimeout(ctx, conn)
+	if err != nil {
+		r.log.Warn("taking 60s as the receive timeout", "err", err)
+	}
+	if d <= 0 {
+		d = time.Minute
+	}
+	return max(d, 2*pg.StatusInterval)
 }
 
 // slotPosition returns a function that reads the slot's confirmed position
@@ -397,9 +421,7 @@ func (r *Relay) inspectSlotOn(ctx context.Context, conn *pgx.Conn) (wal.LSN, err
 		return 0, err
 	}
 	if !ok {
-		return 0, wal.Errorf(wal.ErrSlotMissing, "replication slot %q was dropped while outboxd used it; events committed since its last confirmed position may never be delivered. "+
-			"Find them in the outbox table or the application; restart outboxd to create a new slot from the current position",
-			r.cfg.Postgres.Slot)
+		return 0, r.slotMissing(ctx, conn)
 	}
 	// The outbox table's relation ID tells its rows after a rename.
 	var db string
@@ -409,6 +431,9 @@ func (r *Relay) inspectSlotOn(ctx context.Context, conn *pgx.Conn) (wal.LSN, err
 		return 0, fmt.Errorf("reading current database: %w", err)
 	}
 	if err := wal.CheckSlot(info, db); err != nil {
+		return 0, err
+	}
+	if err := r.noteSlot(ctx, conn, info); err != nil {
 		return 0, err
 	}
 	return info.ConfirmedFlushLSN, nil
