@@ -14,7 +14,9 @@
 //	produce  the raw Kafka limit: produce the same records with franz-go (acks=all, idempotent)
 //	live     start a contender, write 1-row transactions at a fixed rate, measure commit → Kafka latency
 //	idle     start a contender, write only to another table, report slot lag
-//	report   turn the JSON result lines into a markdown table and gnuplot data
+//	report   render a results directory without running anything: print the targets with
+//	         PASS or FAIL, write report.md, results-<size>.md and gnuplot data, and with -docs
+//	         rewrite the generated sections of BENCHMARKS.md and README.md
 //	walread  read a slot to /dev/null, optionally with SO_RCVLOWAT; report the walsender's CPU
 package main
 

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bytes"
+	"math"
 	"strings"
 	"testing"
 )
@@ -10,35 +12,34 @@ func catchupRun(label, workload string, throughput, cpu, rss, start float64) res
 		CPUPer100k: cpu, PeakRSSMB: rss, StartupSec: start}
 }
 
-func liveRun(rate, p99, steady float64, note string) result {
-	return result{Mode: "live", Label: "outboxd", Workload: "live-250B", TargetRate: rate,
-		P99ms: p99, SteadyRSSMB: steady, WriteRate: 20000, Note: note}
+func liveRun(label string, rate, p50, p99, rss float64) result {
+	return result{Mode: "live", Label: label, Workload: live250, TargetRate: rate, P50ms: p50, P99ms: p99, PeakRSSMB: rss}
 }
 
 // passing is a run in which every target holds on the medians, although
-// one repeat of each misses.
+// one repeat of outboxd's misses each.
 func passing() []result {
 	var rs []result
-	for _, w := range catchup250 {
+	for _, w := range []string{catchup100, catchup1} {
 		rs = append(rs,
 			catchupRun("outboxd", w, 150000, 0.45, 60, 0.08),
-			catchupRun("outboxd", w, 90000, 0.70, 140, 0.50), // a bad repeat
+			catchupRun("outboxd", w, 90000, 0.90, 300, 0.50), // a bad repeat
 			catchupRun("outboxd", w, 160000, 0.40, 58, 0.07),
-			catchupRun("debezium_tuned", w, 28000, 5, 1200, 9),
+			catchupRun("debezium_default", w, 30000, 5, 1300, 8),
+			catchupRun("debezium_tuned", w, 40000, 5, 1200, 9),
 			catchupRun("pg_recvlogical", w, 150000, 0.4, 10, 0),
 			catchupRun("pg_walread", w, 170000, 0.2, 10, 0),
-			catchupRun("kafka_raw", w, 400000, 0.2, 0, 0.2),
 		)
 	}
-	drained := "16 writers, 500 events measured after 3s warm-up, drained 0.00s after writers stopped"
 	return append(rs,
-		liveRun(5000, 8, 23, ""), liveRun(5000, 30, 23, ""), liveRun(5000, 9, 23, ""),
-		liveRun(0, 0, 33, drained), liveRun(0, 0, 33, strings.Replace(drained, "0.00s", "2.50s", 1)), liveRun(0, 0, 33, drained),
+		liveRun("outboxd", liveRate, 1.2, 8, 28), liveRun("outboxd", liveRate, 1.5, 300, 28), liveRun("outboxd", liveRate, 1.1, 9, 28),
+		liveRun("pg_walread", liveRate, 0.1, 0.8, 17), liveRun("kafka_raw", liveRate, 0.3, 1.5, 0),
+		liveRun("debezium_tuned", liveRate, 15, 2000, 1200),
 	)
 }
 
-// times returns n copies of r: enough repeats to move a median.
-func times(n int, r result) []result {
+// repeat returns n copies of r: enough repeats to move a median.
+func repeat(n int, r result) []result {
 	rs := make([]result, n)
 	for i := range rs {
 		rs[i] = r
@@ -47,52 +48,118 @@ func times(n int, r result) []result {
 }
 
 func TestJudge(t *testing.T) {
-	slowDrain := liveRun(0, 0, 33, "")
-	d := 4.0
-	slowDrain.DrainSec = &d
 	for _, tc := range []struct {
 		name   string
 		extra  []result // runs added to passing()
-		failed string   // the one target that fails; "" for none
+		failed string   // what the failing verdicts' target and case contain; "" for none
 	}{
 		{"medians hold", nil, ""},
-		{"slower than 5x Debezium", times(2, catchupRun("debezium_tuned", "catchup-1tx", 40000, 5, 1200, 9)), "Debezium"},
-		{"the faster Postgres reader is the limit", times(2, catchupRun("pg_walread", "catchup-100tx", 200000, 0.2, 10, 0)), "physical limit"},
-		{"p99 over 10 ms", []result{liveRun(5000, 12, 23, ""), liveRun(5000, 15, 23, "")}, "p99"},
-		{"events lost at the maximum rate", []result{liveRun(0, 0, 33, "drained 0.00s after writers stopped; 3 events never seen")}, "keeps up"},
-		{"slow drain at the maximum rate", times(2, slowDrain), "keeps up"},
-		{"steady RSS", times(4, liveRun(5000, 8, 80, "")), "steady RSS"},
-		{"catch-up RSS", times(2, catchupRun("outboxd", "catchup-1tx", 150000, 0.45, 200, 0.08)), "128 MB"},
-		{"CPU", times(2, catchupRun("outboxd", "catchup-100tx", 150000, 0.6, 60, 0.08)), "CPU"},
+		{"under 0.95x pg_recvlogical", repeat(4, catchupRun("pg_recvlogical", catchup100, 170000, 0.4, 10, 0)), "decoding rate"},
+		{"under 3x Debezium tuned", repeat(4, catchupRun("debezium_tuned", catchup100, 55000, 5, 1200, 9)), "3× Debezium"},
+		{"CPU over a tenth, one transaction", repeat(4, catchupRun("outboxd", catchup1, 150000, 0.6, 60, 0.08)), "CPU per event ≤ 1/10 of Debezium tuned's, one 1M-row tx"},
+		{"catch-up RSS over a tenth", repeat(4, catchupRun("outboxd", catchup100, 150000, 0.45, 130, 0.08)), "catch-up peak RSS ≤ 1/10 of Debezium tuned's, 100-row tx"},
+		{"live RSS over a tenth", repeat(4, liveRun("outboxd", liveRate, 1.2, 8, 130)), "live peak RSS"},
+		{"p50 more than 1 ms above the floor", repeat(4, liveRun("outboxd", liveRate, 1.5, 8, 28)), "p50"},
+		{"p99 over a twentieth", repeat(4, liveRun("outboxd", liveRate, 1.2, 101, 28)), "p99"},
+		{"start-up over a twentieth of the faster Debezium", repeat(4, catchupRun("outboxd", catchup100, 150000, 0.45, 60, 0.45)), "start-up"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			failed := 0
 			for _, v := range judge(append(passing(), tc.extra...)) {
-				want := tc.failed == "" || !strings.Contains(v.target, tc.failed)
-				if !v.judged() || v.met() != want {
-					t.Errorf("%s: judged %v, met %v, want met %v; figure %s", v.target, v.judged(), v.met(), want, v.figure())
+				want := tc.failed == "" || !strings.Contains(v.target+", "+v.on, tc.failed)
+				if !want {
+					failed++
 				}
+				if !v.judged || v.pass != want {
+					t.Errorf("%s, %s: judged %v, pass %v, want pass %v; %s %s", v.target, v.on, v.judged, v.pass, want, v.shown, v.figure)
+				}
+			}
+			if tc.failed != "" && failed == 0 {
+				t.Errorf("no target matches %q", tc.failed)
 			}
 		})
 	}
 }
 
+func TestJudgeRatios(t *testing.T) {
+	vs := judge(passing())
+	want := map[string]float64{
+		"catch-up ≥ 0.95× Postgres' decoding rate (pg_recvlogical), 100-row tx":  1.0,  // 150k / 150k
+		"catch-up ≥ 3× Debezium tuned, 100-row tx":                               3.75, // 150k / 40k
+		"catch-up CPU per event ≤ 1/10 of Debezium tuned's, 100-row tx":          0.09, // 0.45 / 5
+		"catch-up peak RSS ≤ 1/10 of Debezium tuned's, 100-row tx":               0.05, // 60 / 1200
+		"live peak RSS ≤ 1/10 of Debezium tuned's, 5k ev/s":                      28.0 / 1200,
+		"live p50 ≤ the floor + 1 ms (bare slot reader + raw producer), 5k ev/s": 1.2 - 0.4, // ms above the floor
+		"live p99 ≤ 1/20 of Debezium tuned's, 5k ev/s":                           9.0 / 2000,
+		"start-up to the first event in Kafka ≤ 1/20 of Debezium's, 100-row tx":  0.08 / 8, // the faster Debezium
+	}
+	seen := 0
+	for _, v := range vs {
+		w, ok := want[v.target+", "+v.on]
+		if !ok {
+			continue
+		}
+		seen++
+		if math.Abs(v.value-w) > 1e-9 {
+			t.Errorf("%s, %s = %g, want %g", v.target, v.on, v.value, w)
+		}
+	}
+	if seen != len(want) {
+		t.Errorf("found %d of the %d targets", seen, len(want))
+	}
+}
+
 func TestJudgeWithoutContenders(t *testing.T) {
-	for _, v := range judge([]result{catchupRun("outboxd", "catchup-100tx", 1, 1, 1, 1)}) {
-		if strings.Contains(v.target, "Debezium") || strings.Contains(v.target, "limit") || strings.Contains(v.target, "live") {
-			if v.judged() || v.met() {
-				t.Errorf("%s: judged %v, met %v without the contenders to compare with", v.target, v.judged(), v.met())
-			}
+	for _, v := range judge([]result{catchupRun("outboxd", catchup100, 1, 1, 1, 1)}) {
+		if v.judged || v.pass || v.outcome() != "NOT RUN" {
+			t.Errorf("%s, %s: judged %v, pass %v without the contenders to compare with", v.target, v.on, v.judged, v.pass)
+		}
+		if !strings.HasPrefix(v.figure, "no run of") {
+			t.Errorf("%s, %s: figure %q does not say what is missing", v.target, v.on, v.figure)
 		}
 	}
 }
 
-func TestLimit(t *testing.T) {
-	rs := passing()
-	if v, name := runsOf(rs).limit("catchup-100tx"); v != 170000 || name != "pg_walread" {
-		t.Errorf("limit = %.0f from %s, want 170000 from pg_walread, the faster Postgres reader", v, name)
+func TestPrintTargets(t *testing.T) {
+	var b bytes.Buffer
+	rs := append(passing(), repeat(4, liveRun("outboxd", liveRate, 1.2, 101, 28))...)
+	printTargets(&b, judge(rs))
+	out := b.String()
+	if n := strings.Count(out, "\n"); n != len(judge(rs)) {
+		t.Errorf("%d lines for %d targets:\n%s", n, len(judge(rs)), out)
 	}
-	rs = append(rs, catchupRun("kafka_raw", "catchup-100tx", 120000, 0.2, 0, 0.2), catchupRun("kafka_raw", "catchup-100tx", 120000, 0.2, 0, 0.2))
-	if v, name := runsOf(rs).limit("catchup-100tx"); v != 120000 || name != "kafka_raw" {
-		t.Errorf("limit = %.0f from %s, want 120000 from kafka_raw, the lower limit", v, name)
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		if !strings.HasPrefix(line, "PASS ") && !strings.HasPrefix(line, "FAIL ") {
+			t.Errorf("line without PASS or FAIL: %q", line)
+		}
+		if strings.Contains(line, "p99 ≤ 1/20") && !strings.HasPrefix(line, "FAIL") {
+			t.Errorf("the p99 target should fail: %q", line)
+		}
+	}
+}
+
+func TestTimes(t *testing.T) {
+	for _, tc := range []struct {
+		r    float64
+		want string
+	}{
+		{4.923, "4.92×"}, {0.95, "0.95×"}, {1.0 / 15, "1/15"}, {0.0072, "1/139"}, {0, "–"}, {math.Inf(1), "–"},
+	} {
+		if got := times(tc.r); got != tc.want {
+			t.Errorf("times(%g) = %q, want %q", tc.r, got, tc.want)
+		}
+	}
+}
+
+func TestMedian(t *testing.T) {
+	for _, tc := range []struct {
+		vs   []float64
+		want float64
+	}{
+		{nil, 0}, {[]float64{3}, 3}, {[]float64{3, 1, 2}, 2}, {[]float64{4, 1, 3, 2}, 2.5},
+	} {
+		if got := median(tc.vs); got != tc.want {
+			t.Errorf("median(%v) = %g, want %g", tc.vs, got, tc.want)
+		}
 	}
 }
