@@ -11,7 +11,8 @@
 //
 //  1. Create one Tracker per replication session with New, starting at the
 //     slot's confirmed_flush_lsn.
-//  2. For each transaction, in commit order: call Begin, then Add once per
+//  2. For each transaction, in commit order: call WaitRoom with the cap on
+//     unconfirmed transactions (backpressure), then Begin, then Add once per
 //     record handed to the producer (before handing it over), then Commit with
 //     the transaction's end LSN once the last row has been added.
 //  3. From any goroutine, call Ack on the transaction once per delivered

@@ -24,6 +24,7 @@ type Tracker struct {
 	confirmedTxns uint64
 	inFlight      int           // records added and not yet acknowledged
 	idle          chan struct{} // made by WaitAcked, closed when inFlight drops to 0
+	room          chan struct{} // made by WaitRoom, closed when a transaction is confirmed
 	// headSince is when the oldest unconfirmed transaction became the
 	// oldest: from then on no earlier record is ahead of its records.
 	headSince time.Time
@@ -126,6 +127,10 @@ func (t *Tracker) advance() {
 	if t.head != first && t.head < len(t.queue) {
 		t.headSince = time.Now() // a new oldest transaction
 	}
+	if t.head != first && t.room != nil {
+		close(t.room)
+		t.room = nil
+	}
 	if t.head == len(t.queue) {
 		t.queue = t.queue[:0]
 		t.head = 0
@@ -197,6 +202,31 @@ func (t *Tracker) Pending() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return len(t.queue) - t.head
+}
+
+// WaitRoom blocks while max or more transactions are not yet confirmed, or
+// until ctx is done. Called before Begin, it bounds the queue: a partition
+// that does not move holds back every later transaction, even those whose
+// records are all acknowledged (or that have none), and the reader waits
+// instead of the queue growing.
+func (t *Tracker) WaitRoom(ctx context.Context, max int) error {
+	for {
+		t.mu.Lock()
+		if len(t.queue)-t.head < max {
+			t.mu.Unlock()
+			return nil
+		}
+		if t.room == nil {
+			t.room = make(chan struct{})
+		}
+		ch := t.room
+		t.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }
 
 // WaitAcked blocks until no record is in flight or ctx is done.

@@ -702,3 +702,47 @@ func TestWaiting(t *testing.T) {
 		t.Fatalf("Waiting = %v, want the time e became the oldest (after %v), not when it was handed over", w, acked)
 	}
 }
+
+// WaitRoom holds the reader while the cap of unconfirmed transactions is
+// reached, as it is behind a transaction whose partition does not move, and
+// lets it go once that transaction is confirmed.
+func TestWaitRoom(t *testing.T) {
+	tr := checkpoint.New(0)
+	stuck := tr.Begin()
+	stuck.Add()
+	stuck.Commit(10)
+	for i := range 3 { // acknowledged (or empty) transactions behind it
+		if err := tr.WaitRoom(context.Background(), 4); err != nil {
+			t.Fatal(err)
+		}
+		x := tr.Begin()
+		x.Commit(checkpoint.LSN(20 + i))
+	}
+	if got := tr.Pending(); got != 4 {
+		t.Fatalf("Pending() = %d, want 4", got)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := tr.WaitRoom(ctx, 4); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("WaitRoom at the cap: %v, want it to wait until its context ends", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- tr.WaitRoom(context.Background(), 4) }()
+	select {
+	case err := <-done:
+		t.Fatalf("WaitRoom returned %v at the cap", err)
+	case <-time.After(20 * time.Millisecond):
+	}
+	stuck.Ack()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("WaitRoom still waiting after the stuck transaction was acknowledged")
+	}
+	if got := tr.Confirmed(); got != 22 {
+		t.Fatalf("Confirmed() = %d, want 22", got)
+	}
+}

@@ -484,6 +484,12 @@ func (p *pipeline) handle(item any) error {
 		if !m.SentTime.IsZero() {
 			p.r.m.commitToSend.Observe(max(m.SentTime.Sub(m.CommitTime), 0).Seconds())
 		}
+		// Transactions wait for confirmation behind the oldest: cap them as
+		// records are capped, or a partition that does not move while the
+		// others acknowledge would grow the queue without bound.
+		if err := p.tracker.WaitRoom(p.ctx, p.r.cfg.Kafka.MaxBufferedRecords); err != nil {
+			return err
+		}
 		txn, fail := p.tracker.BeginAt(m.CommitTime), p.fail
 		p.txn, p.commitTime = txn, m.CommitTime
 		// One callback per transaction, not per record.
