@@ -354,3 +354,79 @@ func makeTargets(t *testing.T) map[string]bool {
 	}
 	return out
 }
+
+// TestDocOutboxdCommands checks the outboxd command lines of the documents'
+// shell blocks: each subcommand is one cmd/outboxd dispatches, and each
+// flag one that cmd/outboxd (or, for debezium convert, package debezium)
+// defines.
+func TestDocOutboxdCommands(t *testing.T) {
+	source := func(glob string) string {
+		files, err := filepath.Glob(glob)
+		if err != nil || len(files) == 0 {
+			t.Fatalf("no files match %s", glob)
+		}
+		var b strings.Builder
+		for _, f := range files {
+			if strings.HasSuffix(f, "_test.go") {
+				continue
+			}
+			data, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b.Write(data)
+		}
+		return b.String()
+	}
+	main, dbz := source("../cmd/outboxd/*.go"), source("../debezium/*.go")
+	flagDef := regexp.MustCompile(`fs\.(?:Bool|String|Int|Duration)\("([a-z-]+)"`)
+	flags := func(src string) map[string]bool {
+		out := map[string]bool{}
+		for _, m := range flagDef.FindAllStringSubmatch(src, -1) {
+			out[m[1]] = true
+		}
+		return out
+	}
+	mainFlags, dbzFlags := flags(main), flags(dbz)
+	subs := map[string]bool{"debezium": true}
+	for _, m := range regexp.MustCompile(`case ((?:"[a-z]+",? ?)+):`).FindAllStringSubmatch(main, -1) {
+		for _, s := range regexp.MustCompile(`"([a-z]+)"`).FindAllStringSubmatch(m[1], -1) {
+			subs[s[1]] = true
+		}
+	}
+	line := regexp.MustCompile(`(?m)^\s*(?:[A-Z_]+=\S+\s+)*outboxd\s+([^#\n]*)`)
+	checked := 0
+	for _, path := range docFiles(t) {
+		for _, b := range blocks(t, path) {
+			if b.lang != "sh" && b.lang != "bash" {
+				continue
+			}
+			for _, m := range line.FindAllStringSubmatch(b.text, -1) {
+				words := strings.Fields(m[1])
+				known := mainFlags
+				if len(words) > 0 && !strings.HasPrefix(words[0], "-") {
+					if !subs[words[0]] {
+						t.Errorf("%s:%d: outboxd %s: no such subcommand", path, b.line, words[0])
+					}
+					if words[0] == "debezium" {
+						known = dbzFlags
+					}
+				}
+				for _, w := range words {
+					name, ok := strings.CutPrefix(w, "-")
+					if !ok || strings.HasPrefix(name, "-") || name == "" {
+						continue
+					}
+					name = strings.TrimPrefix(strings.Trim(name, "[]"), "-")
+					if n, _, _ := strings.Cut(name, "="); !known[n] && !known[strings.Trim(n, "[]")] {
+						t.Errorf("%s:%d: outboxd %s: no flag -%s", path, b.line, m[1], n)
+					}
+				}
+				checked++
+			}
+		}
+	}
+	if checked == 0 {
+		t.Error("no outboxd command lines found in the documents")
+	}
+}
