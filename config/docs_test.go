@@ -430,3 +430,67 @@ func TestDocOutboxdCommands(t *testing.T) {
 		t.Error("no outboxd command lines found in the documents")
 	}
 }
+
+// pendingAnchors are links to sections being written; remove an entry when
+// its section is there.
+var pendingAnchors = map[string]bool{
+	"docs/operations.md#failover": true, // issue 24: failover with and without failover slots
+}
+
+// TestDocLinks checks the documents' relative links: every linked file
+// exists, and an anchor into a document names one of its headings.
+func TestDocLinks(t *testing.T) {
+	link := regexp.MustCompile(`\]\(([^)\s]+)\)`)
+	drop := regexp.MustCompile(`[^\p{L}\p{N} _-]`)
+	anchors := map[string]map[string]bool{}
+	anchorsOf := func(path string) map[string]bool {
+		if a, ok := anchors[path]; ok {
+			return a
+		}
+		a := map[string]bool{}
+		data, _ := os.ReadFile(path)
+		inCode := false
+		for _, line := range strings.Split(string(data), "\n") {
+			if strings.HasPrefix(strings.TrimSpace(line), "```") {
+				inCode = !inCode
+			}
+			if inCode || !strings.HasPrefix(line, "#") {
+				continue
+			}
+			h := strings.ToLower(strings.TrimSpace(strings.TrimLeft(line, "#")))
+			a[strings.ReplaceAll(drop.ReplaceAllString(h, ""), " ", "-")] = true
+		}
+		anchors[path] = a
+		return a
+	}
+	for _, doc := range docFiles(t) {
+		data, err := os.ReadFile(doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range link.FindAllStringSubmatch(string(data), -1) {
+			target := m[1]
+			if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+				continue
+			}
+			file, anchor, _ := strings.Cut(target, "#")
+			path := doc
+			if file != "" {
+				path = filepath.Join(filepath.Dir(doc), file)
+			}
+			if _, err := os.Stat(path); err != nil {
+				t.Errorf("%s: link %s: %s does not exist", doc, target, path)
+				continue
+			}
+			if anchor == "" || !strings.HasSuffix(path, ".md") {
+				continue
+			}
+			if rel, _ := filepath.Rel("..", path); pendingAnchors[filepath.ToSlash(rel)+"#"+anchor] {
+				continue
+			}
+			if !anchorsOf(path)[anchor] {
+				t.Errorf("%s: link %s: %s has no heading #%s", doc, target, path, anchor)
+			}
+		}
+	}
+}
