@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -38,5 +39,61 @@ func TestCreateTopicWithTooFewBrokersSaysSo(t *testing.T) {
 	}
 	if msg := err.Error(); !strings.Contains(msg, "fewer brokers are up than kafka.topic_replication_factor") || strings.Contains(msg, "permissions") {
 		t.Errorf("the error does not say that brokers are missing: %s", msg)
+	}
+}
+
+// TestCreateTopicWithBrokersUnreachableSaysSo checks that the topic lookup
+// and creation end within kafka.delivery_timeout when no broker answers
+// (refused, or a listener that accepts and never replies), and that the
+// error says the brokers did not answer rather than blaming permissions.
+func TestCreateTopicWithBrokersUnreachableSaysSo(t *testing.T) {
+	refused := newCluster(t, 1)
+	refusedAddrs := refused.ListenAddrs()
+	refused.Close() // nothing listens there any more
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { silent.Close() })
+	go func() {
+		for {
+			c, err := silent.Accept()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { c.Close() })
+		}
+	}()
+	for _, c := range []struct {
+		name    string
+		brokers []string
+	}{{"refused", refusedAddrs}, {"silent", []string{silent.Addr().String()}}} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := config.Default().Kafka
+			cfg.Brokers = c.brokers
+			cfg.DeliveryTimeout = 2 * time.Second
+			p, err := sink.New(cfg, sink.NewMetrics(prometheus.NewRegistry()), slog.New(slog.DiscardHandler))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(p.Close)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			start := time.Now()
+			err = p.EnsureTopic(ctx, "new-events")
+			took := time.Since(start)
+			if err == nil {
+				t.Fatal("creating a topic with no broker answering: no error")
+			}
+			if msg := err.Error(); !strings.Contains(msg, "did not answer within kafka.delivery_timeout") || strings.Contains(msg, "permissions") {
+				t.Errorf("the error does not say that the brokers did not answer: %s", msg)
+			}
+			// franz-go does not cut a connection's set-up (10 s) short, so
+			// the bound is the delivery timeout or that, whichever is longer.
+			if took > 20*time.Second {
+				t.Errorf("EnsureTopic took %s with kafka.delivery_timeout 2s", took)
+			}
+			t.Logf("EnsureTopic gave up after %s: %v", took.Round(time.Millisecond), err)
+		})
 	}
 }

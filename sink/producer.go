@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -425,10 +426,15 @@ func (p *Producer) Warm(ctx context.Context) error {
 // topic is not known to exist yet. It looks the topic up first: most topics
 // exist, and a lookup is one metadata request where a CreateTopics goes to
 // the controller, and needs no permission to create topics.
+//
+// The lookup, the creation and the wait for leaders together take at most
+// kafka.delivery_timeout, as a record's delivery does.
 func (p *Producer) EnsureTopic(ctx context.Context, topic string) error {
 	if _, ok := p.known[topic]; ok || p.cfg.TopicCreation != "admin" {
 		return nil
 	}
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.DeliveryTimeout)
+	defer cancel()
 	td, err := p.admin.ListTopics(ctx, topic)
 	d, found := td[topic]
 	found = found && err == nil && d.Err == nil && len(d.Partitions) > 0
@@ -445,6 +451,9 @@ func (p *Producer) EnsureTopic(ctx context.Context, topic string) error {
 		case err == nil:
 			p.m.topicsCreated.Inc()
 		case errors.Is(err, kerr.TopicAlreadyExists):
+		case unreachable(err):
+			return fmt.Errorf("creating topic %q: the Kafka brokers %s did not answer within kafka.delivery_timeout (%s): %w; outboxd tries again",
+				topic, strings.Join(p.cfg.Brokers, ","), p.cfg.DeliveryTimeout, err)
 		case errors.Is(err, kerr.InvalidReplicationFactor):
 			// A broker restarting or down: the pipeline restarts until it is back.
 			return fmt.Errorf("creating topic %q (%d partitions, replication factor %d): %w; fewer brokers are up than kafka.topic_replication_factor: "+
@@ -462,6 +471,13 @@ func (p *Producer) EnsureTopic(ctx context.Context, topic string) error {
 	p.known[topic] = n
 	p.client.ForceMetadataRefresh() // the producer learns the new topic now, not at its next refresh
 	return nil
+}
+
+// unreachable reports an error of brokers that did not answer, as opposed to
+// one they answered with.
+func unreachable(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) || kgo.IsRetryableBrokerErr(err)
 }
 
 // waitLeaders waits until every partition of a topic has a leader, so that
