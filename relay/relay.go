@@ -1,10 +1,12 @@
 package relay
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -558,7 +560,8 @@ var errUpdate = errors.New("update on the outbox table")
 // that could not be routed (routeErr) or produced. source names where the row
 // came from, for errors only.
 func (p *pipeline) deliver(rec *router.Record, routeErr error, lsn wal.LSN, source func() string) error {
-	if routeErr == nil {
+	routed := routeErr == nil
+	if routed {
 		if routeErr = produce(p.ctx, p.txn, rec, p.producer, p.done); routeErr == nil {
 			return nil
 		}
@@ -569,6 +572,15 @@ func (p *pipeline) deliver(rec *router.Record, routeErr error, lsn wal.LSN, sour
 	}
 	if poison.LSN == 0 {
 		poison.LSN, poison.Table = lsn, source()
+	}
+	if routed && poison.Headers == nil {
+		// Refused by the producer: the routed record's headers, copied, as
+		// rec and the buffers behind it are reused for the next row.
+		poison.Headers = make([]router.Header, len(rec.Headers))
+		for i, h := range rec.Headers {
+			poison.Headers[i] = router.Header{Key: h.Key, Value: bytes.Clone(h.Value)}
+		}
+		poison.Key, poison.Value = bytes.Clone(poison.Key), bytes.Clone(poison.Value)
 	}
 	r := p.r
 	if r.cfg.Router.Poison.Policy != "dlq" {
@@ -584,23 +596,44 @@ func (p *pipeline) deliver(rec *router.Record, routeErr error, lsn wal.LSN, sour
 // payload as they were (the payload is dropped if it alone is too large),
 // its id and event type headers, and headers saying why and where from.
 func (r *Relay) deadLetter(p *router.RowError) *router.Record {
+	// A dead letter must fit where the original did not: it keeps the
+	// original's headers and payload within half of max_message_bytes,
+	// and says what it dropped.
+	limit := r.cfg.Kafka.MaxMessageBytes / 2
+	headers := p.Headers
+	size := len(p.Key)
+	for _, h := range headers {
+		size += len(h.Key) + len(h.Value)
+	}
+	var dropped []router.Header
+	if headers == nil || size > limit {
+		if headers != nil {
+			dropped = append(dropped, router.Header{Key: "outboxd.headers.dropped", Value: []byte(fmt.Sprintf(
+				"%d headers of %d bytes: a dead letter keeps headers and payload within half of kafka.max_message_bytes (%d); the id and event type are kept",
+				len(headers), size-len(p.Key), limit))})
+		}
+		// So that the row can be replayed as it was: its id and event type.
+		headers = []router.Header{{Key: r.cfg.Router.IDHeader, Value: []byte(p.EventID)}}
+		if p.EventType != "" {
+			headers = append(headers, router.Header{Key: r.cfg.Router.EventTypeHeader, Value: []byte(p.EventType)})
+		}
+		size = len(p.Key) + len(r.cfg.Router.IDHeader) + len(p.EventID) + len(r.cfg.Router.EventTypeHeader) + len(p.EventType)
+	}
 	value := p.Value
-	if len(value)+len(p.Key) > r.cfg.Kafka.MaxMessageBytes/2 {
+	if len(value)+size > limit {
 		value = nil
+		dropped = append(dropped, router.Header{Key: "outboxd.payload.dropped", Value: []byte(fmt.Sprintf(
+			"%d bytes: a dead letter keeps the payload only within half of kafka.max_message_bytes (%d); the outbox row, or the application, has it",
+			len(p.Value), limit))})
 	}
-	rec := &router.Record{
-		Topic: r.cfg.Router.Poison.DLQTopic, Key: p.Key, Value: value, EventID: p.EventID, Partition: -1,
-		Headers: []router.Header{
-			{Key: r.cfg.Router.IDHeader, Value: []byte(p.EventID)},
-			{Key: "outboxd.error.reason", Value: []byte(p.Reason)},
-			{Key: "outboxd.source.lsn", Value: []byte(p.LSN.String())},
-			{Key: "outboxd.source.table", Value: []byte(p.Table)},
-			{Key: "outboxd.intended.topic", Value: []byte(p.Topic)},
-		},
-	}
-	if p.EventType != "" { // so that the row can be replayed as it was
-		rec.Headers = append(rec.Headers, router.Header{Key: r.cfg.Router.EventTypeHeader, Value: []byte(p.EventType)})
-	}
+	rec := &router.Record{Topic: r.cfg.Router.Poison.DLQTopic, Key: p.Key, Value: value, EventID: p.EventID, Partition: -1}
+	rec.Headers = append(slices.Clip(headers),
+		router.Header{Key: "outboxd.error.reason", Value: []byte(p.Reason)},
+		router.Header{Key: "outboxd.source.lsn", Value: []byte(p.LSN.String())},
+		router.Header{Key: "outboxd.source.table", Value: []byte(p.Table)},
+		router.Header{Key: "outboxd.intended.topic", Value: []byte(p.Topic)},
+	)
+	rec.Headers = append(rec.Headers, dropped...)
 	return rec
 }
 

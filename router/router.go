@@ -61,6 +61,9 @@ type RowError struct {
 	// event type ("" when NULL or not configured), for a dead letter.
 	Key, Value []byte
 	EventType  string
+	// Headers are the headers of the routed record, when routing got that
+	// far (nil otherwise), for a dead letter.
+	Headers []Header
 }
 
 func (e *RowError) Error() string {

@@ -557,7 +557,7 @@ func (p *Producer) Produce(ctx context.Context, rec *router.Record, done func(er
 		size += len(h.Key) + len(h.Value)
 	}
 	if size > p.cfg.MaxMessageBytes {
-		return &router.RowError{EventID: rec.EventID, Topic: rec.Topic, Key: rec.Key,
+		return &router.RowError{EventID: rec.EventID, Topic: rec.Topic, Key: rec.Key, Value: rec.Value,
 			Reason: fmt.Sprintf("the record is %d bytes, over kafka.max_message_bytes (%d); send large payloads by reference", size, p.cfg.MaxMessageBytes)}
 	}
 	rctx := p.fence

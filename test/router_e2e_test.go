@@ -120,12 +120,14 @@ func TestPoisonRowHaltsThenDeadLetters(t *testing.T) {
 // poison rows too; with dlq they are dead-lettered and the stream goes on.
 func TestOversizedAndBadPartitionRowsAreDeadLettered(t *testing.T) {
 	d := newDB(t)
-	d.exec(t, `ALTER TABLE outbox ADD COLUMN shard int`)
+	d.exec(t, `ALTER TABLE outbox ADD COLUMN shard int, ADD COLUMN tenant text`)
 	agg, dlq := d.name+"_ev", d.name+"_dlq"
 	p := start(t, d.env("OUTBOXD_ROUTER_POISON_POLICY=dlq", "OUTBOXD_ROUTER_POISON_DLQ_TOPIC="+dlq,
-		"OUTBOXD_ROUTER_ADDITIONAL_FIELDS=shard:partition", "OUTBOXD_KAFKA_MAX_MESSAGE_BYTES=100000"))
+		"OUTBOXD_ROUTER_ADDITIONAL_FIELDS=shard:partition,tenant:header:tenantId", "OUTBOXD_KAFKA_MAX_MESSAGE_BYTES=100000"))
 	p.waitStreaming()
-	big, _ := insertEvent(t, d, agg, "k", fmt.Sprintf(`{"blob": "%s"}`, strings.Repeat("x", 200000)))
+	big := uuid()
+	d.exec(t, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, tenant) VALUES ($1, $2, 'k', 'Happened', $3, 'acme')`,
+		big, agg, fmt.Sprintf(`{"blob": "%s"}`, strings.Repeat("x", 200000)))
 	ok, _ := insertEvent(t, d, agg, "k", `{"small": true}`)
 	badShard := uuid()
 	d.exec(t, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, shard) VALUES ($1, $2, 'k', 'X', '{}', 99)`, badShard, agg)
@@ -136,6 +138,13 @@ func TestOversizedAndBadPartitionRowsAreDeadLettered(t *testing.T) {
 	got := ids(recs)
 	if r := got[big]; r.Topic != dlq || r.Value != nil || !strings.Contains(header(r, "outboxd.error.reason"), "over kafka.max_message_bytes") {
 		t.Errorf("oversized row: topic %s, %d value bytes, reason %q; want the DLQ without its value", r.Topic, len(r.Value), header(r, "outboxd.error.reason"))
+	}
+	// The dead letter keeps every header of the original and says what it
+	// dropped and why.
+	if r := got[big]; header(r, "tenantId") != "acme" || header(r, "eventType") != "Happened" ||
+		!strings.Contains(header(r, "outboxd.payload.dropped"), "bytes: a dead letter keeps the payload only within half of kafka.max_message_bytes (50000)") {
+		t.Errorf("oversized row's dead letter: tenantId %q, eventType %q, outboxd.payload.dropped %q; want the original's headers and what was dropped",
+			header(r, "tenantId"), header(r, "eventType"), header(r, "outboxd.payload.dropped"))
 	}
 	if r := got[badShard]; r.Topic != dlq || !strings.Contains(header(r, "outboxd.error.reason"), "partition 99") {
 		t.Errorf("bad partition row: topic %s, reason %q", r.Topic, header(r, "outboxd.error.reason"))
