@@ -5,7 +5,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 COMMIT ?= $(shell git rev-parse --short HEAD 2>/dev/null)
 LDFLAGS := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 
-.PHONY: build demo test test-matrix unit bench bench-micro chaos release testbed-up testbed-down fmt vet
+.PHONY: build demo test test-matrix unit bench bench-report bench-micro chaos release testbed-up testbed-down fmt vet
 
 build: ## build bin/outboxd (static)
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/outboxd ./cmd/outboxd
@@ -25,11 +25,14 @@ unit: ## the tests that need no services
 bench: ## outboxd vs Debezium vs the physical limits (BENCH_SIZE=full for 1M events); see BENCHMARKS.md
 	bench/run $(BENCH_SIZE)
 
+bench-report: ## print the targets and render BENCHMARKS.md and README.md from bench/results/latest, without running anything
+	bench/run report
+
 bench-micro: ## micro-benchmarks of the hot path
 	$(GO) test -run '^$$' -bench . -benchmem ./wal ./router ./checkpoint ./sink
 	$(GO) test -run '^$$' -bench Write -benchmem ./outbox
 
-chaos: ## the long fault suite (issue 3); writes chaos-results.md
+chaos: ## the long fault suite; writes test/results/chaos.md and RELIABILITY.md's figures
 	scripts/chaos
 
 release: ## static linux/amd64 and linux/arm64 binaries in dist/ with SHA256SUMS
