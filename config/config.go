@@ -57,6 +57,15 @@ type Postgres struct {
 	// StandbyPollInterval is how often a standby (another process holds the
 	// slot) tries to take the slot over.
 	StandbyPollInterval time.Duration `yaml:"standby_poll_interval"`
+	// FailoverSlot creates the slot as a failover slot (Postgres 17 and
+	// later), which standbys with sync_replication_slots = on keep a copy
+	// of, so that outboxd resumes on a promoted standby. An existing slot
+	// without failover is altered to have it.
+	FailoverSlot bool `yaml:"failover_slot"`
+	// StandbyDSNs are connection strings of physical standbys, one host
+	// each, that the start-up check and outboxd status ask whether they
+	// hold a synchronised copy of the slot. Optional; never logged.
+	StandbyDSNs []string `yaml:"standby_dsns"`
 }
 
 // Kafka says where events go.
@@ -478,6 +487,11 @@ func (c Config) Validate() error {
 	if c.Postgres.SlotLagInterval < 100*time.Millisecond {
 		bad("postgres.slot_lag_interval", "%s must be at least 100ms", c.Postgres.SlotLagInterval)
 	}
+	for i, dsn := range c.Postgres.StandbyDSNs {
+		if _, err := pgconn.ParseConfig(dsn); err != nil {
+			bad(fmt.Sprintf("postgres.standby_dsns[%d]", i), "not a valid connection string%s; the value is not shown because it may hold a password", dsnReason(err))
+		}
+	}
 	if len(c.Kafka.Brokers) == 0 {
 		bad("kafka.brokers", "must list at least one host:port")
 	}
@@ -675,6 +689,13 @@ func dsnReason(err error) string {
 // files are named, never read.
 func (c Config) Redacted() Config {
 	c.Postgres.DSN = RedactDSN(c.Postgres.DSN)
+	if c.Postgres.StandbyDSNs != nil {
+		dsns := make([]string, len(c.Postgres.StandbyDSNs))
+		for i, dsn := range c.Postgres.StandbyDSNs {
+			dsns[i] = RedactDSN(dsn)
+		}
+		c.Postgres.StandbyDSNs = dsns
+	}
 	if c.Kafka.SASL.Password != "" {
 		c.Kafka.SASL.Password = mask
 	}

@@ -297,6 +297,9 @@ func TestValidateNamesField(t *testing.T) {
 		{"kafka.brokers", func(c *config.Config) { c.Kafka.Brokers = []string{"k1:9092", "k2:"} }},
 		{"kafka.brokers", func(c *config.Config) { c.Kafka.Brokers = []string{""} }},
 		{"kafka.topic_creation", func(c *config.Config) { c.Kafka.TopicCreation = "" }},
+		{"postgres.standby_dsns[1]", func(c *config.Config) {
+			c.Postgres.StandbyDSNs = []string{"postgres://standby-a/app", "postgres://standby-b:notaport/app"}
+		}},
 		{"kafka.topic_creation", func(c *config.Config) { c.Kafka.TopicCreation = "auto" }},
 		{"kafka.topic_partitions", func(c *config.Config) { c.Kafka.TopicPartitions = 0 }},
 		{"kafka.topic_replication_factor", func(c *config.Config) { c.Kafka.TopicReplicationFactor = 0 }},
@@ -413,5 +416,36 @@ func TestTableName(t *testing.T) {
 		if s != want[0] || n != want[1] {
 			t.Errorf("TableName(%q) = %q, %q; want %q, %q", table, s, n, want[0], want[1])
 		}
+	}
+}
+
+// TestFailoverSettings: postgres.failover_slot and postgres.standby_dsns
+// from YAML and from the environment (a comma-separated list), and the
+// standbys' passwords hidden in the redacted configuration.
+func TestFailoverSettings(t *testing.T) {
+	path := writeFile(t, "postgres:\n  failover_slot: true\n  standby_dsns:\n    - postgres://outboxd:pw-a@standby-a:5432/app\n    - host=standby-b password=pw-b\n")
+	cfg, err := config.Load(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !cfg.Postgres.FailoverSlot || len(cfg.Postgres.StandbyDSNs) != 2 {
+		t.Fatalf("failover_slot %v, standby_dsns %q", cfg.Postgres.FailoverSlot, cfg.Postgres.StandbyDSNs)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	red := cfg.Redacted().Postgres.StandbyDSNs
+	if strings.Contains(strings.Join(red, " "), "pw-") || cfg.Postgres.StandbyDSNs[0] != "postgres://outboxd:pw-a@standby-a:5432/app" {
+		t.Errorf("redacted %q (the original must keep its password: %q)", red, cfg.Postgres.StandbyDSNs)
+	}
+	cfg, err = config.Load("", []string{"OUTBOXD_POSTGRES_FAILOVER_SLOT=true", "OUTBOXD_POSTGRES_STANDBY_DSNS=postgres://s1/app, postgres://s2/app"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !cfg.Postgres.FailoverSlot || strings.Join(cfg.Postgres.StandbyDSNs, "|") != "postgres://s1/app|postgres://s2/app" {
+		t.Errorf("from the environment: failover_slot %v, standby_dsns %q", cfg.Postgres.FailoverSlot, cfg.Postgres.StandbyDSNs)
+	}
+	if _, err := config.Load("", []string{"OUTBOXD_POSTGRES_FAILOVER_SLOT=maybe"}); err == nil || !strings.Contains(err.Error(), "OUTBOXD_POSTGRES_FAILOVER_SLOT") {
+		t.Errorf("a bad boolean: %v", err)
 	}
 }

@@ -327,6 +327,13 @@ func (v *conv) postgres() (section, error) {
 	}
 	s.add("table", table, "table.include.list")
 	s.add("create_slot", false, "resume the existing slot; a new one would skip what Debezium has not confirmed")
+	failover, err := v.boolean("slot.failover", false)
+	if err != nil {
+		return s, err
+	}
+	if failover {
+		s.add("failover_slot", true, "slot.failover: the slot is synchronised to standbys (Postgres 17 and later)")
+	}
 	switch mode := v.or("publication.autocreate.mode", "all_tables"); mode {
 	case "disabled", "all_tables", "filtered":
 		if plugin != "pgoutput" {
@@ -768,7 +775,6 @@ var unsupported = []struct{ key, why string }{
 	{"slot.stream.params", "outboxd sets pgoutput's parameters itself (proto_version 1, publication_names)"},
 	{"slot.max.retries", "outboxd retries with backoff until it holds the slot"},
 	{"slot.retry.delay.ms", "outboxd retries with backoff until it holds the slot"},
-	{"slot.failover", "outboxd uses the slot as it is"},
 	{"lsn.flush.", "outboxd always confirms the last fully delivered transaction to the slot"},
 	{"flush.lsn.source", "outboxd always confirms the last fully delivered transaction to the slot"},
 	{"offset.", "outboxd keeps no offsets: the slot's confirmed position is the only checkpoint"},

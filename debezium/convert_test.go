@@ -553,3 +553,45 @@ func TestConvertKeyEncoding(t *testing.T) {
 		})
 	}
 }
+
+// TestConvertSlotFailover: slot.failover maps to postgres.failover_slot,
+// without a warning; a value that is not a boolean is an error.
+func TestConvertSlotFailover(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		value string // "" leaves slot.failover unset
+		want  bool
+		err   string
+	}{
+		{"unset", "", false, ""},
+		{"true", "true", true, ""},
+		{"TRUE", "TRUE", true, ""},
+		{"false", "false", false, ""},
+		{"not a boolean", "yes", false, `slot.failover "yes" is not true or false`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			settings := map[string]string{}
+			if tc.value != "" {
+				settings["slot.failover"] = tc.value
+			}
+			res, err := Convert(connector(settings), Options{Brokers: []string{"k:9092"}})
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("error = %v, want %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, w := range res.Warnings {
+				if w.Key == "slot.failover" {
+					t.Errorf("warned about slot.failover: %v", w)
+				}
+			}
+			if cfg := loadBack(t, res.YAML); cfg.Postgres.FailoverSlot != tc.want {
+				t.Errorf("failover_slot = %v, want %v in\n%s", cfg.Postgres.FailoverSlot, tc.want, res.YAML)
+			}
+		})
+	}
+}

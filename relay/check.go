@@ -195,6 +195,15 @@ func (r *Relay) checkPostgres(ctx context.Context) (held bool, err error) {
 	if err != nil {
 		return false, err
 	}
+	major, version, err := serverMajor(ctx, conn)
+	if err == nil {
+		err = checkFailoverVersion(major, version, r.cfg.Postgres.FailoverSlot)
+	}
+	if err != nil {
+		conn.Close(context.WithoutCancel(ctx))
+		return false, err
+	}
+	r.major = major
 	if err := checkServer(ctx, conn, r.cfg.Postgres, r.router.Columns()); err != nil {
 		conn.Close(context.WithoutCancel(ctx))
 		return false, err
@@ -433,14 +442,18 @@ func (r *Relay) ensureSlot(ctx context.Context, conn *pgx.Conn) (held bool, err 
 	}
 	if !ok {
 		if !pg.CreateSlot {
-			return false, wal.Errorf(wal.ErrSlotMissing, "replication slot %q does not exist; set postgres.create_slot: true, or create it with SELECT pg_create_logical_replication_slot('%s', 'pgoutput')",
-				pg.Slot, pg.Slot)
+			return false, wal.Errorf(wal.ErrSlotMissing, "replication slot %q does not exist; set postgres.create_slot: true, or create it with %s",
+				pg.Slot, wal.CreateSlotSQL(pg.Slot, pg.FailoverSlot))
 		}
-		lsn, err := wal.CreateSlot(ctx, conn, pg.Slot)
+		if err := r.refuseAfterPromotion(ctx, conn); err != nil {
+			return false, err
+		}
+		lsn, err := wal.CreateSlot(ctx, conn, pg.Slot, pg.FailoverSlot)
 		if err != nil {
 			return false, err
 		}
-		r.log.Info("created replication slot; events committed from here on will be delivered", "slot", pg.Slot, "lsn", lsn.String())
+		r.log.Info("created replication slot; events committed from here on will be delivered", "slot", pg.Slot, "lsn", lsn.String(), "failover", pg.FailoverSlot)
+		r.logFailover(ctx, conn, r.major, wal.SlotInfo{Name: pg.Slot, Failover: pg.FailoverSlot, ConfirmedFlushLSN: lsn})
 		return false, nil
 	}
 	var db string
@@ -451,7 +464,21 @@ func (r *Relay) ensureSlot(ctx context.Context, conn *pgx.Conn) (held bool, err 
 	var active *wal.SlotActiveError
 	if errors.As(err, &active) {
 		r.log.Warn(err.Error(), "slot", pg.Slot)
-		return true, nil
+		held = true
+	} else if err != nil {
+		return false, err
 	}
-	return false, err
+	if pg.FailoverSlot && !info.Failover {
+		// As Debezium does with slot.failover: the slot keeps its position.
+		if err := r.alterToFailover(ctx); err != nil {
+			r.log.Warn("the slot is not a failover slot and could not be altered to one; run "+wal.AlterSlotFailoverSQL(pg.Slot)+
+				" on a replication connection (psql \"dbname=... replication=database\") while outboxd is stopped, or drop the slot once everything is delivered and let outboxd create it",
+				"slot", pg.Slot, "err", err)
+		} else {
+			info.Failover = true
+			r.log.Info("altered the replication slot to a failover slot (postgres.failover_slot: true)", "slot", pg.Slot)
+		}
+	}
+	r.logFailover(ctx, conn, r.major, info)
+	return held, nil
 }

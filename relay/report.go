@@ -42,6 +42,10 @@ type Report struct {
 	// the oldest undelivered event is at most this old. With nothing in
 	// flight it would only measure how long the outbox has been idle.
 	ConfirmedAge *float64 `json:"last_confirmed_commit_age_seconds,omitempty"`
+	// Failover is the slot's failover state and the physical standbys;
+	// FailoverNotes says what it means, warnings marked "warning: ".
+	Failover      *Failover `json:"failover,omitempty"`
+	FailoverNotes []string  `json:"failover_notes,omitempty"`
 }
 
 // BuildReport reads the report from Postgres and from the outboxd HTTP
@@ -71,6 +75,21 @@ func BuildReport(ctx context.Context, cfg config.Config, statusURL string) (Repo
 		if flushLag != nil {
 			rep.FlushLag = *flushLag
 		}
+	}
+	major, _, err := serverMajor(ctx, conn)
+	if err != nil {
+		return rep, err
+	}
+	f, err := readFailover(ctx, conn, cfg.Postgres, major, info, ok)
+	if err != nil {
+		return rep, err
+	}
+	rep.Failover = &f
+	for _, n := range f.notes(cfg.Postgres.Slot) {
+		if n.warn {
+			n.text = "warning: " + n.text
+		}
+		rep.FailoverNotes = append(rep.FailoverNotes, n.text)
 	}
 	rows, err := conn.Query(ctx, `SELECT schemaname || '.' || tablename FROM pg_publication_tables WHERE pubname = $1 ORDER BY 1`, cfg.Postgres.Publication)
 	if err != nil {
@@ -153,6 +172,9 @@ func (rep Report) WriteText(w io.Writer) error {
 			wal += ", safe WAL size " + bytesText(*rep.SafeWALSize)
 		}
 		row("wal_status", "%s", wal)
+	}
+	for _, n := range rep.FailoverNotes {
+		row("failover", "%s", n)
 	}
 	pub := strings.Join(rep.PubTables, ", ")
 	if pub == "" {

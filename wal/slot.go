@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
@@ -52,18 +53,31 @@ type SlotInfo struct {
 	Database          string
 	Active            bool
 	ActivePID         int
+	Temporary         bool
 	WALStatus         string
 	ConfirmedFlushLSN LSN
+	// The columns of Postgres 17 and later: false and "" before.
+	Failover           bool   // a failover slot, which standbys can synchronise
+	Synced             bool   // a standby's copy of a failover slot (it stays true after a promotion)
+	InvalidationReason string // why Postgres invalidated it, "" while it is valid
 }
+
+// slotColumns reads a row of pg_replication_slots; the columns that came in
+// Postgres 17 are read through to_jsonb, which leaves them NULL on the
+// versions that lack them.
+const slotColumns = `slot_name, plugin, database, active, active_pid, temporary, wal_status, confirmed_flush_lsn::text,
+	coalesce((to_jsonb(s) ->> 'failover')::bool, false), coalesce((to_jsonb(s) ->> 'synced')::bool, false),
+	coalesce(to_jsonb(s) ->> 'invalidation_reason', '')
+	FROM pg_replication_slots s`
 
 // InspectSlot reads the slot's row; ok is false when there is none.
 func InspectSlot(ctx context.Context, conn *pgx.Conn, name string) (info SlotInfo, ok bool, err error) {
 	var pid *int32
 	var plugin, db, walStatus *string
 	var confirmed *string
-	err = conn.QueryRow(ctx, `SELECT slot_name, plugin, database, active, active_pid, wal_status, confirmed_flush_lsn::text
-		FROM pg_replication_slots WHERE slot_name = $1`, name).
-		Scan(&info.Name, &plugin, &db, &info.Active, &pid, &walStatus, &confirmed)
+	err = conn.QueryRow(ctx, `SELECT `+slotColumns+` WHERE slot_name = $1`, name).
+		Scan(&info.Name, &plugin, &db, &info.Active, &pid, &info.Temporary, &walStatus, &confirmed,
+			&info.Failover, &info.Synced, &info.InvalidationReason)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return info, false, nil
 	}
@@ -93,21 +107,97 @@ func CheckSlot(info SlotInfo, database string) error {
 	case info.WALStatus == "lost":
 		return Errorf(ErrSlotLost, "replication slot %q is invalidated: Postgres removed WAL it still needed (max_slot_wal_keep_size), so outbox events committed while it lagged may never be delivered; "+
 			"recover them from the outbox table or the application, then drop the slot (SELECT pg_drop_replication_slot('%s')) and let outboxd create a new one", info.Name, info.Name)
+	case info.InvalidationReason != "":
+		return Errorf(ErrSlotLost, "replication slot %q is invalidated (%s): Postgres can no longer decode it, so outbox events committed after its confirmed position %s may never be delivered; "+
+			"recover them from the outbox table or the application, then drop the slot (SELECT pg_drop_replication_slot('%s')) and let outboxd create a new one",
+			info.Name, info.InvalidationReason, info.ConfirmedFlushLSN, info.Name)
 	case info.Active:
 		return &SlotActiveError{Slot: info.Name, PID: info.ActivePID}
 	}
 	return nil
 }
 
-// CreateSlot creates a pgoutput logical replication slot and returns its
-// starting position.
-func CreateSlot(ctx context.Context, conn *pgx.Conn, name string) (LSN, error) {
+// FailoverMajor is the first Postgres major version with failover slots.
+const FailoverMajor = 17
+
+// CreateSlotSQL is the statement that creates slot name as outboxd does,
+// with failover (Postgres 17 and later) or without.
+func CreateSlotSQL(name string, failover bool) string {
+	if failover {
+		return fmt.Sprintf("SELECT pg_create_logical_replication_slot('%s', 'pgoutput', false, false, true)", name)
+	}
+	return fmt.Sprintf("SELECT pg_create_logical_replication_slot('%s', 'pgoutput')", name)
+}
+
+// CreateSlot creates a pgoutput logical replication slot, a failover slot
+// if failover is set, and returns its starting position.
+func CreateSlot(ctx context.Context, conn *pgx.Conn, name string, failover bool) (LSN, error) {
+	sql := `SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')`
+	if failover {
+		sql = `SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput', false, false, true)`
+	}
 	var lsn string
-	err := conn.QueryRow(ctx, `SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')`, name).Scan(&lsn)
-	if err != nil {
+	if err := conn.QueryRow(ctx, sql, name).Scan(&lsn); err != nil {
 		return 0, fmt.Errorf("creating replication slot %q: %w", name, err)
 	}
 	return parseLSN(lsn)
+}
+
+// AlterSlotFailoverSQL is the replication command that makes slot name a
+// failover slot; it runs on a replication connection.
+func AlterSlotFailoverSQL(name string) string {
+	return fmt.Sprintf("ALTER_REPLICATION_SLOT %s ( FAILOVER true )", quoteIdent(name))
+}
+
+// AlterSlotFailover makes slot name a failover slot (Postgres 17 and later)
+// on conn, a connection opened with replication=database. The slot must not
+// be in use.
+func AlterSlotFailover(ctx context.Context, conn *pgconn.PgConn, name string) error {
+	if _, err := conn.Exec(ctx, AlterSlotFailoverSQL(name)).ReadAll(); err != nil {
+		return fmt.Errorf("altering replication slot %q to failover: %w", name, err)
+	}
+	return nil
+}
+
+// Timeline returns the server's current timeline (1 until a standby of it
+// was promoted, or it was restored from a backup), read from the name of
+// the WAL file being written; 0 on a server in recovery, which has none of
+// its own.
+func Timeline(ctx context.Context, conn *pgx.Conn) (int, error) {
+	var tli int
+	err := conn.QueryRow(ctx, `SELECT CASE WHEN pg_is_in_recovery() THEN 0
+		ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int END`).Scan(&tli)
+	if err != nil {
+		return 0, fmt.Errorf("reading the server's timeline: %w", err)
+	}
+	return tli, nil
+}
+
+// TimelineSwitch returns where the server's current timeline tli began (the
+// position at which it was promoted or restored), read with TIMELINE_HISTORY
+// on conn, a replication connection.
+func TimelineSwitch(ctx context.Context, conn *pgconn.PgConn, tli int) (LSN, error) {
+	res, err := pglogrepl.TimelineHistory(ctx, conn, int32(tli))
+	if err != nil {
+		return 0, fmt.Errorf("reading the history of timeline %d: %w", tli, err)
+	}
+	return parseTimelineHistory(res.Content)
+}
+
+// parseTimelineHistory returns the switch point of the history file's last
+// line ("parent-timeline<TAB>switch-LSN<TAB>reason").
+func parseTimelineHistory(content []byte) (LSN, error) {
+	var last string
+	for _, line := range strings.Split(string(content), "\n") {
+		if line = strings.TrimSpace(line); line != "" && !strings.HasPrefix(line, "#") {
+			last = line
+		}
+	}
+	fields := strings.Fields(last)
+	if len(fields) < 2 {
+		return 0, fmt.Errorf("timeline history %q has no switch point", content)
+	}
+	return parseLSN(fields[1])
 }
 
 // PublishActions are the changes outboxd's publication publishes: the
