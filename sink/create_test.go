@@ -97,3 +97,17 @@ func TestCreateTopicWithBrokersUnreachableSaysSo(t *testing.T) {
 		})
 	}
 }
+
+// TestRetryBackoff checks the produce retry backoff: tens of milliseconds at
+// first (a new topic's partitions refuse the first produce for about that
+// long), doubling to franz-go's 5 s.
+func TestRetryBackoff(t *testing.T) {
+	for fails, want := range map[int][2]time.Duration{1: {20 * time.Millisecond, 30 * time.Millisecond},
+		2: {40 * time.Millisecond, 60 * time.Millisecond}, 5: {320 * time.Millisecond, 480 * time.Millisecond}, 20: {5 * time.Second, 5 * time.Second}} {
+		for range 20 {
+			if got := sink.RetryBackoff(fails); got < want[0] || got > want[1] {
+				t.Fatalf("backoff after %d failures: %s, want %s to %s", fails, got, want[0], want[1])
+			}
+		}
+	}
+}

@@ -12,3 +12,6 @@ import (
 func NewWithFirstOpts(cfg config.Kafka, m *Metrics, log *slog.Logger, first ...kgo.Opt) (*Producer, error) {
 	return newProducer(cfg, m, log, first...)
 }
+
+// RetryBackoff is retryBackoff, for the producer's external tests.
+var RetryBackoff = retryBackoff
