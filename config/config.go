@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/url"
 	"os"
 	"reflect"
 	"regexp"
@@ -345,8 +346,23 @@ func Load(path string, environ []string) (Config, error) {
 	return cfg, nil
 }
 
-// Decode overlays YAML data onto cfg. Unknown keys are errors.
+// Decode overlays YAML data onto cfg. Unknown keys are errors. A duration
+// written as a bare number is an error that says to add a unit; a list of
+// strings may be written as one string (brokers: k1:9092), comma-separated
+// as in the environment.
 func Decode(data []byte, cfg *Config) error {
+	var root yaml.Node
+	if err := yaml.Unmarshal(data, &root); err == nil && len(root.Content) == 1 {
+		changed, err := lenient(root.Content[0], reflect.TypeOf(*cfg), "")
+		if err != nil {
+			return err
+		}
+		if changed {
+			if data, err = yaml.Marshal(&root); err != nil {
+				return fmt.Errorf("re-encoding the configuration: %w", err)
+			}
+		}
+	}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(cfg); err != nil && !errors.Is(err, io.EOF) {
@@ -356,6 +372,47 @@ func Decode(data []byte, cfg *Config) error {
 		return errors.New("more than one YAML document; put every setting in one document")
 	}
 	return nil
+}
+
+// lenient walks a YAML mapping beside the struct type it decodes into: it
+// refuses a bare number for a duration, naming the setting and the unit to
+// add, and turns a string where a list of strings goes into that list. It
+// reports whether it changed the tree. Unknown keys are left to the strict
+// decoder.
+func lenient(n *yaml.Node, t reflect.Type, path string) (changed bool, err error) {
+	if n.Kind != yaml.MappingNode || t.Kind() != reflect.Struct {
+		return false, nil
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		key, val := n.Content[i].Value, n.Content[i+1]
+		for j := range t.NumField() {
+			f := t.Field(j)
+			if tag, _, _ := strings.Cut(f.Tag.Get("yaml"), ","); tag != key {
+				continue
+			}
+			name := path + key
+			switch {
+			case f.Type == reflect.TypeOf(time.Duration(0)) && val.Kind == yaml.ScalarNode && val.Tag == "!!int":
+				return false, fmt.Errorf("line %d: %s: %s has no unit; write %ss (or 500ms, 10s, 2m: a Go duration)", val.Line, name, val.Value, val.Value)
+			case f.Type == reflect.TypeOf([]string(nil)) && val.Kind == yaml.ScalarNode && val.Tag == "!!str":
+				items := []*yaml.Node{}
+				for _, part := range strings.Split(val.Value, ",") {
+					if part = strings.TrimSpace(part); part != "" {
+						items = append(items, &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: part})
+					}
+				}
+				*val = yaml.Node{Kind: yaml.SequenceNode, Tag: "!!seq", Style: yaml.FlowStyle, Content: items, Line: val.Line, Column: val.Column}
+				changed = true
+			case f.Type.Kind() == reflect.Struct:
+				c, err := lenient(val, f.Type, name+".")
+				if err != nil {
+					return false, err
+				}
+				changed = changed || c
+			}
+		}
+	}
+	return changed, nil
 }
 
 // EnvPrefix starts every environment override.
@@ -410,6 +467,9 @@ func setField(f reflect.Value, s string) error {
 	case time.Duration:
 		d, err := time.ParseDuration(s)
 		if err != nil {
+			if _, nerr := strconv.ParseFloat(s, 64); nerr == nil {
+				return fmt.Errorf("%q has no unit; write %ss (or 500ms, 10s, 2m: a Go duration)", s, s)
+			}
 			return fmt.Errorf("%q is not a duration such as 500ms or 10s", s)
 		}
 		f.Set(reflect.ValueOf(d))
@@ -674,14 +734,26 @@ func validSlotName(s string) bool {
 	return true
 }
 
-// dsnReason returns the cause of a parse failure without the connection
-// string, which pgconn's message repeats and may not fully mask.
+// dsnReason returns what pgconn found wrong with a connection string,
+// without the string: pgconn's message is "cannot parse `<string, password
+// masked>`: <what is wrong>", and only the second part is kept (a URL parse
+// error's own copy of the URL included).
 func dsnReason(err error) string {
 	var pe *pgconn.ParseConfigError
-	if errors.As(err, &pe) && pe.Unwrap() != nil {
-		return " (" + pe.Unwrap().Error() + ")"
+	if !errors.As(err, &pe) {
+		return ""
 	}
-	return ""
+	msg := pe.Error()
+	i := strings.Index(msg, "`: ")
+	if i < 0 {
+		return ""
+	}
+	msg = msg[i+3:]
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		msg = strings.ReplaceAll(msg, ue.Error(), ue.Err.Error())
+	}
+	return " (" + msg + ")"
 }
 
 // Redacted returns a copy of c with every secret replaced (the DSN's

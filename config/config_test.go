@@ -114,7 +114,8 @@ func TestDecodeErrors(t *testing.T) {
 		{"unknown key in a list item", "router:\n  additional_fields:\n    - {colum: a, placement: header}\n", []string{"unknown setting router.additional_fields.colum (did you mean router.additional_fields.column?)"}},
 		{"unknown key in kafka", "kafka:\n  acks: all\n", []string{"acks"}},
 		{"string for int", "kafka:\n  topic_partitions: six\n", []string{"six", "int"}},
-		{"bare int for duration", "postgres:\n  status_interval: 5\n", []string{"line 2", "time.Duration"}},
+		{"bare int for duration", "postgres:\n  status_interval: 5\n", []string{"line 2", "postgres.status_interval: 5 has no unit; write 5s"}},
+		{"bare int for a nested duration", "kafka:\n  brokers: [a:1]\n  linger: 2\n", []string{"line 3", "kafka.linger: 2 has no unit; write 2s"}},
 		{"bad duration", "kafka:\n  linger: soon\n", []string{"soon"}},
 		{"bad bool", "postgres:\n  create_slot: maybe\n", []string{"maybe", "bool"}},
 		{"map for string", "postgres:\n  dsn: {host: h}\n", []string{"string"}},
@@ -222,6 +223,51 @@ func TestEnvBrokerList(t *testing.T) {
 	}
 }
 
+// A single string where a list of strings goes is a list, split on commas as
+// in the environment; nothing else about the file changes.
+func TestDecodeStringAsList(t *testing.T) {
+	for yml, want := range map[string][]string{
+		"kafka:\n  brokers: k1:9092\n  client_id: c\n":              {"k1:9092"},
+		"kafka:\n  brokers: \"k1:9092, k2:9092\"\n  client_id: c\n": {"k1:9092", "k2:9092"},
+		"kafka:\n  brokers: [k1:9092]\n  client_id: c\n":            {"k1:9092"},
+	} {
+		cfg := config.Default()
+		if err := config.Decode([]byte(yml), &cfg); err != nil {
+			t.Fatalf("%q: %v", yml, err)
+		}
+		if !reflect.DeepEqual(cfg.Kafka.Brokers, want) || cfg.Kafka.ClientID != "c" {
+			t.Errorf("%q gave brokers %q, client_id %q; want %q, c", yml, cfg.Kafka.Brokers, cfg.Kafka.ClientID, want)
+		}
+	}
+	cfg := config.Default()
+	err := config.Decode([]byte("kafka:\n  brokers: k1:9092\n  acks: all\n"), &cfg)
+	if err == nil || !strings.Contains(err.Error(), "unknown setting kafka.acks") {
+		t.Errorf("an unknown key beside a string list: %v, want it named", err)
+	}
+}
+
+// A connection string that does not parse is named with what is wrong in it,
+// never with its password.
+func TestDSNErrorsSayWhatIsWrong(t *testing.T) {
+	for dsn, want := range map[string]string{
+		"postgres://u:s3cret@host:99999/db":          "invalid port",
+		"postgres://u:s3cret@host/db?sslmode=bogus":  "sslmode is invalid",
+		"postgres://u:s3%zzcret@h/db":                "invalid percent-encoded token in password",
+		"host=h password='s3cret":                    "unterminated quoted string",
+		"postgres://u:s3cret@h/db?connect_timeout=x": "invalid connect_timeout",
+	} {
+		cfg := config.Default()
+		cfg.Postgres.DSN = dsn
+		err := cfg.Validate()
+		if err == nil {
+			t.Fatalf("Validate with DSN %q: no error", dsn)
+		}
+		if msg := err.Error(); !strings.Contains(msg, want) || strings.Contains(msg, "s3cret") || strings.Contains(msg, "zzcret") {
+			t.Errorf("DSN %q: error %q; want it to say %q and not show the password", dsn, msg, want)
+		}
+	}
+}
+
 func TestEnvErrors(t *testing.T) {
 	tests := []struct {
 		env  string
@@ -233,7 +279,7 @@ func TestEnvErrors(t *testing.T) {
 		{"OUTBOXD_POSTGRES=x", []string{"OUTBOXD_POSTGRES", "names no setting"}},
 		{"OUTBOXD_=x", []string{"OUTBOXD_", "names no setting"}},
 		{"OUTBOXD_postgres_slot=x", []string{"OUTBOXD_postgres_slot"}},
-		{"OUTBOXD_POSTGRES_STATUS_INTERVAL=5", []string{"OUTBOXD_POSTGRES_STATUS_INTERVAL", `"5"`, "duration"}},
+		{"OUTBOXD_POSTGRES_STATUS_INTERVAL=5", []string{"OUTBOXD_POSTGRES_STATUS_INTERVAL", `"5" has no unit; write 5s`}},
 		{"OUTBOXD_KAFKA_LINGER=fast", []string{"OUTBOXD_KAFKA_LINGER", "fast"}},
 		{"OUTBOXD_POSTGRES_CREATE_SLOT=yes", []string{"OUTBOXD_POSTGRES_CREATE_SLOT", "yes", "true or false"}},
 		{"OUTBOXD_KAFKA_TOPIC_PARTITIONS=1.5", []string{"OUTBOXD_KAFKA_TOPIC_PARTITIONS", "1.5", "whole number"}},

@@ -136,10 +136,33 @@ func unwrapConnect(err error) error {
 	}
 	var ce *pgconn.ConnectError
 	if errors.As(err, &ce) && ce.Unwrap() != nil {
-		return ce.Unwrap()
+		err = ce.Unwrap()
 	}
-	return err
+	// pgconn lists every attempt's error, one a line: a host tried with and
+	// without TLS (sslmode=prefer) failed the same way twice. Say each once.
+	lines := strings.Split(err.Error(), "\n")
+	if len(lines) == 1 {
+		return err
+	}
+	seen := map[string]bool{}
+	var uniq []string
+	for _, l := range lines {
+		if !seen[l] {
+			seen[l] = true
+			uniq = append(uniq, l)
+		}
+	}
+	return &onceError{err: err, msg: strings.Join(uniq, "; ")}
 }
+
+// onceError is an error whose message says each of its lines once.
+type onceError struct {
+	err error
+	msg string
+}
+
+func (e *onceError) Error() string { return e.msg }
+func (e *onceError) Unwrap() error { return e.err }
 
 // Check runs the start-up checks and prepares the publication and slot. Each
 // failure is one line that says what is wrong and what to do. The Postgres
