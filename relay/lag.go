@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -14,7 +15,7 @@ import (
 // on disk for the slot), holder and WAL status, in one round trip.
 const slotQuery = `SELECT (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint,
 	(pg_current_wal_lsn() - restart_lsn)::bigint,
-	active, active_pid, wal_status, safe_wal_size
+	active, active_pid, wal_status, safe_wal_size, confirmed_flush_lsn::text
 	FROM pg_replication_slots WHERE slot_name = $1`
 
 // slotWarnEvery is the most often a persisting slot read failure is logged.
@@ -45,6 +46,11 @@ func (r *Relay) MonitorSlot(ctx context.Context) error {
 		switch {
 		case err == nil:
 			r.m.slotRead(rd)
+			if rd.confirmed != nil {
+				if lsn, err := pglogrepl.ParseLSN(*rd.confirmed); err == nil {
+					r.status.setApplied(lsn)
+				}
+			}
 			if rd.safeWAL != nil && !safeWALRegistered {
 				safeWALRegistered = r.reg.Register(r.m.slotSafeWAL) == nil
 			}
@@ -71,6 +77,7 @@ type slotReading struct {
 	active                 bool
 	pid                    *int32
 	walStatus              *string
+	confirmed              *string // confirmed_flush_lsn
 }
 
 // readSlot reads the slot's row on *conn, connecting first when there is no
@@ -88,7 +95,7 @@ func (r *Relay) readSlot(ctx context.Context, conn **pgx.Conn) (slotReading, err
 	qctx, cancel := context.WithTimeout(ctx, max(r.cfg.Postgres.SlotLagInterval, 5*time.Second))
 	defer cancel()
 	err := (*conn).QueryRow(qctx, slotQuery, r.cfg.Postgres.Slot).
-		Scan(&rd.lag, &rd.retained, &rd.active, &rd.pid, &rd.walStatus, &rd.safeWAL)
+		Scan(&rd.lag, &rd.retained, &rd.active, &rd.pid, &rd.walStatus, &rd.safeWAL, &rd.confirmed)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return rd, fmt.Errorf("slot %q does not exist in pg_replication_slots", r.cfg.Postgres.Slot)

@@ -250,6 +250,7 @@ func (r *Relay) runOnce(ctx context.Context) error {
 		r.log.Info("took over the slot from the previous holder", "slot", pg.Slot)
 	}
 	r.setState(stateStreaming, "")
+	r.status.setApplied(start) // the slot's confirmed position, read as the run connected
 	r.log.Info("streaming", "slot", pg.Slot, "lsn", start.String(), "publication", pg.Publication)
 
 	g, gctx := errgroup.WithContext(run)

@@ -4,6 +4,7 @@ import (
 	"io"
 	"log/slog"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -26,5 +27,32 @@ func TestLeavingStreamingClearsInFlightGauges(t *testing.T) {
 		if n, fill := value(r.m.inFlight), value(r.m.bufferFill); n != 0 || fill != 0 {
 			t.Errorf("after %s: in flight %g, buffer fill %g; want 0 and 0", state, n, fill)
 		}
+	}
+}
+
+// /status shows the confirmed position Postgres applied, apart from the one
+// last sent, and a relay that goes to standby shows neither, nor anything in
+// flight: the slot is another process's.
+func TestStatusPositions(t *testing.T) {
+	r, err := New(config.Default(), slog.New(slog.NewTextHandler(io.Discard, nil)), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.setState(stateStreaming, "")
+	r.status.setApplied(0x100)
+	r.status.setPosition(0x200, 0x300, time.Now(), 7)
+	s := r.Status()
+	if s.ConfirmedLSN != "0/100" || s.SentLSN != "0/200" || s.ReceivedLSN != "0/300" || s.InFlight != 7 {
+		t.Errorf("streaming: confirmed %s, sent %s, received %s, in flight %d; want 0/100, 0/200, 0/300, 7",
+			s.ConfirmedLSN, s.SentLSN, s.ReceivedLSN, s.InFlight)
+	}
+	r.setState(stateStarting, "restarting")
+	if s := r.Status(); s.InFlight != 0 || s.ReceivedLSN != "" || s.ConfirmedLSN != "0/100" {
+		t.Errorf("restarting: in flight %d, received %q, confirmed %q; want 0, none, 0/100", s.InFlight, s.ReceivedLSN, s.ConfirmedLSN)
+	}
+	r.setState(stateStandby, "another process holds the slot")
+	r.status.setApplied(0x900) // the slot monitor reads the other holder's position
+	if s := r.Status(); s.InFlight != 0 || s.ConfirmedLSN != "" || s.SentLSN != "" || !s.ConfirmedCommitTime.IsZero() {
+		t.Errorf("standby: in flight %d, confirmed %q, sent %q, commit time %v; want nothing", s.InFlight, s.ConfirmedLSN, s.SentLSN, s.ConfirmedCommitTime)
 	}
 }

@@ -26,10 +26,15 @@ type Status struct {
 	Since  time.Time `json:"since"`
 	Reason string    `json:"reason,omitempty"` // why not ready, when not
 	Slot   string    `json:"slot"`
-	// ConfirmedLSN is the position last confirmed to Postgres;
-	// ConfirmedCommitTime is the commit time of the last transaction
-	// confirmed by this process.
+	// ConfirmedLSN is the slot's confirmed position as Postgres applied it
+	// (its confirmed_flush_lsn in pg_replication_slots, read when the
+	// stream starts and every postgres.slot_lag_interval); SentLSN is the
+	// position outboxd last sent in a status update, which Postgres applies
+	// a moment later. ConfirmedCommitTime is the commit time of the last
+	// transaction this process confirmed. A standby shows none of them: the
+	// slot is another process's.
 	ConfirmedLSN        string    `json:"confirmed_lsn,omitempty"`
+	SentLSN             string    `json:"sent_lsn,omitempty"`
 	ConfirmedCommitTime time.Time `json:"confirmed_commit_time,omitzero"`
 	ReceivedLSN         string    `json:"received_lsn,omitempty"`
 	InFlight            int       `json:"in_flight"`
@@ -53,6 +58,26 @@ func (st *status) setState(state, reason string) {
 		st.s.Since = time.Now()
 	}
 	st.s.State, st.s.Reason = state, reason
+	if state == stateStreaming {
+		return
+	}
+	// Out of streaming, nothing of this process is in flight.
+	st.s.InFlight, st.s.ReceivedLSN = 0, ""
+	st.advancedAt = time.Time{}
+	if state == stateStandby { // the slot and its positions are another process's
+		st.s.ConfirmedLSN, st.s.SentLSN, st.s.ConfirmedCommitTime = "", "", time.Time{}
+		st.lastConfirmed = 0
+	}
+}
+
+// setApplied records the slot's confirmed position as Postgres shows it,
+// unless the slot is another process's.
+func (st *status) setApplied(lsn wal.LSN) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.s.State == stateStreaming || st.s.State == stateStarting {
+		st.s.ConfirmedLSN = lsn.String()
+	}
 }
 
 func (st *status) setError(err error) {
@@ -68,7 +93,7 @@ func (st *status) setPosition(confirmed, received wal.LSN, commitTime time.Time,
 	if confirmed != st.lastConfirmed || inFlight == 0 || st.advancedAt.IsZero() {
 		st.lastConfirmed, st.advancedAt = confirmed, now
 	}
-	st.s.ConfirmedLSN, st.s.ReceivedLSN, st.s.InFlight = confirmed.String(), received.String(), inFlight
+	st.s.SentLSN, st.s.ReceivedLSN, st.s.InFlight = confirmed.String(), received.String(), inFlight
 	if !commitTime.IsZero() {
 		st.s.ConfirmedCommitTime = commitTime
 	}
