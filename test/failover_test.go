@@ -1,0 +1,464 @@
+package test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxd/outboxd/migrations"
+)
+
+// Postgres failover (issue 24): a primary and a physical streaming standby
+// of it on loopback, each a Postgres of the test's own (scripts/testbed
+// pg-start and pg-standby, the version of OUTBOXD_TESTBED_PG_VERSION),
+// outboxd streaming through a DSN that names both with
+// target_session_attrs=read-write. The primary is killed (immediate) and the
+// standby promoted. On 17 and later a synchronised failover slot carries
+// outboxd over; without one (14-16, the option off, or a copy not yet
+// synchronised) outboxd stops with its message and creates no slot.
+//
+// The standby is synchronous (synchronous_standby_names), so that every
+// COMMIT a writer saw succeed is on the standby: events Postgres itself
+// loses in an asynchronous failover are not outboxd's to deliver.
+
+// failoverSlot is the slot name of these tests: the clusters are their own.
+const failoverSlot = "outboxd_failover"
+
+// pgPair is a primary and a streaming standby of it.
+type pgPair struct {
+	primary, standby *ownPostgres
+	major            int
+	dsn              string // both hosts, the standby first, target_session_attrs=read-write
+}
+
+// serverMajorAt returns the major version of the Postgres at dsn.
+func serverMajorAt(t *testing.T, dsn string) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var num int
+	if err := conn.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&num); err != nil {
+		t.Fatal(err)
+	}
+	return num / 10000
+}
+
+// addStandby makes a standby of primary with scripts/testbed/pg-standby
+// (args are its options) and returns the pair.
+func addStandby(t *testing.T, primary *ownPostgres, args ...string) *pgPair {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "outboxd-standby-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = os.Chmod(dir, 0o755)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	port := freePort(t)
+	standby := &ownPostgres{t: t, dir: dir,
+		env: append(os.Environ(), "OUTBOXD_TESTBED_DIR="+dir, fmt.Sprintf("OUTBOXD_TESTBED_PG_PORT=%d", port)),
+		dsn: fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)}
+	standby.script("pg-standby", append([]string{"--primary", primary.dir}, args...)...)
+	t.Cleanup(func() { standby.script("pg-stop") })
+	return &pgPair{primary: primary, standby: standby, major: serverMajorAt(t, primary.dsn),
+		dsn: fmt.Sprintf("postgres://postgres@%s,%s/postgres?sslmode=disable&target_session_attrs=read-write",
+			hostPort(t, standby.dsn), hostPort(t, primary.dsn))}
+}
+
+// kill stops the primary with pg_ctl's immediate mode, a crash.
+func (p *pgPair) kill() { p.primary.stop("immediate") }
+
+// promote promotes the standby (pg_ctl promote).
+func (p *pgPair) promote() { p.standby.script("pg-standby", "--promote") }
+
+// outboxDB creates the outbox table through dsn and returns the test's db,
+// whose pool follows dsn's hosts.
+func outboxDB(t *testing.T, dsn string) *db {
+	t.Helper()
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if err := migrations.Apply(ctx, conn.Conn(), "public", "outbox"); err != nil {
+		t.Fatal(err)
+	}
+	return &db{name: "t_failover_" + randomSuffix(), dsn: dsn, pool: pool, slot: failoverSlot}
+}
+
+// slotCopy is a standby's row of the slot.
+type slotCopy struct {
+	exists, synced, temporary bool
+	confirmed                 string
+}
+
+func (c slotCopy) usable() bool { return c.exists && c.synced && !c.temporary && c.confirmed != "" }
+
+func readSlotCopy(t *testing.T, dsn, slot string) slotCopy {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var c slotCopy
+	var confirmed *string
+	// synced came in 17; to_jsonb reads it where it exists.
+	err = conn.QueryRow(ctx, `SELECT coalesce((to_jsonb(s) ->> 'synced')::bool, false), temporary, confirmed_flush_lsn::text
+		FROM pg_replication_slots s WHERE slot_name = $1`, slot).
+		Scan(&c.synced, &c.temporary, &confirmed)
+	if err == pgx.ErrNoRows {
+		return c
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.exists = true
+	if confirmed != nil {
+		c.confirmed = *confirmed
+	}
+	return c
+}
+
+// waitSynced waits until the standby holds a synchronised, persisted copy of
+// the slot with a confirmed position, which is what survives a promotion
+// (Postgres syncs every few seconds, up to 30 s apart while nothing changes,
+// and persists a copy only once the primary's slot has passed the standby's
+// own position). Meanwhile it writes an event to d's outbox every second,
+// to a topic no test reads, so that the slot advances. It returns the time
+// it took.
+func waitSynced(t *testing.T, d *db, standbyDSN string, timeout time.Duration) (slotCopy, time.Duration) {
+	t.Helper()
+	start := time.Now()
+	var nudged time.Time
+	for {
+		c := readSlotCopy(t, standbyDSN, d.slot)
+		if c.usable() {
+			return c, time.Since(start)
+		}
+		if time.Since(start) > timeout {
+			t.Fatalf("the standby's copy of slot %s is not synchronised and persisted after %s: %+v", d.slot, timeout, c)
+		}
+		if time.Since(nudged) > time.Second {
+			d.exec(t, insertSQL, uuid(), d.name+"_warmup", "agg-1", "Happened", `{}`)
+			nudged = time.Now()
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// slotOn reports whether the Postgres at dsn has the slot.
+func slotOn(t *testing.T, dsn, slot string) bool {
+	t.Helper()
+	return readSlotCopy(t, dsn, slot).exists
+}
+
+// stopLoad stops the writers after the primary was killed. The transaction
+// each was retrying when stopped never reached a server that accepts
+// writes, so leaving it out of the ledger loses nothing.
+func stopLoad(t *testing.T, f *faultRun) {
+	t.Helper()
+	f.cancel()
+	if err := <-f.loadDone; err != nil {
+		t.Logf("load stopped: %v", err)
+	}
+	f.loadDone <- nil // for finish
+}
+
+// errorLine returns outboxd's fatal error line.
+func errorLine(t *testing.T, p *proc) string {
+	t.Helper()
+	for _, line := range strings.Split(p.logs.String(), "\n") {
+		if strings.Contains(line, "level=ERROR") {
+			return line
+		}
+	}
+	t.Fatalf("no error line; log:\n%s", p.logs.String())
+	return ""
+}
+
+// runStatus runs outboxd status with env and args and returns its output.
+func runStatus(t *testing.T, env []string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(svc.bin, append([]string{"status"}, args...)...)
+	cmd.Env = env
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("outboxd status: %v\n%s", err, out)
+	}
+	return string(out)
+}
+
+// mustContain fails t for each want (a regular expression) text lacks.
+func mustContain(t *testing.T, what, text string, want ...string) {
+	t.Helper()
+	for _, w := range want {
+		if !regexp.MustCompile(w).MatchString(text) {
+			t.Errorf("%s does not match %q:\n%s", what, w, text)
+		}
+	}
+}
+
+// (a) The failover test: a synchronised failover slot carries outboxd over
+// to the promoted standby with nothing lost. On 14-16 failover_slot is a
+// start-up error naming the version and the setting.
+func TestFailoverWithFailoverSlot(t *testing.T) {
+	primary := startOwnPostgres(t)
+	if major := serverMajorAt(t, primary.dsn); major < 17 {
+		d := outboxDB(t, primary.dsn)
+		expectStartupError(t, d.env("OUTBOXD_POSTGRES_FAILOVER_SLOT=true"),
+			fmt.Sprintf(`postgres\.failover_slot is true, but Postgres %d\.\S+ has no failover slots \(they came in 17\); set postgres\.failover_slot: false`, major))
+		return
+	}
+	pair := addStandby(t, primary, "--synchronous")
+	d := outboxDB(t, pair.dsn)
+	env := d.env("OUTBOXD_POSTGRES_FAILOVER_SLOT=true", "OUTBOXD_POSTGRES_STANDBY_DSNS="+pair.standby.dsn)
+	p := start(t, env)
+	p.waitStreaming()
+	p.waitLog(`msg="created replication slot; events committed from here on will be delivered" slot=`+failoverSlot+` lsn=\S+ failover=true`, time.Second)
+	p.waitLog(`level=INFO msg="failover slot: standbys with sync_replication_slots = on keep a copy of it"`, time.Second)
+	p.waitLog(`level=INFO msg="standby standby1 streams through slot standby1, which synchronized_standby_slots names`, time.Second)
+
+	// The kill must come after the standby's copy is synchronised and
+	// persisted, which takes up to a minute; the load starts after that.
+	c, took := waitSynced(t, d, pair.standby.dsn, 3*time.Minute)
+	t.Logf("the standby's copy is synchronised and persisted at %s after %s", c.confirmed, took.Round(time.Millisecond))
+	status := runStatus(t, env, "-url", "http://"+p.addr)
+	mustContain(t, "outboxd status", status, `failover +failover slot: standbys with sync_replication_slots = on keep a copy of it`,
+		`failover +standby 127\.0\.0\.1:\d+ holds a synchronised copy of slot "`+failoverSlot+`" at \S+ \(here \S+\)`)
+
+	spec := loadSpec{Prefix: d.name, Types: 4, IDs: 40, Writers: 2, Events: pick(8000, 40000),
+		TxSizes: []int{1, 10, 50}, RollbackPct: 5, SavepointPct: 5, Truth: true, Tolerant: true, Pace: 5 * time.Millisecond}
+	f := startFaultRun(t, d, svc.brokers, spec)
+	waitCommitted(t, f.l, spec.Events/3)
+	pair.kill()
+	atKill := f.l.committedCount()
+	pair.promote()
+	promoted := time.Now()
+	t.Logf("primary killed at %d committed events, standby promoted", atKill)
+	// The writers go on against the new primary.
+	waitCommitted(t, f.l, min(atKill+spec.Events/5, spec.Events*9/10))
+	f.finish("Postgres failover with a failover slot", 1, promoted,
+		fmt.Sprintf("primary killed (immediate) at %d committed events, standby promoted; copy synchronised %s after outboxd started; restarts %s",
+			atKill, took.Round(time.Second), restarts(p)))
+	select {
+	case <-p.done:
+		t.Fatalf("outboxd exited across the failover: %v", p.err)
+	default:
+	}
+	if n := strings.Count(p.logs.String(), "created replication slot"); n != 1 {
+		t.Errorf("outboxd created the slot %d times, want once (before the failover)", n)
+	}
+	if !slotOn(t, pair.standby.dsn, d.slot) {
+		t.Error("no slot on the new primary")
+	}
+}
+
+// (b) A kill before the standby's copy is synchronised and persisted: the
+// promoted standby has no slot, and outboxd stops with its message instead
+// of creating one; a fresh outboxd refuses to create it too.
+func TestFailoverBeforeSlotSynced(t *testing.T) {
+	primary := startOwnPostgres(t)
+	if major := serverMajorAt(t, primary.dsn); major < 17 {
+		t.Skipf("Postgres %d has no failover slots (they came in 17); TestFailoverWithoutFailoverSlot covers this version", major)
+	}
+	pair := addStandby(t, primary, "--synchronous")
+	d := outboxDB(t, pair.dsn)
+	env := d.env("OUTBOXD_POSTGRES_FAILOVER_SLOT=true")
+	p := start(t, env)
+	p.waitStreaming()
+	spec := loadSpec{Prefix: d.name, Types: 2, IDs: 20, Writers: 2, Events: 4000, TxSizes: []int{1, 5}, Truth: true, Tolerant: true, Pace: 5 * time.Millisecond}
+	f := startFaultRun(t, d, svc.brokers, spec)
+	waitCommitted(t, f.l, 100)
+	f.c.waitFor(t, f.l.committedIDs(), time.Minute)
+	c := readSlotCopy(t, pair.standby.dsn, d.slot)
+	if c.usable() {
+		t.Fatalf("the standby's copy was synchronised and persisted before the kill (%+v): nothing to test; this should take many seconds", c)
+	}
+	pair.kill()
+	stopLoad(t, f)
+	pair.promote()
+	t.Logf("primary killed with the standby's copy %+v, standby promoted", c)
+	if code := p.waitExit(2 * time.Minute); code != 1 {
+		t.Errorf("outboxd exited %d, want 1", code)
+	}
+	line := errorLine(t, p)
+	mustContain(t, "the error", line,
+		`replication slot \\"`+failoverSlot+`\\" is missing: the server is a standby promoted to timeline 2 at LSN \S+ \(outboxd streamed on timeline 1\), and its copy on the standby was not synchronised and persisted yet`,
+		`Events committed after LSN \S+ \(the last confirmed transaction committed at \S+\) and before the promotion may never be delivered`,
+		`then create the slot with SELECT pg_create_logical_replication_slot\('`+failoverSlot+`', 'pgoutput', false, false, true\) and start outboxd`)
+	if slotOn(t, pair.standby.dsn, d.slot) {
+		t.Error("a slot exists on the new primary")
+	}
+	// A fresh process: create_slot (true by default) does not apply on a
+	// promoted server.
+	expectStartupError(t, env, `replication slot \\"`+failoverSlot+`\\" does not exist, and this server is on timeline 2: it was promoted from a standby at LSN \S+ or restored from a backup`)
+	if slotOn(t, pair.standby.dsn, d.slot) {
+		t.Error("a fresh outboxd created the slot on the new primary")
+	}
+	recordResult(t, result{Scenario: "Postgres failover before the failover slot was synchronised", Events: f.l.committedCount(), Faults: 1,
+		Note: "outboxd stopped with the missing-slot message (exit 1) and created no slot; a fresh outboxd refused to create one on timeline 2"})
+}
+
+// (c) No failover slot (what 14-16 have, and 17+ with the option off): the
+// promoted standby has no slot; outboxd stops with its message and creates
+// none. Started again, the old primary still has the slot, and outboxd
+// resumes from it and delivers everything committed there: it never
+// confirmed past what Kafka holds.
+func TestFailoverWithoutFailoverSlot(t *testing.T) {
+	primary := startOwnPostgres(t)
+	pair := addStandby(t, primary, "--synchronous")
+	d := outboxDB(t, pair.dsn)
+	p := start(t, d.env())
+	p.waitStreaming()
+	spec := loadSpec{Prefix: d.name, Types: 3, IDs: 30, Writers: 2, Events: pick(4000, 20000),
+		TxSizes: []int{1, 5, 10}, RollbackPct: 5, Truth: true, Tolerant: true, Pace: 10 * time.Millisecond}
+	f := startFaultRun(t, d, svc.brokers, spec)
+	// Killed with transactions confirmed and more in flight.
+	waitCommitted(t, f.l, spec.Events/4)
+	f.c.waitFor(t, f.l.committedIDs(), time.Minute)
+	waitCommitted(t, f.l, f.l.committedCount()+spec.Events/8)
+	// A checkpoint writes the slot's confirmed position to disk (a crash
+	// loses what came after the last one), so that the recovery below
+	// starts where outboxd had confirmed, and proves that it had confirmed
+	// nothing Kafka did not hold.
+	d.exec(t, `CHECKPOINT`)
+	pair.kill()
+	stopLoad(t, f) // nothing is committed on the new primary
+	atKill := f.l.committedCount()
+	pair.promote()
+	if code := p.waitExit(2 * time.Minute); code != 1 {
+		t.Errorf("outboxd exited %d, want 1", code)
+	}
+	why := "it was not a failover slot"
+	if pair.major < 17 {
+		why = fmt.Sprintf("Postgres %d has no failover slots", pair.major)
+	}
+	line := errorLine(t, p)
+	mustContain(t, "the error", line,
+		`replication slot \\"`+failoverSlot+`\\" is missing: the server is a standby promoted to timeline 2 at LSN \S+ \(outboxd streamed on timeline 1\), and `+why,
+		`Events committed after LSN \S+ \(the last confirmed transaction committed at \S+\) and before the promotion may never be delivered: recover them from the old primary's slot`)
+	if slotOn(t, pair.standby.dsn, d.slot) {
+		t.Error("a slot exists on the new primary")
+	}
+	expectStartupError(t, d.env(), `replication slot \\"`+failoverSlot+`\\" does not exist, and this server is on timeline 2`)
+
+	// Recovery from the old primary, as docs/operations.md describes: it
+	// comes back alone, without its standby.
+	primary.script("pg-start")
+	old, err := pgxpool.New(context.Background(), primary.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(old.Close)
+	for _, sql := range []string{`ALTER SYSTEM RESET synchronous_standby_names`, `ALTER SYSTEM RESET synchronized_standby_slots`, `SELECT pg_reload_conf()`} {
+		if _, err := old.Exec(context.Background(), sql); err != nil && !strings.Contains(sql, "synchronized_standby_slots") {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	d.pool = old // the truth of the unknown COMMITs is the old primary's
+	p2 := start(t, replace(d.env(), "OUTBOXD_POSTGRES_DSN", primary.dsn))
+	p2.waitStreaming()
+	f.finish("Postgres failover without a failover slot", 1, time.Now(),
+		fmt.Sprintf("Postgres %d; outboxd stopped with the missing-slot message and created no slot; primary killed at %d committed events; "+
+			"recovered through the old primary's slot from the position checkpointed just before the kill, so every event committed there is checked", pair.major, atKill))
+}
+
+// Acceptance 4: the start-up check and outboxd status show the slot's
+// failover state and the standbys' synchronisation.
+func TestFailoverStatus(t *testing.T) {
+	primary := startOwnPostgres(t)
+	pair := addStandby(t, primary, "--no-synchronized-slots")
+	d := outboxDB(t, pair.dsn)
+	// A slot made without failover, as before the option was set.
+	if _, err := d.pool.Exec(context.Background(), `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, d.slot); err != nil {
+		t.Fatal(err)
+	}
+	env := d.env("OUTBOXD_POSTGRES_STANDBY_DSNS=" + pair.standby.dsn)
+	status := runStatus(t, env)
+	standbyAddr := regexp.QuoteMeta(hostPort(t, pair.standby.dsn))
+	if pair.major < 17 {
+		mustContain(t, "outboxd status", status,
+			fmt.Sprintf(`failover +not a failover slot: Postgres %d has none \(they came in 17\), so a promoted standby has no copy of slot "%s" and outboxd stops there`, pair.major, failoverSlot),
+			`failover +standby standby1 streams through slot standby1\n`)
+		var rep struct {
+			Failover struct {
+				Major    int  `json:"server_major"`
+				Failover bool `json:"slot_failover"`
+				Standbys []struct {
+					Name string `json:"application_name"`
+					Slot string `json:"slot"`
+				} `json:"standbys"`
+			} `json:"failover"`
+		}
+		if err := json.Unmarshal([]byte(runStatus(t, env, "-json")), &rep); err != nil {
+			t.Fatal(err)
+		}
+		if rep.Failover.Major != pair.major || rep.Failover.Failover || len(rep.Failover.Standbys) != 1 || rep.Failover.Standbys[0].Slot != "standby1" {
+			t.Errorf("status -json failover = %+v", rep.Failover)
+		}
+		return
+	}
+	mustContain(t, "outboxd status", status,
+		`failover +warning: not a failover slot: a promoted standby has no copy of slot "`+failoverSlot+`" and outboxd stops there; set postgres\.failover_slot: true`,
+		`failover +standby standby1 streams through slot standby1\n`)
+
+	// failover_slot alters the slot; synchronized_standby_slots is unset.
+	env = append(env, "OUTBOXD_POSTGRES_FAILOVER_SLOT=true")
+	p := start(t, env)
+	p.waitStreaming()
+	p.waitLog(`level=INFO msg="altered the replication slot to a failover slot \(postgres\.failover_slot: true\)" slot=`+failoverSlot, time.Second)
+	p.waitLog(`level=INFO msg="failover slot: standbys with sync_replication_slots = on keep a copy of it" slot=`+failoverSlot+` failover=true`, time.Second)
+	p.waitLog(`level=WARN msg="synchronized_standby_slots does not name standby standby1's slot standby1, .*run ALTER SYSTEM SET synchronized_standby_slots = 'standby1'`, time.Second)
+	p.waitLog(`level=WARN msg="standby `+standbyAddr+` (holds no copy of slot|'s copy of slot \\"`+failoverSlot+`\\" is not persisted yet)`, time.Second)
+	c, took := waitSynced(t, d, pair.standby.dsn, 3*time.Minute)
+	t.Logf("copy synchronised at %s after %s", c.confirmed, took.Round(time.Millisecond))
+	status = runStatus(t, env, "-url", "http://"+p.addr)
+	mustContain(t, "outboxd status", status,
+		`failover +failover slot: standbys with sync_replication_slots = on keep a copy of it`,
+		`failover +warning: synchronized_standby_slots does not name standby standby1's slot standby1`,
+		`failover +standby `+standbyAddr+` holds a synchronised copy of slot "`+failoverSlot+`" at \S+ \(here \S+\)`)
+	var rep struct {
+		Failover struct {
+			Failover bool     `json:"slot_failover"`
+			Named    []string `json:"synchronized_standby_slots"`
+			Standbys []struct {
+				Slot         string `json:"slot"`
+				Synchronized bool   `json:"synchronized"`
+			} `json:"standbys"`
+			Copies []struct {
+				Synced    bool `json:"synced"`
+				Temporary bool `json:"temporary"`
+			} `json:"standby_copies"`
+		} `json:"failover"`
+	}
+	if err := json.Unmarshal([]byte(runStatus(t, env, "-json", "-url", "http://"+p.addr)), &rep); err != nil {
+		t.Fatal(err)
+	}
+	fo := rep.Failover
+	if !fo.Failover || len(fo.Named) != 0 || len(fo.Standbys) != 1 || fo.Standbys[0].Slot != "standby1" || fo.Standbys[0].Synchronized ||
+		len(fo.Copies) != 1 || !fo.Copies[0].Synced || fo.Copies[0].Temporary {
+		t.Errorf("status -json failover = %+v", fo)
+	}
+}
