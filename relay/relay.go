@@ -31,8 +31,9 @@ type Relay struct {
 	sinkM  *sink.Metrics
 
 	reg      prometheus.Registerer
-	warm     warm   // what Check opened for the first pipeline
-	outboxID uint32 // the outbox table's relation ID when the run started
+	warm     warm     // what Check opened for the first pipeline
+	standby  lazyConn // a standby's connection for its polls
+	outboxID uint32   // the outbox table's relation ID when the run started
 	status   status
 	// What the last pipeline start saw, to tell a promotion from a dropped
 	// slot (see slotMissing).
@@ -47,7 +48,8 @@ func New(cfg config.Config, log *slog.Logger, reg prometheus.Registerer) (*Relay
 	if err != nil {
 		return nil, err
 	}
-	r := &Relay{cfg: cfg, log: log, router: rt, m: newMetrics(reg), sinkM: sink.NewMetrics(reg), reg: reg}
+	r := &Relay{cfg: cfg, log: log, router: rt, m: newMetrics(reg), sinkM: sink.NewMetrics(reg), reg: reg,
+		standby: lazyConn{pg: cfg.Postgres}}
 	r.status.setState(stateStarting, "starting up")
 	return r, nil
 }
@@ -99,6 +101,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	const minBackoff, maxBackoff = 500 * time.Millisecond, 30 * time.Second
 	backoff := minBackoff
 	defer r.setState(stateStopped, "stopped")
+	defer r.standby.close()
 	for {
 		started := time.Now()
 		err := r.runOnce(ctx)
@@ -377,12 +380,23 @@ func (r *Relay) connect(ctx context.Context) (wal.LSN, *pgconn.PgConn, error) {
 		return start, repl, nil
 	}
 	if r.Status().State == stateStandby {
-		start, err := r.inspectSlot(ctx)
+		// A standby polls on one connection, kept until it takes over
+		// (or a poll fails), not one per poll.
+		conn, err := r.standby.get(ctx)
 		if err != nil {
 			return 0, nil, err
 		}
-		conn, err := r.connectReplication(ctx)
-		return start, conn, err
+		start, err := r.inspectSlotOn(ctx, conn)
+		var active *wal.SlotActiveError
+		if errors.As(err, &active) {
+			return 0, nil, err
+		}
+		r.standby.close()
+		if err != nil {
+			return 0, nil, err
+		}
+		repl, err := r.connectReplication(ctx)
+		return start, repl, err
 	}
 	type opened struct {
 		conn *pgconn.PgConn
