@@ -476,8 +476,17 @@ func (r *Relay) ensureSlot(ctx context.Context, conn *pgx.Conn) (held bool, err 
 			return false, err
 		}
 		r.log.Info("created replication slot; events committed from here on will be delivered", "slot", pg.Slot, "lsn", lsn.String(), "failover", pg.FailoverSlot)
-		r.logFailover(ctx, conn, r.major, wal.SlotInfo{Name: pg.Slot, Failover: pg.FailoverSlot, ConfirmedFlushLSN: lsn})
+		info = wal.SlotInfo{Name: pg.Slot, Failover: pg.FailoverSlot, ConfirmedFlushLSN: lsn}
+		if err := r.noteSlot(ctx, conn, info); err != nil {
+			return false, err
+		}
+		r.logFailover(ctx, conn, r.major, info)
 		return false, nil
+	}
+	// Noted here too for an instance that starts as a standby (another
+	// holds the slot), whose pipeline starts see only a held slot.
+	if err := r.noteSlot(ctx, conn, info); err != nil {
+		return false, err
 	}
 	var db string
 	if err := conn.QueryRow(ctx, "SELECT current_database()").Scan(&db); err != nil {

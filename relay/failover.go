@@ -344,7 +344,7 @@ func (r *Relay) slotMissing(ctx context.Context, conn *pgx.Conn) error {
 			since += " (the last confirmed transaction committed at " + st.ConfirmedCommitTime.UTC().Format(time.RFC3339Nano) + ")"
 		}
 	}
-	return wal.Errorf(wal.ErrSlotMissing, "replication slot %q is missing: the server is a standby promoted to timeline %d%s (outboxd streamed on timeline %d), and %s. "+
+	return wal.Errorf(wal.ErrSlotMissing, "replication slot %q is missing: the server is a standby promoted to timeline %d%s (outboxd last saw timeline %d), and %s. "+
 		"Events committed after %s and before the promotion may never be delivered: recover them from the old primary's slot if it can be started, or from the outbox table or the application; "+
 		"then create the slot with %s and start outboxd",
 		pg.Slot, tli, r.switchPoint(ctx, tli), r.timeline, why, since, wal.CreateSlotSQL(pg.Slot, pg.FailoverSlot))

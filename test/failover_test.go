@@ -1,6 +1,7 @@
 package test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxd/outboxd/migrations"
+	"github.com/outboxd/outboxd/wal"
 )
 
 // Postgres failover (issue 24): a primary and a physical streaming standby
@@ -305,7 +307,7 @@ func TestFailoverBeforeSlotSynced(t *testing.T) {
 	}
 	line := errorLine(t, p)
 	mustContain(t, "the error", line,
-		`replication slot \\"`+failoverSlot+`\\" is missing: the server is a standby promoted to timeline 2 at LSN \S+ \(outboxd streamed on timeline 1\), and its copy on the standby was not synchronised and persisted yet`,
+		`replication slot \\"`+failoverSlot+`\\" is missing: the server is a standby promoted to timeline 2 at LSN \S+ \(outboxd last saw timeline 1\), and its copy on the standby was not synchronised and persisted yet`,
 		`Events committed after LSN \S+ \(the last confirmed transaction committed at \S+\) and before the promotion may never be delivered`,
 		`then create the slot with SELECT pg_create_logical_replication_slot\('`+failoverSlot+`', 'pgoutput', false, false, true\) and start outboxd`)
 	if slotOn(t, pair.standby.dsn, d.slot) {
@@ -330,20 +332,31 @@ func TestFailoverWithoutFailoverSlot(t *testing.T) {
 	primary := startOwnPostgres(t)
 	pair := addStandby(t, primary, "--synchronous")
 	d := outboxDB(t, pair.dsn)
-	p := start(t, d.env())
+	// Kafka through a proxy that can stall it, so that records are in
+	// flight, unconfirmed, when the primary dies.
+	kafka := newProxy(t, svc.brokers[0], true)
+	env := replace(d.env(), "OUTBOXD_KAFKA_BROKERS", kafka.Addr())
+	p := start(t, env)
 	p.waitStreaming()
+	// A second instance, standby of the HA pair, never streams.
+	standby := start(t, env)
+	standby.waitLog(`msg="standby: another process holds the slot`, 30*time.Second)
 	spec := loadSpec{Prefix: d.name, Types: 3, IDs: 30, Writers: 2, Events: pick(4000, 20000),
 		TxSizes: []int{1, 5, 10}, RollbackPct: 5, Truth: true, Tolerant: true, Pace: 10 * time.Millisecond}
 	f := startFaultRun(t, d, svc.brokers, spec)
-	// Killed with transactions confirmed and more in flight.
+	// Killed with transactions confirmed, and more in flight to a stalled
+	// Kafka.
 	waitCommitted(t, f.l, spec.Events/4)
 	f.c.waitFor(t, f.l.committedIDs(), time.Minute)
+	kafka.Stall()
 	waitCommitted(t, f.l, f.l.committedCount()+spec.Events/8)
-	// A checkpoint writes the slot's confirmed position to disk (a crash
-	// loses what came after the last one), so that the recovery below
-	// starts where outboxd had confirmed, and proves that it had confirmed
-	// nothing Kafka did not hold.
-	d.exec(t, `CHECKPOINT`)
+	deadline := time.Now().Add(30 * time.Second)
+	for v, _ := p.metric("outboxd_sink_records_in_flight"); v == 0; v, _ = p.metric("outboxd_sink_records_in_flight") {
+		if time.Now().After(deadline) {
+			t.Fatal("no record in flight 30 s after Kafka stalled")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	pair.kill()
 	stopLoad(t, f) // nothing is committed on the new primary
 	atKill := f.l.committedCount()
@@ -357,15 +370,19 @@ func TestFailoverWithoutFailoverSlot(t *testing.T) {
 	}
 	line := errorLine(t, p)
 	mustContain(t, "the error", line,
-		`replication slot \\"`+failoverSlot+`\\" is missing: the server is a standby promoted to timeline 2 at LSN \S+ \(outboxd streamed on timeline 1\), and `+why,
+		`replication slot \\"`+failoverSlot+`\\" is missing: the server is a standby promoted to timeline 2 at LSN \S+ \(outboxd last saw timeline 1\), and `+why,
 		`Events committed after LSN \S+ \(the last confirmed transaction committed at \S+\) and before the promotion may never be delivered: recover them from the old primary's slot`)
+	if code := standby.waitExit(time.Minute); code != 1 {
+		t.Errorf("the standby instance exited %d, want 1", code)
+	}
+	mustContain(t, "the standby instance's error", errorLine(t, standby),
+		`replication slot \\"`+failoverSlot+`\\" is missing: the server is a standby promoted to timeline 2 at LSN \S+ \(outboxd last saw timeline 1\)`)
 	if slotOn(t, pair.standby.dsn, d.slot) {
 		t.Error("a slot exists on the new primary")
 	}
-	expectStartupError(t, d.env(), `replication slot \\"`+failoverSlot+`\\" does not exist, and this server is on timeline 2`)
+	expectStartupError(t, env, `replication slot \\"`+failoverSlot+`\\" does not exist, and this server is on timeline 2`)
 
-	// Recovery from the old primary, as docs/operations.md describes: it
-	// comes back alone, without its standby.
+	// The old primary comes back alone, without its standby.
 	primary.script("pg-start")
 	old, err := pgxpool.New(context.Background(), primary.dsn)
 	if err != nil {
@@ -377,12 +394,83 @@ func TestFailoverWithoutFailoverSlot(t *testing.T) {
 			t.Fatalf("%s: %v", sql, err)
 		}
 	}
+	// outboxd confirmed nothing Kafka did not hold: every committed event
+	// missing from Kafka when it stopped was committed after the position
+	// it reported. Its slot on the old primary still has them.
 	d.pool = old // the truth of the unknown COMMITs is the old primary's
+	f.l.resolve(t, old)
+	time.Sleep(2 * time.Second) // the collector reads what Kafka acknowledged before the stop
+	confirmed := parseLSN(t, regexp.MustCompile(`Events committed after LSN (\S+)`).FindStringSubmatch(line)[1])
+	missing := map[string]bool{}
+	for _, id := range f.l.committedIDs() {
+		missing[id] = true
+	}
+	for _, rec := range f.c.records() {
+		delete(missing, header(rec, "id"))
+	}
+	commits := slotCommits(t, old, d.slot)
+	past := 0
+	for id := range missing {
+		if end, ok := commits[id]; !ok || end <= confirmed {
+			past++
+		}
+	}
+	if len(missing) == 0 {
+		t.Error("every committed event was in Kafka when outboxd stopped: nothing was in flight, so nothing is checked")
+	}
+	if past > 0 {
+		t.Errorf("%d of the %d events missing from Kafka were committed at or before the confirmed position %s", past, len(missing), wal.LSN(confirmed))
+	}
+	t.Logf("%d committed events were not in Kafka when outboxd stopped, all committed after its confirmed position %s", len(missing), wal.LSN(confirmed))
+
+	// Recovery through the old primary's slot, as docs/operations.md
+	// describes.
 	p2 := start(t, replace(d.env(), "OUTBOXD_POSTGRES_DSN", primary.dsn))
 	p2.waitStreaming()
 	f.finish("Postgres failover without a failover slot", 1, time.Now(),
-		fmt.Sprintf("Postgres %d; outboxd stopped with the missing-slot message and created no slot; primary killed at %d committed events; "+
-			"recovered through the old primary's slot from the position checkpointed just before the kill, so every event committed there is checked", pair.major, atKill))
+		fmt.Sprintf("Postgres %d; outboxd (and the HA pair's standby instance) stopped with the missing-slot message and created no slot; primary killed at %d committed events, "+
+			"%d of them not in Kafka, all committed after outboxd's confirmed position; recovered through the old primary's slot", pair.major, atKill, len(missing)))
+}
+
+// slotCommits peeks at what the slot still holds (it is not consumed) and
+// returns the end LSN of the transaction of each outbox row it inserts, by id.
+func slotCommits(t *testing.T, pool *pgxpool.Pool, slot string) map[string]uint64 {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `SELECT lsn::text, data FROM pg_logical_slot_peek_binary_changes($1, NULL, NULL,
+		'proto_version', '1', 'publication_names', 'outboxd')`, slot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	dec := wal.NewDecoder()
+	out := map[string]uint64{}
+	var txn []string
+	for rows.Next() {
+		var lsn string
+		var data []byte
+		if err := rows.Scan(&lsn, &data); err != nil {
+			t.Fatal(err)
+		}
+		msg, err := dec.Decode(wal.LSN(parseLSN(t, lsn)), bytes.Clone(data))
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch m := msg.(type) {
+		case *wal.Change:
+			if i := m.Relation.Index("id"); m.Op == wal.Insert && m.Relation.Name == "outbox" && i >= 0 {
+				txn = append(txn, string(m.Tuple[i].Data))
+			}
+		case *wal.Commit:
+			for _, id := range txn {
+				out[id] = uint64(m.EndLSN)
+			}
+			txn = nil
+		}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 // Acceptance 4: the start-up check and outboxd status show the slot's
