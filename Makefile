@@ -5,7 +5,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 COMMIT ?= $(shell git rev-parse --short HEAD 2>/dev/null)
 LDFLAGS := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 
-.PHONY: build demo test test-matrix unit bench bench-report bench-micro chaos release testbed-up testbed-down fmt vet
+.PHONY: build demo test test-matrix unit lint bench bench-report bench-micro chaos release testbed-up testbed-down fmt vet
 
 build: ## build bin/outboxd (static)
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/outboxd ./cmd/outboxd
@@ -19,8 +19,11 @@ test: ## every test against real Postgres and Kafka on Postgres 17 (OUTBOXD_TEST
 test-matrix: ## the end-to-end, start-up and fault tests on every supported Postgres (14-18)
 	scripts/test --matrix
 
-unit: ## the tests that need no services
-	$(GO) test -race -count=1 ./checkpoint ./config ./router ./wal ./sink ./relay ./metrics ./migrations ./debezium ./deploy ./outbox ./consumer
+unit: ## the tests that need no services: every package but the integration suite in test/
+	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v '/test$$')
+
+lint: ## staticcheck, and the libraries (outbox, consumer) on the oldest Go that go.mod allows
+	scripts/lint
 
 bench: ## outboxd vs Debezium vs the physical limits (BENCH_SIZE=full for 1M events); see BENCHMARKS.md
 	bench/run $(BENCH_SIZE)

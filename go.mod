@@ -1,6 +1,6 @@
 module github.com/outboxd/outboxd
 
-go 1.26.8
+go 1.26.0
 
 require (
 	github.com/jackc/pglogrepl v0.0.0-20260401131349-e37c41485510

@@ -734,7 +734,7 @@ func checkTopic(t string) error {
 	case t == "":
 		return fmt.Errorf("empty topic name")
 	case t == "." || t == "..":
-		return fmt.Errorf("a topic may not be named . or ..")
+		return fmt.Errorf("a topic may not be named '.' or '..'")
 	case len(t) > 249:
 		return fmt.Errorf("longer than Kafka's 249 characters")
 	case !utf8.ValidString(t):

@@ -195,7 +195,7 @@ func (c *watchedConn) inspect(body []byte) {
 	for _, t := range resp.Topics {
 		for _, p := range t.Partitions {
 			if err := kerr.ErrorForCode(p.ErrorCode); rejects(err) {
-				c.reject(fmt.Errorf("Kafka rejected a batch for %s[%d]: %w", t.Topic, p.Partition, err))
+				c.reject(fmt.Errorf("a broker rejected a batch for %s[%d]: %w", t.Topic, p.Partition, err))
 				return
 			}
 		}

@@ -18,7 +18,6 @@ func (m msg) u64(v uint64) msg { return binary.BigEndian.AppendUint64(m, v) }
 func (m msg) str(s string) msg { return append(append(m, s...), 0) }
 func (m msg) raw(b []byte) msg { return append(m, b...) }
 func (m msg) tup(t tuple) msg  { return t.appendTo(m) }
-func (m msg) cut(n int) []byte { return []byte(m[:len(m)-n]) }
 
 // datum is one TupleData column.
 type datum struct {
