@@ -103,7 +103,38 @@ type Kafka struct {
 	Compression string `yaml:"compression"`
 	TLS         TLS    `yaml:"tls"`
 	SASL        SASL   `yaml:"sasl"`
+	// Delivery is at_least_once (records acknowledged one by one; a crash
+	// repeats the unconfirmed window) or exactly_once (Kafka transactions
+	// aligned to Postgres transactions, with outboxd's position written
+	// in the same transaction; docs/exactly-once.md).
+	Delivery string `yaml:"delivery"`
+	// TransactionalID is the transactional id of exactly_once; "" derives
+	// it from the database's system identifier and the slot name.
+	TransactionalID string `yaml:"transactional_id"`
+	// TransactionInterval: a Kafka transaction is committed at the first
+	// Postgres transaction boundary after it has been open this long (or
+	// holds max_buffered_records records).
+	TransactionInterval time.Duration `yaml:"transaction_interval"`
+	// TransactionTimeout is the Kafka transaction timeout; a Postgres
+	// transaction that keeps a Kafka transaction open for half of it is
+	// split over several.
+	TransactionTimeout time.Duration `yaml:"transaction_timeout"`
+	// TransactionMaxBytes splits a Postgres transaction whose records in
+	// one Kafka transaction reach it.
+	TransactionMaxBytes int `yaml:"transaction_max_bytes"`
+	// PositionsTopic is the compacted topic exactly_once writes its
+	// position to, in the same transaction as the records.
+	PositionsTopic string `yaml:"positions_topic"`
 }
+
+// Delivery modes.
+const (
+	AtLeastOnce = "at_least_once"
+	ExactlyOnce = "exactly_once"
+)
+
+// ExactlyOnce reports whether kafka.delivery is exactly_once.
+func (k Kafka) ExactlyOnce() bool { return k.Delivery == ExactlyOnce }
 
 // Router maps outbox rows (and logical messages) to Kafka records, with the
 // options of Debezium's Outbox EventRouter. Column settings left empty take
@@ -286,6 +317,11 @@ func base() Config {
 			Linger:                 time.Millisecond,
 			MaxMessageBytes:        1000000,
 			Compression:            "none",
+			Delivery:               AtLeastOnce,
+			TransactionInterval:    100 * time.Millisecond,
+			TransactionTimeout:     time.Minute,
+			TransactionMaxBytes:    64 << 20,
+			PositionsTopic:         "outboxd-positions",
 		},
 		Router: Router{
 			Preset:            "outboxd",
@@ -591,6 +627,7 @@ func (c Config) Validate() error {
 	default:
 		bad("kafka.compression", "%q must be none, gzip, snappy, lz4 or zstd", c.Kafka.Compression)
 	}
+	errs = append(errs, c.Kafka.validateDelivery()...)
 	errs = append(errs, c.Postgres.validateSecrets()...)
 	errs = append(errs, c.Kafka.TLS.validate()...)
 	errs = append(errs, c.Kafka.SASL.validate()...)
@@ -615,6 +652,33 @@ func (c Config) Validate() error {
 	}
 	slices.SortFunc(errs, func(a, b error) int { return strings.Compare(a.Error(), b.Error()) })
 	return errors.Join(errs...)
+}
+
+func (k Kafka) validateDelivery() []error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("kafka.%s: %s", field, fmt.Sprintf(format, args...)))
+	}
+	if k.Delivery != AtLeastOnce && k.Delivery != ExactlyOnce {
+		bad("delivery", "%q must be at_least_once or exactly_once", k.Delivery)
+	}
+	// Kafka's transaction.max.timeout.ms is 15 minutes by default.
+	if k.TransactionTimeout < time.Second || k.TransactionTimeout > 15*time.Minute {
+		bad("transaction_timeout", "%s must be between 1s and 15m (the brokers' transaction.max.timeout.ms, 15m by default, caps it)", k.TransactionTimeout)
+	}
+	if k.TransactionInterval < time.Millisecond || k.TransactionInterval > k.TransactionTimeout/4 {
+		bad("transaction_interval", "%s must be at least 1ms and at most a quarter of kafka.transaction_timeout (%s)", k.TransactionInterval, k.TransactionTimeout)
+	}
+	if k.TransactionMaxBytes < 1024 {
+		bad("transaction_max_bytes", "%d must be at least 1024", k.TransactionMaxBytes)
+	}
+	if k.PositionsTopic == "" || len(k.PositionsTopic) > 249 || strings.Trim(k.PositionsTopic, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") != "" {
+		bad("positions_topic", "%q must be a Kafka topic name: 1-249 letters, digits, '.', '_' or '-'", k.PositionsTopic)
+	}
+	if len(k.TransactionalID) > 200 {
+		bad("transactional_id", "must be at most 200 characters")
+	}
+	return errs
 }
 
 func (r Router) validate() []error {

@@ -358,6 +358,13 @@ func TestValidateNamesField(t *testing.T) {
 		{"kafka.linger", func(c *config.Config) { c.Kafka.Linger = time.Minute + 1 }},
 		{"kafka.compression", func(c *config.Config) { c.Kafka.Compression = "" }},
 		{"kafka.compression", func(c *config.Config) { c.Kafka.Compression = "brotli" }},
+		{"kafka.delivery", func(c *config.Config) { c.Kafka.Delivery = "exactly-once" }},
+		{"kafka.transaction_timeout", func(c *config.Config) { c.Kafka.TransactionTimeout = 16 * time.Minute }},
+		{"kafka.transaction_interval", func(c *config.Config) { c.Kafka.TransactionInterval = 0 }},
+		{"kafka.transaction_interval", func(c *config.Config) { c.Kafka.TransactionInterval = 20 * time.Second }},
+		{"kafka.transaction_max_bytes", func(c *config.Config) { c.Kafka.TransactionMaxBytes = 10 }},
+		{"kafka.positions_topic", func(c *config.Config) { c.Kafka.Delivery, c.Kafka.PositionsTopic = "exactly_once", "" }},
+		{"kafka.positions_topic", func(c *config.Config) { c.Kafka.PositionsTopic = "outboxd positions" }},
 		{"router.topic_template", func(c *config.Config) { c.Router.TopicTemplate = "" }},
 		{"router.topic_template", func(c *config.Config) { c.Router.TopicTemplate = "outbox.$1" }},
 		{"router.topic_template", func(c *config.Config) {

@@ -761,6 +761,14 @@ func (v *conv) kafka(opts Options) (section, error) {
 			s.add("max_message_bytes", b, "producer.override.max.request.size")
 		}
 	}
+	if eos, ok := v.get("exactly.once.support"); ok {
+		switch strings.ToLower(eos) {
+		case "required":
+			s.add("delivery", "exactly_once", "exactly.once.support: Kafka transactions aligned to Postgres transactions; consumers read with isolation.level=read_committed")
+		case "requested":
+			v.warn("exactly.once.support", "is requested; outboxd keeps at_least_once: set kafka.delivery: exactly_once for exactly-once (docs/exactly-once.md)")
+		}
+	}
 	return s, nil
 }
 
@@ -786,8 +794,8 @@ var unsupported = []struct{ key, why string }{
 	{"provide.transaction.metadata", "outboxd writes no transaction topic"},
 	{"message.prefix.", "outboxd routes pg_logical_emit_message events only with router.messages.prefix, in its own format (see the README)"},
 	{"errors.", "Kafka Connect's error handling; outboxd never skips a row: one it cannot route stops it (or goes to router.poison.dlq_topic)"},
-	{"exactly.once.", "outboxd is at-least-once; consumers deduplicate on the id header"},
-	{"transaction.boundary", "outboxd is at-least-once; consumers deduplicate on the id header"},
+	{"exactly.once.", "only exactly.once.support is mapped (required: kafka.delivery: exactly_once)"},
+	{"transaction.boundary", "in exactly_once mode outboxd's Kafka transactions hold whole Postgres transactions, committed after kafka.transaction_interval"},
 	{"producer.override.", "outboxd's producer is fixed: acks=all, idempotent; only bootstrap.servers, client.id, compression.type, linger.ms and max.request.size are mapped"},
 	{"consumer.override.", "outboxd has no consumer"},
 	{"admin.override.", "outboxd's admin client has no settings"},

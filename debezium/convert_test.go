@@ -24,6 +24,7 @@ func TestConvertGolden(t *testing.T) {
 	}{
 		{"wrapped.json", ""}, // no brokers: warned
 		{"bare.json", "kafka-1:9092,kafka-2:9092"},
+		{"exactly-once.json", "kafka:9092"}, // exactly.once.support=required
 		{"connector.properties", "kafka:9092"},
 		{"router-options.json", ""}, // from producer.override.bootstrap.servers
 		{"op-error.json", "kafka:9092"},

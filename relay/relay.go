@@ -29,6 +29,8 @@ type Relay struct {
 	router *router.Router
 	m      *metrics
 	sinkM  *sink.Metrics
+	txnM   *sink.TxnMetrics // exactly_once only
+	txnID  string           // exactly_once: the last pipeline's transactional id
 
 	reg      prometheus.Registerer
 	warm     warm     // what Check opened for the first pipeline
@@ -50,6 +52,9 @@ func New(cfg config.Config, log *slog.Logger, reg prometheus.Registerer) (*Relay
 	}
 	r := &Relay{cfg: cfg, log: log, router: rt, m: newMetrics(reg), sinkM: sink.NewMetrics(reg), reg: reg,
 		standby: lazyConn{pg: cfg.Postgres}}
+	if cfg.Kafka.ExactlyOnce() {
+		r.txnM = sink.NewTxnMetrics(reg)
+	}
 	r.status.setState(stateStarting, "starting up")
 	return r, nil
 }
@@ -148,6 +153,9 @@ func (r *Relay) Run(ctx context.Context) error {
 // explain turns server errors whose meaning for the events is not obvious
 // into ones that say it and what to do.
 func (r *Relay) explain(err error) error {
+	if r.cfg.Kafka.ExactlyOnce() {
+		err = sink.AsFenced(r.txnID, err) // a record refused as fenced
+	}
 	var delivery *sink.DeliveryError
 	if errors.As(err, &delivery) && delivery.Rejected() {
 		return fmt.Errorf("%w. Kafka will refuse it again, so outboxd stopped without confirming past it; fix the record or the topic's "+
@@ -198,7 +206,7 @@ func (r *Relay) runOnce(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	producer, err := r.producer()
+	producer, err := r.producerFor(ctx, conn)
 	if err != nil {
 		conn.Close(context.Background())
 		return err
@@ -465,6 +473,9 @@ func (r *Relay) pipe(ctx context.Context, batches <-chan []any, tracker *checkpo
 		inserts: r.m.changes.WithLabelValues("insert"), updates: r.m.changes.WithLabelValues("update"),
 		deletes: r.m.changes.WithLabelValues("delete"), messages: r.m.changes.WithLabelValues("message"), nontx: r.m.changes.WithLabelValues("message_nontransactional")}
 	defer p.tables.close()
+	if r.cfg.Kafka.ExactlyOnce() {
+		return r.pipeEOS(ctx, batches, p) // eos.go
+	}
 	for batch := range batches {
 		for _, item := range batch {
 			if err := p.handle(item); err != nil {
@@ -483,6 +494,7 @@ type pipeline struct {
 	producer *sink.Producer
 	fail     context.CancelCauseFunc
 	tables   *outboxTables
+	eos      *eos // exactly_once only (eos.go)
 
 	txn          *checkpoint.Txn
 	done         func(error) // the outcome of a record of txn
@@ -496,10 +508,18 @@ type pipeline struct {
 
 func (p *pipeline) handle(item any) error {
 	rcfg := p.r.cfg.Router
+	if p.eos != nil && p.eos.skipping {
+		return p.eos.skip(item) // in Kafka before this run
+	}
 	switch m := item.(type) {
 	case *wal.Begin:
 		if !m.SentTime.IsZero() {
 			p.r.m.commitToSend.Observe(max(m.SentTime.Sub(m.CommitTime), 0).Seconds())
+		}
+		if p.eos != nil {
+			if skip, err := p.eos.begin(p.ctx, m); skip || err != nil {
+				return err
+			}
 		}
 		// Transactions wait for confirmation behind the oldest: cap them as
 		// records are capped, or a partition that does not move while the
@@ -509,6 +529,9 @@ func (p *pipeline) handle(item any) error {
 		}
 		txn, fail := p.tracker.BeginAt(m.CommitTime), p.fail
 		p.txn, p.commitTime = txn, m.CommitTime
+		if p.eos != nil {
+			p.eos.hold(txn)
+		}
 		// One callback per transaction, not per record.
 		p.done = func(err error) {
 			if err != nil {
@@ -559,9 +582,13 @@ func (p *pipeline) handle(item any) error {
 		rec, err := p.r.router.RouteMessage(m, p.commitTime)
 		return p.deliver(rec, err, m.LSN, func() string { return "message " + m.Prefix })
 	case *wal.Commit:
-		p.txn.Commit(m.EndLSN)
+		txn := p.txn
+		txn.Commit(m.EndLSN)
 		p.txn, p.done = nil, nil
 		p.r.m.transactions.Inc()
+		if p.eos != nil {
+			return p.eos.committed(p.ctx, txn, m.EndLSN)
+		}
 	case wal.Keepalive:
 		p.tracker.Idle(m.WALEnd)
 	}
@@ -575,6 +602,11 @@ var errUpdate = errors.New("update on the outbox table")
 // that could not be routed (routeErr) or produced. source names where the row
 // came from, for errors only.
 func (p *pipeline) deliver(rec *router.Record, routeErr error, lsn wal.LSN, source func() string) error {
+	if p.eos != nil {
+		if skip, err := p.eos.row(p.ctx, rec); skip || err != nil {
+			return err
+		}
+	}
 	routed := routeErr == nil
 	if routed {
 		if routeErr = produce(p.ctx, p.txn, rec, p.producer, p.done); routeErr == nil {

@@ -188,6 +188,7 @@ type Producer struct {
 	breakFence context.CancelCauseFunc
 	lastAck    atomic.Int64 // unix nanos of the last acknowledgement (or of Watch's start)
 	inflight   sync.Pool    // of *inflight
+	txn        *txnState    // exactly_once only (txn.go)
 }
 
 // New returns a Producer for cfg. It does not contact the brokers.

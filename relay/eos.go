@@ -1,0 +1,360 @@
+package relay
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outboxd/outboxd/checkpoint"
+	"github.com/outboxd/outboxd/router"
+	"github.com/outboxd/outboxd/sink"
+	"github.com/outboxd/outboxd/wal"
+)
+
+// This file is kafka.delivery: exactly_once (DESIGN.md, "Exactly-once
+// mode"). The pipeline goroutine owns one Kafka transaction at a time. It
+// holds whole Postgres transactions in commit order and is committed at a
+// Postgres transaction boundary once it is kafka.transaction_interval old or
+// holds max_buffered_records records, with the position (the end LSN of the
+// last Postgres transaction it holds) written to kafka.positions_topic in
+// the same transaction. Each Postgres transaction holds one extra record in
+// the tracker (a hold) from its Begin until the Kafka transaction holding
+// its last record commits, so the ack rule confirms the slot only to
+// committed positions.
+
+// producerFor returns the pipeline's producer: in exactly-once mode a
+// transactional one, whose id needs the system identifier that conn (the
+// replication connection) reports. Nothing is fenced until Init.
+func (r *Relay) producerFor(ctx context.Context, conn *pgconn.PgConn) (*sink.Producer, error) {
+	if !r.cfg.Kafka.ExactlyOnce() {
+		return r.producer()
+	}
+	if p := r.warm.producer; p != nil { // Check warmed a plain client
+		r.warm.producer = nil
+		p.Close()
+	}
+	id := r.cfg.Kafka.TransactionalID
+	if id == "" {
+		sys, err := pglogrepl.IdentifySystem(ctx, conn)
+		if err != nil {
+			return nil, fmt.Errorf("reading the system identifier for kafka.transactional_id: %w", err)
+		}
+		id = fmt.Sprintf("outboxd-%s-%s", sys.SystemID, r.cfg.Postgres.Slot)
+	}
+	r.txnID = id
+	return sink.NewTransactional(r.cfg.Kafka, r.sinkM, r.txnM, r.log, id)
+}
+
+// position is what exactly-once mode writes to kafka.positions_topic.
+type position struct {
+	// LSN is the end LSN of the last Postgres transaction whose rows are
+	// all in Kafka; a restart skips every transaction ending at or before it.
+	LSN wal.LSN
+	// Txn, if not 0, is the commit LSN of a Postgres transaction split over
+	// Kafka transactions, and Rows how many of its rows are in Kafka.
+	Txn  wal.LSN
+	Rows int
+}
+
+type positionJSON struct {
+	LSN  string `json:"lsn"`
+	Txn  string `json:"txn,omitempty"`
+	Rows int    `json:"rows,omitempty"`
+	Slot string `json:"slot"`
+	At   string `json:"at"`
+}
+
+func (p position) encode(slot string) []byte {
+	j := positionJSON{LSN: p.LSN.String(), Rows: p.Rows, Slot: slot, At: time.Now().UTC().Format(time.RFC3339Nano)}
+	if p.Txn != 0 {
+		j.Txn = p.Txn.String()
+	}
+	b, _ := json.Marshal(j)
+	return b
+}
+
+func decodePosition(b []byte) (position, error) {
+	var j positionJSON
+	if err := json.Unmarshal(b, &j); err != nil {
+		return position{}, err
+	}
+	var p position
+	var err error
+	if p.LSN, err = pglogrepl.ParseLSN(j.LSN); err != nil {
+		return position{}, err
+	}
+	if j.Txn != "" {
+		if p.Txn, err = pglogrepl.ParseLSN(j.Txn); err != nil {
+			return position{}, err
+		}
+		p.Rows = j.Rows
+	}
+	return p, nil
+}
+
+// eos is one pipeline run's exactly-once state, used by the pipeline
+// goroutine only.
+type eos struct {
+	r        *Relay
+	producer *sink.Producer
+	tracker  *checkpoint.Tracker
+	fail     context.CancelCauseFunc
+	pos      position // read at the run's start
+	// last is the end LSN of the last Postgres transaction committed to the
+	// tracker, or the start position.
+	last wal.LSN
+	// held are the Postgres transactions whose last record is in the open
+	// Kafka transaction, in commit order.
+	held           []*checkpoint.Txn
+	records, bytes int // in the open Kafka transaction
+	// The Postgres transaction being received.
+	inTxn    bool
+	final    wal.LSN // its commit LSN
+	rows     int     // its rows handed over, in earlier Kafka transactions too
+	skipRows int     // its rows a previous run put in Kafka
+	skipping bool    // it ends at or before pos.LSN: skip it whole
+}
+
+// startEOS initialises the transactional producer (fencing the previous
+// holder of the id, whose open transaction Kafka aborts), reads the last
+// committed position and confirms it.
+func (r *Relay) startEOS(ctx context.Context, p *pipeline) (*eos, error) {
+	e := &eos{r: r, producer: p.producer, tracker: p.tracker, fail: p.fail}
+	if err := e.producer.Init(ctx); err != nil {
+		return nil, err
+	}
+	if err := e.producer.EnsurePositionsTopic(ctx); err != nil {
+		return nil, err
+	}
+	v, ok, err := e.producer.ReadPosition(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if ok && len(v) > 0 { // a tombstone (an operator's) is no position
+		if e.pos, err = decodePosition(v); err != nil {
+			return nil, fmt.Errorf("the position of %q in %s is not outboxd's (%q): %w; delete it, or set another kafka.transactional_id",
+				e.producer.TransactionalID(), r.cfg.Kafka.PositionsTopic, v, err)
+		}
+	}
+	r.txnM.SetPositionRead(uint64(e.pos.LSN))
+	e.tracker.Idle(e.pos.LSN) // nothing is registered yet: confirms it when it is past the slot
+	e.last = e.tracker.Confirmed()
+	r.log.Info("exactly-once: resuming after the position committed in Kafka", "transactional_id", e.producer.TransactionalID(),
+		"lsn", e.pos.LSN.String(), "split_txn", e.pos.Txn.String(), "split_rows", e.pos.Rows, "found", ok && len(v) > 0, "slot", r.cfg.Postgres.Slot)
+	return e, nil
+}
+
+// pipeEOS is pipe in exactly-once mode: besides the batches it wakes up to
+// commit a Kafka transaction that is due while nothing arrives.
+func (r *Relay) pipeEOS(ctx context.Context, batches <-chan []any, p *pipeline) (err error) {
+	e, err := r.startEOS(ctx, p)
+	if err != nil {
+		return err
+	}
+	p.eos = e
+	defer func() { err = e.end(ctx, err) }()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		var wake <-chan time.Time
+		if at, ok := e.due(); ok {
+			timer.Reset(time.Until(at))
+			wake = timer.C
+		}
+		select {
+		case batch, ok := <-batches:
+			if !ok {
+				return e.finish(ctx)
+			}
+			for _, item := range batch {
+				if err := p.handle(item); err != nil {
+					return err
+				}
+			}
+		case <-wake:
+			if err := e.tick(ctx); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// skip handles an item of a transaction skipped whole.
+func (e *eos) skip(item any) error {
+	if _, ok := item.(*wal.Commit); ok {
+		e.skipping = false
+	}
+	return nil
+}
+
+// begin starts a Postgres transaction. It reports whether to skip it whole
+// (it ends at or before the position), and commits the open Kafka
+// transaction first when the tracker's queue is full: only that commit
+// makes room.
+func (e *eos) begin(ctx context.Context, m *wal.Begin) (skip bool, err error) {
+	if m.FinalLSN < e.pos.LSN {
+		e.skipping = true
+		return true, nil
+	}
+	e.inTxn, e.final, e.rows, e.skipRows = true, m.FinalLSN, 0, 0
+	if e.pos.Txn != 0 && m.FinalLSN == e.pos.Txn {
+		e.skipRows = e.pos.Rows
+	}
+	if e.tracker.Pending() >= e.r.cfg.Kafka.MaxBufferedRecords-1 {
+		return false, e.commit(ctx)
+	}
+	return false, nil
+}
+
+// hold keeps x unconfirmed until the Kafka transaction holding its last
+// record commits.
+func (e *eos) hold(x *checkpoint.Txn) { x.Add() }
+
+// row is called for each row before it is delivered. It reports whether
+// to skip it (a previous run put it in Kafka), splits the Postgres
+// transaction when the open Kafka transaction is too large or too old, and
+// opens a Kafka transaction.
+func (e *eos) row(ctx context.Context, rec *router.Record) (skip bool, err error) {
+	e.rows++
+	if e.skipRows > 0 {
+		e.skipRows--
+		return true, nil
+	}
+	k := e.r.cfg.Kafka
+	if e.producer.InTransaction() && (e.bytes >= k.TransactionMaxBytes || time.Since(e.producer.Began()) >= k.TransactionTimeout/2) {
+		e.rows-- // this one goes in the next Kafka transaction
+		err := e.commit(ctx)
+		e.rows++
+		if err != nil {
+			return false, err
+		}
+	}
+	if !e.producer.InTransaction() {
+		if err := e.producer.Begin(); err != nil {
+			return false, err
+		}
+	}
+	e.records++
+	if rec != nil {
+		e.bytes += len(rec.Key) + len(rec.Value)
+		for _, h := range rec.Headers {
+			e.bytes += len(h.Key) + len(h.Value)
+		}
+	}
+	return false, nil
+}
+
+// committed ends the Postgres transaction x (committed to the tracker) and
+// commits the Kafka transaction when it is due.
+func (e *eos) committed(ctx context.Context, x *checkpoint.Txn, end wal.LSN) error {
+	e.inTxn, e.skipRows = false, 0
+	e.last = end
+	e.held = append(e.held, x)
+	if !e.producer.InTransaction() {
+		e.release() // no record since the last commit: nothing to write
+		return nil
+	}
+	k := e.r.cfg.Kafka
+	if e.records >= k.MaxBufferedRecords || time.Since(e.producer.Began()) >= k.TransactionInterval {
+		return e.commit(ctx)
+	}
+	return nil
+}
+
+// due returns when the pipeline must wake up to commit (or split) the open
+// Kafka transaction if nothing arrives.
+func (e *eos) due() (time.Time, bool) {
+	if !e.producer.InTransaction() {
+		return time.Time{}, false
+	}
+	if e.inTxn {
+		return e.producer.Began().Add(e.r.cfg.Kafka.TransactionTimeout / 2), true
+	}
+	return e.producer.Began().Add(e.r.cfg.Kafka.TransactionInterval), true
+}
+
+// tick commits the open Kafka transaction when it is due.
+func (e *eos) tick(ctx context.Context) error {
+	at, ok := e.due()
+	if !ok || time.Now().Before(at) {
+		return nil
+	}
+	return e.commit(ctx)
+}
+
+// commit commits the open Kafka transaction with the position, then
+// releases the holds of the Postgres transactions it completed. Inside a
+// Postgres transaction (a split) the position says how many of its rows
+// are in Kafka.
+func (e *eos) commit(ctx context.Context) error {
+	if !e.producer.InTransaction() {
+		e.release()
+		return nil
+	}
+	pos := position{LSN: e.last}
+	if e.inTxn && e.rows > 0 {
+		pos.Txn, pos.Rows = e.final, e.rows
+	}
+	if err := e.producer.Commit(ctx, pos.encode(e.r.cfg.Postgres.Slot)); err != nil {
+		return err
+	}
+	e.records, e.bytes = 0, 0
+	e.release()
+	return nil
+}
+
+// release lets the tracker confirm the held transactions.
+func (e *eos) release() {
+	for i, x := range e.held {
+		x.Ack()
+		e.held[i] = nil
+	}
+	e.held = e.held[:0]
+}
+
+// finish commits what the run completed when the stream has ended at a
+// transaction boundary.
+func (e *eos) finish(ctx context.Context) error {
+	if ctx.Err() != nil || e.inTxn {
+		return nil // end aborts
+	}
+	return e.commit(ctx)
+}
+
+// end aborts a Kafka transaction the run leaves open (Kafka would abort it
+// only at its timeout, holding read_committed consumers back until then),
+// and tells a run that ended because another instance took over.
+func (e *eos) end(ctx context.Context, err error) error {
+	if err == nil && ctx.Err() == nil && !e.producer.InTransaction() {
+		return nil
+	}
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	err = e.producer.AsFenced(err)
+	aerr := e.producer.Abort(actx)
+	var fenced *sink.FencedError
+	switch {
+	case errors.As(err, &fenced):
+	case errors.As(aerr, &fenced):
+	default:
+		if f, ferr := e.producer.Fenced(actx); ferr == nil && f {
+			fenced = &sink.FencedError{TransactionalID: e.producer.TransactionalID(),
+				Err: errors.New("the transaction coordinator holds a newer producer epoch")}
+		}
+	}
+	if fenced != nil {
+		// The run may be ending for another reason first (the stream lost
+		// its slot): the fencing is the cause to report.
+		e.fail(fenced)
+		return fenced
+	}
+	if aerr != nil && err == nil && ctx.Err() == nil {
+		return aerr
+	}
+	return err
+}

@@ -1,0 +1,432 @@
+package sink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outboxd/outboxd/config"
+)
+
+// This file is kafka.delivery: exactly_once. A transactional Producer puts
+// its records in Kafka transactions that the caller begins and commits; the
+// commit writes the caller's position to kafka.positions_topic in the same
+// transaction. Produce, the fence and the caps work as in at-least-once mode:
+// a record's done reports that Kafka holds it in the open transaction, not
+// that a read_committed consumer can see it. Only Commit says that.
+
+// TxnMetrics are the metrics of exactly-once mode. Like Metrics they outlive
+// Producers.
+type TxnMetrics struct {
+	committed, aborted, fenced prometheus.Counter
+	duration                   prometheus.Histogram
+	positionRead               prometheus.Gauge
+}
+
+// NewTxnMetrics registers the metrics of exactly-once mode on reg.
+func NewTxnMetrics(reg prometheus.Registerer) *TxnMetrics {
+	m := &TxnMetrics{
+		committed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outboxd_sink_transactions_committed_total", Help: "Kafka transactions committed (kafka.delivery: exactly_once).",
+		}),
+		aborted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outboxd_sink_transactions_aborted_total", Help: "Kafka transactions aborted, or left open to be aborted, when a pipeline run ended.",
+		}),
+		fenced: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outboxd_sink_transactions_fenced_total", Help: "Pipeline runs that ended because another instance took the transactional id over.",
+		}),
+		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "outboxd_sink_transaction_duration_seconds", Help: "Time from a Kafka transaction's first record to its commit.",
+			Buckets: []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300},
+		}),
+		positionRead: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "outboxd_sink_position_read_lsn", Help: "The position (end LSN) read from kafka.positions_topic when the last pipeline run started; 0 when none was there.",
+		}),
+	}
+	reg.MustRegister(m.committed, m.aborted, m.fenced, m.duration, m.positionRead)
+	return m
+}
+
+// SetPositionRead exports the position read at a pipeline's start.
+func (m *TxnMetrics) SetPositionRead(lsn uint64) { m.positionRead.Set(float64(lsn)) }
+
+// txnState is a transactional Producer's state. Begin, Commit and Abort
+// are called by one goroutine.
+type txnState struct {
+	id     string
+	m      *TxnMetrics
+	open   bool
+	began  time.Time
+	pid    atomic.Int64 // the producer id and epoch after Init and each commit,
+	epoch  atomic.Int32 // to tell a fenced producer (Fenced)
+	fenced bool
+}
+
+// NewTransactional returns a Producer for kafka.delivery: exactly_once with
+// transactional id id. Like New it does not contact the brokers: nothing is
+// fenced before Init.
+func NewTransactional(cfg config.Kafka, m *Metrics, tm *TxnMetrics, log *slog.Logger, id string) (*Producer, error) {
+	p, err := newProducer(cfg, m, log, kgo.TransactionalID(id), kgo.TransactionTimeout(cfg.TransactionTimeout))
+	if err != nil {
+		return nil, err
+	}
+	p.txn = &txnState{id: id, m: tm}
+	return p, nil
+}
+
+// TransactionalID returns the producer's transactional id ("" when it is
+// not transactional).
+func (p *Producer) TransactionalID() string {
+	if p.txn == nil {
+		return ""
+	}
+	return p.txn.id
+}
+
+// FencedError reports that another producer initialised the same
+// transactional id: another outboxd took over.
+type FencedError struct {
+	TransactionalID string
+	Err             error
+}
+
+func (e *FencedError) Error() string {
+	return fmt.Sprintf("another outboxd took over: Kafka fenced transactional id %q (%v); this instance wrote nothing more that a read_committed "+
+		"consumer sees, and confirmed nothing past its last committed transaction", e.TransactionalID, e.Err)
+}
+
+func (e *FencedError) Unwrap() error { return e.Err }
+
+// fencedErr reports whether err is Kafka's answer to a fenced producer.
+func fencedErr(err error) bool {
+	return errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.InvalidProducerEpoch) ||
+		errors.Is(err, kerr.InvalidProducerIDMapping)
+}
+
+// AsFenced returns err as a *FencedError when it is Kafka's answer to a
+// fenced transactional producer, and err otherwise.
+func (p *Producer) AsFenced(err error) error {
+	if p.txn == nil {
+		return err
+	}
+	err = AsFenced(p.txn.id, err)
+	var fe *FencedError
+	if errors.As(err, &fe) {
+		p.noteFenced()
+	}
+	return err
+}
+
+// AsFenced returns err as a *FencedError of transactional id id when it is
+// Kafka's answer to a fenced producer (a record's or a transaction's), and
+// err otherwise.
+func AsFenced(id string, err error) error {
+	var fe *FencedError
+	if err == nil || errors.As(err, &fe) || !fencedErr(err) {
+		return err
+	}
+	return &FencedError{TransactionalID: id, Err: err}
+}
+
+func (p *Producer) noteFenced() {
+	if !p.txn.fenced {
+		p.txn.fenced = true
+		p.txn.m.fenced.Inc()
+	}
+}
+
+// Init initialises the transactional producer: Kafka aborts (or completes)
+// the transaction a previous holder of the id left open, and fences that
+// holder. Call it only while holding the slot.
+func (p *Producer) Init(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.DeliveryTimeout)
+	defer cancel()
+	id, epoch, err := p.client.ProducerID(ctx)
+	if err != nil {
+		hint := ""
+		if errors.Is(err, kerr.TransactionalIDAuthorizationFailed) || errors.Is(err, kerr.ClusterAuthorizationFailed) {
+			hint = "; grant the principal Write and Describe on the TransactionalId resource"
+		}
+		return fmt.Errorf("initialising the transactional producer %q: %w%s", p.txn.id, err, hint)
+	}
+	p.txn.pid.Store(id)
+	p.txn.epoch.Store(int32(epoch))
+	return nil
+}
+
+// InTransaction reports whether a transaction is open.
+func (p *Producer) InTransaction() bool { return p.txn.open }
+
+// Begin opens a transaction.
+func (p *Producer) Begin() error {
+	if err := p.client.BeginTransaction(); err != nil {
+		return fmt.Errorf("beginning a Kafka transaction: %w", err)
+	}
+	p.txn.open, p.txn.began = true, time.Now()
+	return nil
+}
+
+// Began returns when the open transaction began.
+func (p *Producer) Began() time.Time { return p.txn.began }
+
+// Commit writes position to kafka.positions_topic, keyed by the
+// transactional id, and commits the open transaction with it. When it
+// returns nil a read_committed consumer sees every record handed over since
+// Begin, and the position; otherwise the transaction is not committed (or
+// its outcome is unknown: the next Init settles it) and the caller must end
+// the run.
+func (p *Producer) Commit(ctx context.Context, position []byte) error {
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.DeliveryTimeout)
+	defer cancel()
+	var posErr atomic.Pointer[error]
+	p.client.Produce(p.fence, &kgo.Record{Topic: p.cfg.PositionsTopic, Key: []byte(p.txn.id), Value: position}, func(_ *kgo.Record, err error) {
+		if err != nil {
+			posErr.Store(&err)
+		}
+	})
+	if err := p.client.Flush(ctx); err != nil {
+		return fmt.Errorf("flushing a Kafka transaction: %w", err)
+	}
+	if perr := posErr.Load(); perr != nil {
+		return p.AsFenced(fmt.Errorf("writing the position to %s: %w", p.cfg.PositionsTopic, *perr))
+	}
+	if p.fence.Err() != nil {
+		return context.Cause(p.fence) // a record failed: never commit past it
+	}
+	if err := p.client.EndTransaction(ctx, kgo.TryCommit); err != nil {
+		return p.AsFenced(fmt.Errorf("committing a Kafka transaction: %w", err))
+	}
+	p.txn.open = false
+	p.txn.m.committed.Inc()
+	p.txn.m.duration.Observe(time.Since(p.txn.began).Seconds())
+	// Safe after a commit: the producer id has no error to reload.
+	if id, epoch, err := p.client.ProducerID(ctx); err == nil {
+		p.txn.pid.Store(id)
+		p.txn.epoch.Store(int32(epoch))
+	}
+	return nil
+}
+
+// Abort aborts the open transaction, if any, so that read_committed
+// consumers need not wait for its timeout. It fails the records not yet
+// written. It returns a *FencedError when Kafka answers that another
+// producer took the id over.
+func (p *Producer) Abort(ctx context.Context) error {
+	if !p.txn.open {
+		return nil
+	}
+	p.txn.open = false
+	p.txn.m.aborted.Inc()
+	if p.txn.fenced {
+		return nil // Kafka aborted it when it fenced this producer
+	}
+	if err := p.client.AbortBufferedRecords(ctx); err != nil {
+		return fmt.Errorf("aborting a Kafka transaction: %w", err)
+	}
+	if err := p.client.EndTransaction(ctx, kgo.TryAbort); err != nil {
+		return p.AsFenced(fmt.Errorf("aborting a Kafka transaction: %w", err))
+	}
+	return nil
+}
+
+// Fenced asks the transaction coordinator whether another producer has
+// initialised the transactional id since this one last committed. It never
+// initialises anything itself.
+func (p *Producer) Fenced(ctx context.Context) (bool, error) {
+	if p.txn.fenced {
+		return true, nil
+	}
+	pid := p.txn.pid.Load()
+	if pid == 0 {
+		return false, nil // never initialised: nothing to be fenced from
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	ds, err := p.admin.DescribeTransactions(ctx, p.txn.id)
+	if err != nil {
+		return false, err
+	}
+	d, ok := ds[p.txn.id]
+	if !ok || d.Err != nil {
+		return false, d.Err
+	}
+	// A commit or abort of this producer's own, whose answer it did not
+	// see, bumps the epoch by one; another producer's initialisation
+	// bumps it past the open transaction's abort too, or changes the id.
+	fenced := d.ProducerID != pid || int32(d.ProducerEpoch) > p.txn.epoch.Load()+1
+	if fenced {
+		p.noteFenced()
+	}
+	return fenced, nil
+}
+
+// EnsurePositionsTopic creates kafka.positions_topic, compacted with one
+// partition, when it is missing and topic creation is outboxd's job.
+func (p *Producer) EnsurePositionsTopic(ctx context.Context) error {
+	topic := p.cfg.PositionsTopic
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.DeliveryTimeout)
+	defer cancel()
+	td, err := p.admin.ListTopics(ctx, topic)
+	if err != nil {
+		return fmt.Errorf("looking up the positions topic %q: %w", topic, err)
+	}
+	if d, ok := td[topic]; ok && d.Err == nil && len(d.Partitions) > 0 {
+		p.known[topic] = len(d.Partitions)
+		return nil
+	}
+	if p.cfg.TopicCreation != "admin" {
+		return fmt.Errorf("the positions topic %q does not exist; create it with cleanup.policy=compact (one partition is enough), "+
+			"or set kafka.topic_creation: admin", topic)
+	}
+	compact := "compact"
+	resp, err := p.admin.CreateTopic(ctx, 1, int16(p.cfg.TopicReplicationFactor), map[string]*string{"cleanup.policy": &compact}, topic)
+	if err == nil {
+		err = resp.Err
+	}
+	if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
+		return fmt.Errorf("creating the positions topic %q (cleanup.policy=compact): %w; create it by hand or fix the broker's permissions", topic, err)
+	}
+	if err == nil {
+		p.m.topicsCreated.Inc()
+	}
+	n, err := p.waitLeaders(ctx, topic)
+	if err != nil {
+		return err
+	}
+	p.known[topic] = n
+	p.client.ForceMetadataRefresh()
+	return nil
+}
+
+// ReadPosition returns the value of the last committed record of
+// kafka.positions_topic keyed by the transactional id, read with
+// isolation.level=read_committed; ok is false when there is none. Call it
+// after Init, which settles the previous holder's last transaction.
+func (p *Producer) ReadPosition(ctx context.Context) (value []byte, ok bool, err error) {
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.DeliveryTimeout)
+	defer cancel()
+	topic, key := p.cfg.PositionsTopic, p.txn.id
+	starts, err := p.admin.ListStartOffsets(ctx, topic)
+	if err == nil {
+		err = starts.Error()
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("reading the start offsets of %s: %w", topic, err)
+	}
+	stables, err := p.admin.ListCommittedOffsets(ctx, topic) // the last stable offsets
+	if err == nil {
+		err = stables.Error()
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("reading the last stable offsets of %s: %w", topic, err)
+	}
+	var found struct {
+		value []byte
+		ok    bool
+	}
+	// Read each partition's tail, going further back until the key turns
+	// up: the last record of the key is near the end unless many other
+	// instances share the partition.
+	for _, lo := range stables[topic] {
+		start := int64(0)
+		if s, ok := starts.Lookup(topic, lo.Partition); ok {
+			start = s.Offset
+		}
+		end := lo.Offset
+		for window := int64(1000); ; window *= 8 {
+			from := max(start, end-window)
+			v, ok, err := p.readRange(ctx, topic, lo.Partition, from, end, key)
+			if err != nil {
+				return nil, false, err
+			}
+			if ok {
+				found.value, found.ok = v, true
+				break
+			}
+			if from == start {
+				break
+			}
+		}
+		if found.ok {
+			break // one partition holds the key
+		}
+	}
+	return found.value, found.ok, nil
+}
+
+// readRange reads offsets [from, end) of one partition, read_committed, and
+// returns the value of the last record with key.
+func (p *Producer) readRange(ctx context.Context, topic string, partition int32, from, end int64, key string) ([]byte, bool, error) {
+	if from >= end {
+		return nil, false, nil
+	}
+	opts := []kgo.Opt{
+		kgo.SeedBrokers(p.cfg.Brokers...),
+		kgo.ClientID(p.cfg.ClientID),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.KeepControlRecords(), // the markers tell where the stable end is
+		kgo.FetchMaxWait(100 * time.Millisecond),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {partition: kgo.NewOffset().At(from)}}),
+	}
+	tlsCfg, err := p.cfg.TLS.Config()
+	if err != nil {
+		return nil, false, err
+	}
+	if tlsCfg != nil {
+		opts = append(opts, kgo.DialTLSConfig(tlsCfg))
+	}
+	if mech := saslMechanism(p.cfg.SASL); mech != nil {
+		opts = append(opts, kgo.SASL(mech))
+	}
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, false, fmt.Errorf("creating a Kafka client to read %s: %w", topic, err)
+	}
+	defer cl.Close()
+	var value []byte
+	ok := false
+	quiet := 0
+	for {
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		fs := cl.PollFetches(pctx)
+		cancel()
+		if ctx.Err() != nil {
+			return nil, false, fmt.Errorf("reading %s[%d] up to offset %d: %w", topic, partition, end, ctx.Err())
+		}
+		var ferr error
+		fs.EachError(func(_ string, _ int32, err error) {
+			if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+				ferr = err
+			}
+		})
+		if ferr != nil {
+			return nil, false, fmt.Errorf("reading %s[%d]: %w", topic, partition, ferr)
+		}
+		last := int64(-1)
+		fs.EachRecord(func(r *kgo.Record) {
+			last = max(last, r.Offset)
+			if r.Offset < end && !r.Attrs.IsControl() && string(r.Key) == key {
+				value, ok = r.Value, true
+			}
+		})
+		if last >= end-1 {
+			return value, ok, nil
+		}
+		if last < 0 {
+			// Nothing more is returned: the rest below end was removed
+			// (compaction) or is of aborted transactions.
+			if quiet++; quiet >= 3 {
+				return value, ok, nil
+			}
+		} else {
+			quiet = 0
+		}
+	}
+}

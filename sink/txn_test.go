@@ -1,0 +1,148 @@
+package sink_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/router"
+	"github.com/outboxd/outboxd/sink"
+)
+
+// txnProducer returns an initialised transactional Producer with id on c,
+// its topic and the positions topic created.
+func txnProducer(t *testing.T, c *kfake.Cluster, id string) (*sink.Producer, context.Context) {
+	t.Helper()
+	cfg := config.Default().Kafka
+	cfg.Brokers = c.ListenAddrs()
+	cfg.TopicPartitions = 1
+	cfg.TopicReplicationFactor = 1
+	cfg.Delivery = config.ExactlyOnce
+	p, err := sink.NewTransactional(cfg, sink.NewMetrics(prometheus.NewRegistry()), sink.NewTxnMetrics(prometheus.NewRegistry()),
+		slog.New(slog.DiscardHandler), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	if err := p.Init(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.EnsureTopic(ctx, topic); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.EnsurePositionsTopic(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return p, ctx
+}
+
+// produceN hands n records to p in its open transaction and waits for
+// their acknowledgements.
+func produceN(t *testing.T, ctx context.Context, p *sink.Producer, from, n int) {
+	t.Helper()
+	errs := make(chan error, n)
+	for i := from; i < from+n; i++ {
+		rec := &router.Record{Topic: topic, Key: []byte("k"), Value: []byte(fmt.Sprint(i)), EventID: fmt.Sprint(i), Partition: -1}
+		if err := p.Produce(ctx, rec, func(err error) { errs <- err }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// readCommitted returns the values of topic's records a read_committed
+// consumer sees.
+func readCommitted(t *testing.T, c *kfake.Cluster, topic string) []string {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ConsumeTopics(topic),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	var out []string
+	for quiet := 0; quiet < 3; {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		fs := cl.PollFetches(ctx)
+		cancel()
+		if fs.NumRecords() == 0 {
+			quiet++
+		}
+		fs.EachRecord(func(r *kgo.Record) { out = append(out, string(r.Value)) })
+	}
+	return out
+}
+
+// TestTransactionCommitAbortAndPosition: committed records and the position
+// are visible to read_committed consumers, aborted ones never are, and
+// ReadPosition returns the last committed position.
+func TestTransactionCommitAbortAndPosition(t *testing.T) {
+	c := newCluster(t, 1)
+	p, ctx := txnProducer(t, c, "outboxd-test")
+	if _, ok, err := p.ReadPosition(ctx); err != nil || ok {
+		t.Fatalf("ReadPosition on an empty topic = %v, %v; want none", ok, err)
+	}
+	for i, pos := range []string{"p1", "p2"} {
+		if err := p.Begin(); err != nil {
+			t.Fatal(err)
+		}
+		produceN(t, ctx, p, i*3, 3)
+		if err := p.Commit(ctx, []byte(pos)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.Begin(); err != nil {
+		t.Fatal(err)
+	}
+	produceN(t, ctx, p, 100, 2)
+	if err := p.Abort(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := readCommitted(t, c, topic); fmt.Sprint(got) != "[0 1 2 3 4 5]" {
+		t.Errorf("read_committed sees %v, want [0 1 2 3 4 5]", got)
+	}
+	// A new producer with the same id (a restart) reads the last position.
+	q, ctx := txnProducer(t, c, "outboxd-test")
+	v, ok, err := q.ReadPosition(ctx)
+	if err != nil || !ok || string(v) != "p2" {
+		t.Errorf("ReadPosition = %q, %v, %v; want p2", v, ok, err)
+	}
+}
+
+// TestTransactionFencedByANewInstance: once another producer initialises
+// the same transactional id, the old one's open transaction is aborted and
+// its commit fails with a FencedError; nothing it wrote is visible.
+func TestTransactionFencedByANewInstance(t *testing.T) {
+	c := newCluster(t, 1)
+	old, ctx := txnProducer(t, c, "outboxd-fence")
+	if err := old.Begin(); err != nil {
+		t.Fatal(err)
+	}
+	produceN(t, ctx, old, 0, 3)
+	_, _ = txnProducer(t, c, "outboxd-fence") // the new instance
+	err := old.Commit(ctx, []byte("old"))
+	var fenced *sink.FencedError
+	if !errors.As(err, &fenced) {
+		t.Fatalf("commit after fencing = %v, want a FencedError", err)
+	}
+	if f, err := old.Fenced(ctx); err != nil || !f {
+		t.Errorf("Fenced = %v, %v; want true", f, err)
+	}
+	if got := readCommitted(t, c, topic); len(got) != 0 {
+		t.Errorf("read_committed sees the fenced instance's records %v", got)
+	}
+}
