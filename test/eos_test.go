@@ -5,11 +5,15 @@ import (
 	"fmt"
 	"regexp"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outboxd/outboxd/migrations"
 )
 
 // Exactly-once mode (issue 26): kafka.delivery: exactly_once, checked by a
@@ -203,4 +207,124 @@ func TestExactlyOnceSplitTransaction(t *testing.T) {
 	}
 	r := f.finish("exactly-once: split transaction killed", 1, time.Now(), fmt.Sprintf("one %d-row transaction, restarted %s rows in", rows, m[3]))
 	noDuplicates(t, r)
+}
+
+// Acceptance 1, broker variant: the broker (of the test's own) is SIGKILLed
+// and restarted during the load, then restarted cleanly.
+func TestExactlyOnceBrokerSIGKILL(t *testing.T) {
+	k := startOwnKafka(t, false)
+	d := newDB(t)
+	env := replace(eosEnv(d), "OUTBOXD_KAFKA_BROKERS", k.brokers[0])
+	p := start(t, env)
+	p.waitStreaming()
+	spec := loadSpec{Prefix: d.name, Types: 4, IDs: 40, Writers: 4,
+		Events: pick(20000, 60000), TxSizes: []int{1, 10, 100, 500, 3}, RollbackPct: 5, SavepointPct: 10, DeletePct: 20,
+		Pace: 200 * time.Millisecond}
+	f := startEOSRun(t, d, k.brokers, spec)
+	kills := pick(1, 3)
+	for range kills {
+		waitCommitted(t, f.l, f.l.committedCount()+1000)
+		k.run("kafka-kill")
+		time.Sleep(5 * time.Second)
+		t.Logf("broker restarted in %s", k.run("kafka-start"))
+	}
+	time.Sleep(3 * time.Second)
+	k.run("kafka-stop") // clean restart
+	t.Logf("clean broker restart in %s", k.run("kafka-start"))
+	r := f.finish("exactly-once: Kafka broker SIGKILL + clean restart", kills+1, time.Now(),
+		fmt.Sprintf("%d kills, 1 clean restart; outboxd restarts %s", kills, restarts(p)))
+	noDuplicates(t, r)
+	select {
+	case <-p.done:
+		t.Errorf("outboxd exited during the broker outage: %v", p.err)
+	default:
+	}
+}
+
+// Acceptance 1, Postgres variant: Postgres (of the test's own) restarted
+// mid-stream, with a fast and an immediate shutdown.
+func TestExactlyOncePostgresRestart(t *testing.T) {
+	pg := startOwnPostgres(t)
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, pg.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := migrations.Apply(ctx, conn.Conn(), "public", "outbox"); err != nil {
+		t.Fatal(err)
+	}
+	conn.Release()
+	d := &db{name: "t_eospg_" + randomSuffix(), dsn: pg.dsn, pool: pool, slot: "outboxd_eos"}
+	p := start(t, eosEnv(d))
+	p.waitStreaming()
+	spec := loadSpec{Prefix: d.name, Types: 4, IDs: 40, Writers: 4,
+		Events: pick(12000, 60000), TxSizes: []int{1, 10, 100, 500}, RollbackPct: 5, SavepointPct: 10, DeletePct: 20,
+		Truth: true, Tolerant: true}
+	f := startEOSRun(t, d, svc.brokers, spec)
+	modes := pick([]string{"fast", "immediate"}, []string{"fast", "immediate", "fast", "immediate", "immediate"})
+	for _, mode := range modes {
+		waitCommitted(t, f.l, f.l.committedCount()+1500)
+		pg.stop(mode)
+		time.Sleep(2 * time.Second)
+		pg.script("pg-start")
+		t.Logf("Postgres restarted after shutdown mode %s at %d committed events", mode, f.l.committedCount())
+	}
+	r := f.finish("exactly-once: Postgres restart (fast, immediate)", len(modes), time.Now(), fmt.Sprintf("shutdowns %v; outboxd restarts %s", modes, restarts(p)))
+	noDuplicates(t, r)
+	select {
+	case <-p.done:
+		t.Errorf("outboxd exited across Postgres restarts: %v", p.err)
+	default:
+	}
+}
+
+// Acceptance 1, network variant: the fault suite's network faults between
+// outboxd and Kafka and between outboxd and Postgres.
+func TestExactlyOnceNetworkFaults(t *testing.T) {
+	d := newDB(t)
+	pgProxy := newProxy(t, hostPort(t, d.dsn), false)
+	kProxy := newProxy(t, svc.brokers[0], true)
+	env := replace(eosEnv(d), "OUTBOXD_POSTGRES_DSN", strings.Replace(d.dsn, hostPort(t, d.dsn), pgProxy.Addr(), 1))
+	env = replace(env, "OUTBOXD_KAFKA_BROKERS", kProxy.Addr())
+	p := start(t, env)
+	p.waitStreaming()
+	spec := loadSpec{Prefix: d.name, Types: 4, IDs: 40, Writers: 4,
+		Events: pick(20000, 80000), TxSizes: []int{1, 10, 100, 3}, RollbackPct: 5, SavepointPct: 10, DeletePct: 20,
+		Pace: 100 * time.Millisecond}
+	f := startEOSRun(t, d, svc.brokers, spec)
+	hold := pick(3*time.Second, 10*time.Second)
+	faults := []struct {
+		name string
+		do   func()
+	}{
+		{"kafka cut", func() { kProxy.Cut() }},
+		{"kafka stall", func() { kProxy.Stall(); time.Sleep(hold); kProxy.Resume() }},
+		{"kafka slow", func() { kProxy.Slow(50 * time.Millisecond); time.Sleep(hold); kProxy.Slow(0) }},
+		{"kafka refused", func() { kProxy.Refuse(true); time.Sleep(hold); kProxy.Accept() }},
+		{"postgres cut", func() { pgProxy.Cut() }},
+		{"postgres stall", func() { pgProxy.Stall(); time.Sleep(hold); pgProxy.Resume() }},
+		{"postgres slow", func() { pgProxy.Slow(20 * time.Millisecond); time.Sleep(hold); pgProxy.Slow(0) }},
+		{"postgres refused", func() { pgProxy.Refuse(true); time.Sleep(hold); pgProxy.Accept() }},
+	}
+	rounds := pick(1, 3)
+	for range rounds {
+		for _, fault := range faults {
+			sleepRand(500*time.Millisecond, 1500*time.Millisecond)
+			t.Logf("%s at %d committed events", fault.name, f.l.committedCount())
+			fault.do()
+		}
+	}
+	r := f.finish("exactly-once: network faults", rounds*len(faults), time.Now(),
+		fmt.Sprintf("cut, stall, slow, refuse × Kafka and Postgres × %d; restarts %s", rounds, restarts(p)))
+	noDuplicates(t, r)
+	select {
+	case <-p.done:
+		t.Errorf("outboxd exited during network faults: %v", p.err)
+	default:
+	}
 }
