@@ -448,6 +448,11 @@ func (r *Relay) ensureSlot(ctx context.Context, conn *pgx.Conn) (held bool, err 
 	if err != nil {
 		return false, err
 	}
+	if pub.Columns != nil {
+		if missing := missingColumns(pub.Columns, r.router.Columns()); len(missing) > 0 {
+			return false, wal.ColumnListError(pg.Publication, schema, table, pub.Columns, missing)
+		}
+	}
 	switch {
 	case pub.Created:
 		r.log.Info("created publication", "publication", pg.Publication, "table", pg.Table, "publish", wal.PublishActions)

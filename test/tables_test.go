@@ -89,6 +89,27 @@ func TestPublicationRowFilterIsRefused(t *testing.T) {
 	expectStartupError(t, d.env(), `publication \\?"outboxd\\?" publishes only the rows of public.outbox WHERE \\?\(aggregate_type <> 'internal'`)
 }
 
+// A Postgres 15 column list on the outbox table: columns it leaves out never
+// reach outboxd, so a list without one that outboxd reads is refused at
+// start-up, naming them; a list with all of them is fine.
+func TestPublicationColumnList(t *testing.T) {
+	needsMajor(t, 15, "publication column lists")
+	t.Run("missing columns are refused", func(t *testing.T) {
+		d := newDB(t)
+		d.exec(t, `CREATE PUBLICATION outboxd FOR TABLE public.outbox (id, aggregate_type, aggregate_id) WITH (publish = 'insert')`)
+		expectStartupError(t, d.env(), `publication \\?"outboxd\\?" publishes only the columns id, aggregate_type, aggregate_id of public.outbox, and outboxd reads payload, event_type too`)
+	})
+	t.Run("every column outboxd reads is enough", func(t *testing.T) {
+		d := newDB(t)
+		d.exec(t, `CREATE PUBLICATION outboxd FOR TABLE public.outbox (id, aggregate_type, aggregate_id, event_type, payload) WITH (publish = 'insert')`)
+		p := start(t, d.env())
+		p.waitStreaming()
+		typ := d.name + "_cols"
+		id, _ := insertEvent(t, d, typ, "k", `{"a": 1}`)
+		readUntil(t, []string{typ + "-events"}, 30*time.Second, 0, waitIDs(id))
+	})
+}
+
 // Rows of other tables in the publication, among them a table that
 // inherits from the outbox table, are not delivered, and are said to be
 // ignored.

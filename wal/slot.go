@@ -217,6 +217,9 @@ type Publication struct {
 	// NoUpdates reports an existing publication that leaves UPDATEs out, so
 	// that router.on_update never sees one.
 	NoUpdates bool
+	// Columns are the outbox columns it publishes (Postgres 15 and later;
+	// nil before, when every column is published).
+	Columns []string
 }
 
 // PublicationSQL is the statement that creates publication name for
@@ -283,9 +286,13 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, name, schema, table 
 	// leaves out are never decoded, and outboxd would confirm past them
 	// undelivered (read through to_jsonb: older servers have no rowfilter
 	// column).
+	// Its Postgres 15 column list too (attnames, which names every column
+	// when there is no list): a column left out never reaches outboxd.
 	var filter *string
-	err = conn.QueryRow(ctx, `SELECT to_jsonb(pt) ->> 'rowfilter' FROM pg_publication_tables pt WHERE pt.pubname = $1 AND pt.schemaname = $2 AND pt.tablename = $3`,
-		name, schema, table).Scan(&filter)
+	var columns []string
+	err = conn.QueryRow(ctx, `SELECT to_jsonb(pt) ->> 'rowfilter', coalesce(to_jsonb(pt) -> 'attnames', 'null')
+		FROM pg_publication_tables pt WHERE pt.pubname = $1 AND pt.schemaname = $2 AND pt.tablename = $3`,
+		name, schema, table).Scan(&filter, &columns)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Publication{}, fmt.Errorf("publication %q does not include %s.%s; run ALTER PUBLICATION %s ADD TABLE %s.%s",
 			name, schema, table, quoteIdent(name), quoteIdent(schema), quoteIdent(table))
@@ -299,7 +306,16 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, name, schema, table 
 			"or give outboxd a publication of its own",
 			name, schema, table, *filter, quoteIdent(name), quoteIdent(schema), quoteIdent(table))
 	}
-	return Publication{Deletes: deletes, NoUpdates: !updates}, nil
+	return Publication{Deletes: deletes, NoUpdates: !updates, Columns: columns}, nil
+}
+
+// ColumnListError is the error for a publication whose column list leaves
+// out columns outboxd reads.
+func ColumnListError(name, schema, table string, published, missing []string) error {
+	return fmt.Errorf("publication %q publishes only the columns %s of %s.%s, and outboxd reads %s too; "+
+		"add the table again without a column list (ALTER PUBLICATION %[6]s DROP TABLE %[7]s.%[8]s; ALTER PUBLICATION %[6]s ADD TABLE %[7]s.%[8]s), "+
+		"or give outboxd a publication of its own",
+		name, strings.Join(published, ", "), schema, table, strings.Join(missing, ", "), quoteIdent(name), quoteIdent(schema), quoteIdent(table))
 }
 
 func parseLSN(s string) (LSN, error) {
