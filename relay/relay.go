@@ -103,7 +103,11 @@ func Fatal(err error) bool {
 // the slot is released. It returns nil after a clean shutdown and the error
 // for a fatal failure.
 func (r *Relay) Run(ctx context.Context) error {
-	const minBackoff, maxBackoff = 500 * time.Millisecond, 30 * time.Second
+	// At most 10 s between restarts (Kafka Connect's default for retriable
+	// errors too): after a long outage the pipeline is back within 10 s of
+	// the service, and each restart costs Postgres a re-decode from the
+	// slot's restart_lsn, which a shorter cap would repeat more often.
+	const minBackoff, maxBackoff = 500 * time.Millisecond, 10 * time.Second
 	backoff := minBackoff
 	defer r.setState(stateStopped, "stopped")
 	defer r.standby.close()
