@@ -336,22 +336,30 @@ func (e *eos) end(ctx context.Context, err error) error {
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	err = e.producer.AsFenced(err)
-	aerr := e.producer.Abort(actx)
 	var fenced *sink.FencedError
-	switch {
-	case errors.As(err, &fenced):
-	case errors.As(aerr, &fenced):
-	default:
-		if f, ferr := e.producer.Fenced(actx); ferr == nil && f {
+	if !errors.As(err, &fenced) {
+		// The run may be ending for another reason first (the stream lost
+		// the slot's connection): ask Kafka whether it was fenced.
+		pctx, cancel := context.WithTimeout(actx, 2*time.Second)
+		if f, ferr := e.producer.Fenced(pctx); ferr == nil && f {
 			fenced = &sink.FencedError{TransactionalID: e.producer.TransactionalID(),
 				Err: errors.New("the transaction coordinator holds a newer producer epoch")}
+			err = fenced
 		}
+		cancel()
 	}
-	if fenced != nil {
-		// The run may be ending for another reason first (the stream lost
-		// its slot): the fencing is the cause to report.
-		e.fail(fenced)
-		return fenced
+	// Name the run's cause before aborting: the records the abort fails
+	// must not become it.
+	cause := err
+	if cause == nil {
+		cause = context.Cause(ctx) // the error that ended the run's errgroup
+	}
+	if cause != nil {
+		e.fail(cause)
+	}
+	aerr := e.producer.Abort(actx)
+	if fenced == nil && errors.As(aerr, &fenced) {
+		return fenced // too late to be the run's cause, but the pipeline's error
 	}
 	if aerr != nil && err == nil && ctx.Err() == nil {
 		return aerr

@@ -67,6 +67,7 @@ type txnState struct {
 	pid    atomic.Int64 // the producer id and epoch after Init and each commit,
 	epoch  atomic.Int32 // to tell a fenced producer (Fenced)
 	fenced bool
+	unsure bool // a commit was sent and its answer not read
 }
 
 // NewTransactional returns a Producer for kafka.delivery: exactly_once with
@@ -200,10 +201,11 @@ func (p *Producer) Commit(ctx context.Context, position []byte) error {
 	if p.fence.Err() != nil {
 		return context.Cause(p.fence) // a record failed: never commit past it
 	}
+	p.txn.unsure = true // until the answer is read: the epoch may have moved
 	if err := p.client.EndTransaction(ctx, kgo.TryCommit); err != nil {
 		return p.AsFenced(fmt.Errorf("committing a Kafka transaction: %w", err))
 	}
-	p.txn.open = false
+	p.txn.open, p.txn.unsure = false, false
 	p.txn.m.committed.Inc()
 	p.txn.m.duration.Observe(time.Since(p.txn.began).Seconds())
 	// Safe after a commit: the producer id has no error to reload.
@@ -257,10 +259,14 @@ func (p *Producer) Fenced(ctx context.Context) (bool, error) {
 	if !ok || d.Err != nil {
 		return false, d.Err
 	}
-	// A commit or abort of this producer's own, whose answer it did not
-	// see, bumps the epoch by one; another producer's initialisation
-	// bumps it past the open transaction's abort too, or changes the id.
-	fenced := d.ProducerID != pid || int32(d.ProducerEpoch) > p.txn.epoch.Load()+1
+	// Another producer's initialisation bumps the epoch (or changes the
+	// id). So does a commit of this producer's own whose answer it did not
+	// read, by one.
+	slack := int32(0)
+	if p.txn.unsure {
+		slack = 1
+	}
+	fenced := d.ProducerID != pid || int32(d.ProducerEpoch) > p.txn.epoch.Load()+slack
 	if fenced {
 		p.noteFenced()
 	}

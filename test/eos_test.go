@@ -159,7 +159,7 @@ func TestExactlyOnceFencing(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("A paused for %s", time.Since(paused).Round(time.Millisecond))
-	a.waitLog(`another outboxd took over: Kafka fenced transactional id`, 60*time.Second)
+	t.Logf("A: %s", a.waitLog(`another outboxd took over: Kafka fenced transactional id[^\n]*`, 60*time.Second))
 	a.waitLog(`msg="standby: another process holds the slot`, 60*time.Second)
 	r := f.finish("exactly-once: fenced instance resumed", 1, time.Now(), "SIGSTOP the active instance, the standby takes over, SIGCONT")
 	noDuplicates(t, r)
@@ -327,4 +327,43 @@ func TestExactlyOnceNetworkFaults(t *testing.T) {
 		t.Errorf("outboxd exited during network faults: %v", p.err)
 	default:
 	}
+}
+
+// Acceptance 2, idle: the active instance is paused with no Kafka
+// transaction open, so Kafka refuses nothing of it when it resumes; it
+// still finds out (the coordinator holds a newer epoch) and says so.
+func TestExactlyOnceFencingIdle(t *testing.T) {
+	d := newDB(t)
+	env := eosEnv(d, "OUTBOXD_POSTGRES_STANDBY_POLL_INTERVAL=200ms")
+	a := start(t, env)
+	a.waitStreaming()
+	a.waitLog(`exactly-once: resuming`, 30*time.Second)
+	b := start(t, env)
+	b.waitLog(`msg="standby: another process holds the slot`, 30*time.Second)
+	spec := loadSpec{Prefix: d.name, Types: 2, IDs: 10, Writers: 1, Events: 200, TxSizes: []int{1, 10}}
+	f := startEOSRun(t, d, svc.brokers, spec)
+	if err := <-f.loadDone; err != nil {
+		t.Fatal(err)
+	}
+	f.loadDone <- nil
+	f.c.waitFor(t, f.l.committedIDs(), time.Minute) // committed: no transaction open
+	if err := a.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for !regexp.MustCompile(`exactly-once: resuming`).MatchString(b.logs.String()) {
+		if time.Now().After(deadline) {
+			_ = a.cmd.Process.Signal(syscall.SIGCONT)
+			t.Fatalf("the standby did not take over within 30s; log:\n%s", b.logs.String())
+		}
+		_, _ = d.pool.Exec(context.Background(), `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active`, d.slot)
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err := a.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("A: %s", a.waitLog(`another outboxd took over: Kafka fenced transactional id[^\n]*`, 60*time.Second))
+	a.waitLog(`msg="standby: another process holds the slot`, 60*time.Second)
+	r := f.finish("exactly-once: fenced idle instance resumed", 1, time.Now(), "SIGSTOP with no Kafka transaction open")
+	noDuplicates(t, r)
 }
