@@ -22,7 +22,10 @@ import (
 // standbys stream, whether synchronized_standby_slots names their slots,
 // and whether the standbys of postgres.standby_dsns hold a copy of it.
 type Failover struct {
-	Major        int  `json:"server_major"`
+	Major int `json:"server_major"`
+	// Timeline is the server's timeline: above 1 after a promotion or a
+	// restore, where outboxd does not create a missing slot.
+	Timeline     int  `json:"timeline"`
 	SlotExists   bool `json:"-"`
 	SlotFailover bool `json:"slot_failover"`
 	// SynchronizedStandbySlots is the primary's synchronized_standby_slots
@@ -85,8 +88,13 @@ func checkFailoverVersion(major int, version string, failover bool) error {
 // their copy of the slot.
 func readFailover(ctx context.Context, conn *pgx.Conn, pg config.Postgres, major int, slot wal.SlotInfo, exists bool) (Failover, error) {
 	f := Failover{Major: major, SlotExists: exists, SlotFailover: slot.Failover, Confirmed: slot.ConfirmedFlushLSN, Standbys: []Standby{}}
+	tli, err := wal.Timeline(ctx, conn)
+	if err != nil {
+		return f, err
+	}
+	f.Timeline = tli
 	var synchronized *string
-	err := conn.QueryRow(ctx, `SELECT current_setting('synchronized_standby_slots', true)`).Scan(&synchronized)
+	err = conn.QueryRow(ctx, `SELECT current_setting('synchronized_standby_slots', true)`).Scan(&synchronized)
 	if err != nil {
 		return f, fmt.Errorf("reading synchronized_standby_slots: %w", err)
 	}
@@ -197,6 +205,9 @@ func (f Failover) notes(slot string) []note {
 		out = append(out, note{warn, fmt.Sprintf(format, args...)})
 	}
 	physical := len(f.Standbys) > 0 || len(f.Copies) > 0
+	if !f.SlotExists && f.Timeline > 1 {
+		add(true, "the slot does not exist and this server is on timeline %d (promoted from a standby or restored from a backup), where outboxd does not create it: see the failover procedure in docs/operations.md", f.Timeline)
+	}
 	switch {
 	case f.Major < wal.FailoverMajor:
 		if physical {

@@ -38,6 +38,9 @@ func TestFailoverNotes(t *testing.T) {
 		f    Failover
 		want []want
 	}{
+		{"17, no slot on timeline 2", Failover{Major: 17, Timeline: 2},
+			[]want{{true, "the slot does not exist and this server is on timeline 2 (promoted from a standby or restored from a backup), where outboxd does not create it"}}},
+		{"17, no slot on timeline 1", Failover{Major: 17, Timeline: 1}, nil},
 		{"16, no standby", Failover{Major: 16, SlotExists: true},
 			[]want{{false, "not a failover slot: Postgres 16 has none (they came in 17)"}}},
 		{"16 with a standby", Failover{Major: 16, SlotExists: true, Standbys: []Standby{{Name: "s1", Slot: "s1"}}},
@@ -84,5 +87,22 @@ func TestFailoverNotes(t *testing.T) {
 	}
 	if !synced.Usable() {
 		t.Error("a synced, persisted copy is not usable")
+	}
+}
+
+// TestWriteTextFailover: outboxd status prints each failover note on a
+// row of its own.
+func TestWriteTextFailover(t *testing.T) {
+	rep := Report{Slot: "outboxd", SlotExists: true, Plugin: "pgoutput", WALStatus: "reserved",
+		FailoverNotes: []string{"failover slot: standbys with sync_replication_slots = on keep a copy of it", "warning: standby s1 ..."}}
+	var b strings.Builder
+	if err := rep.WriteText(&b); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	for _, want := range []string{"\nfailover     failover slot: standbys", "\nfailover     warning: standby s1 ...\n"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("report lacks %q:\n%s", want, out)
+		}
 	}
 }

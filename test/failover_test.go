@@ -319,6 +319,8 @@ func TestFailoverBeforeSlotSynced(t *testing.T) {
 	if slotOn(t, pair.standby.dsn, d.slot) {
 		t.Error("a fresh outboxd created the slot on the new primary")
 	}
+	mustContain(t, "outboxd status", runStatus(t, env),
+		`failover +warning: the slot does not exist and this server is on timeline 2 \(promoted from a standby or restored from a backup\), where outboxd does not create it`)
 	recordResult(t, result{Scenario: "Postgres failover before the failover slot was synchronised", Events: f.l.committedCount(), Faults: 1,
 		Note: "outboxd stopped with the missing-slot message (exit 1) and created no slot; a fresh outboxd refused to create one on timeline 2"})
 }
