@@ -88,13 +88,9 @@ func checkFailoverVersion(major int, version string, failover bool) error {
 // their copy of the slot.
 func readFailover(ctx context.Context, conn *pgx.Conn, pg config.Postgres, major int, slot wal.SlotInfo, exists bool) (Failover, error) {
 	f := Failover{Major: major, SlotExists: exists, SlotFailover: slot.Failover, Confirmed: slot.ConfirmedFlushLSN, Standbys: []Standby{}}
-	tli, err := wal.Timeline(ctx, conn)
-	if err != nil {
-		return f, err
-	}
-	f.Timeline = tli
+	f.Timeline, _ = wal.Timeline(ctx, conn) // 0, unknown, where the server does not tell
 	var synchronized *string
-	err = conn.QueryRow(ctx, `SELECT current_setting('synchronized_standby_slots', true)`).Scan(&synchronized)
+	err := conn.QueryRow(ctx, `SELECT current_setting('synchronized_standby_slots', true)`).Scan(&synchronized)
 	if err != nil {
 		return f, fmt.Errorf("reading synchronized_standby_slots: %w", err)
 	}
@@ -336,7 +332,7 @@ func (r *Relay) switchPoint(ctx context.Context, tli int) string {
 func (r *Relay) slotMissing(ctx context.Context, conn *pgx.Conn) error {
 	pg := r.cfg.Postgres
 	tli, err := wal.Timeline(ctx, conn)
-	if err != nil || r.timeline == 0 || tli == 0 || tli == r.timeline {
+	if err != nil || r.timeline <= 0 || tli == 0 || tli == r.timeline {
 		return wal.Errorf(wal.ErrSlotMissing, "replication slot %q was dropped while outboxd used it; events committed since its last confirmed position may never be delivered. "+
 			"Find them in the outbox table or the application; restart outboxd to create a new slot from the current position", pg.Slot)
 	}
@@ -362,17 +358,26 @@ func (r *Relay) slotMissing(ctx context.Context, conn *pgx.Conn) error {
 }
 
 // noteSlot records, at each pipeline start, what slotMissing needs to tell
-// a promotion from a drop: the timeline and the slot's failover flag.
+// a promotion from a drop: the timeline and the slot's failover flag. A
+// server that does not tell its timeline (pg_walfile_name refused) leaves
+// it unknown, with a warning the first time: slotMissing then reports a
+// drop, and outboxd still stops. It fails only when the connection does.
 func (r *Relay) noteSlot(ctx context.Context, conn *pgx.Conn, info wal.SlotInfo) error {
-	tli, err := wal.Timeline(ctx, conn)
-	if err != nil {
-		return err
-	}
 	if r.major == 0 {
+		var err error
 		if r.major, _, err = serverMajor(ctx, conn); err != nil {
 			return err
 		}
 	}
-	r.timeline, r.slotFailover = tli, info.Failover
+	r.slotFailover = info.Failover
+	tli, err := wal.Timeline(ctx, conn)
+	if err != nil {
+		if r.timeline != -1 { // -1: unknown, already said
+			r.log.Warn("cannot read the server's timeline, so a slot lost to a promotion will be reported as dropped", "slot", r.cfg.Postgres.Slot, "err", err)
+		}
+		r.timeline = -1
+		return nil
+	}
+	r.timeline = tli
 	return nil
 }
