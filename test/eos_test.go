@@ -367,3 +367,66 @@ func TestExactlyOnceFencingIdle(t *testing.T) {
 	r := f.finish("exactly-once: fenced idle instance resumed", 1, time.Now(), "SIGSTOP with no Kafka transaction open")
 	noDuplicates(t, r)
 }
+
+// Poison rows in exactly-once mode: a halt aborts the open Kafka
+// transaction (the good row before the poison row in the same Postgres
+// transaction is never seen by a read_committed consumer, and no
+// transaction is left open to hold consumers back); with dlq after the
+// restart every row, the dead letter included, is there once.
+func TestExactlyOncePoisonHaltsThenDeadLetters(t *testing.T) {
+	d := newDB(t)
+	agg, dlq := d.name+"_ok", d.name+"_dlq"
+	p := start(t, eosEnv(d))
+	p.waitStreaming()
+	c := collectCommitted(t, svc.brokers, []string{agg + "-events", dlq})
+	before, _ := insertEvent(t, d, agg, "a-1", `{"n": 1}`)
+	c.waitFor(t, []string{before}, time.Minute)
+	good1, poison, good2 := uuid(), uuid(), uuid()
+	ctx := context.Background()
+	tx, err := d.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, row := range [][2]string{{good1, agg}, {poison, "bad topic"}, {good2, agg}} {
+		if _, err := tx.Exec(ctx, insertSQL, row[0], row[1], "a-1", "Happened", `{"n": 2}`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if code := p.waitExit(60 * time.Second); code != 1 {
+		t.Fatalf("outboxd exited %d on a poison row, want 1", code)
+	}
+	id := regexp.MustCompile(`transactional_id=(\S+)`).FindStringSubmatch(p.logs.String())[1]
+	txns, err := kadmOn(t, svc.brokers).DescribeTransactions(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := txns[id].State; st == "Ongoing" {
+		t.Errorf("the halt left transaction %s %s: read_committed consumers wait for its timeout", id, st)
+	}
+	time.Sleep(time.Second)
+	if c.missing([]string{good1}) == 0 {
+		t.Errorf("a read_committed consumer saw the row before the poison row of a halted transaction")
+	}
+	p = start(t, eosEnv(d, "OUTBOXD_ROUTER_POISON_POLICY=dlq", "OUTBOXD_ROUTER_POISON_DLQ_TOPIC="+dlq))
+	p.waitStreaming()
+	want := []string{before, good1, poison, good2}
+	c.waitFor(t, want, time.Minute)
+	time.Sleep(time.Second)
+	n := map[string]int{}
+	topic := map[string]string{}
+	for _, r := range c.records() {
+		n[header(r, "id")]++
+		topic[header(r, "id")] = r.Topic
+	}
+	for _, id := range want {
+		if n[id] != 1 {
+			t.Errorf("event %s read %d times, want once", id, n[id])
+		}
+	}
+	if topic[poison] != dlq {
+		t.Errorf("the poison row went to %s, want %s", topic[poison], dlq)
+	}
+}
