@@ -5,7 +5,9 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -58,8 +60,8 @@ func Connect(ctx context.Context, pg config.Postgres) (*pgx.Conn, error) {
 	defer cancel()
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("cannot connect to Postgres at %s:%d as %s: %w; %s",
-			cfg.Host, cfg.Port, cfg.User, unwrapConnect(err), connectHint(err))
+		return nil, fmt.Errorf("cannot connect to Postgres at %s as %s: %w; %s",
+			hosts(&cfg.Config), cfg.User, unwrapConnect(err), connectHint(err))
 	}
 	return conn, nil
 }
@@ -103,9 +105,21 @@ func (r *Relay) connectReplication(ctx context.Context) (*pgconn.PgConn, error) 
 	defer cancel()
 	conn, err := pgconn.ConnectConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("opening replication connection to %s:%d as %s: %w; %s", cfg.Host, cfg.Port, cfg.User, unwrapConnect(err), connectHint(err))
+		return nil, fmt.Errorf("opening replication connection to %s as %s: %w; %s", hosts(cfg), cfg.User, unwrapConnect(err), connectHint(err))
 	}
 	return conn, nil
+}
+
+// hosts names every host:port of cfg, the DSN's first and its fallbacks
+// (a DSN naming several hosts), once each.
+func hosts(cfg *pgconn.Config) string {
+	all := []string{net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port)))}
+	for _, f := range cfg.Fallbacks {
+		if h := net.JoinHostPort(f.Host, strconv.Itoa(int(f.Port))); !slices.Contains(all, h) {
+			all = append(all, h)
+		}
+	}
+	return strings.Join(all, ",")
 }
 
 // connectHint says what to check after a failed connection attempt.

@@ -3,6 +3,8 @@ package relay
 import (
 	"strings"
 	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 func TestCheckFailoverVersion(t *testing.T) {
@@ -103,6 +105,23 @@ func TestWriteTextFailover(t *testing.T) {
 	for _, want := range []string{"\nfailover     failover slot: standbys", "\nfailover     warning: standby s1 ...\n"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("report lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+func TestHosts(t *testing.T) {
+	for _, tc := range []struct{ dsn, want string }{
+		{"postgres://u@db:5433/app", "db:5433"},
+		{"postgres://u@a:1,b:2/app?target_session_attrs=read-write", "a:1,b:2"},
+		{"host=a,b port=5432 user=u target_session_attrs=read-write", "a:5432,b:5432"},
+		{"postgres://u@[::1]:5432/app", "[::1]:5432"},
+	} {
+		cfg, err := pgconn.ParseConfig(tc.dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := hosts(cfg); got != tc.want {
+			t.Errorf("hosts(%s) = %s, want %s", tc.dsn, got, tc.want)
 		}
 	}
 }
