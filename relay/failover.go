@@ -305,9 +305,9 @@ func (r *Relay) refuseAfterPromotion(ctx context.Context, conn *pgx.Conn) error 
 	if tli <= 1 {
 		return nil
 	}
-	return wal.Errorf(wal.ErrSlotMissing, "replication slot %q does not exist, and this server is on timeline %d: it was promoted from a standby%s or restored from a backup, which keeps no slot that was not a synchronised failover slot. "+
-		"If outboxd streamed from %q before, events committed after its last confirmed position (the outboxd_checkpoint_confirmed_lsn it last reported) and before the promotion may be missing: "+
-		"recover them from the old primary's slot, the outbox table or the application. Then create the slot with %s and start outboxd again; outboxd creates it by itself only on timeline 1",
+	return wal.Errorf(wal.ErrSlotMissing, "replication slot %q does not exist, and this server is on timeline %d: it was promoted from a standby%s or restored from a backup, which keeps only synchronised failover slots. "+
+		"If outboxd used %q before, events committed after its last confirmed position (its last outboxd_checkpoint_confirmed_lsn) and before the promotion may be missing: "+
+		"recover them from the old primary's slot, the outbox table or the application. Then create the slot with %s and start outboxd; it creates the slot itself only on timeline 1",
 		pg.Slot, tli, r.switchPoint(ctx, tli), pg.Slot, wal.CreateSlotSQL(pg.Slot, pg.FailoverSlot))
 }
 
@@ -334,7 +334,7 @@ func (r *Relay) slotMissing(ctx context.Context, conn *pgx.Conn) error {
 	tli, err := wal.Timeline(ctx, conn)
 	if err != nil || r.timeline <= 0 || tli == 0 || tli == r.timeline {
 		return wal.Errorf(wal.ErrSlotMissing, "replication slot %q was dropped while outboxd used it; events committed since its last confirmed position may never be delivered. "+
-			"Find them in the outbox table or the application; restart outboxd to create a new slot from the current position", pg.Slot)
+			"Find them in the outbox table or the application; restart outboxd to create a new slot from the current position (on a server past timeline 1: %s)", pg.Slot, wal.CreateSlotSQL(pg.Slot, pg.FailoverSlot))
 	}
 	why := "it was not a failover slot"
 	switch {
