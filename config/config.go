@@ -116,8 +116,8 @@ type Kafka struct {
 	// holds max_buffered_records records).
 	TransactionInterval time.Duration `yaml:"transaction_interval"`
 	// TransactionTimeout is the Kafka transaction timeout; a Postgres
-	// transaction that keeps a Kafka transaction open for half of it is
-	// split over several.
+	// transaction that keeps a Kafka transaction open for half of it (or of
+	// DeliveryTimeout, if shorter) is split over several.
 	TransactionTimeout time.Duration `yaml:"transaction_timeout"`
 	// TransactionMaxBytes splits a Postgres transaction whose records in
 	// one Kafka transaction reach it.

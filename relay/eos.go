@@ -226,7 +226,7 @@ func (e *eos) row(ctx context.Context, rec *router.Record) (skip bool, err error
 		return true, nil
 	}
 	k := e.r.cfg.Kafka
-	if e.producer.InTransaction() && (e.bytes >= k.TransactionMaxBytes || time.Since(e.producer.Began()) >= k.TransactionTimeout/2) {
+	if e.producer.InTransaction() && (e.bytes >= k.TransactionMaxBytes || time.Since(e.producer.Began()) >= e.maxAge()) {
 		e.rows-- // this one goes in the next Kafka transaction
 		err := e.commit(ctx)
 		e.rows++
@@ -273,9 +273,17 @@ func (e *eos) due() (time.Time, bool) {
 		return time.Time{}, false
 	}
 	if e.inTxn {
-		return e.producer.Began().Add(e.r.cfg.Kafka.TransactionTimeout / 2), true
+		return e.producer.Began().Add(e.maxAge()), true
 	}
 	return e.producer.Began().Add(e.r.cfg.Kafka.TransactionInterval), true
+}
+
+// maxAge is how long a Kafka transaction may stay open inside a Postgres
+// transaction before it is split: half the transaction timeout, and half
+// the delivery timeout, since the stall watchdog counts the wait of the
+// Postgres transactions it completed.
+func (e *eos) maxAge() time.Duration {
+	return min(e.r.cfg.Kafka.TransactionTimeout, e.r.cfg.Kafka.DeliveryTimeout) / 2
 }
 
 // tick commits the open Kafka transaction when it is due.
