@@ -430,3 +430,30 @@ func TestExactlyOncePoisonHaltsThenDeadLetters(t *testing.T) {
 		t.Errorf("the poison row went to %s, want %s", topic[poison], dlq)
 	}
 }
+
+// A clean stop in exactly-once mode commits the open Kafka transaction at
+// the transaction boundary the stream stops at, confirms it and exits 0;
+// the restart repeats nothing.
+func TestExactlyOnceSIGTERM(t *testing.T) {
+	d := newDB(t)
+	env := eosEnv(d, "OUTBOXD_SHUTDOWN_TIMEOUT=60s")
+	p := start(t, env)
+	p.waitStreaming()
+	spec := loadSpec{Prefix: d.name, Types: 4, IDs: 40, Writers: 4, Events: 12000, TxSizes: []int{1, 10, 50, 500},
+		RollbackPct: 5, SavepointPct: 10, DeletePct: 20, Pace: 50 * time.Millisecond}
+	f := startEOSRun(t, d, svc.brokers, spec)
+	stops := 3
+	for i := range stops {
+		waitCommitted(t, f.l, (i+1)*spec.Events/(stops+1))
+		if code := p.stop(syscall.SIGTERM, 90*time.Second); code != 0 {
+			t.Fatalf("outboxd exited %d after SIGTERM, want 0", code)
+		}
+		if logs := p.logs.String(); !strings.Contains(logs, `msg=stopped`) || strings.Contains(logs, "shutdown_timeout") {
+			t.Errorf("not a clean stop:\n%s", logs)
+		}
+		p = start(t, env)
+		p.waitStreaming()
+	}
+	r := f.finish("exactly-once: SIGTERM and restart", stops, time.Now(), "")
+	noDuplicates(t, r)
+}
