@@ -26,6 +26,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/relay"
 )
 
 const (
@@ -679,6 +680,11 @@ func TestSystemdUnit(t *testing.T) {
 		if got, ok := svc[k]; !ok || got[len(got)-1] != v {
 			t.Errorf("[Service] %s=%q, want %q", k, got, v)
 		}
+	}
+	// A restart after a lost slot would create a new one past what the old
+	// one had not confirmed.
+	if got := svc["RestartPreventExitStatus"]; !slices.Contains(got, strconv.Itoa(relay.ExitSlotGone)) {
+		t.Errorf("[Service] RestartPreventExitStatus=%v, want %d (relay.ExitSlotGone)", got, relay.ExitSlotGone)
 	}
 	exec := strings.Fields(svc["ExecStart"][0])
 	if exec[0] != binPath || !slices.Contains(exec, "-config") {

@@ -38,7 +38,23 @@ func pgConfig(pg config.Postgres) (*pgx.ConnConfig, error) {
 		cfg.Password = pw
 	}
 	cfg.DialFunc = dialer().DialContext
+	if cfg.ConnectTimeout == 0 {
+		// Without connect_timeout pgconn gives every host the caller's one
+		// deadline, and a host that accepts and never answers uses it up
+		// before the next host is tried.
+		cfg.ConnectTimeout = hostConnectTimeout
+	}
 	return cfg, nil
+}
+
+// hostConnectTimeout is each host's time to connect when postgres.dsn sets
+// no connect_timeout.
+var hostConnectTimeout = 5 * time.Second
+
+// connectTimeout is the time to try every host of cfg: each its
+// ConnectTimeout.
+func connectTimeout(cfg *pgconn.Config) time.Duration {
+	return cfg.ConnectTimeout * time.Duration(1+len(cfg.Fallbacks))
 }
 
 // parseReason returns the cause of a DSN parse failure without the DSN.
@@ -56,7 +72,7 @@ func Connect(ctx context.Context, pg config.Postgres) (*pgx.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, connectTimeout(&cfg.Config))
 	defer cancel()
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
@@ -101,7 +117,7 @@ func (r *Relay) connectReplication(ctx context.Context) (*pgconn.PgConn, error) 
 	cfg := &ccfg.Config
 	cfg.RuntimeParams["replication"] = "database"
 	cfg.RuntimeParams["application_name"] = "outboxd"
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, connectTimeout(cfg))
 	defer cancel()
 	conn, err := pgconn.ConnectConfig(ctx, cfg)
 	if err != nil {
@@ -232,7 +248,12 @@ func (r *Relay) checkPostgres(ctx context.Context) (held bool, err error) {
 	if err != nil {
 		return false, err
 	}
-	major, version, err := serverMajor(ctx, conn)
+	err = refuseStandby(ctx, conn)
+	var major int
+	var version string
+	if err == nil {
+		major, version, err = serverMajor(ctx, conn)
+	}
 	if err == nil {
 		err = checkFailoverVersion(major, version, r.cfg.Postgres.FailoverSlot)
 	}
@@ -483,12 +504,12 @@ func (r *Relay) ensureSlot(ctx context.Context, conn *pgx.Conn) (held bool, err 
 		return false, err
 	}
 	if !ok {
+		if err := r.refuseAfterPromotion(ctx, conn); err != nil {
+			return false, err
+		}
 		if !pg.CreateSlot {
 			return false, wal.Errorf(wal.ErrSlotMissing, "replication slot %q does not exist; set postgres.create_slot: true, or create it with %s",
 				pg.Slot, wal.CreateSlotSQL(pg.Slot, pg.FailoverSlot))
-		}
-		if err := r.refuseAfterPromotion(ctx, conn); err != nil {
-			return false, err
 		}
 		lsn, err := wal.CreateSlot(ctx, conn, pg.Slot, pg.FailoverSlot)
 		if err != nil {
@@ -511,7 +532,7 @@ func (r *Relay) ensureSlot(ctx context.Context, conn *pgx.Conn) (held bool, err 
 	if err := conn.QueryRow(ctx, "SELECT current_database()").Scan(&db); err != nil {
 		return false, fmt.Errorf("reading current database: %w", err)
 	}
-	err = wal.CheckSlot(info, db)
+	err = r.checkSlot(ctx, conn, info, db)
 	var active *wal.SlotActiveError
 	if errors.As(err, &active) {
 		r.log.Warn(err.Error(), "slot", pg.Slot)
@@ -519,11 +540,11 @@ func (r *Relay) ensureSlot(ctx context.Context, conn *pgx.Conn) (held bool, err 
 	} else if err != nil {
 		return false, err
 	}
-	if pg.FailoverSlot && !info.Failover {
+	if pg.FailoverSlot && !info.Failover && !held { // a held slot cannot be altered; its holder alters it at its start
 		// As Debezium does with slot.failover: the slot keeps its position.
 		if err := r.alterToFailover(ctx); err != nil {
 			r.log.Warn("the slot is not a failover slot and could not be altered to one; run "+wal.AlterSlotFailoverSQL(pg.Slot)+
-				" on a replication connection (psql \"dbname=... replication=database\") while outboxd is stopped, or drop the slot once everything is delivered and let outboxd create it",
+				" on a replication connection (psql \"dbname=... replication=database\") while outboxd is stopped",
 				"slot", pg.Slot, "err", err)
 		} else {
 			info.Failover = true

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -290,20 +291,45 @@ func (r *Relay) alterToFailover(ctx context.Context) error {
 	return wal.AlterSlotFailover(ctx, repl, r.cfg.Postgres.Slot)
 }
 
+// refuseStandby refuses a server in recovery: a standby has no slot of
+// its own to stream from, and a slot created there (Postgres 16 and later
+// allow it) would begin where the standby is promoted, past everything the
+// old primary committed since outboxd last confirmed. The error is not
+// fatal: the pipeline retries, and a host list without
+// target_session_attrs may reach the primary next time.
+func refuseStandby(ctx context.Context, conn *pgx.Conn) error {
+	var inRecovery bool
+	if err := conn.QueryRow(ctx, `SELECT pg_is_in_recovery()`).Scan(&inRecovery); err != nil {
+		return fmt.Errorf("reading pg_is_in_recovery(): %w", err)
+	}
+	if !inRecovery {
+		return nil
+	}
+	addr := "the server"
+	if c := conn.PgConn().Conn(); c != nil {
+		addr = c.RemoteAddr().String()
+	}
+	return fmt.Errorf("connected to a standby (%s is in recovery); outboxd needs the primary: add target_session_attrs=read-write to postgres.dsn", addr)
+}
+
 // refuseAfterPromotion refuses to create the slot on a server whose
-// timeline is above 1: it was promoted from a standby or restored from a
+// timeline is not 1: it was promoted from a standby or restored from a
 // backup, neither of which keeps a logical slot unless it is a synchronised
 // failover slot, so the slot may have existed before and a new one would
-// silently skip what the old one had not confirmed.
+// silently skip what the old one had not confirmed. It fails closed: a
+// timeline it cannot read refuses too. With postgres.create_slot false it
+// refuses only a known later timeline, with the promotion's message, and
+// leaves the rest to the caller.
 func (r *Relay) refuseAfterPromotion(ctx context.Context, conn *pgx.Conn) error {
 	pg := r.cfg.Postgres
 	tli, err := wal.Timeline(ctx, conn)
-	if err != nil {
-		r.log.Warn("cannot read the server's timeline, so cannot tell whether it was promoted since the slot was last used; creating the slot", "slot", pg.Slot, "err", err)
+	switch {
+	case err != nil && !pg.CreateSlot, tli == 1:
 		return nil
-	}
-	if tli <= 1 {
-		return nil
+	case err != nil:
+		return fmt.Errorf("replication slot %q does not exist, and outboxd cannot tell whether this server was promoted or restored since the slot was last used (%w), so it does not create it. "+
+			"If no outboxd used %q on this server or the one it was promoted from, create it with %s and start outboxd",
+			pg.Slot, err, pg.Slot, wal.CreateSlotSQL(pg.Slot, pg.FailoverSlot))
 	}
 	return wal.Errorf(wal.ErrSlotMissing, "replication slot %q does not exist, and this server is on timeline %d: it was promoted from a standby%s or restored from a backup, which keeps only synchronised failover slots. "+
 		"If outboxd used %q before, events committed after its last confirmed position (its last outboxd_checkpoint_confirmed_lsn) and before the promotion may be missing: "+
@@ -332,22 +358,39 @@ func (r *Relay) switchPoint(ctx context.Context, tli int) string {
 func (r *Relay) slotMissing(ctx context.Context, conn *pgx.Conn) error {
 	pg := r.cfg.Postgres
 	tli, err := wal.Timeline(ctx, conn)
-	if err != nil || r.timeline <= 0 || tli == 0 || tli == r.timeline {
-		return wal.Errorf(wal.ErrSlotMissing, "replication slot %q was dropped while outboxd used it; events committed since its last confirmed position may never be delivered. "+
-			"Find them in the outbox table or the application; restart outboxd to create a new slot from the current position (on a server past timeline 1: %s)", pg.Slot, wal.CreateSlotSQL(pg.Slot, pg.FailoverSlot))
+	if err == nil && r.timeline > 0 && tli != r.timeline {
+		return r.promoted(ctx, tli, r.lostWhy())
 	}
-	why := "it was not a failover slot"
+	what := "was dropped while outboxd used it"
+	if err != nil || r.timeline <= 0 {
+		what = "is missing: dropped while outboxd used it, or lost in a promotion that outboxd could not see (it could not read the timeline)"
+	}
+	return wal.Errorf(wal.ErrSlotMissing, "replication slot %q %s; events committed since its last confirmed position may never be delivered. "+
+		"Find them in the outbox table or the application; then %s", pg.Slot, what, wal.RecreateRemedy(tli, pg.Slot, pg.FailoverSlot))
+}
+
+// lostWhy says why the slot did not survive the promotion.
+func (r *Relay) lostWhy() string {
 	switch {
 	case r.major > 0 && r.major < wal.FailoverMajor:
-		why = fmt.Sprintf("Postgres %d has no failover slots", r.major)
+		return fmt.Sprintf("Postgres %d has no failover slots", r.major)
 	case r.slotFailover:
-		why = "its copy on the standby was not synchronised and persisted yet"
+		return "its copy on the standby was not synchronised and persisted yet"
 	}
+	return "it was not a failover slot"
+}
+
+// promoted is the stop for a slot lost in a promotion to timeline tli:
+// why says why the slot outboxd used is not there.
+func (r *Relay) promoted(ctx context.Context, tli int, why string) error {
+	pg := r.cfg.Postgres
 	st := r.Status()
 	since := "the last position outboxd confirmed"
 	if st.ConfirmedLSN != "" {
 		since = "LSN " + st.ConfirmedLSN
-		if !st.ConfirmedCommitTime.IsZero() {
+		// The commit time goes with the last position sent; it names the
+		// transaction at ConfirmedLSN only when both are the same.
+		if !st.ConfirmedCommitTime.IsZero() && st.SentLSN == st.ConfirmedLSN {
 			since += " (the last confirmed transaction committed at " + st.ConfirmedCommitTime.UTC().Format(time.RFC3339Nano) + ")"
 		}
 	}
@@ -357,11 +400,32 @@ func (r *Relay) slotMissing(ctx context.Context, conn *pgx.Conn) error {
 		pg.Slot, tli, r.switchPoint(ctx, tli), r.timeline, why, since, wal.CreateSlotSQL(pg.Slot, pg.FailoverSlot))
 }
 
+// replacedWhy reports whether a slot found on a server whose timeline
+// changed from saved to tli since outboxd last saw it can be the one outboxd
+// used: only a synchronised failover copy (synced, Postgres 17 and later)
+// no further than outboxd confirmed (confirmed; 0 when unknown). Anything
+// else was created after the promotion, and resuming from it would skip
+// what the old slot had not confirmed. why is "" when the slot may be used.
+func replacedWhy(saved, tli int, info wal.SlotInfo, confirmed wal.LSN) string {
+	switch {
+	case saved <= 0 || tli == saved:
+		return ""
+	case !info.Synced:
+		return fmt.Sprintf("the slot there now is not a synchronised copy of the one outboxd used: it was created after the promotion, at %s", info.ConfirmedFlushLSN)
+	case confirmed != 0 && info.ConfirmedFlushLSN > confirmed:
+		return fmt.Sprintf("the slot there now is at %s, past the last position outboxd confirmed (%s): it is not the copy of the one outboxd used", info.ConfirmedFlushLSN, confirmed)
+	}
+	return ""
+}
+
 // noteSlot records, at each pipeline start, what slotMissing needs to tell
-// a promotion from a drop: the timeline and the slot's failover flag. A
-// server that does not tell its timeline (pg_walfile_name refused) leaves
-// it unknown, with a warning the first time: slotMissing then reports a
-// drop, and outboxd still stops. It fails only when the connection does.
+// a promotion from a drop: the timeline and the slot's failover flag. With
+// the slot present on a timeline other than the one outboxd last saw, it
+// stops with the promotion's message unless the slot is the synchronised
+// copy of the one outboxd used, no further than this process confirmed
+// (replacedWhy). A timeline it cannot read keeps the one it saw last, with
+// a warning the first time; it never saves an unknown one. It fails only
+// when the connection does.
 func (r *Relay) noteSlot(ctx context.Context, conn *pgx.Conn, info wal.SlotInfo) error {
 	if r.major == 0 {
 		var err error
@@ -369,15 +433,50 @@ func (r *Relay) noteSlot(ctx context.Context, conn *pgx.Conn, info wal.SlotInfo)
 			return err
 		}
 	}
-	r.slotFailover = info.Failover
 	tli, err := wal.Timeline(ctx, conn)
 	if err != nil {
-		if r.timeline != -1 { // -1: unknown, already said
-			r.log.Warn("cannot read the server's timeline, so a slot lost to a promotion will be reported as dropped", "slot", r.cfg.Postgres.Slot, "err", err)
+		if !r.timelineWarned {
+			r.timelineWarned = true
+			r.log.Warn("cannot read the server's timeline; keeping the one last seen, so a slot lost to a promotion may be reported as dropped", "slot", r.cfg.Postgres.Slot, "err", err)
 		}
-		r.timeline = -1
-		return nil
+	} else if why := replacedWhy(r.timeline, tli, info, r.confirmed); why != "" {
+		return r.promoted(ctx, tli, why)
+	} else {
+		r.timeline = tli
 	}
-	r.timeline = tli
+	r.slotFailover = info.Failover
 	return nil
+}
+
+// checkSlot is wal.CheckSlot with the remedy for an invalidated slot worded
+// for this server's timeline.
+func (r *Relay) checkSlot(ctx context.Context, conn *pgx.Conn, info wal.SlotInfo, db string) error {
+	err := wal.CheckSlot(info, db, "")
+	if errors.Is(err, wal.ErrSlotLost) {
+		tli, _ := wal.Timeline(ctx, conn) // 0, unknown: the remedy that works on any timeline
+		err = wal.CheckSlot(info, db, wal.RecreateRemedy(tli, r.cfg.Postgres.Slot, r.cfg.Postgres.FailoverSlot))
+	}
+	return err
+}
+
+// ExitSlotGone is outboxd's exit status when the slot is missing or
+// invalidated (SlotGone). A restart does not bring the slot back, and on
+// timeline 1 a restarted outboxd would create a new slot at the current
+// position, past every event the old one had not confirmed: service
+// managers must not restart on it (deploy/systemd/outboxd.service,
+// RestartPreventExitStatus).
+const ExitSlotGone = 3
+
+// SlotGone reports an error saying that the slot is missing or invalidated:
+// outboxd's own (wal.ErrSlotMissing, wal.ErrSlotLost) or the server's, when
+// the slot went between the inspection and START_REPLICATION.
+func SlotGone(err error) bool {
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.Is(err, wal.ErrSlotMissing), errors.Is(err, wal.ErrSlotLost):
+		return true
+	case errors.As(err, &pgErr):
+		return (pgErr.Code == "42704" || pgErr.Code == "55000") && strings.Contains(pgErr.Message, "replication slot")
+	}
+	return false
 }

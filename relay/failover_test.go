@@ -1,10 +1,19 @@
 package relay
 
 import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/wal"
 )
 
 func TestCheckFailoverVersion(t *testing.T) {
@@ -123,5 +132,113 @@ func TestHosts(t *testing.T) {
 		if got := hosts(cfg); got != tc.want {
 			t.Errorf("hosts(%s) = %s, want %s", tc.dsn, got, tc.want)
 		}
+	}
+}
+
+// TestConnectTriesEveryHost: a first host that accepts and never answers
+// (a tarpit) does not keep the second from being tried, when the DSN sets
+// no connect_timeout.
+func TestConnectTriesEveryHost(t *testing.T) {
+	defer func(d time.Duration) { hostConnectTimeout = d }(hostConnectTimeout)
+	hostConnectTimeout = time.Second
+	tarpit, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tarpit.Close()
+	var held []net.Conn
+	var mu sync.Mutex
+	go func() {
+		for {
+			c, err := tarpit.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c) // accepted, never answered
+			mu.Unlock()
+		}
+	}()
+	defer func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	second, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.Close()
+	reached := make(chan struct{}, 16)
+	go func() {
+		for {
+			c, err := second.Accept()
+			if err != nil {
+				return
+			}
+			reached <- struct{}{}
+			c.Close() // answers by hanging up: a failed attempt, but an attempt
+		}
+	}()
+	dsn := fmt.Sprintf("postgres://u@%s,%s/app?sslmode=disable", tarpit.Addr(), second.Addr())
+	r := &Relay{cfg: config.Config{Postgres: config.Postgres{DSN: dsn, Slot: "outboxd"}}, log: slog.New(slog.DiscardHandler)}
+	for name, connect := range map[string]func(context.Context) error{
+		"regular": func(ctx context.Context) error {
+			_, err := Connect(ctx, r.cfg.Postgres)
+			return err
+		},
+		"replication": func(ctx context.Context) error {
+			_, err := r.connectReplication(ctx)
+			return err
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			for len(reached) > 0 {
+				<-reached
+			}
+			err := connect(context.Background())
+			if err == nil {
+				t.Fatal("connected")
+			}
+			select {
+			case <-reached:
+			default:
+				t.Fatalf("the second host was never tried: %v", err)
+			}
+			if want := tarpit.Addr().String() + "," + second.Addr().String(); !strings.Contains(err.Error(), want) {
+				t.Errorf("%v does not name %s", err, want)
+			}
+		})
+	}
+}
+
+// TestReplacedWhy: after a timeline change a running outboxd resumes only
+// from a synchronised copy no further than it confirmed.
+func TestReplacedWhy(t *testing.T) {
+	synced := wal.SlotInfo{Synced: true, Failover: true, ConfirmedFlushLSN: 0x3000060}
+	fresh := wal.SlotInfo{ConfirmedFlushLSN: 0x5000000}
+	for _, tc := range []struct {
+		name       string
+		saved, tli int
+		info       wal.SlotInfo
+		confirmed  wal.LSN
+		want       string
+	}{
+		{"same timeline", 1, 1, fresh, 0x3000000, ""},
+		{"first start", 0, 2, fresh, 0, ""},
+		{"synced copy behind", 1, 2, synced, 0x3000100, ""},
+		{"synced copy at", 1, 2, synced, 0x3000060, ""},
+		{"synced copy, position unknown", 1, 2, synced, 0, ""},
+		{"created after the promotion", 1, 2, fresh, 0x3000000, "not a synchronised copy of the one outboxd used: it was created after the promotion, at 0/5000000"},
+		{"synced copy ahead", 1, 2, synced, 0x3000000, "at 0/3000060, past the last position outboxd confirmed (0/3000000)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := replacedWhy(tc.saved, tc.tli, tc.info, tc.confirmed)
+			if tc.want == "" && got != "" || tc.want != "" && !strings.Contains(got, tc.want) {
+				t.Errorf("replacedWhy = %q, want %q", got, tc.want)
+			}
+		})
 	}
 }

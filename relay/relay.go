@@ -39,9 +39,11 @@ type Relay struct {
 	status   status
 	// What the last pipeline start saw, to tell a promotion from a dropped
 	// slot (see slotMissing).
-	timeline     int
-	major        int
-	slotFailover bool
+	timeline       int
+	timelineWarned bool
+	major          int
+	slotFailover   bool
+	confirmed      wal.LSN // the highest position this process confirmed
 }
 
 // New returns a Relay for a validated cfg, with its metrics on reg.
@@ -320,6 +322,7 @@ func (r *Relay) runOnce(ctx context.Context) error {
 		r.log.Warn("final status update failed; Postgres keeps the previous confirmed position", "err", cerr, "slot", pg.Slot)
 	}
 	r.m.confirmedLSN.Set(float64(tracker.Confirmed()))
+	r.confirmed = max(r.confirmed, tracker.Confirmed())
 	if err == nil && ctx.Err() != nil {
 		r.log.Info("stopped", "slot", pg.Slot, "lsn", tracker.Confirmed().String())
 	}
@@ -445,6 +448,9 @@ func (r *Relay) inspectSlot(ctx context.Context) (wal.LSN, error) {
 
 // inspectSlotOn is inspectSlot on an open connection.
 func (r *Relay) inspectSlotOn(ctx context.Context, conn *pgx.Conn) (wal.LSN, error) {
+	if err := refuseStandby(ctx, conn); err != nil {
+		return 0, err
+	}
 	info, ok, err := wal.InspectSlot(ctx, conn, r.cfg.Postgres.Slot)
 	if err != nil {
 		return 0, err
@@ -459,7 +465,7 @@ func (r *Relay) inspectSlotOn(ctx context.Context, conn *pgx.Conn) (wal.LSN, err
 		Scan(&db, &r.outboxID); err != nil {
 		return 0, fmt.Errorf("reading current database: %w", err)
 	}
-	if err := wal.CheckSlot(info, db); err != nil {
+	if err := r.checkSlot(ctx, conn, info, db); err != nil {
 		return 0, err
 	}
 	if err := r.noteSlot(ctx, conn, info); err != nil {

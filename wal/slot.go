@@ -97,20 +97,24 @@ func InspectSlot(ctx context.Context, conn *pgx.Conn, name string) (info SlotInf
 }
 
 // CheckSlot verifies that an existing slot can be streamed from by this
-// database with pgoutput right now.
-func CheckSlot(info SlotInfo, database string) error {
+// database with pgoutput right now. recreate completes the remedy for an
+// invalidated slot after "drop the slot and": how a new one is made on this
+// server (RecreateRemedy).
+func CheckSlot(info SlotInfo, database, recreate string) error {
 	switch {
 	case info.Plugin != "pgoutput":
 		return fmt.Errorf("replication slot %q uses plugin %q; outboxd needs a pgoutput slot: drop it or configure another slot name", info.Name, info.Plugin)
 	case info.Database != database:
 		return fmt.Errorf("replication slot %q belongs to database %q, not %q; configure another slot name", info.Name, info.Database, database)
-	case info.WALStatus == "lost":
-		return Errorf(ErrSlotLost, "replication slot %q is invalidated: Postgres removed WAL it still needed (max_slot_wal_keep_size), so outbox events committed while it lagged may never be delivered; "+
-			"recover them from the outbox table or the application, then drop the slot (SELECT pg_drop_replication_slot('%s')) and let outboxd create a new one", info.Name, info.Name)
-	case info.InvalidationReason != "":
+	case info.InvalidationReason != "" && info.InvalidationReason != "wal_removed":
+		// Postgres 17 and later say why; wal_status is lost whatever the
+		// reason, so the reason is read first.
 		return Errorf(ErrSlotLost, "replication slot %q is invalidated (%s): Postgres can no longer decode it, so outbox events committed after its confirmed position %s may never be delivered; "+
-			"recover them from the outbox table or the application, then drop the slot (SELECT pg_drop_replication_slot('%s')) and let outboxd create a new one",
-			info.Name, info.InvalidationReason, info.ConfirmedFlushLSN, info.Name)
+			"recover them from the outbox table or the application, then drop the slot (SELECT pg_drop_replication_slot('%s')) and %s",
+			info.Name, info.InvalidationReason, info.ConfirmedFlushLSN, info.Name, recreate)
+	case info.WALStatus == "lost" || info.InvalidationReason == "wal_removed":
+		return Errorf(ErrSlotLost, "replication slot %q is invalidated: Postgres removed WAL it still needed (max_slot_wal_keep_size), so outbox events committed while it lagged may never be delivered; "+
+			"recover them from the outbox table or the application, then drop the slot (SELECT pg_drop_replication_slot('%s')) and %s", info.Name, info.Name, recreate)
 	case info.Active:
 		return &SlotActiveError{Slot: info.Name, PID: info.ActivePID}
 	}
@@ -127,6 +131,17 @@ func CreateSlotSQL(name string, failover bool) string {
 		return fmt.Sprintf("SELECT pg_create_logical_replication_slot('%s', 'pgoutput', false, false, true)", name)
 	}
 	return fmt.Sprintf("SELECT pg_create_logical_replication_slot('%s', 'pgoutput')", name)
+}
+
+// RecreateRemedy says how a dropped slot is made again on a server on
+// timeline tli (0: unknown): outboxd creates it only on timeline 1, and
+// only when it is started again (it exits with a status that systemd's unit
+// does not restart).
+func RecreateRemedy(tli int, name string, failover bool) string {
+	if tli == 1 {
+		return "start outboxd again with postgres.create_slot: true, which creates a new one from the current position"
+	}
+	return fmt.Sprintf("create a new one with %s (outboxd creates it only on a server on timeline 1), then start outboxd", CreateSlotSQL(name, failover))
 }
 
 // CreateSlot creates a pgoutput logical replication slot, a failover slot
@@ -159,18 +174,27 @@ func AlterSlotFailover(ctx context.Context, conn *pgconn.PgConn, name string) er
 	return nil
 }
 
+// ErrInRecovery: the server is a standby, in recovery, which has no
+// timeline of its own and on which outboxd must not create its slot.
+var ErrInRecovery = errors.New("the server is in recovery")
+
 // Timeline returns the server's current timeline (1 until a standby of it
 // was promoted, or it was restored from a backup), read from the name of
-// the WAL file being written; 0 on a server in recovery, which has none of
-// its own.
+// the WAL file being written. On a server in recovery it returns an error
+// that matches ErrInRecovery.
 func Timeline(ctx context.Context, conn *pgx.Conn) (int, error) {
-	var tli int
-	err := conn.QueryRow(ctx, `SELECT CASE WHEN pg_is_in_recovery() THEN 0
-		ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int END`).Scan(&tli)
-	if err != nil {
+	var tli *int
+	err := conn.QueryRow(ctx, `SELECT CASE WHEN NOT pg_is_in_recovery()
+		THEN ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int END`).Scan(&tli)
+	switch {
+	case err != nil:
 		return 0, fmt.Errorf("reading the server's timeline: %w", err)
+	case tli == nil:
+		return 0, fmt.Errorf("reading the server's timeline: %w", ErrInRecovery)
+	case *tli < 1:
+		return 0, fmt.Errorf("reading the server's timeline: the WAL file name gives timeline %d", *tli)
 	}
-	return tli, nil
+	return *tli, nil
 }
 
 // TimelineSwitch returns where the server's current timeline tli began (the

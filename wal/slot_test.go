@@ -44,13 +44,42 @@ func TestSlotSQL(t *testing.T) {
 	}
 }
 
+// TestCheckSlotInvalidated: every invalidated slot has wal_status lost
+// (18.6 with idle_replication_slot_timeout: lost | idle_timeout), so the
+// cause is read from invalidation_reason first; the remedy depends on the
+// timeline.
 func TestCheckSlotInvalidated(t *testing.T) {
-	info := SlotInfo{Name: "outboxd", Plugin: "pgoutput", Database: "app", WALStatus: "reserved", InvalidationReason: "rows_removed", ConfirmedFlushLSN: 0x16B3748}
-	err := CheckSlot(info, "app")
-	if err == nil || !strings.Contains(err.Error(), "invalidated (rows_removed)") || !strings.Contains(err.Error(), "0/16B3748") {
-		t.Fatalf("CheckSlot = %v", err)
-	}
-	if !errors.Is(err, ErrSlotLost) {
-		t.Errorf("%v is not ErrSlotLost", err)
+	for _, tc := range []struct {
+		name     string
+		info     SlotInfo
+		tli      int
+		want     []string
+		unwanted string
+	}{
+		{"idle timeout, 18", SlotInfo{WALStatus: "lost", InvalidationReason: "idle_timeout"}, 1,
+			[]string{"invalidated (idle_timeout): Postgres can no longer decode it", "after its confirmed position 0/16B3748", "start outboxd again with postgres.create_slot: true"}, "max_slot_wal_keep_size"},
+		{"rows removed, 17", SlotInfo{WALStatus: "lost", InvalidationReason: "rows_removed"}, 2,
+			[]string{"invalidated (rows_removed)", "create a new one with SELECT pg_create_logical_replication_slot('outboxd', 'pgoutput') (outboxd creates it only on a server on timeline 1)"}, "max_slot_wal_keep_size"},
+		{"wal removed, 17", SlotInfo{WALStatus: "lost", InvalidationReason: "wal_removed"}, 1,
+			[]string{"Postgres removed WAL it still needed (max_slot_wal_keep_size)", "start outboxd again"}, "let outboxd"},
+		{"lost, 16", SlotInfo{WALStatus: "lost"}, 0,
+			[]string{"Postgres removed WAL it still needed (max_slot_wal_keep_size)", "create a new one with SELECT"}, "let outboxd"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			info := tc.info
+			info.Name, info.Plugin, info.Database, info.ConfirmedFlushLSN = "outboxd", "pgoutput", "app", 0x16B3748
+			err := CheckSlot(info, "app", RecreateRemedy(tc.tli, "outboxd", false))
+			if !errors.Is(err, ErrSlotLost) {
+				t.Fatalf("CheckSlot = %v, want ErrSlotLost", err)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("%q lacks %q", err, w)
+				}
+			}
+			if strings.Contains(err.Error(), tc.unwanted) {
+				t.Errorf("%q has %q", err, tc.unwanted)
+			}
+		})
 	}
 }

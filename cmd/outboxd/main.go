@@ -55,8 +55,17 @@ func main() {
 		if !errors.Is(err, errReported) {
 			fmt.Fprintf(os.Stderr, "outboxd: %v\n", err)
 		}
-		os.Exit(1)
+		os.Exit(exitCode(err))
 	}
+}
+
+// exitCode is 1 for an error, relay.ExitSlotGone for a missing or
+// invalidated slot, which a restart must not "fix" by creating a new one.
+func exitCode(err error) int {
+	if relay.SlotGone(err) {
+		return relay.ExitSlotGone
+	}
+	return 1
 }
 
 // errReported: the error was already logged.
@@ -137,7 +146,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	if err := serve(ctx, cfg, log); err != nil {
 		log.Error("outboxd stopped", "err", err, "slot", cfg.Postgres.Slot)
-		return errReported
+		return fmt.Errorf("%w: %w", errReported, err) // the cause decides the exit status
 	}
 	return nil
 }
