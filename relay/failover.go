@@ -385,14 +385,18 @@ func (r *Relay) lostWhy() string {
 func (r *Relay) promoted(ctx context.Context, tli int, why string) error {
 	pg := r.cfg.Postgres
 	st := r.Status()
+	// SentLSN and ConfirmedCommitTime are set together, as this process
+	// confirms; ConfirmedLSN, the slot's position as Postgres applied it,
+	// may be another run's and does not go with the commit time.
 	since := "the last position outboxd confirmed"
-	if st.ConfirmedLSN != "" {
-		since = "LSN " + st.ConfirmedLSN
-		// The commit time goes with the last position sent; it names the
-		// transaction at ConfirmedLSN only when both are the same.
-		if !st.ConfirmedCommitTime.IsZero() && st.SentLSN == st.ConfirmedLSN {
+	switch {
+	case st.SentLSN != "":
+		since = "LSN " + st.SentLSN
+		if !st.ConfirmedCommitTime.IsZero() {
 			since += " (the last confirmed transaction committed at " + st.ConfirmedCommitTime.UTC().Format(time.RFC3339Nano) + ")"
 		}
+	case st.ConfirmedLSN != "":
+		since = "LSN " + st.ConfirmedLSN
 	}
 	return wal.Errorf(wal.ErrSlotMissing, "replication slot %q is missing: the server is a standby promoted to timeline %d%s (outboxd last saw timeline %d), and %s. "+
 		"Events committed after %s and before the promotion may never be delivered: recover them from the old primary's slot if it can be started, or from the outbox table or the application; "+

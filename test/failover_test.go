@@ -63,6 +63,13 @@ func serverMajorAt(t *testing.T, dsn string) int {
 // (args are its options) and returns the pair.
 func addStandby(t *testing.T, primary *ownPostgres, args ...string) *pgPair {
 	t.Helper()
+	return addStandbyConf(t, primary, "", args...)
+}
+
+// addStandbyConf is addStandby with conf, lines of postgresql.conf, added
+// to the standby's settings (OUTBOXD_TESTBED_PG_CONF).
+func addStandbyConf(t *testing.T, primary *ownPostgres, conf string, args ...string) *pgPair {
+	t.Helper()
 	dir, err := os.MkdirTemp("", "outboxd-standby-")
 	if err != nil {
 		t.Fatal(err)
@@ -73,6 +80,13 @@ func addStandby(t *testing.T, primary *ownPostgres, args ...string) *pgPair {
 	standby := &ownPostgres{t: t, dir: dir,
 		env: append(os.Environ(), "OUTBOXD_TESTBED_DIR="+dir, fmt.Sprintf("OUTBOXD_TESTBED_PG_PORT=%d", port)),
 		dsn: fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)}
+	if conf != "" {
+		file := dir + "/extra.conf"
+		if err := os.WriteFile(file, []byte(conf+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		standby.env = append(standby.env, "OUTBOXD_TESTBED_PG_CONF="+file)
+	}
 	standby.script("pg-standby", append([]string{"--primary", primary.dir}, args...)...)
 	t.Cleanup(func() { standby.script("pg-stop") })
 	return &pgPair{primary: primary, standby: standby, major: serverMajorAt(t, primary.dsn),
@@ -279,13 +293,16 @@ func TestFailoverWithFailoverSlot(t *testing.T) {
 
 // (b) A kill before the standby's copy is synchronised and persisted: the
 // promoted standby has no slot, and outboxd stops with its message instead
-// of creating one; a fresh outboxd refuses to create it too.
+// of creating one; a fresh outboxd refuses to create it too, also with
+// create_slot: false. The standby runs with sync_replication_slots = off,
+// so that it never holds a copy (rather than racing the ~25 s it takes to
+// persist one).
 func TestFailoverBeforeSlotSynced(t *testing.T) {
 	primary := startOwnPostgres(t)
 	if major := serverMajorAt(t, primary.dsn); major < 17 {
 		t.Skipf("Postgres %d has no failover slots (they came in 17); TestFailoverWithoutFailoverSlot covers this version", major)
 	}
-	pair := addStandby(t, primary, "--synchronous")
+	pair := addStandbyConf(t, primary, "sync_replication_slots = off", "--synchronous")
 	d := outboxDB(t, pair.dsn)
 	env := d.env("OUTBOXD_POSTGRES_FAILOVER_SLOT=true")
 	p := start(t, env)
@@ -295,15 +312,15 @@ func TestFailoverBeforeSlotSynced(t *testing.T) {
 	waitCommitted(t, f.l, 100)
 	f.c.waitFor(t, f.l.committedIDs(), time.Minute)
 	c := readSlotCopy(t, pair.standby.dsn, d.slot)
-	if c.usable() {
-		t.Fatalf("the standby's copy was synchronised and persisted before the kill (%+v): nothing to test; this should take many seconds", c)
+	if c.exists {
+		t.Fatalf("the standby has a copy of the slot with sync_replication_slots = off: %+v", c)
 	}
 	pair.kill()
 	stopLoad(t, f)
 	pair.promote()
-	t.Logf("primary killed with the standby's copy %+v, standby promoted", c)
-	if code := p.waitExit(2 * time.Minute); code != 1 {
-		t.Errorf("outboxd exited %d, want 1", code)
+	t.Log("primary killed with no copy of the slot on the standby, standby promoted")
+	if code := p.waitExit(2 * time.Minute); code != 3 {
+		t.Errorf("outboxd exited %d, want 3", code)
 	}
 	line := errorLine(t, p)
 	mustContain(t, "the error", line,
@@ -316,13 +333,16 @@ func TestFailoverBeforeSlotSynced(t *testing.T) {
 	// A fresh process: create_slot (true by default) does not apply on a
 	// promoted server.
 	expectStartupError(t, env, `replication slot \\"`+failoverSlot+`\\" does not exist, and this server is on timeline 2: it was promoted from a standby at LSN \S+ or restored from a backup`)
+	// create_slot: false (configurations converted from Debezium) gets the
+	// same message, not "set postgres.create_slot: true".
+	expectStartupError(t, append(env, "OUTBOXD_POSTGRES_CREATE_SLOT=false"), `replication slot \\"`+failoverSlot+`\\" does not exist, and this server is on timeline 2: it was promoted`)
 	if slotOn(t, pair.standby.dsn, d.slot) {
 		t.Error("a fresh outboxd created the slot on the new primary")
 	}
 	mustContain(t, "outboxd status", runStatus(t, env),
 		`failover +warning: the slot does not exist and this server is on timeline 2 \(promoted from a standby or restored from a backup\), where outboxd does not create it`)
 	recordResult(t, result{Scenario: "Postgres failover before the failover slot was synchronised", Events: f.l.committedCount(), Faults: 1,
-		Note: "outboxd stopped with the missing-slot message (exit 1) and created no slot; a fresh outboxd refused to create one on timeline 2"})
+		Note: "outboxd stopped with the missing-slot message (exit 3) and created no slot; a fresh outboxd refused to create one on timeline 2"})
 }
 
 // (c) No failover slot (what 14-16 have, and 17+ with the option off): the
@@ -359,12 +379,18 @@ func TestFailoverWithoutFailoverSlot(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	// What Postgres holds as confirmed just before the kill: outboxd's own
+	// report of it is what is being checked.
+	var primaryConfirmed string
+	if err := d.pool.QueryRow(context.Background(), `SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1`, d.slot).Scan(&primaryConfirmed); err != nil {
+		t.Fatal(err)
+	}
 	pair.kill()
 	stopLoad(t, f) // nothing is committed on the new primary
 	atKill := f.l.committedCount()
 	pair.promote()
-	if code := p.waitExit(2 * time.Minute); code != 1 {
-		t.Errorf("outboxd exited %d, want 1", code)
+	if code := p.waitExit(2 * time.Minute); code != 3 {
+		t.Errorf("outboxd exited %d, want 3", code)
 	}
 	why := "it was not a failover slot"
 	if pair.major < 17 {
@@ -374,8 +400,8 @@ func TestFailoverWithoutFailoverSlot(t *testing.T) {
 	mustContain(t, "the error", line,
 		`replication slot \\"`+failoverSlot+`\\" is missing: the server is a standby promoted to timeline 2 at LSN \S+ \(outboxd last saw timeline 1\), and `+why,
 		`Events committed after LSN \S+ \(the last confirmed transaction committed at \S+\) and before the promotion may never be delivered: recover them from the old primary's slot`)
-	if code := standby.waitExit(time.Minute); code != 1 {
-		t.Errorf("the standby instance exited %d, want 1", code)
+	if code := standby.waitExit(time.Minute); code != 3 {
+		t.Errorf("the standby instance exited %d, want 3", code)
 	}
 	mustContain(t, "the standby instance's error", errorLine(t, standby),
 		`replication slot \\"`+failoverSlot+`\\" is missing: the server is a standby promoted to timeline 2 at LSN \S+ \(outboxd last saw timeline 1\)`)
@@ -383,6 +409,7 @@ func TestFailoverWithoutFailoverSlot(t *testing.T) {
 		t.Error("a slot exists on the new primary")
 	}
 	expectStartupError(t, env, `replication slot \\"`+failoverSlot+`\\" does not exist, and this server is on timeline 2`)
+	expectStartupError(t, append(env, "OUTBOXD_POSTGRES_CREATE_SLOT=false"), `replication slot \\"`+failoverSlot+`\\" does not exist, and this server is on timeline 2`)
 
 	// The old primary comes back alone, without its standby.
 	primary.script("pg-start")
@@ -402,7 +429,7 @@ func TestFailoverWithoutFailoverSlot(t *testing.T) {
 	d.pool = old // the truth of the unknown COMMITs is the old primary's
 	f.l.resolve(t, old)
 	time.Sleep(2 * time.Second) // the collector reads what Kafka acknowledged before the stop
-	confirmed := parseLSN(t, regexp.MustCompile(`Events committed after LSN (\S+)`).FindStringSubmatch(line)[1])
+	confirmed := parseLSN(t, primaryConfirmed)
 	missing := map[string]bool{}
 	for _, id := range f.l.committedIDs() {
 		missing[id] = true
@@ -423,14 +450,14 @@ func TestFailoverWithoutFailoverSlot(t *testing.T) {
 	if past > 0 {
 		t.Errorf("%d of the %d events missing from Kafka were committed at or before the confirmed position %s", past, len(missing), wal.LSN(confirmed))
 	}
-	t.Logf("%d committed events were not in Kafka when outboxd stopped, all committed after its confirmed position %s", len(missing), wal.LSN(confirmed))
+	t.Logf("%d committed events were not in Kafka when outboxd stopped, all committed after the slot's confirmed position %s before the kill", len(missing), wal.LSN(confirmed))
 
 	// Recovery through the old primary's slot, as docs/operations.md
 	// describes.
 	p2 := start(t, replace(d.env(), "OUTBOXD_POSTGRES_DSN", primary.dsn))
 	p2.waitStreaming()
 	f.finish("Postgres failover without a failover slot", 1, time.Now(),
-		fmt.Sprintf("Postgres %d; outboxd (and the HA pair's standby instance) stopped with the missing-slot message and created no slot; primary killed at %d committed events, "+
+		fmt.Sprintf("Postgres %d; outboxd (and the HA pair's standby instance) stopped with the missing-slot message (exit 3) and created no slot; primary killed at %d committed events, "+
 			"%d of them not in Kafka, all committed after outboxd's confirmed position; recovered through the old primary's slot", pair.major, atKill, len(missing)))
 }
 
@@ -551,4 +578,136 @@ func TestFailoverStatus(t *testing.T) {
 		len(fo.Copies) != 1 || !fo.Copies[0].Synced || fo.Copies[0].Temporary {
 		t.Errorf("status -json failover = %+v", fo)
 	}
+}
+
+// A DSN that names a standby first and no target_session_attrs: outboxd
+// refuses the standby (retryably: exit 1) instead of creating its slot
+// there, where it would begin at the promotion, past whatever the primary
+// committed in between.
+func TestFailoverStandbyRefused(t *testing.T) {
+	primary := startOwnPostgres(t)
+	pair := addStandby(t, primary)
+	d := outboxDB(t, primary.dsn) // the table and the publication, through the primary
+	if _, err := d.pool.Exec(context.Background(), wal.PublicationSQL("outboxd", "public", "outbox")); err != nil {
+		t.Fatal(err)
+	}
+	standby, err := pgx.Connect(context.Background(), pair.standby.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer standby.Close(context.Background())
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
+		var replayed bool
+		if err := standby.QueryRow(context.Background(), `SELECT EXISTS (SELECT FROM pg_publication WHERE pubname = 'outboxd')`).Scan(&replayed); err != nil {
+			t.Fatal(err)
+		}
+		if replayed {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the standby has not replayed the publication after a minute")
+		}
+	}
+	env := d.env("OUTBOXD_POSTGRES_DSN=" + fmt.Sprintf("postgres://postgres@%s,%s/postgres?sslmode=disable",
+		hostPort(t, pair.standby.dsn), hostPort(t, primary.dsn)))
+	expectStartupError(t, env, `connected to a standby \(`+regexp.QuoteMeta(hostPort(t, pair.standby.dsn))+
+		` is in recovery\); outboxd needs the primary: add target_session_attrs=read-write to postgres\.dsn`)
+	for _, dsn := range []string{primary.dsn, pair.standby.dsn} {
+		if slotOn(t, dsn, d.slot) {
+			t.Errorf("outboxd created a slot on %s", hostPort(t, dsn))
+		}
+	}
+}
+
+// A running outboxd whose slot was lost in a promotion, and created again
+// on the new primary before outboxd's next pipeline start (by hand, or by a
+// promotion script), stops with the promotion message: resuming from the
+// new slot would skip everything the old one had not confirmed. outboxd
+// connects as a role of its own, held off the new primary (CONNECTION
+// LIMIT 0, which does not end connections already open) until the slot is
+// there.
+func TestFailoverSlotCreatedAfterPromotion(t *testing.T) {
+	primary := startOwnPostgres(t)
+	pair := addStandby(t, primary, "--synchronous")
+	d := outboxDB(t, pair.dsn)
+	ctx := context.Background()
+	for _, sql := range []string{
+		`CREATE ROLE outboxd_fo LOGIN REPLICATION PASSWORD 'fo'`,
+		`GRANT SELECT ON public.outbox TO outboxd_fo`,
+		wal.PublicationSQL("outboxd", "public", "outbox"),
+	} {
+		if _, err := d.pool.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	env := d.env("OUTBOXD_POSTGRES_DSN=" + strings.Replace(pair.dsn, "postgres://postgres@", "postgres://outboxd_fo:fo@", 1))
+	p := start(t, env)
+	p.waitStreaming()
+	ids := []string{uuid(), uuid()}
+	for _, id := range ids {
+		d.exec(t, insertSQL, id, d.name, "agg-1", "Happened", `{}`)
+	}
+	c := collect(t, svc.brokers, []string{d.name + "-events"})
+	c.waitFor(t, ids, time.Minute)
+	if _, err := d.pool.Exec(ctx, `ALTER ROLE outboxd_fo CONNECTION LIMIT 0`); err != nil {
+		t.Fatal(err)
+	}
+	pair.kill()
+	pair.promote()
+	p.waitLog(`pipeline stopped; restarting`, time.Minute)
+	promoted, err := pgx.Connect(ctx, pair.standby.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer promoted.Close(ctx)
+	if _, err := wal.CreateSlot(ctx, promoted, d.slot, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := promoted.Exec(ctx, `ALTER ROLE outboxd_fo CONNECTION LIMIT -1`); err != nil {
+		t.Fatal(err)
+	}
+	if code := p.waitExit(time.Minute); code != 3 {
+		t.Errorf("outboxd exited %d, want 3", code)
+	}
+	mustContain(t, "the error", errorLine(t, p),
+		`replication slot \\"`+failoverSlot+`\\" is missing: the server is a standby promoted to timeline 2 at LSN \S+ \(outboxd last saw timeline 1\), `+
+			`and the slot there now is not a synchronised copy of the one outboxd used: it was created after the promotion, at \S+\. Events committed after LSN \S+`)
+	if n := strings.Count(p.logs.String(), `msg=streaming`); n != 1 {
+		t.Errorf("outboxd started streaming %d times, want once (before the kill)", n)
+	}
+}
+
+// A server that does not tell its timeline (pg_walfile_name revoked from
+// the role): outboxd cannot tell a first start from a slot lost in a
+// promotion, so it creates no slot and says how to create it (it used to
+// warn and create it). Once the slot exists it streams, with a warning.
+func TestFailoverTimelineUnreadable(t *testing.T) {
+	primary := startOwnPostgres(t)
+	d := outboxDB(t, primary.dsn)
+	ctx := context.Background()
+	for _, sql := range []string{
+		`CREATE ROLE outboxd_tl LOGIN REPLICATION PASSWORD 'tl'`,
+		`GRANT SELECT ON public.outbox TO outboxd_tl`,
+		`REVOKE EXECUTE ON FUNCTION pg_walfile_name(pg_lsn) FROM PUBLIC`,
+		wal.PublicationSQL("outboxd", "public", "outbox"),
+	} {
+		if _, err := d.pool.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	env := d.env("OUTBOXD_POSTGRES_DSN=" + strings.Replace(primary.dsn, "postgres://postgres@", "postgres://outboxd_tl:tl@", 1))
+	expectStartupError(t, env, `replication slot \\"`+failoverSlot+`\\" does not exist, and outboxd cannot tell whether this server was promoted or restored since the slot was last used \(.*permission denied for function pg_walfile_name.*\), so it does not create it\. `+
+		`If no outboxd used \\"`+failoverSlot+`\\" on this server or the one it was promoted from, create it with SELECT pg_create_logical_replication_slot\('`+failoverSlot+`', 'pgoutput'\)`)
+	if slotOn(t, primary.dsn, d.slot) {
+		t.Fatal("outboxd created the slot without knowing the timeline")
+	}
+	if _, err := d.pool.Exec(ctx, wal.CreateSlotSQL(d.slot, false)); err != nil {
+		t.Fatal(err)
+	}
+	p := start(t, env)
+	p.waitStreaming()
+	p.waitLog(`level=WARN msg="cannot read the server's timeline; keeping the one last seen`, time.Second)
+	id := uuid()
+	d.exec(t, insertSQL, id, d.name, "agg-1", "Happened", `{}`)
+	collect(t, svc.brokers, []string{d.name + "-events"}).waitFor(t, []string{id}, time.Minute)
 }
