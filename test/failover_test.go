@@ -458,7 +458,7 @@ func TestFailoverWithoutFailoverSlot(t *testing.T) {
 	p2.waitStreaming()
 	f.finish("Postgres failover without a failover slot", 1, time.Now(),
 		fmt.Sprintf("Postgres %d; outboxd (and the HA pair's standby instance) stopped with the missing-slot message (exit 3) and created no slot; primary killed at %d committed events, "+
-			"%d of them not in Kafka, all committed after outboxd's confirmed position; recovered through the old primary's slot", pair.major, atKill, len(missing)))
+			"%d of them not in Kafka, all committed after the slot's confirmed position on the primary just before the kill; recovered through the old primary's slot", pair.major, atKill, len(missing)))
 }
 
 // slotCommits peeks at what the slot still holds (it is not consumed) and
