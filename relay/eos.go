@@ -59,18 +59,23 @@ type position struct {
 	// Kafka transactions, and Rows how many of its rows are in Kafka.
 	Txn  wal.LSN
 	Rows int
+	// Timeline is the server's timeline when the position was written (0:
+	// not known). After a promotion the new timeline may have begun before
+	// LSN, and its transactions between the two would be skipped.
+	Timeline int
 }
 
 type positionJSON struct {
-	LSN  string `json:"lsn"`
-	Txn  string `json:"txn,omitempty"`
-	Rows int    `json:"rows,omitempty"`
-	Slot string `json:"slot"`
-	At   string `json:"at"`
+	LSN      string `json:"lsn"`
+	Txn      string `json:"txn,omitempty"`
+	Rows     int    `json:"rows,omitempty"`
+	Timeline int    `json:"timeline,omitempty"`
+	Slot     string `json:"slot"`
+	At       string `json:"at"`
 }
 
 func (p position) encode(slot string) []byte {
-	j := positionJSON{LSN: p.LSN.String(), Rows: p.Rows, Slot: slot, At: time.Now().UTC().Format(time.RFC3339Nano)}
+	j := positionJSON{LSN: p.LSN.String(), Rows: p.Rows, Timeline: p.Timeline, Slot: slot, At: time.Now().UTC().Format(time.RFC3339Nano)}
 	if p.Txn != 0 {
 		j.Txn = p.Txn.String()
 	}
@@ -83,7 +88,7 @@ func decodePosition(b []byte) (position, error) {
 	if err := json.Unmarshal(b, &j); err != nil {
 		return position{}, err
 	}
-	var p position
+	p := position{Timeline: j.Timeline}
 	var err error
 	if p.LSN, err = pglogrepl.ParseLSN(j.LSN); err != nil {
 		return position{}, err
@@ -140,6 +145,9 @@ func (r *Relay) startEOS(ctx context.Context, p *pipeline) (*eos, error) {
 			return nil, fmt.Errorf("the position of %q in %s is not outboxd's (%q): %w; delete it, or set another kafka.transactional_id",
 				e.producer.TransactionalID(), r.cfg.Kafka.PositionsTopic, v, err)
 		}
+	}
+	if e.pos, err = r.onThisTimeline(ctx, e.pos); err != nil {
+		return nil, err
 	}
 	r.txnM.SetPositionRead(uint64(e.pos.LSN))
 	e.tracker.Idle(e.pos.LSN) // nothing is registered yet: confirms it when it is past the slot
@@ -304,7 +312,7 @@ func (e *eos) commit(ctx context.Context) error {
 		e.release()
 		return nil
 	}
-	pos := position{LSN: e.last}
+	pos := position{LSN: e.last, Timeline: e.r.timeline}
 	if e.inTxn && e.rows > 0 {
 		pos.Txn, pos.Rows = e.final, e.rows
 	}
@@ -373,4 +381,43 @@ func (e *eos) end(ctx context.Context, err error) error {
 		return aerr
 	}
 	return err
+}
+
+// onThisTimeline returns pos as it applies to the server's timeline. A
+// position written on an earlier timeline may lie past the point where the
+// current one began (a promoted standby that had not received everything):
+// the events between the two are in Kafka but not on this server, and the
+// new timeline's transactions after the switch point must not be skipped as
+// if they were those. Such a position is moved back to the switch point. A
+// position from a later timeline than the server's means outboxd reached an
+// old primary: refused, and retried.
+func (r *Relay) onThisTimeline(ctx context.Context, pos position) (position, error) {
+	tli := r.timeline
+	if pos.Timeline == 0 || tli <= 0 || pos.Timeline == tli {
+		return pos, nil
+	}
+	if pos.Timeline > tli {
+		return pos, fmt.Errorf("the position in %s was written on timeline %d, and this server is on timeline %d: it is an old primary; "+
+			"point postgres.dsn at the current primary (target_session_attrs=read-write)", r.cfg.Kafka.PositionsTopic, pos.Timeline, tli)
+	}
+	repl, err := r.connectReplication(ctx)
+	if err != nil {
+		return pos, err
+	}
+	defer repl.Close(context.WithoutCancel(ctx))
+	end, ok, err := wal.TimelineEnd(ctx, repl, tli, pos.Timeline)
+	if err != nil {
+		return pos, err
+	}
+	if !ok {
+		return pos, fmt.Errorf("the position in %s was written on timeline %d, which is not in the history of this server's timeline %d; "+
+			"it belongs to another server: delete it from %[1]s, or set another kafka.transactional_id", r.cfg.Kafka.PositionsTopic, pos.Timeline, tli)
+	}
+	if pos.LSN <= end {
+		return pos, nil
+	}
+	r.log.Warn("exactly-once: the position in Kafka lies past where this server's timeline began; the events between them are in Kafka "+
+		"but were lost in the promotion, and delivery resumes from the switch point", "position", pos.LSN.String(), "position_timeline", pos.Timeline,
+		"switch_lsn", end.String(), "timeline", tli, "slot", r.cfg.Postgres.Slot)
+	return position{LSN: end, Timeline: tli}, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pglogrepl"
@@ -206,6 +207,31 @@ func TimelineSwitch(ctx context.Context, conn *pgconn.PgConn, tli int) (LSN, err
 		return 0, fmt.Errorf("reading the history of timeline %d: %w", tli, err)
 	}
 	return parseTimelineHistory(res.Content)
+}
+
+// TimelineEnd returns where timeline old ended on the way to timeline
+// current (its switch point in current's history), and false when current's
+// history does not pass through old.
+func TimelineEnd(ctx context.Context, conn *pgconn.PgConn, current, old int) (LSN, bool, error) {
+	res, err := pglogrepl.TimelineHistory(ctx, conn, int32(current))
+	if err != nil {
+		return 0, false, fmt.Errorf("reading the history of timeline %d: %w", current, err)
+	}
+	return timelineEnd(res.Content, old)
+}
+
+// timelineEnd finds old's line ("parent-timeline<TAB>switch-LSN<TAB>reason")
+// in a timeline history file.
+func timelineEnd(content []byte, old int) (LSN, bool, error) {
+	for _, line := range strings.Split(string(content), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) < 2 || strings.HasPrefix(fields[0], "#") || fields[0] != strconv.Itoa(old) {
+			continue
+		}
+		lsn, err := parseLSN(fields[1])
+		return lsn, err == nil, err
+	}
+	return 0, false, nil
 }
 
 // parseTimelineHistory returns the switch point of the history file's last

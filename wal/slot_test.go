@@ -32,6 +32,25 @@ func TestParseTimelineHistory(t *testing.T) {
 	}
 }
 
+// timelineEnd finds where a given timeline ended in a later timeline's
+// history.
+func TestTimelineEnd(t *testing.T) {
+	history := "1\t0/3000000\tno recovery target specified\n\n2\t1/A0000028\tbefore 2026-11-24 12:00:00+00\n"
+	for _, tc := range []struct {
+		old  int
+		want string
+		ok   bool
+	}{{1, "0/3000000", true}, {2, "1/A0000028", true}, {3, "0/0", false}, {11, "0/0", false}} {
+		got, ok, err := timelineEnd([]byte(history), tc.old)
+		if err != nil || ok != tc.ok || got.String() != tc.want {
+			t.Errorf("timelineEnd(history, %d) = %s, %v, %v; want %s, %v", tc.old, got, ok, err, tc.want, tc.ok)
+		}
+	}
+	if _, _, err := timelineEnd([]byte("1\tnope\treason\n"), 1); err == nil {
+		t.Error("a bad LSN: no error")
+	}
+}
+
 func TestSlotSQL(t *testing.T) {
 	if got := CreateSlotSQL("outboxd", true); got != "SELECT pg_create_logical_replication_slot('outboxd', 'pgoutput', false, false, true)" {
 		t.Errorf("failover: %s", got)

@@ -1,0 +1,97 @@
+package test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxd/outboxd/wal"
+)
+
+// Exactly-once mode across a promotion of a standby that had not received
+// everything: the position in Kafka (written on timeline 1) lies past the
+// point where the promoted standby's timeline 2 began. The events between
+// the two are in Kafka but not on the new primary; the new primary's own
+// transactions after the switch point must still be delivered, not skipped
+// as if the position covered them.
+func TestExactlyOnceAfterPromotionOfALaggingStandby(t *testing.T) {
+	primary := startOwnPostgres(t)
+	pair := addStandby(t, primary)
+	d := outboxDB(t, pair.dsn)
+	topic := d.name + "-events"
+	c := collectCommitted(t, svc.brokers, []string{topic})
+	p := start(t, eosEnv(d))
+	p.waitStreaming()
+	first := uuid()
+	d.exec(t, insertSQL, first, d.name, "k", "Happened", `{}`)
+	c.waitFor(t, []string{first}, time.Minute)
+
+	// The standby stops receiving; the primary goes on, by about 2 MB of WAL
+	// in one transaction, all of it delivered and its position committed.
+	pair.standby.script("pg-stop")
+	var ahead []string
+	ctx := context.Background()
+	tx, err := d.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	payload := fmt.Sprintf(`{"pad": "%s"}`, strings.Repeat("x", 20000))
+	for range 100 {
+		id := uuid()
+		ahead = append(ahead, id)
+		if _, err := tx.Exec(ctx, insertSQL, id, d.name, "k", "Happened", payload); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c.waitFor(t, ahead, time.Minute)
+	p.stop(syscall.SIGTERM, 30*time.Second)
+	pair.kill()
+
+	// The standby comes back and is promoted without those 100 events; the
+	// operator creates the slot there (there was no failover slot).
+	pair.standby.script("pg-start")
+	pair.promote()
+	promoted, err := pgx.Connect(ctx, pair.standby.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer promoted.Close(ctx)
+	deadline := time.Now().Add(time.Minute)
+	for {
+		var recovery bool
+		if err := promoted.QueryRow(ctx, `SELECT pg_is_in_recovery()`).Scan(&recovery); err == nil && !recovery {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the standby is still in recovery a minute after pg_ctl promote")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	var n int
+	if err := promoted.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE id = ANY($1)`, ahead).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("the promoted standby has %d of the 100 events written after it stopped (%v); want none", n, err)
+	}
+	if _, err := wal.CreateSlot(ctx, promoted, d.slot, false); err != nil {
+		t.Fatal(err)
+	}
+	var after []string
+	for range 3 {
+		id := uuid()
+		after = append(after, id)
+		if _, err := promoted.Exec(ctx, insertSQL, id, d.name, "k", "Happened", `{}`); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	q := start(t, eosEnv(d, "OUTBOXD_POSTGRES_CREATE_SLOT=false"))
+	c.waitFor(t, after, time.Minute)
+	q.waitLog(`exactly-once: the position in Kafka lies past where this server's timeline began`, time.Second)
+}
