@@ -10,10 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
-
-	"github.com/outboxd/outboxd/migrations"
 )
 
 // Exactly-once mode (issue 26): kafka.delivery: exactly_once, checked by a
@@ -33,35 +30,7 @@ func eosEnv(d *db, extra ...string) []string {
 // exactly-once consumer sees.
 func collectCommitted(t *testing.T, brokers []string, topics []string) *collector {
 	t.Helper()
-	cl, err := kgo.NewClient(
-		kgo.SeedBrokers(brokers...),
-		kgo.ConsumeTopics(topics...),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		kgo.MetadataMinAge(250*time.Millisecond),
-		kgo.FetchMaxWait(200*time.Millisecond),
-	)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	c := &collector{seen: map[string]bool{}, stop: cancel, done: make(chan struct{})}
-	go func() {
-		defer close(c.done)
-		defer cl.Close()
-		for ctx.Err() == nil {
-			fs := cl.PollFetches(ctx)
-			recs := fs.Records()
-			c.mu.Lock()
-			for _, r := range recs {
-				c.recs = append(c.recs, r)
-				c.seen[header(r, "id")] = true
-			}
-			c.mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() { cancel(); <-c.done })
-	return c
+	return collect(t, brokers, topics, kgo.FetchIsolationLevel(kgo.ReadCommitted()))
 }
 
 // startEOSRun is startFaultRun with a read_committed collector.
@@ -246,21 +215,8 @@ func TestExactlyOnceBrokerSIGKILL(t *testing.T) {
 // mid-stream, with a fast and an immediate shutdown.
 func TestExactlyOncePostgresRestart(t *testing.T) {
 	pg := startOwnPostgres(t)
-	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, pg.dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := migrations.Apply(ctx, conn.Conn(), "public", "outbox"); err != nil {
-		t.Fatal(err)
-	}
-	conn.Release()
-	d := &db{name: "t_eospg_" + randomSuffix(), dsn: pg.dsn, pool: pool, slot: "outboxd_eos"}
+	d := outboxDB(t, pg.dsn)
+	d.name, d.slot = "t_eospg_"+randomSuffix(), "outboxd_eos"
 	p := start(t, eosEnv(d))
 	p.waitStreaming()
 	spec := loadSpec{Prefix: d.name, Types: 4, IDs: 40, Writers: 4,

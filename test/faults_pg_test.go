@@ -1,17 +1,12 @@
 package test
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/outboxd/outboxd/migrations"
 )
 
 // ownPostgres is a Postgres of the test's own, which it may restart.
@@ -59,21 +54,8 @@ func (pg *ownPostgres) stop(mode string) {
 // shutdown.
 func TestFaultPostgresRestart(t *testing.T) {
 	pg := startOwnPostgres(t)
-	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, pg.dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := migrations.Apply(ctx, conn.Conn(), "public", "outbox"); err != nil {
-		t.Fatal(err)
-	}
-	conn.Release()
-	d := &db{name: "t_faultpg_" + randomSuffix(), dsn: pg.dsn, pool: pool, slot: "outboxd_fault"}
+	d := outboxDB(t, pg.dsn)
+	d.name, d.slot = "t_faultpg_"+randomSuffix(), "outboxd_fault"
 	p := start(t, d.env())
 	p.waitStreaming()
 	spec := loadSpec{Prefix: d.name, Types: 4, IDs: 40, Writers: 2,

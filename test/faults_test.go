@@ -91,15 +91,15 @@ type collector struct {
 	done chan struct{}
 }
 
-func collect(t *testing.T, brokers []string, topics []string) *collector {
+func collect(t *testing.T, brokers []string, topics []string, opts ...kgo.Opt) *collector {
 	t.Helper()
-	cl, err := kgo.NewClient(
+	cl, err := kgo.NewClient(append([]kgo.Opt{
 		kgo.SeedBrokers(brokers...),
 		kgo.ConsumeTopics(topics...),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.MetadataMinAge(250*time.Millisecond),
-		kgo.FetchMaxWait(200*time.Millisecond),
-	)
+		kgo.MetadataMinAge(250 * time.Millisecond),
+		kgo.FetchMaxWait(200 * time.Millisecond),
+	}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
