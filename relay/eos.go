@@ -383,28 +383,34 @@ func (e *eos) end(ctx context.Context, err error) error {
 	return err
 }
 
-// onThisTimeline returns pos as it applies to the server's timeline. A
-// position written on an earlier timeline may lie past the point where the
-// current one began (a promoted standby that had not received everything):
-// the events between the two are in Kafka but not on this server, and the
-// new timeline's transactions after the switch point must not be skipped as
-// if they were those. Such a position is moved back to the switch point. A
-// position from a later timeline than the server's means outboxd reached an
-// old primary: refused, and retried.
+// onThisTimeline returns pos as it applies to the server (IDENTIFY_SYSTEM
+// gives its timeline and WAL end). A position written on an earlier
+// timeline may lie past the point where the current one began (a promoted
+// standby that had not received everything): the events between the two
+// are in Kafka but not on this server, and the new timeline's transactions
+// after the switch point must not be skipped as if they were those. Such a
+// position is moved back to the switch point. A position from a later
+// timeline than the server's (an old primary), or past the server's WAL (a
+// database restored from a backup that kept its system identifier), is
+// refused: applying it would skip what the server commits up to it.
 func (r *Relay) onThisTimeline(ctx context.Context, pos position) (position, error) {
-	tli := r.timeline
-	if pos.Timeline == 0 || tli <= 0 || pos.Timeline == tli {
+	if pos.LSN == 0 {
 		return pos, nil
-	}
-	if pos.Timeline > tli {
-		return pos, fmt.Errorf("the position in %s was written on timeline %d, and this server is on timeline %d: it is an old primary; "+
-			"point postgres.dsn at the current primary (target_session_attrs=read-write)", r.cfg.Kafka.PositionsTopic, pos.Timeline, tli)
 	}
 	repl, err := r.connectReplication(ctx)
 	if err != nil {
 		return pos, err
 	}
 	defer repl.Close(context.WithoutCancel(ctx))
+	sys, err := pglogrepl.IdentifySystem(ctx, repl)
+	if err != nil {
+		return pos, fmt.Errorf("identifying the server for the exactly-once position: %w", err)
+	}
+	tli := int(sys.Timeline)
+	history, err := checkPosition(pos, tli, sys.XLogPos, r.cfg.Kafka.PositionsTopic)
+	if err != nil || !history {
+		return pos, err
+	}
 	end, ok, err := wal.TimelineEnd(ctx, repl, tli, pos.Timeline)
 	if err != nil {
 		return pos, err
@@ -420,4 +426,22 @@ func (r *Relay) onThisTimeline(ctx context.Context, pos position) (position, err
 		"but were lost in the promotion, and delivery resumes from the switch point", "position", pos.LSN.String(), "position_timeline", pos.Timeline,
 		"switch_lsn", end.String(), "timeline", tli, "slot", r.cfg.Postgres.Slot)
 	return position{LSN: end, Timeline: tli}, nil
+}
+
+// checkPosition judges a position against the server's timeline tli and WAL
+// end: refused (an error), to be checked against the timeline's history
+// (history), or fine as it is.
+func checkPosition(pos position, tli int, walEnd wal.LSN, topic string) (history bool, err error) {
+	switch {
+	case pos.Timeline > tli:
+		return false, fmt.Errorf("the position in %s was written on timeline %d, and this server is on timeline %d: it is an old primary; "+
+			"point postgres.dsn at the current primary (target_session_attrs=read-write)", topic, pos.Timeline, tli)
+	case pos.Timeline != 0 && pos.Timeline < tli:
+		return true, nil
+	case pos.LSN > walEnd:
+		return false, fmt.Errorf("the position in %s (LSN %s) is past this server's WAL (%s): the database was restored from a backup, "+
+			"or the position is another server's; outboxd would skip what the server commits up to it. "+
+			"Set a new kafka.transactional_id (or delete the position's key from %[1]s) to start from the slot", topic, pos.LSN, walEnd)
+	}
+	return false, nil
 }

@@ -1,7 +1,6 @@
 package relay
 
 import (
-	"context"
 	"strings"
 	"testing"
 
@@ -30,19 +29,26 @@ func TestPositionRoundTrip(t *testing.T) {
 	}
 }
 
-// A position written on this server's timeline, or of unknown timeline, is
-// taken as it is; one from a later timeline than the server's means an old
-// primary, and is refused.
-func TestPositionOnThisTimeline(t *testing.T) {
-	r := &Relay{timeline: 2}
-	r.cfg.Kafka.PositionsTopic = "outboxd-positions"
-	for _, pos := range []position{{LSN: 0x100, Timeline: 2}, {LSN: 0x100}} {
-		if got, err := r.onThisTimeline(context.Background(), pos); err != nil || got != pos {
-			t.Errorf("onThisTimeline(%+v) on timeline 2 = %+v, %v; want it unchanged", pos, got, err)
+// A position written on this server's timeline, or of unknown timeline, and
+// within its WAL is taken as it is; one from an earlier timeline is checked
+// against the timeline's history; one from a later timeline (an old primary)
+// or past the server's WAL (a restored backup) is refused.
+func TestCheckPosition(t *testing.T) {
+	for _, c := range []struct {
+		pos     position
+		history bool
+		err     string
+	}{
+		{pos: position{LSN: 0x100, Timeline: 2}},
+		{pos: position{LSN: 0x100}},
+		{pos: position{LSN: 0x100, Timeline: 1}, history: true},
+		{pos: position{LSN: 0x100, Timeline: 3}, err: "this server is on timeline 2: it is an old primary"},
+		{pos: position{LSN: 0x2000, Timeline: 2}, err: "(LSN 0/2000) is past this server's WAL (0/1000): the database was restored from a backup"},
+		{pos: position{LSN: 0x2000}, err: "is past this server's WAL"},
+	} {
+		history, err := checkPosition(c.pos, 2, 0x1000, "outboxd-positions")
+		if history != c.history || (err == nil) != (c.err == "") || (err != nil && !strings.Contains(err.Error(), c.err)) {
+			t.Errorf("checkPosition(%+v) on timeline 2, WAL at 0/1000 = %v, %v; want %v, %q", c.pos, history, err, c.history, c.err)
 		}
-	}
-	if _, err := r.onThisTimeline(context.Background(), position{LSN: 0x100, Timeline: 3}); err == nil ||
-		!strings.Contains(err.Error(), "this server is on timeline 2: it is an old primary") {
-		t.Errorf("a position from timeline 3 on a server on timeline 2: %v", err)
 	}
 }

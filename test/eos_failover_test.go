@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxd/outboxd/wal"
 )
@@ -94,4 +96,31 @@ func TestExactlyOnceAfterPromotionOfALaggingStandby(t *testing.T) {
 	q := start(t, eosEnv(d, "OUTBOXD_POSTGRES_CREATE_SLOT=false"))
 	c.waitFor(t, after, time.Minute)
 	q.waitLog(`exactly-once: the position in Kafka lies past where this server's timeline began`, time.Second)
+}
+
+// A position in Kafka past the server's WAL (a database restored from a
+// backup that kept its system identifier, or another server's position under
+// the same transactional id) is refused: applying it would skip everything
+// the server commits up to it, and confirm the slot past WAL that does not
+// exist yet.
+func TestExactlyOncePositionPastTheWALIsRefused(t *testing.T) {
+	d := newDB(t)
+	tid := d.name + "-tid"
+	positions := d.name + "-positions"
+	cl := kafkaClient(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	compact := "compact"
+	if _, err := kadm.NewClient(cl).CreateTopic(ctx, 1, -1, map[string]*string{"cleanup.policy": &compact}, positions); err != nil {
+		t.Fatal(err)
+	}
+	rec := &kgo.Record{Topic: positions, Key: []byte(tid), Value: []byte(`{"lsn":"FF/0","slot":"elsewhere","at":"2026-01-01T00:00:00Z"}`)}
+	if err := cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	p := start(t, eosEnv(d, "OUTBOXD_KAFKA_TRANSACTIONAL_ID="+tid))
+	p.waitLog(`is past this server's WAL \([^)]+\): the database was restored from a backup`, time.Minute)
+	if lsn := d.confirmedFlush(t); lsn >= 0xFF_0000_0000 {
+		t.Errorf("the slot was confirmed to %X, past the server's WAL", lsn)
+	}
 }
