@@ -168,7 +168,8 @@ func (r *Relay) explain(err error) error {
 			"configuration and restart", delivery)
 	}
 	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || pgErr.Code != "42704" || !strings.Contains(pgErr.Message, "publication") {
+	if !errors.As(err, &pgErr) || !(pgErr.Code == "42704" && strings.Contains(pgErr.Message, "publication") ||
+		wal.PublicationSkipped(pgErr.Code, pgErr.Message)) {
 		return err
 	}
 	pg := r.cfg.Postgres

@@ -54,7 +54,7 @@ func TestFaultPublicationDropped(t *testing.T) {
 	if code2 == -1 {
 		skipped = f.c.missing(before)
 	}
-	note := fmt.Sprintf("exit %d naming the publication; %d events committed before the drop stranded in the slot (Postgres 15 pgoutput), %d after it; restart with create_publication: ", code, stranded, len(r.Lost)-stranded)
+	note := fmt.Sprintf("exit %d naming the publication; %d events committed before the drop stranded in the slot (pgoutput fails, or on 18 warns, from the drop on), %d after it; restart with create_publication: ", code, stranded, len(r.Lost)-stranded)
 	if code2 == -1 {
 		note += "kept running"
 	} else {

@@ -288,6 +288,15 @@ func (s *Stream) handle(ctx context.Context, raw pgproto3.BackendMessage) (any, 
 		return nil, nil
 	case *pgproto3.ErrorResponse:
 		return nil, fmt.Errorf("slot %q: %w", s.cfg.Slot, pgconn.ErrorResponseToPgError(m))
+	case *pgproto3.NoticeResponse:
+		// Postgres 18's pgoutput no longer fails on a publication missing
+		// at a point in the WAL: it warns ("skipped loading publication",
+		// SQLSTATE 55000) and publishes nothing, so outboxd would confirm
+		// past the events it skipped. Taken as the error earlier versions
+		// raise.
+		if PublicationSkipped(m.Code, m.Message) {
+			return nil, fmt.Errorf("slot %q: %w", s.cfg.Slot, pgconn.ErrorResponseToPgError((*pgproto3.ErrorResponse)(m)))
+		}
 	case *pgproto3.CopyDone:
 		return nil, fmt.Errorf("slot %q: server ended the replication stream", s.cfg.Slot)
 	}
@@ -484,4 +493,10 @@ func ParseSetting(v string) (time.Duration, error) {
 		return 0, fmt.Errorf("reading a time setting: %q is not an integer with a unit of ms, s, min, h or d", v)
 	}
 	return time.Duration(n) * u, nil
+}
+
+// PublicationSkipped reports Postgres 18's warning that pgoutput skipped a
+// publication missing at a point in the WAL.
+func PublicationSkipped(code, message string) bool {
+	return code == "55000" && strings.Contains(message, "skipped loading publication")
 }

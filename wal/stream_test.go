@@ -19,7 +19,7 @@ import (
 // and START_REPLICATION, then sends a keepalive every keepalive (never if 0)
 // until the test ends. It stands for a walsender behind a middlebox that
 // keeps the connection open and forwards nothing.
-func fakeWalsender(t *testing.T, keepalive time.Duration) *pgconn.PgConn {
+func fakeWalsender(t *testing.T, keepalive time.Duration, first ...pgproto3.BackendMessage) *pgconn.PgConn {
 	t.Helper()
 	client, server := net.Pipe()
 	done := make(chan struct{})
@@ -38,6 +38,9 @@ func fakeWalsender(t *testing.T, keepalive time.Duration) *pgconn.PgConn {
 			return
 		}
 		be.Send(&pgproto3.CopyBothResponse{})
+		for _, m := range first {
+			be.Send(m)
+		}
 		if be.Flush() != nil {
 			return
 		}
@@ -134,5 +137,21 @@ func TestParseSetting(t *testing.T) {
 		if _, err := wal.ParseSetting(in); err == nil {
 			t.Errorf("ParseSetting(%q): no error", in)
 		}
+	}
+}
+
+// Postgres 18's warning that pgoutput skipped a missing publication ends
+// the stream with it as a *pgconn.PgError, as the error earlier versions
+// raise; other notices do not.
+func TestSkippedPublicationWarning(t *testing.T) {
+	skipped := &pgproto3.NoticeResponse{Severity: "WARNING", Code: "55000", Message: `skipped loading publication "outboxd"`}
+	err := runStream(t, fakeWalsender(t, 50*time.Millisecond, skipped), 0, 5*time.Second)
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "55000" || !wal.PublicationSkipped(pgErr.Code, pgErr.Message) {
+		t.Fatalf("Run after the skipped-publication warning: %v, want its PgError", err)
+	}
+	other := &pgproto3.NoticeResponse{Severity: "WARNING", Code: "01000", Message: "something else"}
+	if err := runStream(t, fakeWalsender(t, 50*time.Millisecond, other), 0, time.Second); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Run after another warning: %v, want it to run on", err)
 	}
 }
