@@ -257,28 +257,9 @@ func TestExactlyOnceNetworkFaults(t *testing.T) {
 		Pace: 100 * time.Millisecond}
 	f := startEOSRun(t, d, svc.brokers, spec)
 	hold := pick(3*time.Second, 10*time.Second)
-	faults := []struct {
-		name string
-		do   func()
-	}{
-		{"kafka cut", func() { kProxy.Cut() }},
-		{"kafka stall", func() { kProxy.Stall(); time.Sleep(hold); kProxy.Resume() }},
-		{"kafka slow", func() { kProxy.Slow(50 * time.Millisecond); time.Sleep(hold); kProxy.Slow(0) }},
-		{"kafka refused", func() { kProxy.Refuse(true); time.Sleep(hold); kProxy.Accept() }},
-		{"postgres cut", func() { pgProxy.Cut() }},
-		{"postgres stall", func() { pgProxy.Stall(); time.Sleep(hold); pgProxy.Resume() }},
-		{"postgres slow", func() { pgProxy.Slow(20 * time.Millisecond); time.Sleep(hold); pgProxy.Slow(0) }},
-		{"postgres refused", func() { pgProxy.Refuse(true); time.Sleep(hold); pgProxy.Accept() }},
-	}
 	rounds := pick(1, 3)
-	for range rounds {
-		for _, fault := range faults {
-			sleepRand(500*time.Millisecond, 1500*time.Millisecond)
-			t.Logf("%s at %d committed events", fault.name, f.l.committedCount())
-			fault.do()
-		}
-	}
-	r := f.finish("exactly-once: network faults", rounds*len(faults), time.Now(),
+	n := injectNetworkFaults(t, f, pgProxy, kProxy, hold, rounds)
+	r := f.finish("exactly-once: network faults", n, time.Now(),
 		fmt.Sprintf("cut, stall, slow, refuse × Kafka and Postgres × %d; restarts %s", rounds, restarts(p)))
 	noDuplicates(t, r)
 	select {

@@ -318,6 +318,22 @@ func TestFaultNetwork(t *testing.T) {
 		Events: pick(20000, 80000), TxSizes: []int{1, 10, 100}, RollbackPct: 5, Pace: 100 * time.Millisecond}
 	f := startFaultRun(t, d, svc.brokers, spec)
 	hold := pick(3*time.Second, 10*time.Second)
+	rounds := pick(1, 3)
+	n := injectNetworkFaults(t, f, pgProxy, kProxy, hold, rounds)
+	faultEnd := time.Now()
+	f.finish("network faults", n, faultEnd, fmt.Sprintf("cut, stall, slow, refuse × Kafka and Postgres × %d; restarts %s", rounds, restarts(p)))
+	select {
+	case <-p.done:
+		t.Errorf("outboxd exited during network faults: %v", p.err)
+	default:
+	}
+}
+
+// injectNetworkFaults cuts, stalls, slows and refuses the connections to
+// Kafka and to Postgres in turn, rounds times, with a random pause before
+// each, and returns how many faults it injected.
+func injectNetworkFaults(t *testing.T, f *faultRun, pgProxy, kProxy *faultProxy, hold time.Duration, rounds int) int {
+	t.Helper()
 	faults := []struct {
 		name string
 		do   func()
@@ -331,7 +347,6 @@ func TestFaultNetwork(t *testing.T) {
 		{"postgres slow", func() { pgProxy.Slow(20 * time.Millisecond); time.Sleep(hold); pgProxy.Slow(0) }},
 		{"postgres refused", func() { pgProxy.Refuse(true); time.Sleep(hold); pgProxy.Accept() }},
 	}
-	rounds := pick(1, 3)
 	n := 0
 	for range rounds {
 		for _, fault := range faults {
@@ -341,13 +356,7 @@ func TestFaultNetwork(t *testing.T) {
 			n++
 		}
 	}
-	faultEnd := time.Now()
-	f.finish("network faults", n, faultEnd, fmt.Sprintf("cut, stall, slow, refuse × Kafka and Postgres × %d; restarts %s", rounds, restarts(p)))
-	select {
-	case <-p.done:
-		t.Errorf("outboxd exited during network faults: %v", p.err)
-	default:
-	}
+	return n
 }
 
 func restarts(p *proc) string {
