@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -422,11 +423,21 @@ func serverMajor(t *testing.T) int {
 	return num / 10000
 }
 
-// needsMajor ends a test that checks a feature the server's major version
-// does not have, saying so.
-func needsMajor(t *testing.T, major int, feature string) {
+// refusedBefore reports whether the server's major version predates major,
+// the version that brought what stmt uses; if so it checks that the server
+// refuses stmt (so no such object can exist for outboxd to meet) instead of
+// skipping the test.
+func refusedBefore(t *testing.T, d *db, major int, stmt string) bool {
 	t.Helper()
-	if v := serverMajor(t); v < major {
-		t.Skipf("Postgres %d has no %s (it came in %d); nothing to check", v, feature, major)
+	v := serverMajor(t)
+	if v >= major {
+		return false
 	}
+	_, err := d.pool.Exec(context.Background(), stmt)
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "42601" {
+		t.Fatalf("Postgres %d ran %s (%v); want a syntax error: it came in %d", v, stmt, err, major)
+	}
+	t.Logf("Postgres %d refuses %s (it came in %d), so there is nothing for outboxd to refuse", v, stmt, major)
+	return true
 }
