@@ -36,15 +36,7 @@ func collectCommitted(t *testing.T, brokers []string, topics []string) *collecto
 // startEOSRun is startFaultRun with a read_committed collector.
 func startEOSRun(t *testing.T, d *db, brokers []string, spec loadSpec) *faultRun {
 	t.Helper()
-	if spec.Truth {
-		d.exec(t, `CREATE TABLE IF NOT EXISTS outbox_truth (id uuid PRIMARY KEY)`)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	f := &faultRun{t: t, d: d, brokers: brokers, spec: spec, l: newLedger(), loadDone: make(chan error, 1), cancel: cancel}
-	t.Cleanup(cancel)
-	f.c = collectCommitted(t, brokers, topicsFor(spec))
-	go func() { f.loadDone <- runLoad(ctx, d, spec, f.l) }()
-	return f
+	return startFaultRun(t, d, brokers, spec, kgo.FetchIsolationLevel(kgo.ReadCommitted()))
 }
 
 // noDuplicates fails t for any event a read_committed consumer saw twice.

@@ -223,7 +223,9 @@ type faultRun struct {
 	cancel   context.CancelFunc
 }
 
-func startFaultRun(t *testing.T, d *db, brokers []string, spec loadSpec) *faultRun {
+// startFaultRun starts spec's load on d and a collector of its topics
+// (opts are the collector's franz-go options).
+func startFaultRun(t *testing.T, d *db, brokers []string, spec loadSpec, opts ...kgo.Opt) *faultRun {
 	t.Helper()
 	if spec.Truth {
 		d.exec(t, `CREATE TABLE IF NOT EXISTS outbox_truth (id uuid PRIMARY KEY)`)
@@ -231,7 +233,7 @@ func startFaultRun(t *testing.T, d *db, brokers []string, spec loadSpec) *faultR
 	ctx, cancel := context.WithCancel(context.Background())
 	f := &faultRun{t: t, d: d, brokers: brokers, spec: spec, l: newLedger(), loadDone: make(chan error, 1), cancel: cancel}
 	t.Cleanup(cancel)
-	f.c = collect(t, brokers, topicsFor(spec))
+	f.c = collect(t, brokers, topicsFor(spec), opts...)
 	go func() { f.loadDone <- runLoad(ctx, d, spec, f.l) }()
 	return f
 }
@@ -277,7 +279,11 @@ func sleepRand(lo, hi time.Duration) {
 // each time.
 func TestFaultSIGKILLAtRandomMoments(t *testing.T) {
 	d := newDB(t)
-	env := d.env("OUTBOXD_KAFKA_MAX_BUFFERED_RECORDS=2000")
+	// Status updates every 100 ms: what a kill repeats is what was not yet
+	// acknowledged (at most max_buffered_records) plus what was acknowledged
+	// since the last status update, which in a catch-up after an earlier
+	// kill is about a second's worth at the default interval.
+	env := d.env("OUTBOXD_KAFKA_MAX_BUFFERED_RECORDS=2000", "OUTBOXD_POSTGRES_STATUS_INTERVAL=100ms")
 	p := start(t, env)
 	p.waitStreaming()
 	spec := loadSpec{Prefix: d.name, Types: 6, IDs: 60, Writers: 3,
