@@ -5,9 +5,6 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"net"
-	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -16,183 +13,16 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/internal/pg"
 	"github.com/outboxd/outboxd/sink"
 	"github.com/outboxd/outboxd/wal"
 )
 
-// pgConfig builds the settings of both the regular and the replication
-// connection from pg: the DSN as libpq reads it (sslmode, sslrootcert,
-// sslcert, sslkey, the PG* environment variables, ~/.pgpass), then the
-// password from postgres.password_file, read now so that a rotated secret is
-// used by the next connection.
-func pgConfig(pg config.Postgres) (*pgx.ConnConfig, error) {
-	cfg, err := pgx.ParseConfig(pg.DSN)
-	if err != nil {
-		return nil, fmt.Errorf("postgres.dsn is not a valid connection string%s; the value is not shown because it may hold a password", parseReason(err))
-	}
-	pw, err := pg.Password()
-	if err != nil {
-		return nil, err
-	}
-	if pw != "" {
-		cfg.Password = pw
-	}
-	cfg.DialFunc = dialer().DialContext
-	if cfg.ConnectTimeout == 0 {
-		// Without connect_timeout pgconn gives every host the caller's one
-		// deadline, and a host that accepts and never answers uses it up
-		// before the next host is tried.
-		cfg.ConnectTimeout = hostConnectTimeout
-	}
-	return cfg, nil
-}
-
-// hostConnectTimeout is each host's time to connect when postgres.dsn sets
-// no connect_timeout.
-var hostConnectTimeout = 5 * time.Second
-
-// connectTimeout is the time to try every host of cfg: each its
-// ConnectTimeout.
-func connectTimeout(cfg *pgconn.Config) time.Duration {
-	return cfg.ConnectTimeout * time.Duration(1+len(cfg.Fallbacks))
-}
-
-// parseReason returns the cause of a DSN parse failure without the DSN.
-func parseReason(err error) string {
-	var pe *pgconn.ParseConfigError
-	if errors.As(err, &pe) && pe.Unwrap() != nil {
-		return " (" + pe.Unwrap().Error() + ")"
-	}
-	return ""
-}
-
-// Connect opens a regular (non-replication) connection.
-func Connect(ctx context.Context, pg config.Postgres) (*pgx.Conn, error) {
-	cfg, err := pgConfig(pg)
-	if err != nil {
-		return nil, err
-	}
-	ctx, cancel := context.WithTimeout(ctx, connectTimeout(&cfg.Config))
-	defer cancel()
-	conn, err := pgx.ConnectConfig(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("cannot connect to Postgres at %s as %s: %w; %s",
-			hosts(&cfg.Config), cfg.User, unwrapConnect(err), connectHint(err))
-	}
-	return conn, nil
-}
-
-// lazyConn is a regular connection opened at its first use, and again after
-// the server closed it.
-type lazyConn struct {
-	pg   config.Postgres
-	conn *pgx.Conn
-}
-
-func (l *lazyConn) get(ctx context.Context) (*pgx.Conn, error) {
-	if l.conn == nil || l.conn.IsClosed() {
-		conn, err := Connect(ctx, l.pg)
-		if err != nil {
-			return nil, err
-		}
-		l.conn = conn
-	}
-	return l.conn, nil
-}
-
-func (l *lazyConn) close() {
-	if l.conn != nil {
-		l.conn.Close(context.Background())
-	}
-}
-
 // connectReplication opens a logical replication connection.
 func (r *Relay) connectReplication(ctx context.Context) (*pgconn.PgConn, error) {
-	pg := r.cfg.Postgres
-	r.log.Debug("opening a replication connection", "slot", pg.Slot)
-	ccfg, err := pgConfig(pg)
-	if err != nil {
-		return nil, err
-	}
-	cfg := &ccfg.Config
-	cfg.RuntimeParams["replication"] = "database"
-	cfg.RuntimeParams["application_name"] = "outboxd"
-	ctx, cancel := context.WithTimeout(ctx, connectTimeout(cfg))
-	defer cancel()
-	conn, err := pgconn.ConnectConfig(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("opening replication connection to %s as %s: %w; %s", hosts(cfg), cfg.User, unwrapConnect(err), connectHint(err))
-	}
-	return conn, nil
+	r.log.Debug("opening a replication connection", "slot", r.cfg.Postgres.Slot)
+	return pg.ConnectReplication(ctx, r.cfg.Postgres)
 }
-
-// hosts names every host:port of cfg, the DSN's first and its fallbacks
-// (a DSN naming several hosts), once each.
-func hosts(cfg *pgconn.Config) string {
-	all := []string{net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port)))}
-	for _, f := range cfg.Fallbacks {
-		if h := net.JoinHostPort(f.Host, strconv.Itoa(int(f.Port))); !slices.Contains(all, h) {
-			all = append(all, h)
-		}
-	}
-	return strings.Join(all, ",")
-}
-
-// connectHint says what to check after a failed connection attempt.
-func connectHint(err error) string {
-	var unknownCA x509.UnknownAuthorityError
-	var hostname x509.HostnameError
-	var invalid x509.CertificateInvalidError
-	var pgErr *pgconn.PgError
-	switch {
-	case errors.As(err, &unknownCA):
-		return "the server's certificate is not signed by a CA in sslrootcert; set sslrootcert in postgres.dsn (or PGSSLROOTCERT) to the CA that signed it"
-	case errors.As(err, &hostname):
-		return "the server's certificate does not name the host in postgres.dsn; connect with a host name the certificate names, or fix the certificate's subjectAltName (sslmode=verify-full checks it)"
-	case errors.As(err, &invalid):
-		return "the server's certificate is not valid (expired or not for server use); renew it"
-	case errors.As(err, &pgErr) && (pgErr.Code == "28P01" || pgErr.Code == "28000"):
-		return "check the user and password (postgres.dsn, postgres.password_file, PGPASSWORD or ~/.pgpass) and pg_hba.conf"
-	}
-	return "check postgres.dsn and that the server is running"
-}
-
-// unwrapConnect keeps the server's or the network's reason and drops pgconn's
-// preamble, which repeats the host and user.
-func unwrapConnect(err error) error {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		return pgErr
-	}
-	var ce *pgconn.ConnectError
-	if errors.As(err, &ce) && ce.Unwrap() != nil {
-		err = ce.Unwrap()
-	}
-	// pgconn lists every attempt's error, one a line: a host tried with and
-	// without TLS (sslmode=prefer) failed the same way twice. Say each once.
-	lines := strings.Split(err.Error(), "\n")
-	if len(lines) == 1 {
-		return err
-	}
-	seen := map[string]bool{}
-	var uniq []string
-	for _, l := range lines {
-		if !seen[l] {
-			seen[l] = true
-			uniq = append(uniq, l)
-		}
-	}
-	return &onceError{err: err, msg: strings.Join(uniq, "; ")}
-}
-
-// onceError is an error whose message says each of its lines once.
-type onceError struct {
-	err error
-	msg string
-}
-
-func (e *onceError) Error() string { return e.msg }
-func (e *onceError) Unwrap() error { return e.err }
 
 // Check runs the start-up checks and prepares the publication and slot. Each
 // failure is one line that says what is wrong and what to do. The Postgres
@@ -244,7 +74,7 @@ func (r *Relay) Close() { r.dropWarm() }
 // publication and slot, and keeps its connection in r.warm. held reports a
 // slot that another process is streaming from.
 func (r *Relay) checkPostgres(ctx context.Context) (held bool, err error) {
-	conn, err := Connect(ctx, r.cfg.Postgres)
+	conn, err := pg.Connect(ctx, r.cfg.Postgres)
 	if err != nil {
 		return false, err
 	}
@@ -252,7 +82,7 @@ func (r *Relay) checkPostgres(ctx context.Context) (held bool, err error) {
 	var major int
 	var version string
 	if err == nil {
-		major, version, err = serverMajor(ctx, conn)
+		major, version, err = pg.ServerMajor(ctx, conn)
 	}
 	if err == nil {
 		err = checkFailoverVersion(major, version, r.cfg.Postgres.FailoverSlot)
@@ -372,7 +202,7 @@ func checkServer(ctx context.Context, conn *pgx.Conn, cfg config.Postgres, colum
 		return fmt.Errorf("role %s lacks the REPLICATION attribute; run ALTER ROLE %s WITH REPLICATION (on Amazon RDS and Aurora: GRANT rds_replication TO %s), or connect as a role that has it", user, role, role)
 	}
 	schema, table := cfg.TableName()
-	present, err := tableColumns(ctx, conn, schema, table)
+	present, err := pg.TableColumns(ctx, conn, schema, table)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("outbox table %s does not exist; run 'outboxd migrate' to create it, or set postgres.table to your outbox table", cfg.Table)
 	}
@@ -397,7 +227,7 @@ func checkServer(ctx context.Context, conn *pgx.Conn, cfg config.Postgres, colum
 		return fmt.Errorf("role %s lacks SELECT on the outbox table %s; run GRANT SELECT ON %s TO %s (see migrations/roles/least_privilege.sql)",
 			user, cfg.Table, pgx.Identifier{schema, table}.Sanitize(), role)
 	}
-	if missing := missingColumns(present, columns); len(missing) > 0 {
+	if missing := pg.MissingColumns(present, columns); len(missing) > 0 {
 		return fmt.Errorf("outbox table %s has no column %s; add it or set the router.*_column settings to the table's column names",
 			cfg.Table, strings.Join(missing, ", "))
 	}
@@ -450,56 +280,33 @@ func (r *Relay) checkColumnTypes(ctx context.Context, conn *pgx.Conn) error {
 	return nil
 }
 
-// tableColumns returns the column names of the table (or partitioned
-// table) schema.table, or pgx.ErrNoRows when there is none.
-func tableColumns(ctx context.Context, conn *pgx.Conn, schema, table string) ([]string, error) {
-	var present []string
-	err := conn.QueryRow(ctx, `SELECT coalesce(array_agg(a.attname::text), '{}') FROM pg_class c
-		JOIN pg_namespace n ON n.oid = c.relnamespace
-		LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
-		WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')
-		HAVING count(c.oid) > 0`, schema, table).Scan(&present)
-	return present, err
-}
-
-// missingColumns returns the names in want that present lacks.
-func missingColumns(present, want []string) []string {
-	var missing []string
-	for _, c := range want {
-		if !slices.Contains(present, c) {
-			missing = append(missing, c)
-		}
-	}
-	return missing
-}
-
 // ensureSlot creates the publication and slot when missing and allowed, and
 // refuses an unusable slot; held reports a slot that another process is
 // streaming from.
 func (r *Relay) ensureSlot(ctx context.Context, conn *pgx.Conn) (held bool, err error) {
-	pg := r.cfg.Postgres
-	schema, table := pg.TableName()
-	pub, err := wal.EnsurePublication(ctx, conn, pg.Publication, schema, table, pg.CreatePublication)
+	pc := r.cfg.Postgres
+	schema, table := pc.TableName()
+	pub, err := wal.EnsurePublication(ctx, conn, pc.Publication, schema, table, pc.CreatePublication)
 	if err != nil {
 		return false, err
 	}
 	if pub.Columns != nil {
-		if missing := missingColumns(pub.Columns, r.router.Columns()); len(missing) > 0 {
-			return false, wal.ColumnListError(pg.Publication, schema, table, pub.Columns, missing)
+		if missing := pg.MissingColumns(pub.Columns, r.router.Columns()); len(missing) > 0 {
+			return false, wal.ColumnListError(pc.Publication, schema, table, pub.Columns, missing)
 		}
 	}
 	switch {
 	case pub.Created:
-		r.log.Info("created publication", "publication", pg.Publication, "table", pg.Table, "publish", wal.PublishActions)
+		r.log.Info("created publication", "publication", pc.Publication, "table", pc.Table, "publish", wal.PublishActions)
 	case pub.NoUpdates && r.cfg.Router.OnUpdate != "ignore":
 		r.log.Warn("the publication leaves UPDATEs out, so router.on_update ("+r.cfg.Router.OnUpdate+") never sees an updated outbox row; "+
-			wal.AlterPublicationSQL(pg.Publication)+" publishes them", "publication", pg.Publication)
+			wal.AlterPublicationSQL(pc.Publication)+" publishes them", "publication", pc.Publication)
 	case pub.Deletes:
 		r.log.Info("the publication publishes DELETEs, which outboxd ignores; if rows are deleted after insert, Postgres decodes and sends "+
-			"every delete for nothing. Unless another reader of the publication needs them, "+wal.AlterPublicationSQL(pg.Publication)+
-			" leaves them out from that point in the WAL, on the same slot", "publication", pg.Publication)
+			"every delete for nothing. Unless another reader of the publication needs them, "+wal.AlterPublicationSQL(pc.Publication)+
+			" leaves them out from that point in the WAL, on the same slot", "publication", pc.Publication)
 	}
-	info, ok, err := wal.InspectSlot(ctx, conn, pg.Slot)
+	info, ok, err := wal.InspectSlot(ctx, conn, pc.Slot)
 	if err != nil {
 		return false, err
 	}
@@ -507,16 +314,16 @@ func (r *Relay) ensureSlot(ctx context.Context, conn *pgx.Conn) (held bool, err 
 		if err := r.refuseAfterPromotion(ctx, conn); err != nil {
 			return false, err
 		}
-		if !pg.CreateSlot {
+		if !pc.CreateSlot {
 			return false, wal.Errorf(wal.ErrSlotMissing, "replication slot %q does not exist; set postgres.create_slot: true, or create it with %s",
-				pg.Slot, wal.CreateSlotSQL(pg.Slot, pg.FailoverSlot))
+				pc.Slot, wal.CreateSlotSQL(pc.Slot, pc.FailoverSlot))
 		}
-		lsn, err := wal.CreateSlot(ctx, conn, pg.Slot, pg.FailoverSlot)
+		lsn, err := wal.CreateSlot(ctx, conn, pc.Slot, pc.FailoverSlot)
 		if err != nil {
 			return false, err
 		}
-		r.log.Info("created replication slot; events committed from here on will be delivered", "slot", pg.Slot, "lsn", lsn.String(), "failover", pg.FailoverSlot)
-		info = wal.SlotInfo{Name: pg.Slot, Failover: pg.FailoverSlot, ConfirmedFlushLSN: lsn}
+		r.log.Info("created replication slot; events committed from here on will be delivered", "slot", pc.Slot, "lsn", lsn.String(), "failover", pc.FailoverSlot)
+		info = wal.SlotInfo{Name: pc.Slot, Failover: pc.FailoverSlot, ConfirmedFlushLSN: lsn}
 		if err := r.noteSlot(ctx, conn, info); err != nil {
 			return false, err
 		}
@@ -535,20 +342,20 @@ func (r *Relay) ensureSlot(ctx context.Context, conn *pgx.Conn) (held bool, err 
 	err = r.checkSlot(ctx, conn, info, db)
 	var active *wal.SlotActiveError
 	if errors.As(err, &active) {
-		r.log.Warn(err.Error(), "slot", pg.Slot)
+		r.log.Warn(err.Error(), "slot", pc.Slot)
 		held = true
 	} else if err != nil {
 		return false, err
 	}
-	if pg.FailoverSlot && !info.Failover && !held { // a held slot cannot be altered; its holder alters it at its start
+	if pc.FailoverSlot && !info.Failover && !held { // a held slot cannot be altered; its holder alters it at its start
 		// As Debezium does with slot.failover: the slot keeps its position.
 		if err := r.alterToFailover(ctx); err != nil {
-			r.log.Warn("the slot is not a failover slot and could not be altered to one; run "+wal.AlterSlotFailoverSQL(pg.Slot)+
+			r.log.Warn("the slot is not a failover slot and could not be altered to one; run "+wal.AlterSlotFailoverSQL(pc.Slot)+
 				" on a replication connection (psql \"dbname=... replication=database\") while outboxd is stopped",
-				"slot", pg.Slot, "err", err)
+				"slot", pc.Slot, "err", err)
 		} else {
 			info.Failover = true
-			r.log.Info("altered the replication slot to a failover slot (postgres.failover_slot: true)", "slot", pg.Slot)
+			r.log.Info("altered the replication slot to a failover slot (postgres.failover_slot: true)", "slot", pc.Slot)
 		}
 	}
 	r.logFailover(ctx, conn, r.major, info)

@@ -5,74 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"slices"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/internal/pg"
 	"github.com/outboxd/outboxd/wal"
 )
-
-// Failover is what the primary and the standbys say about the slot's fate in
-// a Postgres failover: whether the slot is a failover slot, which physical
-// standbys stream, whether synchronized_standby_slots names their slots,
-// and whether the standbys of postgres.standby_dsns hold a copy of it.
-type Failover struct {
-	Major int `json:"server_major"`
-	// Timeline is the server's timeline: above 1 after a promotion or a
-	// restore, where outboxd does not create a missing slot.
-	Timeline     int  `json:"timeline"`
-	SlotExists   bool `json:"-"`
-	SlotFailover bool `json:"slot_failover"`
-	// SynchronizedStandbySlots is the primary's synchronized_standby_slots
-	// (Postgres 17 and later): the physical slots whose standbys must have
-	// flushed WAL before a logical walsender sends it.
-	SynchronizedStandbySlots []string   `json:"synchronized_standby_slots,omitempty"`
-	Standbys                 []Standby  `json:"standbys"`
-	Copies                   []SlotCopy `json:"standby_copies,omitempty"`
-	UnusedSynchronized       []string   `json:"-"` // named in SynchronizedStandbySlots, no standby streams from it
-	Confirmed                wal.LSN    `json:"-"` // the slot's confirmed position on the primary
-}
-
-// Standby is a physical standby streaming from the primary
-// (pg_stat_replication).
-type Standby struct {
-	Name string `json:"application_name"`
-	// Slot is the physical slot it streams through, "" when none.
-	Slot string `json:"slot,omitempty"`
-	// Synchronized: synchronized_standby_slots names Slot.
-	Synchronized bool `json:"synchronized"`
-}
-
-// SlotCopy is what a standby of postgres.standby_dsns holds of the slot.
-type SlotCopy struct {
-	Standby    string `json:"standby"` // host:port
-	Err        string `json:"error,omitempty"`
-	InRecovery bool   `json:"in_recovery"`
-	SyncSlots  bool   `json:"sync_replication_slots"`
-	Exists     bool   `json:"exists"`
-	Synced     bool   `json:"synced"`
-	Temporary  bool   `json:"temporary"`
-	Confirmed  string `json:"confirmed_flush_lsn,omitempty"`
-	// Invalidation is the copy's invalidation_reason, "" while it is valid.
-	Invalidation string `json:"invalidation_reason,omitempty"`
-}
-
-// serverMajor returns the server's major version and its version string.
-func serverMajor(ctx context.Context, conn *pgx.Conn) (int, string, error) {
-	var num int
-	var version string
-	err := conn.QueryRow(ctx, `SELECT current_setting('server_version_num')::int, current_setting('server_version')`).Scan(&num, &version)
-	if err != nil {
-		return 0, "", fmt.Errorf("reading the server version: %w", err)
-	}
-	return num / 10000, version, nil
-}
 
 // checkFailoverVersion refuses postgres.failover_slot on a server that has
 // no failover slots.
@@ -84,199 +25,21 @@ func checkFailoverVersion(major int, version string, failover bool) error {
 	return nil
 }
 
-// readFailover reads the slot's failover state and the standbys on conn,
-// a connection to the primary, and asks the standbys of pg.StandbyDSNs for
-// their copy of the slot.
-func readFailover(ctx context.Context, conn *pgx.Conn, pg config.Postgres, major int, slot wal.SlotInfo, exists bool) (Failover, error) {
-	f := Failover{Major: major, SlotExists: exists, SlotFailover: slot.Failover, Confirmed: slot.ConfirmedFlushLSN, Standbys: []Standby{}}
-	f.Timeline, _ = wal.Timeline(ctx, conn) // 0, unknown, where the server does not tell
-	var synchronized *string
-	err := conn.QueryRow(ctx, `SELECT current_setting('synchronized_standby_slots', true)`).Scan(&synchronized)
-	if err != nil {
-		return f, fmt.Errorf("reading synchronized_standby_slots: %w", err)
-	}
-	if synchronized != nil {
-		for _, s := range strings.Split(*synchronized, ",") {
-			if s = strings.Trim(strings.TrimSpace(s), `"`); s != "" {
-				f.SynchronizedStandbySlots = append(f.SynchronizedStandbySlots, s)
-			}
-		}
-	}
-	rows, err := conn.Query(ctx, `SELECT coalesce(r.application_name, ''), coalesce(s.slot_name::text, '')
-		FROM pg_stat_replication r JOIN pg_stat_activity a ON a.pid = r.pid
-		LEFT JOIN pg_replication_slots s ON s.active_pid = r.pid
-		WHERE a.datid IS NULL ORDER BY 1, 2`)
-	if err != nil {
-		return f, fmt.Errorf("reading pg_stat_replication: %w", err)
-	}
-	// A walsender connected to no database is a physical standby's (or a
-	// base backup's); logical ones, outboxd's own among them, have one.
-	var sb Standby
-	_, err = pgx.ForEachRow(rows, []any{&sb.Name, &sb.Slot}, func() error {
-		sb.Synchronized = sb.Slot != "" && slices.Contains(f.SynchronizedStandbySlots, sb.Slot)
-		f.Standbys = append(f.Standbys, sb)
-		return nil
-	})
-	if err != nil {
-		return f, fmt.Errorf("reading pg_stat_replication: %w", err)
-	}
-	for _, s := range f.SynchronizedStandbySlots {
-		if !f.streams(s) {
-			f.UnusedSynchronized = append(f.UnusedSynchronized, s)
-		}
-	}
-	for _, dsn := range pg.StandbyDSNs {
-		f.Copies = append(f.Copies, readCopy(ctx, config.Postgres{DSN: dsn, PasswordFile: pg.PasswordFile}, pg.Slot))
-	}
-	return f, nil
-}
-
-func (f Failover) streams(slot string) bool {
-	for _, s := range f.Standbys {
-		if s.Slot == slot {
-			return true
-		}
-	}
-	return false
-}
-
-// readCopy reads the standby's copy of slot; a failure is reported in the
-// copy, not returned: an unreachable standby is part of the picture.
-func readCopy(ctx context.Context, pg config.Postgres, slot string) SlotCopy {
-	c := SlotCopy{Standby: standbyAddr(pg.DSN)}
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	conn, err := Connect(ctx, pg)
-	if err != nil {
-		c.Err = err.Error()
-		return c
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	var sync *string
-	if err := conn.QueryRow(ctx, `SELECT pg_is_in_recovery(), current_setting('sync_replication_slots', true)`).Scan(&c.InRecovery, &sync); err != nil {
-		c.Err = err.Error()
-		return c
-	}
-	c.SyncSlots = sync != nil && *sync == "on"
-	info, ok, err := wal.InspectSlot(ctx, conn, slot)
-	if err != nil {
-		c.Err = err.Error()
-		return c
-	}
-	if ok {
-		c.Exists, c.Synced, c.Temporary, c.Invalidation = true, info.Synced, info.Temporary, info.InvalidationReason
-		if info.ConfirmedFlushLSN != 0 {
-			c.Confirmed = info.ConfirmedFlushLSN.String()
-		}
-	}
-	return c
-}
-
-// standbyAddr names a standby by the host and port of its DSN, never by the
-// DSN itself (it may hold a password).
-func standbyAddr(dsn string) string {
-	cfg, err := pgconn.ParseConfig(dsn)
-	if err != nil {
-		return "(invalid DSN)"
-	}
-	return net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port)))
-}
-
-// Usable reports whether the copy would survive a promotion of its standby
-// now: synchronised, persisted, with a confirmed position and valid.
-func (c SlotCopy) Usable() bool {
-	return c.Err == "" && c.InRecovery && c.Exists && c.Synced && !c.Temporary && c.Confirmed != "" && c.Invalidation == ""
-}
-
-// note is one line about the failover state, for the start-up log and
-// outboxd status; warn marks what the operator should fix.
-type note struct {
-	warn bool
-	text string
-}
-
-// notes says what f means for the slot, most important first.
-func (f Failover) notes(slot string) []note {
-	var out []note
-	add := func(warn bool, format string, args ...any) {
-		out = append(out, note{warn, fmt.Sprintf(format, args...)})
-	}
-	physical := len(f.Standbys) > 0 || len(f.Copies) > 0
-	if !f.SlotExists && f.Timeline > 1 {
-		add(true, "the slot does not exist and this server is on timeline %d (promoted from a standby or restored from a backup), where outboxd does not create it: see the failover procedure in docs/operations.md", f.Timeline)
-	}
-	switch {
-	case f.Major < wal.FailoverMajor:
-		if physical {
-			add(false, "not a failover slot: Postgres %d has none (they came in %d), so a promoted standby has no copy of slot %q and outboxd stops there; see the failover procedure in docs/operations.md",
-				f.Major, wal.FailoverMajor, slot)
-		} else {
-			add(false, "not a failover slot: Postgres %d has none (they came in %d)", f.Major, wal.FailoverMajor)
-		}
-	case !f.SlotExists:
-	case f.SlotFailover:
-		add(false, "failover slot: standbys with sync_replication_slots = on keep a copy of it")
-	case physical:
-		add(true, "not a failover slot: a promoted standby has no copy of slot %q and outboxd stops there; set postgres.failover_slot: true (outboxd then alters the slot)", slot)
-	default:
-		add(false, "not a failover slot (postgres.failover_slot: false)")
-	}
-	failover := f.Major >= wal.FailoverMajor && f.SlotFailover
-	for _, s := range f.Standbys {
-		switch {
-		case s.Slot == "":
-			add(failover, "standby %s streams without a replication slot, so it cannot keep a copy of failover slots; give it one (primary_slot_name)", s.Name)
-		case !failover:
-			add(false, "standby %s streams through slot %s", s.Name, s.Slot)
-		case s.Synchronized:
-			add(false, "standby %s streams through slot %s, which synchronized_standby_slots names: outboxd receives only changes it has flushed", s.Name, s.Slot)
-		default:
-			add(true, "synchronized_standby_slots does not name standby %s's slot %s, so the standby can be promoted with a copy behind what outboxd confirmed, or without changes outboxd already delivered; "+
-				"run ALTER SYSTEM SET synchronized_standby_slots = '%s'; SELECT pg_reload_conf() on the primary", s.Name, s.Slot, strings.Join(append(f.SynchronizedStandbySlots, s.Slot), ", "))
-		}
-	}
-	for _, s := range f.UnusedSynchronized {
-		add(true, "synchronized_standby_slots names %s, which no standby streams from: Postgres holds back outboxd's changes until it does; start the standby, or remove %s from synchronized_standby_slots", s, s)
-	}
-	if f.Major < wal.FailoverMajor || !f.SlotExists {
-		return out
-	}
-	for _, c := range f.Copies {
-		switch {
-		case c.Err != "":
-			add(true, "standby %s: cannot read its copy of the slot: %s", c.Standby, c.Err)
-		case !c.InRecovery:
-			add(true, "standby %s is not in recovery: it is a primary now, not a standby of this server", c.Standby)
-		case !c.SyncSlots:
-			add(failover, "standby %s has sync_replication_slots off, so it keeps no copy of failover slots; set it on (with hot_standby_feedback = on and a dbname in primary_conninfo)", c.Standby)
-		case !c.Exists:
-			add(failover, "standby %s holds no copy of slot %q yet: a promotion now would leave outboxd without a slot", c.Standby, slot)
-		case c.Invalidation != "":
-			add(true, "standby %s's copy of slot %q is invalidated (%s): a promotion now would leave outboxd without a usable slot", c.Standby, slot, c.Invalidation)
-		case c.Temporary || c.Confirmed == "":
-			add(true, "standby %s's copy of slot %q is not persisted yet (Postgres persists it once the slot has advanced past the standby's position): a promotion now would drop it", c.Standby, slot)
-		default:
-			add(false, "standby %s holds a synchronised copy of slot %q at %s (here %s)", c.Standby, slot, c.Confirmed, f.Confirmed)
-		}
-	}
-	return out
-}
-
 // logFailover logs the failover state at start-up: each note at Info, or
 // at Warn for what the operator should fix. A failure to read it is logged
 // too: it does not stop streaming.
 func (r *Relay) logFailover(ctx context.Context, conn *pgx.Conn, major int, slot wal.SlotInfo) {
-	f, err := readFailover(ctx, conn, r.cfg.Postgres, major, slot, true)
+	f, err := pg.ReadFailover(ctx, conn, r.cfg.Postgres, major, slot, true)
 	if err != nil {
 		r.log.Warn("cannot tell whether a standby could take over with the slot", "slot", r.cfg.Postgres.Slot, "err", err)
 		return
 	}
-	for _, n := range f.notes(r.cfg.Postgres.Slot) {
+	for _, n := range f.Notes(r.cfg.Postgres.Slot) {
 		level := slog.LevelInfo
-		if n.warn {
+		if n.Warn {
 			level = slog.LevelWarn
 		}
-		r.log.Log(ctx, level, n.text, "slot", r.cfg.Postgres.Slot, "failover", f.SlotFailover)
+		r.log.Log(ctx, level, n.Text, "slot", r.cfg.Postgres.Slot, "failover", f.SlotFailover)
 	}
 }
 
@@ -433,7 +196,7 @@ func replacedWhy(saved, tli int, info wal.SlotInfo, confirmed wal.LSN) string {
 func (r *Relay) noteSlot(ctx context.Context, conn *pgx.Conn, info wal.SlotInfo) error {
 	if r.major == 0 {
 		var err error
-		if r.major, _, err = serverMajor(ctx, conn); err != nil {
+		if r.major, _, err = pg.ServerMajor(ctx, conn); err != nil {
 			return err
 		}
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/outboxd/outboxd/checkpoint"
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/internal/pg"
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/sink"
 	"github.com/outboxd/outboxd/wal"
@@ -33,9 +34,9 @@ type Relay struct {
 	txnID  string           // exactly_once: the last pipeline's transactional id
 
 	reg      prometheus.Registerer
-	warm     warm     // what Check opened for the first pipeline
-	standby  lazyConn // a standby's connection for its polls
-	outboxID uint32   // the outbox table's relation ID when the run started
+	warm     warm    // what Check opened for the first pipeline
+	standby  pg.Lazy // a standby's connection for its polls
+	outboxID uint32  // the outbox table's relation ID when the run started
 	status   status
 	// What the last pipeline start saw, to tell a promotion from a dropped
 	// slot (see slotMissing).
@@ -53,11 +54,11 @@ func New(cfg config.Config, log *slog.Logger, reg prometheus.Registerer) (*Relay
 		return nil, err
 	}
 	r := &Relay{cfg: cfg, log: log, router: rt, m: newMetrics(reg), sinkM: sink.NewMetrics(reg), reg: reg,
-		standby: lazyConn{pg: cfg.Postgres}}
+		standby: pg.Lazy{PG: cfg.Postgres}}
 	if cfg.Kafka.ExactlyOnce() {
 		r.txnM = sink.NewTxnMetrics(reg)
 	}
-	r.status.setState(stateStarting, "starting up")
+	r.status.setState(StateStarting, "starting up")
 	return r, nil
 }
 
@@ -111,8 +112,8 @@ func (r *Relay) Run(ctx context.Context) error {
 	// slot's restart_lsn, which a shorter cap would repeat more often.
 	const minBackoff, maxBackoff = 500 * time.Millisecond, 10 * time.Second
 	backoff := minBackoff
-	defer r.setState(stateStopped, "stopped")
-	defer r.standby.close()
+	defer r.setState(StateStopped, "stopped")
+	defer r.standby.Close()
 	for {
 		started := time.Now()
 		err := r.runOnce(ctx)
@@ -128,10 +129,10 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		var active *wal.SlotActiveError
 		if errors.As(err, &active) {
-			if r.Status().State != stateStandby {
+			if r.Status().State != StateStandby {
 				r.log.Info("standby: another process holds the slot; taking over when it is released",
 					"slot", r.cfg.Postgres.Slot, "holder_pid", active.PID)
-				r.setState(stateStandby, err.Error())
+				r.setState(StateStandby, err.Error())
 			}
 			if !sleep(ctx, r.cfg.Postgres.StandbyPollInterval) {
 				return nil
@@ -146,7 +147,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		if time.Since(started) > time.Minute {
 			backoff = minBackoff
 		}
-		r.setState(stateStarting, "restarting after: "+err.Error())
+		r.setState(StateStarting, "restarting after: "+err.Error())
 		r.log.Warn("pipeline stopped; restarting from the slot's confirmed position", "err", err, "slot", r.cfg.Postgres.Slot, "retry_in", backoff)
 		r.m.restarts.Inc()
 		if !sleep(ctx, backoff) {
@@ -181,10 +182,10 @@ func (r *Relay) explain(err error) error {
 		pg.Publication, pgErr.Message, wal.PublicationSQL(pg.Publication, schema, table))
 }
 
-func (r *Relay) setState(state, reason string) {
+func (r *Relay) setState(state State, reason string) {
 	r.status.setState(state, reason)
 	r.m.setState(state)
-	if state != stateStreaming {
+	if state != StateStreaming {
 		// Only a streaming run has records in flight; a standby must not
 		// keep reporting the buffer it had while it held the slot.
 		r.m.inFlight.Set(0)
@@ -264,10 +265,10 @@ func (r *Relay) runOnce(ctx context.Context) error {
 	var closeSlotConn func()
 	stream.SlotPosition, closeSlotConn = r.slotPosition()
 	defer closeSlotConn()
-	if r.Status().State == stateStandby {
+	if r.Status().State == StateStandby {
 		r.log.Info("took over the slot from the previous holder", "slot", pg.Slot)
 	}
-	r.setState(stateStreaming, "")
+	r.setState(StateStreaming, "")
 	r.status.setApplied(start) // the slot's confirmed position, read as the run connected
 	r.log.Info("streaming", "slot", pg.Slot, "lsn", start.String(), "publication", pg.Publication)
 
@@ -352,9 +353,9 @@ func (r *Relay) receiveTimeout(ctx context.Context, conn *pgconn.PgConn) time.Du
 // on a connection of its own, opened at the first call, and one that closes
 // that connection.
 func (r *Relay) slotPosition() (read func(context.Context) (wal.LSN, error), closeConn func()) {
-	lc := &lazyConn{pg: r.cfg.Postgres}
+	lc := &pg.Lazy{PG: r.cfg.Postgres}
 	read = func(ctx context.Context) (wal.LSN, error) {
-		conn, err := lc.get(ctx)
+		conn, err := lc.Get(ctx)
 		if err != nil {
 			return 0, err
 		}
@@ -364,7 +365,7 @@ func (r *Relay) slotPosition() (read func(context.Context) (wal.LSN, error), clo
 		}
 		return info.ConfirmedFlushLSN, err
 	}
-	return read, lc.close
+	return read, lc.Close
 }
 
 // connect inspects the slot and opens the replication connection. It opens
@@ -395,10 +396,10 @@ func (r *Relay) connect(ctx context.Context) (wal.LSN, *pgconn.PgConn, error) {
 		}
 		return start, repl, nil
 	}
-	if r.Status().State == stateStandby {
+	if r.Status().State == StateStandby {
 		// A standby polls on one connection, kept until it takes over
 		// (or a poll fails), not one per poll.
-		conn, err := r.standby.get(ctx)
+		conn, err := r.standby.Get(ctx)
 		if err != nil {
 			return 0, nil, err
 		}
@@ -407,7 +408,7 @@ func (r *Relay) connect(ctx context.Context) (wal.LSN, *pgconn.PgConn, error) {
 		if errors.As(err, &active) {
 			return 0, nil, err
 		}
-		r.standby.close()
+		r.standby.Close()
 		if err != nil {
 			return 0, nil, err
 		}
@@ -439,7 +440,7 @@ func (r *Relay) connect(ctx context.Context) (wal.LSN, *pgconn.PgConn, error) {
 
 // inspectSlot checks the slot before a run and returns its confirmed position.
 func (r *Relay) inspectSlot(ctx context.Context) (wal.LSN, error) {
-	conn, err := Connect(ctx, r.cfg.Postgres)
+	conn, err := pg.Connect(ctx, r.cfg.Postgres)
 	if err != nil {
 		return 0, err
 	}

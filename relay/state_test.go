@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/outboxd/outboxd/config"
 )
@@ -19,8 +20,8 @@ func TestLeavingStreamingClearsInFlightGauges(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, state := range []string{stateStandby, stateStarting, stateStopped} {
-		r.setState(stateStreaming, "")
+	for _, state := range []State{StateStandby, StateStarting, StateStopped} {
+		r.setState(StateStreaming, "")
 		r.m.inFlight.Set(9000)
 		r.m.bufferFill.Set(0.95)
 		r.setState(state, "test")
@@ -38,7 +39,7 @@ func TestStatusPositions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.setState(stateStreaming, "")
+	r.setState(StateStreaming, "")
 	r.status.setApplied(0x100)
 	r.status.setPosition(0x200, 0x300, time.Now(), 7)
 	s := r.Status()
@@ -46,13 +47,27 @@ func TestStatusPositions(t *testing.T) {
 		t.Errorf("streaming: confirmed %s, sent %s, received %s, in flight %d; want 0/100, 0/200, 0/300, 7",
 			s.ConfirmedLSN, s.SentLSN, s.ReceivedLSN, s.InFlight)
 	}
-	r.setState(stateStarting, "restarting")
+	r.setState(StateStarting, "restarting")
 	if s := r.Status(); s.InFlight != 0 || s.ReceivedLSN != "" || s.ConfirmedLSN != "0/100" {
 		t.Errorf("restarting: in flight %d, received %q, confirmed %q; want 0, none, 0/100", s.InFlight, s.ReceivedLSN, s.ConfirmedLSN)
 	}
-	r.setState(stateStandby, "another process holds the slot")
+	r.setState(StateStandby, "another process holds the slot")
 	r.status.setApplied(0x900) // the slot monitor reads the other holder's position
 	if s := r.Status(); s.InFlight != 0 || s.ConfirmedLSN != "" || s.SentLSN != "" || !s.ConfirmedCommitTime.IsZero() {
 		t.Errorf("standby: in flight %d, confirmed %q, sent %q, commit time %v; want nothing", s.InFlight, s.ConfirmedLSN, s.SentLSN, s.ConfirmedCommitTime)
 	}
+}
+
+// value reads a gauge or counter.
+func value(c prometheus.Collector) float64 {
+	ch := make(chan prometheus.Metric, 1)
+	c.Collect(ch)
+	var m dto.Metric
+	if err := (<-ch).Write(&m); err != nil {
+		panic(err)
+	}
+	if m.Counter != nil {
+		return m.Counter.GetValue()
+	}
+	return m.Gauge.GetValue()
 }

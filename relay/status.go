@@ -8,12 +8,16 @@ import (
 	"github.com/outboxd/outboxd/wal"
 )
 
-// Relay states, as /readyz, /status and outboxd_relay_state report them.
+// State is the relay's state, as /readyz, /status and outboxd_relay_state
+// report it.
+type State string
+
+// The relay's states.
 const (
-	stateStarting  = "starting"
-	stateStreaming = "streaming"
-	stateStandby   = "standby"
-	stateStopped   = "stopped"
+	StateStarting  State = "starting"  // checking, or restarting after a failure
+	StateStreaming State = "streaming" // a pipeline holds the slot
+	StateStandby   State = "standby"   // another process holds the slot
+	StateStopped   State = "stopped"   // Run returned
 )
 
 // stuckAfter: with records in flight and the confirmed position unchanged
@@ -22,7 +26,7 @@ const stuckAfter = 30 * time.Second
 
 // Status is what a running outboxd reports about itself.
 type Status struct {
-	State  string    `json:"state"`
+	State  State     `json:"state"`
 	Since  time.Time `json:"since"`
 	Reason string    `json:"reason,omitempty"` // why not ready, when not
 	Slot   string    `json:"slot"`
@@ -51,20 +55,20 @@ type status struct {
 	advancedAt    time.Time
 }
 
-func (st *status) setState(state, reason string) {
+func (st *status) setState(state State, reason string) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if st.s.State != state {
 		st.s.Since = time.Now()
 	}
 	st.s.State, st.s.Reason = state, reason
-	if state == stateStreaming {
+	if state == StateStreaming {
 		return
 	}
 	// Out of streaming, nothing of this process is in flight.
 	st.s.InFlight, st.s.ReceivedLSN = 0, ""
 	st.advancedAt = time.Time{}
-	if state == stateStandby { // the slot and its positions are another process's
+	if state == StateStandby { // the slot and its positions are another process's
 		st.s.ConfirmedLSN, st.s.SentLSN, st.s.ConfirmedCommitTime = "", "", time.Time{}
 		st.lastConfirmed = 0
 	}
@@ -75,7 +79,7 @@ func (st *status) setState(state, reason string) {
 func (st *status) setApplied(lsn wal.LSN) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if st.s.State == stateStreaming || st.s.State == stateStarting {
+	if st.s.State == StateStreaming || st.s.State == StateStarting {
 		st.s.ConfirmedLSN = lsn.String()
 	}
 }
@@ -106,7 +110,7 @@ func (r *Relay) Status() Status {
 	defer st.mu.Unlock()
 	s := st.s
 	s.Slot = r.cfg.Postgres.Slot
-	if s.State == stateStreaming && s.InFlight > 0 && time.Since(st.advancedAt) > stuckAfter {
+	if s.State == StateStreaming && s.InFlight > 0 && time.Since(st.advancedAt) > stuckAfter {
 		s.Reason = fmt.Sprintf("the confirmed position has not advanced for %s with %d records in flight; Kafka is slow or unreachable",
 			time.Since(st.advancedAt).Round(time.Second), s.InFlight)
 	}
@@ -116,5 +120,10 @@ func (r *Relay) Status() Status {
 // Ready reports whether the relay is streaming and making progress.
 func (r *Relay) Ready() (bool, Status) {
 	s := r.Status()
-	return s.State == stateStreaming && s.Reason == "", s
+	return s.State == StateStreaming && s.Reason == "", s
 }
+
+// SlotConfirmed records the slot's confirmed position as Postgres shows it
+// (pg_replication_slots.confirmed_flush_lsn, read by package slotlag), for
+// Status; a standby ignores it, the slot being another process's.
+func (r *Relay) SlotConfirmed(lsn wal.LSN) { r.status.setApplied(lsn) }

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/internal/pg"
 	"github.com/outboxd/outboxd/wal"
 )
 
@@ -28,7 +29,7 @@ type outboxTables struct {
 
 	outboxID uint32          // the outbox's relation ID: read when the run started, then as seen
 	others   map[uint32]bool // relation ID → its rows are outbox rows
-	db       lazyConn        // for the lookups
+	db       pg.Lazy         // for the lookups
 
 	// pgoutput names a column's declared type, which for a domain is the
 	// domain. Its base type tells how to read the value (a domain over bytea
@@ -40,10 +41,10 @@ type outboxTables struct {
 
 // newOutboxTables starts from outboxID, the outbox table's relation ID when
 // the run started (0 if unknown).
-func newOutboxTables(pg config.Postgres, log *slog.Logger, outboxID uint32, baseType func(domain, base uint32)) *outboxTables {
-	schema, table := pg.TableName()
-	return &outboxTables{publication: pg.Publication, schema: schema, table: table, log: log, outboxID: outboxID, others: map[uint32]bool{},
-		db: lazyConn{pg: pg}, baseType: baseType, types: map[uint32]bool{}}
+func newOutboxTables(pgc config.Postgres, log *slog.Logger, outboxID uint32, baseType func(domain, base uint32)) *outboxTables {
+	schema, table := pgc.TableName()
+	return &outboxTables{publication: pgc.Publication, schema: schema, table: table, log: log, outboxID: outboxID, others: map[uint32]bool{},
+		db: pg.Lazy{PG: pgc}, baseType: baseType, types: map[uint32]bool{}}
 }
 
 // has reports whether rel's rows are outbox rows. A relation of another name
@@ -105,7 +106,7 @@ func (t *outboxTables) resolveTypes(ctx context.Context, rel *wal.Relation) erro
 	if len(oids) > 0 {
 		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
-		conn, err := t.db.get(ctx)
+		conn, err := t.db.Get(ctx)
 		if err != nil {
 			return fmt.Errorf("looking up the column types of %s: %w", rel.QualifiedName(), err)
 		}
@@ -137,7 +138,7 @@ func (t *outboxTables) resolveTypes(ctx context.Context, rel *wal.Relation) erro
 func (t *outboxTables) lookup(ctx context.Context, id uint32) (exists, partition bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	conn, err := t.db.get(ctx)
+	conn, err := t.db.Get(ctx)
 	if err != nil {
 		return false, false, err
 	}
@@ -148,4 +149,4 @@ func (t *outboxTables) lookup(ctx context.Context, id uint32) (exists, partition
 	return exists, partition, err
 }
 
-func (t *outboxTables) close() { t.db.close() }
+func (t *outboxTables) close() { t.db.Close() }

@@ -26,8 +26,8 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/internal/pg"
 	"github.com/outboxd/outboxd/migrations"
-	"github.com/outboxd/outboxd/relay"
 	"github.com/outboxd/outboxd/sink"
 )
 
@@ -231,7 +231,7 @@ func TestPostgresTLS(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			ctx := context.Background()
-			conn, err := relay.Connect(ctx, config.Postgres{DSN: tt.dsn, PasswordFile: tt.passwordFile})
+			conn, err := pg.Connect(ctx, config.Postgres{DSN: tt.dsn, PasswordFile: tt.passwordFile})
 			if tt.wantErr != "" {
 				if err == nil {
 					conn.Close(ctx)

@@ -24,6 +24,8 @@ import (
 
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/debezium"
+	"github.com/outboxd/outboxd/internal/admin"
+	"github.com/outboxd/outboxd/internal/slotlag"
 	"github.com/outboxd/outboxd/metrics"
 	"github.com/outboxd/outboxd/relay"
 )
@@ -120,7 +122,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	switch cmd {
 	case "migrate":
-		return relay.Migrate(ctx, cfg, log)
+		return admin.Migrate(ctx, cfg, log)
 	case "healthcheck":
 		if base == "" {
 			return errors.New("http.listen is empty, so outboxd serves no /healthz to probe; set http.listen (or pass -url)")
@@ -133,7 +135,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		if base != "" {
 			statusURL = base + "/status"
 		}
-		rep, err := relay.BuildReport(ctx, cfg, statusURL)
+		rep, err := admin.BuildReport(ctx, cfg, statusURL)
 		if err != nil {
 			return err
 		}
@@ -162,6 +164,7 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	slots := slotlag.New(cfg.Postgres, log, reg)
 	// The endpoints answer from the start, so that a slow start-up check
 	// (Kafka or Postgres not reachable yet) shows as not ready, with its
 	// reason, rather than as no answer.
@@ -188,7 +191,7 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	}
 	defer r.Close()
 	g.Go(func() error { defer endAll(); return r.Run(runCtx) })
-	g.Go(func() error { return r.MonitorSlot(runCtx) })
+	g.Go(func() error { return slots.Run(runCtx, r.SlotConfirmed) })
 	return g.Wait()
 }
 

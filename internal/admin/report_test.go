@@ -1,22 +1,24 @@
-package relay
+package admin
 
 import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/outboxd/outboxd/relay"
 )
 
 func TestConfirmedAge(t *testing.T) {
 	now := time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
 	for _, tc := range []struct {
 		name string
-		st   Status
+		st   relay.Status
 		want *float64
 	}{
-		{"idle outbox: nothing in flight", Status{ConfirmedCommitTime: now.Add(-3 * time.Hour)}, nil},
-		{"in flight, nothing confirmed yet", Status{InFlight: 5}, nil},
-		{"in flight", Status{InFlight: 5, ConfirmedCommitTime: now.Add(-1500 * time.Millisecond)}, ptr(1.5)},
-		{"clock skew", Status{InFlight: 1, ConfirmedCommitTime: now.Add(time.Second)}, ptr(0.0)},
+		{"idle outbox: nothing in flight", relay.Status{ConfirmedCommitTime: now.Add(-3 * time.Hour)}, nil},
+		{"in flight, nothing confirmed yet", relay.Status{InFlight: 5}, nil},
+		{"in flight", relay.Status{InFlight: 5, ConfirmedCommitTime: now.Add(-1500 * time.Millisecond)}, ptr(1.5)},
+		{"clock skew", relay.Status{InFlight: 1, ConfirmedCommitTime: now.Add(time.Second)}, ptr(0.0)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := confirmedAge(tc.st, now)
@@ -29,8 +31,8 @@ func TestConfirmedAge(t *testing.T) {
 
 func TestLagText(t *testing.T) {
 	now := time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
-	idle := &Status{State: stateStreaming, ConfirmedCommitTime: now.Add(-3 * time.Hour)}
-	busy := &Status{State: stateStreaming, InFlight: 12, ConfirmedCommitTime: now.Add(-2500 * time.Millisecond)}
+	idle := &relay.Status{State: relay.StateStreaming, ConfirmedCommitTime: now.Add(-3 * time.Hour)}
+	busy := &relay.Status{State: relay.StateStreaming, InFlight: 12, ConfirmedCommitTime: now.Add(-2500 * time.Millisecond)}
 	for _, tc := range []struct {
 		name string
 		rep  Report
@@ -58,7 +60,7 @@ func TestWriteTextIdle(t *testing.T) {
 		Slot: "outboxd", SlotExists: true, Plugin: "pgoutput", Active: true, ActivePID: 77,
 		Confirmed: "0/16B3748", LagBytes: 56, Retained: 4096, WALStatus: "reserved",
 		Publication: "outboxd", PubTables: []string{"public.outbox"}, Table: "public.outbox",
-		Process: &Status{State: stateStreaming, ConfirmedCommitTime: time.Now().Add(-5 * time.Hour)},
+		Process: &relay.Status{State: relay.StateStreaming, ConfirmedCommitTime: time.Now().Add(-5 * time.Hour)},
 	}
 	rep.ConfirmedAge = confirmedAge(*rep.Process, time.Now())
 	var b strings.Builder
@@ -96,5 +98,22 @@ func TestWriteTextRowsNotKnown(t *testing.T) {
 	}
 	if out := b.String(); !strings.Contains(out, "rows not known (never analysed)") || strings.Contains(out, "~-1") {
 		t.Errorf("report for a never-analysed table:\n%s", out)
+	}
+}
+
+// TestWriteTextFailover: outboxd status prints each failover note on a
+// row of its own.
+func TestWriteTextFailover(t *testing.T) {
+	rep := Report{Slot: "outboxd", SlotExists: true, Plugin: "pgoutput", WALStatus: "reserved",
+		FailoverNotes: []string{"failover slot: standbys with sync_replication_slots = on keep a copy of it", "warning: standby s1 ..."}}
+	var b strings.Builder
+	if err := rep.WriteText(&b); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	for _, want := range []string{"\nfailover     failover slot: standbys", "\nfailover     warning: standby s1 ...\n"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("report lacks %q:\n%s", want, out)
+		}
 	}
 }

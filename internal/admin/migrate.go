@@ -1,4 +1,4 @@
-package relay
+package admin
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/internal/pg"
 	"github.com/outboxd/outboxd/migrations"
 	"github.com/outboxd/outboxd/router"
 )
@@ -16,7 +17,7 @@ import (
 // migrations it left out and the columns other settings read that the
 // table lacks.
 func Migrate(ctx context.Context, cfg config.Config, log *slog.Logger) error {
-	conn, err := Connect(ctx, cfg.Postgres)
+	conn, err := pg.Connect(ctx, cfg.Postgres)
 	if err != nil {
 		return err
 	}
@@ -61,11 +62,11 @@ func Migrate(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	present, err := tableColumns(ctx, conn, schema, table)
+	present, err := pg.TableColumns(ctx, conn, schema, table)
 	if err != nil {
 		return fmt.Errorf("reading the columns of %s: %w", cfg.Postgres.Table, err)
 	}
-	if missing := missingColumns(present, rt.Columns()); len(missing) > 0 {
+	if missing := pg.MissingColumns(present, rt.Columns()); len(missing) > 0 {
 		log.Warn("the router reads columns the table lacks; add them, or outboxd will not start", "table", cfg.Postgres.Table, "columns", strings.Join(missing, ","))
 	}
 	log.Info("outbox table ready", "table", cfg.Postgres.Table)

@@ -1,4 +1,4 @@
-package relay
+package slotlag
 
 import (
 	"bytes"
@@ -35,7 +35,7 @@ func (b *syncBuffer) String() string {
 
 // TestMonitorSlotUnreachable runs the slot monitor against an address nothing
 // listens on: every read fails, the error counter rises, the last-read time
-// stays unset, one warning is logged with err and slot, and MonitorSlot
+// stays unset, one warning is logged with err and slot, and Run
 // returns nil when ctx ends.
 func TestMonitorSlotUnreachable(t *testing.T) {
 	cfg := config.Default()
@@ -43,17 +43,16 @@ func TestMonitorSlotUnreachable(t *testing.T) {
 	cfg.Postgres.Slot = "outboxd_test"
 	cfg.Postgres.SlotLagInterval = 100 * time.Millisecond
 	var logs syncBuffer
-	reg := prometheus.NewRegistry()
-	r := &Relay{cfg: cfg, log: slog.New(slog.NewTextHandler(&logs, nil)), m: newMetrics(reg), reg: reg}
+	r := New(cfg.Postgres, slog.New(slog.NewTextHandler(&logs, nil)), prometheus.NewRegistry())
 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- r.MonitorSlot(ctx) }()
+	go func() { done <- r.Run(ctx, nil) }()
 	deadline := time.Now().Add(10 * time.Second)
-	for value(r.m.slotReadErrors) < 3 {
+	for value(r.m.readErrors) < 3 {
 		if time.Now().After(deadline) {
 			cancel()
-			t.Fatalf("outboxd_slot_read_errors_total = %v after 10s, want >= 3", value(r.m.slotReadErrors))
+			t.Fatalf("outboxd_slot_read_errors_total = %v after 10s, want >= 3", value(r.m.readErrors))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -61,13 +60,13 @@ func TestMonitorSlotUnreachable(t *testing.T) {
 	select {
 	case err := <-done:
 		if err != nil {
-			t.Errorf("MonitorSlot returned %v, want nil", err)
+			t.Errorf("Run returned %v, want nil", err)
 		}
 	case <-time.After(10 * time.Second):
-		t.Fatal("MonitorSlot did not return after ctx was cancelled")
+		t.Fatal("Run did not return after ctx was cancelled")
 	}
 
-	if v := value(r.m.slotLastRead); v != 0 {
+	if v := value(r.m.lastRead); v != 0 {
 		t.Errorf("outboxd_slot_last_read_timestamp_seconds = %v, want 0 (never read)", v)
 	}
 	out := logs.String()
@@ -80,20 +79,6 @@ func TestMonitorSlotUnreachable(t *testing.T) {
 			t.Errorf("the warning lacks %q", want)
 		}
 	}
-}
-
-// value reads a gauge or counter.
-func value(c prometheus.Collector) float64 {
-	ch := make(chan prometheus.Metric, 1)
-	c.Collect(ch)
-	var m dto.Metric
-	if err := (<-ch).Write(&m); err != nil {
-		panic(err)
-	}
-	if m.Counter != nil {
-		return m.Counter.GetValue()
-	}
-	return m.Gauge.GetValue()
 }
 
 func TestSlotFailuresThrottle(t *testing.T) {
@@ -132,24 +117,38 @@ func TestSlotReadSetsGauges(t *testing.T) {
 	i64 := func(v int64) *int64 { return &v }
 	pid, status := int32(4242), "extended"
 	before := float64(time.Now().Unix())
-	m.slotRead(slotReading{lag: i64(100), retained: i64(5000), safeWAL: i64(1 << 30), active: true, pid: &pid, walStatus: &status})
+	m.read(slotReading{lag: i64(100), retained: i64(5000), safeWAL: i64(1 << 30), active: true, pid: &pid, walStatus: &status})
 	for name, tc := range map[string]struct {
 		g    prometheus.Collector
 		want float64
 	}{
-		"lag":      {m.slotLag, 100},
-		"retained": {m.slotRetained, 5000},
-		"safe":     {m.slotSafeWAL, 1 << 30},
-		"active":   {m.slotActive, 1},
-		"pid":      {m.slotPID, 4242},
-		"extended": {m.slotWALStatus.WithLabelValues("extended"), 1},
-		"reserved": {m.slotWALStatus.WithLabelValues("reserved"), 0},
+		"lag":      {m.lag, 100},
+		"retained": {m.retained, 5000},
+		"safe":     {m.safeWAL, 1 << 30},
+		"active":   {m.active, 1},
+		"pid":      {m.pid, 4242},
+		"extended": {m.walStatus.WithLabelValues("extended"), 1},
+		"reserved": {m.walStatus.WithLabelValues("reserved"), 0},
 	} {
 		if got := value(tc.g); got != tc.want {
 			t.Errorf("%s = %v, want %v", name, got, tc.want)
 		}
 	}
-	if got := value(m.slotLastRead); got < before {
+	if got := value(m.lastRead); got < before {
 		t.Errorf("last read %v, want >= %v", got, before)
 	}
+}
+
+// value reads a gauge or counter.
+func value(c prometheus.Collector) float64 {
+	ch := make(chan prometheus.Metric, 1)
+	c.Collect(ch)
+	var m dto.Metric
+	if err := (<-ch).Write(&m); err != nil {
+		panic(err)
+	}
+	if m.Counter != nil {
+		return m.Counter.GetValue()
+	}
+	return m.Gauge.GetValue()
 }

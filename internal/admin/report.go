@@ -1,4 +1,4 @@
-package relay
+package admin
 
 import (
 	"context"
@@ -11,32 +11,34 @@ import (
 	"time"
 
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/internal/pg"
+	"github.com/outboxd/outboxd/relay"
 	"github.com/outboxd/outboxd/wal"
 )
 
 // Report is what `outboxd status` shows: the slot and publication as
 // Postgres sees them, and the running outboxd's own status when reachable.
 type Report struct {
-	Slot        string    `json:"slot"`
-	SlotExists  bool      `json:"slot_exists"`
-	Plugin      string    `json:"plugin,omitempty"`
-	Active      bool      `json:"active"`
-	ActivePID   int       `json:"active_pid,omitempty"`
-	Confirmed   string    `json:"confirmed_flush_lsn,omitempty"`
-	LagBytes    int64     `json:"lag_bytes"`           // pg_current_wal_lsn() - confirmed_flush_lsn
-	Retained    int64     `json:"retained_wal_bytes"`  // pg_current_wal_lsn() - restart_lsn
-	FlushLag    string    `json:"flush_lag,omitempty"` // pg_stat_replication.flush_lag of the holder
-	WALStatus   string    `json:"wal_status,omitempty"`
-	SafeWALSize *int64    `json:"safe_wal_size_bytes,omitempty"`
-	Publication string    `json:"publication"`
-	PubTables   []string  `json:"publication_tables"`
-	Table       string    `json:"table"`
-	TableRows   int64     `json:"table_rows_estimate"` // -1: not known, the table was never analysed
-	TableBytes  int64     `json:"table_bytes"`
-	Process     *Status   `json:"outboxd,omitempty"`
-	ProcessURL  string    `json:"outboxd_url"`
-	ProcessErr  string    `json:"outboxd_error,omitempty"`
-	ReadAt      time.Time `json:"read_at"`
+	Slot        string        `json:"slot"`
+	SlotExists  bool          `json:"slot_exists"`
+	Plugin      string        `json:"plugin,omitempty"`
+	Active      bool          `json:"active"`
+	ActivePID   int           `json:"active_pid,omitempty"`
+	Confirmed   string        `json:"confirmed_flush_lsn,omitempty"`
+	LagBytes    int64         `json:"lag_bytes"`           // pg_current_wal_lsn() - confirmed_flush_lsn
+	Retained    int64         `json:"retained_wal_bytes"`  // pg_current_wal_lsn() - restart_lsn
+	FlushLag    string        `json:"flush_lag,omitempty"` // pg_stat_replication.flush_lag of the holder
+	WALStatus   string        `json:"wal_status,omitempty"`
+	SafeWALSize *int64        `json:"safe_wal_size_bytes,omitempty"`
+	Publication string        `json:"publication"`
+	PubTables   []string      `json:"publication_tables"`
+	Table       string        `json:"table"`
+	TableRows   int64         `json:"table_rows_estimate"` // -1: not known, the table was never analysed
+	TableBytes  int64         `json:"table_bytes"`
+	Process     *relay.Status `json:"outboxd,omitempty"`
+	ProcessURL  string        `json:"outboxd_url"`
+	ProcessErr  string        `json:"outboxd_error,omitempty"`
+	ReadAt      time.Time     `json:"read_at"`
 	// ConfirmedAge is how long ago the last transaction the running outboxd
 	// confirmed was committed, set only while it has records in flight: then
 	// the oldest undelivered event is at most this old. With nothing in
@@ -44,15 +46,15 @@ type Report struct {
 	ConfirmedAge *float64 `json:"last_confirmed_commit_age_seconds,omitempty"`
 	// Failover is the slot's failover state and the physical standbys;
 	// FailoverNotes says what it means, warnings marked "warning: ".
-	Failover      *Failover `json:"failover,omitempty"`
-	FailoverNotes []string  `json:"failover_notes,omitempty"`
+	Failover      *pg.Failover `json:"failover,omitempty"`
+	FailoverNotes []string     `json:"failover_notes,omitempty"`
 }
 
 // BuildReport reads the report from Postgres and from the outboxd HTTP
 // endpoint at statusURL ("" skips it).
 func BuildReport(ctx context.Context, cfg config.Config, statusURL string) (Report, error) {
 	rep := Report{Slot: cfg.Postgres.Slot, Publication: cfg.Postgres.Publication, Table: cfg.Postgres.Table, ProcessURL: statusURL, ReadAt: time.Now()}
-	conn, err := Connect(ctx, cfg.Postgres)
+	conn, err := pg.Connect(ctx, cfg.Postgres)
 	if err != nil {
 		return rep, err
 	}
@@ -76,20 +78,20 @@ func BuildReport(ctx context.Context, cfg config.Config, statusURL string) (Repo
 			rep.FlushLag = *flushLag
 		}
 	}
-	major, _, err := serverMajor(ctx, conn)
+	major, _, err := pg.ServerMajor(ctx, conn)
 	if err != nil {
 		return rep, err
 	}
-	f, err := readFailover(ctx, conn, cfg.Postgres, major, info, ok)
+	f, err := pg.ReadFailover(ctx, conn, cfg.Postgres, major, info, ok)
 	if err != nil {
 		return rep, err
 	}
 	rep.Failover = &f
-	for _, n := range f.notes(cfg.Postgres.Slot) {
-		if n.warn {
-			n.text = "warning: " + n.text
+	for _, n := range f.Notes(cfg.Postgres.Slot) {
+		if n.Warn {
+			n.Text = "warning: " + n.Text
 		}
-		rep.FailoverNotes = append(rep.FailoverNotes, n.text)
+		rep.FailoverNotes = append(rep.FailoverNotes, n.Text)
 	}
 	rows, err := conn.Query(ctx, `SELECT schemaname || '.' || tablename FROM pg_publication_tables WHERE pubname = $1 ORDER BY 1`, cfg.Postgres.Publication)
 	if err != nil {
@@ -122,7 +124,7 @@ func BuildReport(ctx context.Context, cfg config.Config, statusURL string) (Repo
 
 // confirmedAge returns the age at now of the last confirmed commit while
 // records are in flight, and nil otherwise.
-func confirmedAge(st Status, now time.Time) *float64 {
+func confirmedAge(st relay.Status, now time.Time) *float64 {
 	if st.InFlight == 0 || st.ConfirmedCommitTime.IsZero() {
 		return nil
 	}
@@ -130,10 +132,10 @@ func confirmedAge(st Status, now time.Time) *float64 {
 	return &age
 }
 
-func fetchStatus(ctx context.Context, url string) (Status, error) {
+func fetchStatus(ctx context.Context, url string) (relay.Status, error) {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	var st Status
+	var st relay.Status
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return st, err

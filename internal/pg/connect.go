@@ -1,0 +1,195 @@
+package pg
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outboxd/outboxd/config"
+)
+
+// ConnConfig builds the settings of both the regular and the replication
+// connection from pg: the DSN as libpq reads it (sslmode, sslrootcert,
+// sslcert, sslkey, the PG* environment variables, ~/.pgpass), then the
+// password from postgres.password_file, read now so that a rotated secret is
+// used by the next connection.
+func ConnConfig(pg config.Postgres) (*pgx.ConnConfig, error) {
+	cfg, err := pgx.ParseConfig(pg.DSN)
+	if err != nil {
+		return nil, fmt.Errorf("postgres.dsn is not a valid connection string%s; the value is not shown because it may hold a password", parseReason(err))
+	}
+	pw, err := pg.Password()
+	if err != nil {
+		return nil, err
+	}
+	if pw != "" {
+		cfg.Password = pw
+	}
+	cfg.DialFunc = dialer().DialContext
+	if cfg.ConnectTimeout == 0 {
+		// Without connect_timeout pgconn gives every host the caller's one
+		// deadline, and a host that accepts and never answers uses it up
+		// before the next host is tried.
+		cfg.ConnectTimeout = hostConnectTimeout
+	}
+	return cfg, nil
+}
+
+// hostConnectTimeout is each host's time to connect when postgres.dsn sets
+// no connect_timeout.
+var hostConnectTimeout = 5 * time.Second
+
+// connectTimeout is the time to try every host of cfg: each its
+// ConnectTimeout.
+func connectTimeout(cfg *pgconn.Config) time.Duration {
+	return cfg.ConnectTimeout * time.Duration(1+len(cfg.Fallbacks))
+}
+
+// parseReason returns the cause of a DSN parse failure without the DSN.
+func parseReason(err error) string {
+	var pe *pgconn.ParseConfigError
+	if errors.As(err, &pe) && pe.Unwrap() != nil {
+		return " (" + pe.Unwrap().Error() + ")"
+	}
+	return ""
+}
+
+// Connect opens a regular (non-replication) connection.
+func Connect(ctx context.Context, pg config.Postgres) (*pgx.Conn, error) {
+	cfg, err := ConnConfig(pg)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, connectTimeout(&cfg.Config))
+	defer cancel()
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("cannot connect to Postgres at %s as %s: %w; %s",
+			hosts(&cfg.Config), cfg.User, unwrapConnect(err), connectHint(err))
+	}
+	return conn, nil
+}
+
+// ConnectReplication opens a logical replication connection
+// (replication=database), named outboxd in pg_stat_replication.
+func ConnectReplication(ctx context.Context, pg config.Postgres) (*pgconn.PgConn, error) {
+	ccfg, err := ConnConfig(pg)
+	if err != nil {
+		return nil, err
+	}
+	cfg := &ccfg.Config
+	cfg.RuntimeParams["replication"] = "database"
+	cfg.RuntimeParams["application_name"] = "outboxd"
+	ctx, cancel := context.WithTimeout(ctx, connectTimeout(cfg))
+	defer cancel()
+	conn, err := pgconn.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("opening replication connection to %s as %s: %w; %s", hosts(cfg), cfg.User, unwrapConnect(err), connectHint(err))
+	}
+	return conn, nil
+}
+
+// Lazy is a regular connection opened at its first use, and again after
+// the server closed it. The zero value needs PG set.
+type Lazy struct {
+	PG   config.Postgres
+	conn *pgx.Conn
+}
+
+// Get returns the open connection, connecting first if there is none or
+// the server closed it.
+func (l *Lazy) Get(ctx context.Context) (*pgx.Conn, error) {
+	if l.conn == nil || l.conn.IsClosed() {
+		conn, err := Connect(ctx, l.PG)
+		if err != nil {
+			return nil, err
+		}
+		l.conn = conn
+	}
+	return l.conn, nil
+}
+
+// Close closes the connection, if one is open. Get opens a new one.
+func (l *Lazy) Close() {
+	if l.conn != nil {
+		l.conn.Close(context.Background())
+		l.conn = nil
+	}
+}
+
+// hosts names every host:port of cfg, the DSN's first and its fallbacks
+// (a DSN naming several hosts), once each.
+func hosts(cfg *pgconn.Config) string {
+	all := []string{net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port)))}
+	for _, f := range cfg.Fallbacks {
+		if h := net.JoinHostPort(f.Host, strconv.Itoa(int(f.Port))); !slices.Contains(all, h) {
+			all = append(all, h)
+		}
+	}
+	return strings.Join(all, ",")
+}
+
+// connectHint says what to check after a failed connection attempt.
+func connectHint(err error) string {
+	var unknownCA x509.UnknownAuthorityError
+	var hostname x509.HostnameError
+	var invalid x509.CertificateInvalidError
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &unknownCA):
+		return "the server's certificate is not signed by a CA in sslrootcert; set sslrootcert in postgres.dsn (or PGSSLROOTCERT) to the CA that signed it"
+	case errors.As(err, &hostname):
+		return "the server's certificate does not name the host in postgres.dsn; connect with a host name the certificate names, or fix the certificate's subjectAltName (sslmode=verify-full checks it)"
+	case errors.As(err, &invalid):
+		return "the server's certificate is not valid (expired or not for server use); renew it"
+	case errors.As(err, &pgErr) && (pgErr.Code == "28P01" || pgErr.Code == "28000"):
+		return "check the user and password (postgres.dsn, postgres.password_file, PGPASSWORD or ~/.pgpass) and pg_hba.conf"
+	}
+	return "check postgres.dsn and that the server is running"
+}
+
+// unwrapConnect keeps the server's or the network's reason and drops pgconn's
+// preamble, which repeats the host and user.
+func unwrapConnect(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr
+	}
+	var ce *pgconn.ConnectError
+	if errors.As(err, &ce) && ce.Unwrap() != nil {
+		err = ce.Unwrap()
+	}
+	// pgconn lists every attempt's error, one a line: a host tried with and
+	// without TLS (sslmode=prefer) failed the same way twice. Say each once.
+	lines := strings.Split(err.Error(), "\n")
+	if len(lines) == 1 {
+		return err
+	}
+	seen := map[string]bool{}
+	var uniq []string
+	for _, l := range lines {
+		if !seen[l] {
+			seen[l] = true
+			uniq = append(uniq, l)
+		}
+	}
+	return &onceError{err: err, msg: strings.Join(uniq, "; ")}
+}
+
+// onceError is an error whose message says each of its lines once.
+type onceError struct {
+	err error
+	msg string
+}
+
+func (e *onceError) Error() string { return e.msg }
+func (e *onceError) Unwrap() error { return e.err }

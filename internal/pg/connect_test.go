@@ -1,0 +1,128 @@
+package pg
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/outboxd/outboxd/config"
+)
+
+// A host that refuses connections fails both of pgconn's attempts
+// (sslmode=prefer tries TLS, then plain) the same way: the error says so once.
+func TestConnectErrorSaysEachAttemptOnce(t *testing.T) {
+	pg := config.Default().Postgres
+	pg.DSN = "postgres://postgres@127.0.0.1:1/postgres" // nothing listens on port 1
+	_, err := Connect(context.Background(), pg)
+	if err == nil {
+		t.Fatal("connecting to port 1: no error")
+	}
+	msg := err.Error()
+	if n := strings.Count(msg, "connection refused"); n != 1 {
+		t.Errorf("the error says %q %d times: %s", "connection refused", n, msg)
+	}
+	if strings.Contains(msg, "\n") {
+		t.Errorf("the error spans lines: %q", msg)
+	}
+}
+
+func TestHosts(t *testing.T) {
+	for _, tc := range []struct{ dsn, want string }{
+		{"postgres://u@db:5433/app", "db:5433"},
+		{"postgres://u@a:1,b:2/app?target_session_attrs=read-write", "a:1,b:2"},
+		{"host=a,b port=5432 user=u target_session_attrs=read-write", "a:5432,b:5432"},
+		{"postgres://u@[::1]:5432/app", "[::1]:5432"},
+	} {
+		cfg, err := pgconn.ParseConfig(tc.dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := hosts(cfg); got != tc.want {
+			t.Errorf("hosts(%s) = %s, want %s", tc.dsn, got, tc.want)
+		}
+	}
+}
+
+// TestConnectTriesEveryHost: a first host that accepts and never answers
+// (a tarpit) does not keep the second from being tried, when the DSN sets
+// no connect_timeout.
+func TestConnectTriesEveryHost(t *testing.T) {
+	defer func(d time.Duration) { hostConnectTimeout = d }(hostConnectTimeout)
+	hostConnectTimeout = time.Second
+	tarpit, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tarpit.Close()
+	var held []net.Conn
+	var mu sync.Mutex
+	go func() {
+		for {
+			c, err := tarpit.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c) // accepted, never answered
+			mu.Unlock()
+		}
+	}()
+	defer func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	second, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.Close()
+	reached := make(chan struct{}, 16)
+	go func() {
+		for {
+			c, err := second.Accept()
+			if err != nil {
+				return
+			}
+			reached <- struct{}{}
+			c.Close() // answers by hanging up: a failed attempt, but an attempt
+		}
+	}()
+	dsn := fmt.Sprintf("postgres://u@%s,%s/app?sslmode=disable", tarpit.Addr(), second.Addr())
+	pgc := config.Postgres{DSN: dsn, Slot: "outboxd"}
+	for name, connect := range map[string]func(context.Context) error{
+		"regular": func(ctx context.Context) error {
+			_, err := Connect(ctx, pgc)
+			return err
+		},
+		"replication": func(ctx context.Context) error {
+			_, err := ConnectReplication(ctx, pgc)
+			return err
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			for len(reached) > 0 {
+				<-reached
+			}
+			err := connect(context.Background())
+			if err == nil {
+				t.Fatal("connected")
+			}
+			select {
+			case <-reached:
+			default:
+				t.Fatalf("the second host was never tried: %v", err)
+			}
+			if want := tarpit.Addr().String() + "," + second.Addr().String(); !strings.Contains(err.Error(), want) {
+				t.Errorf("%v does not name %s", err, want)
+			}
+		})
+	}
+}
