@@ -27,16 +27,23 @@ func (r *Relay) connectReplication(ctx context.Context) (*pgconn.PgConn, error) 
 // Check runs the start-up checks and prepares the publication and slot. Each
 // failure is one line that says what is wrong and what to do. The Postgres
 // and the Kafka checks run side by side, and the replication connection is
-// opened beside them. What Check opened is kept for Run's first pipeline
-// (its Postgres connection, the replication connection and the Kafka
-// client, warmed by sink.Producer.Warm), so that the first event does not
-// wait for connections to be opened again.
-func (r *Relay) Check(ctx context.Context) error {
-	r.dropWarm()
+// opened beside them. Check returns what it opened (its Postgres connection,
+// the replication connection and the Kafka client, warmed by
+// sink.Producer.Warm) as a *Start for Run's first pipeline, so that the
+// first event does not wait for connections to be opened again. On error
+// it has closed everything and returns a nil *Start.
+func (r *Relay) Check(ctx context.Context) (*Start, error) {
 	side, cancel := context.WithCancel(ctx)
 	defer cancel()
-	kafka := make(chan error, 1)
-	go func() { kafka <- r.checkKafka(side) }()
+	type warmed struct {
+		p   *sink.Producer
+		err error
+	}
+	kafka := make(chan warmed, 1)
+	go func() {
+		p, err := r.checkKafka(side)
+		kafka <- warmed{p, err}
+	}()
 	repl := make(chan *pgconn.PgConn, 1)
 	go func() {
 		// A failure here is left to the first pipeline, which connects
@@ -44,109 +51,120 @@ func (r *Relay) Check(ctx context.Context) error {
 		conn, _ := r.connectReplication(side)
 		repl <- conn
 	}()
-	held, err := r.checkPostgres(ctx)
+	conn, held, err := r.checkPostgres(ctx)
 	if err != nil {
 		cancel() // an unreachable broker need not hold up the Postgres error
 	}
-	r.warm.repl = <-repl
-	if held && r.warm.repl != nil {
+	s := &Start{conn: conn, repl: <-repl}
+	if held && s.repl != nil {
 		// The first pipeline will wait as a standby: give the walsender
 		// place back at once.
-		r.warm.repl.Close(context.Background())
-		r.warm.repl = nil
+		s.repl.Close(context.Background())
+		s.repl = nil
 	}
-	switch kafkaErr := <-kafka; {
+	k := <-kafka
+	s.producer = k.p
+	switch {
 	case err == nil:
-		err = kafkaErr
-	case kafkaErr != nil && !errors.Is(kafkaErr, context.Canceled):
-		err = fmt.Errorf("%w; also %w", err, kafkaErr) // both are wrong: say so at once, in one line
+		err = k.err
+	case k.err != nil && !errors.Is(k.err, context.Canceled):
+		err = fmt.Errorf("%w; also %w", err, k.err) // both are wrong: say so at once, in one line
 	}
 	if err != nil {
-		r.dropWarm()
+		s.Close()
+		return nil, err
 	}
-	return err
+	return s, nil
 }
 
-// Close closes what Check keeps for Run, when Run does not take it.
-func (r *Relay) Close() { r.dropWarm() }
-
-// checkPostgres checks the server, the role and the table, prepares the
-// publication and slot, and keeps its connection in r.warm. held reports a
-// slot that another process is streaming from.
-func (r *Relay) checkPostgres(ctx context.Context) (held bool, err error) {
-	conn, err := pg.Connect(ctx, r.cfg.Postgres)
-	if err != nil {
-		return false, err
-	}
-	err = refuseStandby(ctx, conn)
-	var major int
-	var version string
-	if err == nil {
-		major, version, err = pg.ServerMajor(ctx, conn)
-	}
-	if err == nil {
-		err = checkFailoverVersion(major, version, r.cfg.Postgres.FailoverSlot)
-	}
-	if err != nil {
-		conn.Close(context.WithoutCancel(ctx))
-		return false, err
-	}
-	r.major = major
-	if err := checkServer(ctx, conn, r.cfg.Postgres, r.router.Columns()); err != nil {
-		conn.Close(context.WithoutCancel(ctx))
-		return false, err
-	}
-	if err := r.checkColumnTypes(ctx, conn); err != nil {
-		conn.Close(context.WithoutCancel(ctx))
-		return false, err
-	}
-	held, err = r.ensureSlot(ctx, conn)
-	if err != nil {
-		conn.Close(context.WithoutCancel(ctx))
-		return false, err
-	}
-	r.warm.conn = conn
-	return held, nil
-}
-
-// checkKafka checks that a broker answers and keeps the warmed client in
-// r.warm.
-func (r *Relay) checkKafka(ctx context.Context) error {
-	p, err := r.newProducer()
-	if err != nil {
-		return err
-	}
-	pctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	defer cancel()
-	if err := p.Warm(pctx); err != nil {
-		p.Close()
-		return kafkaError(r.cfg.Kafka, err)
-	}
-	r.warm.producer = p
-	return nil
-}
-
-// warm is what Check opened for the first pipeline. Each field is nil once
-// taken, or when Check could not open it.
-type warm struct {
+// Start is what Check opened for Run's first pipeline. Run takes it over;
+// when Run will not be called, Close closes it. Each field is nil once the
+// pipeline took it, or when Check could not open it.
+type Start struct {
 	conn     *pgx.Conn      // Check's connection, for the first slot inspection
 	repl     *pgconn.PgConn // the replication connection
 	producer *sink.Producer // the Kafka client, warmed
 }
 
-// dropWarm closes what Check kept and the first pipeline has not taken.
-func (r *Relay) dropWarm() {
-	w := r.warm
-	r.warm = warm{}
-	if w.conn != nil {
-		w.conn.Close(context.Background())
+// Close closes what the first pipeline has not taken. It is safe on a nil
+// *Start and more than once.
+func (s *Start) Close() {
+	if s == nil {
+		return
 	}
-	if w.repl != nil {
-		w.repl.Close(context.Background())
+	if s.conn != nil {
+		s.conn.Close(context.Background())
 	}
-	if w.producer != nil {
-		w.producer.Close()
+	if s.repl != nil {
+		s.repl.Close(context.Background())
 	}
+	if s.producer != nil {
+		s.producer.Close()
+	}
+	*s = Start{}
+}
+
+// takeProducer returns the warmed client and leaves nil in its place.
+func (s *Start) takeProducer() *sink.Producer {
+	if s == nil {
+		return nil
+	}
+	p := s.producer
+	s.producer = nil
+	return p
+}
+
+// checkPostgres checks the server, the role and the table, prepares the
+// publication and slot, and returns its open connection. held reports a
+// slot that another process is streaming from.
+func (r *Relay) checkPostgres(ctx context.Context) (conn *pgx.Conn, held bool, err error) {
+	conn, err = pg.Connect(ctx, r.cfg.Postgres)
+	if err != nil {
+		return nil, false, err
+	}
+	held, err = r.checkOn(ctx, conn)
+	if err != nil {
+		conn.Close(context.WithoutCancel(ctx))
+		return nil, false, err
+	}
+	return conn, held, nil
+}
+
+// checkOn is checkPostgres on an open connection.
+func (r *Relay) checkOn(ctx context.Context, conn *pgx.Conn) (held bool, err error) {
+	if err := refuseStandby(ctx, conn); err != nil {
+		return false, err
+	}
+	major, version, err := pg.ServerMajor(ctx, conn)
+	if err != nil {
+		return false, err
+	}
+	if err := checkFailoverVersion(major, version, r.cfg.Postgres.FailoverSlot); err != nil {
+		return false, err
+	}
+	r.major = major
+	if err := checkServer(ctx, conn, r.cfg.Postgres, r.router.Columns()); err != nil {
+		return false, err
+	}
+	if err := r.checkColumnTypes(ctx, conn); err != nil {
+		return false, err
+	}
+	return r.ensureSlot(ctx, conn)
+}
+
+// checkKafka checks that a broker answers and returns the warmed client.
+func (r *Relay) checkKafka(ctx context.Context) (*sink.Producer, error) {
+	p, err := r.newProducer()
+	if err != nil {
+		return nil, err
+	}
+	pctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	if err := p.Warm(pctx); err != nil {
+		p.Close()
+		return nil, kafkaError(r.cfg.Kafka, err)
+	}
+	return p, nil
 }
 
 // kafkaError rewrites a failed broker check whose cause is the SASL

@@ -19,13 +19,12 @@
 // row that cannot be routed, an invalidated or dropped slot, a dropped
 // publication, a decoding failure) end Run with the error.
 //
-// The caller's duties:
-//
-//  1. Call Check before Run. It opens the connections and the Kafka client
-//     of the first pipeline and keeps them on the Relay for Run.
-//  2. Call Run once, after Check, or call Close if Run will not be called,
-//     to close what Check kept.
-//  3. Never call Check, Run or Close at the same time as each other.
+// Check runs the start-up checks and returns what it opened for the first
+// pipeline (its Postgres connection, the replication connection and the
+// warmed Kafka client) as a *Start; Run takes that value, and the first
+// pipeline streams on it instead of connecting again. Run(ctx, nil) opens
+// its own. A *Start that will not be given to Run is closed with its Close.
+// Check and Run must not run at the same time.
 //
 // Shutdown (ctx done): the stream stops at the next transaction boundary,
 // in-flight records get until shutdown_timeout to be acknowledged, and the

@@ -29,13 +29,13 @@ import (
 
 // producerFor returns the pipeline's producer: in exactly-once mode a
 // transactional one, whose id needs the system identifier that conn (the
-// replication connection) reports. Nothing is fenced until Init.
-func (r *Relay) producerFor(ctx context.Context, conn *pgconn.PgConn) (*sink.Producer, error) {
+// replication connection) reports. Nothing is fenced until Init. warm is
+// what Check opened, for the first pipeline.
+func (r *Relay) producerFor(ctx context.Context, conn *pgconn.PgConn, warm *Start) (*sink.Producer, error) {
 	if !r.cfg.Kafka.ExactlyOnce() {
-		return r.producer()
+		return r.producer(warm)
 	}
-	if p := r.warm.producer; p != nil { // Check warmed a plain client
-		r.warm.producer = nil
+	if p := warm.takeProducer(); p != nil { // Check warmed a plain client
 		p.Close()
 	}
 	id := r.cfg.Kafka.TransactionalID

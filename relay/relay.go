@@ -33,11 +33,9 @@ type Relay struct {
 	txnM   *sink.TxnMetrics // exactly_once only
 	txnID  string           // exactly_once: the last pipeline's transactional id
 
-	reg      prometheus.Registerer
-	warm     warm    // what Check opened for the first pipeline
-	standby  pg.Lazy // a standby's connection for its polls
-	outboxID uint32  // the outbox table's relation ID when the run started
-	status   status
+	reg     prometheus.Registerer
+	standby pg.Lazy // a standby's connection for its polls
+	status  status
 	// What the last pipeline start saw, to tell a promotion from a dropped
 	// slot (see slotMissing).
 	timeline       int
@@ -66,11 +64,10 @@ func (r *Relay) newProducer() (*sink.Producer, error) {
 	return sink.New(r.cfg.Kafka, r.sinkM, r.log)
 }
 
-// producer returns the client Check warmed to the first pipeline, and a new
-// one to every other.
-func (r *Relay) producer() (*sink.Producer, error) {
-	if p := r.warm.producer; p != nil {
-		r.warm.producer = nil
+// producer returns the client Check warmed (in start) to the first
+// pipeline, and a new one to every other.
+func (r *Relay) producer(start *Start) (*sink.Producer, error) {
+	if p := start.takeProducer(); p != nil {
 		return p, nil
 	}
 	return r.newProducer()
@@ -104,8 +101,9 @@ func Fatal(err error) bool {
 // Run streams until ctx is done, restarting after retryable failures. While
 // another process holds the slot it waits as a standby and takes over when
 // the slot is released. It returns nil after a clean shutdown and the error
-// for a fatal failure.
-func (r *Relay) Run(ctx context.Context) error {
+// for a fatal failure. start is what Check returned, taken over by the first
+// pipeline and closed by Run; with nil the first pipeline opens its own.
+func (r *Relay) Run(ctx context.Context, start *Start) error {
 	// At most 10 s between restarts (Kafka Connect's default for retriable
 	// errors too): after a long outage the pipeline is back within 10 s of
 	// the service, and each restart costs Postgres a re-decode from the
@@ -114,10 +112,12 @@ func (r *Relay) Run(ctx context.Context) error {
 	backoff := minBackoff
 	defer r.setState(StateStopped, "stopped")
 	defer r.standby.Close()
+	defer start.Close()
 	for {
 		started := time.Now()
-		err := r.runOnce(ctx)
-		r.dropWarm() // only the first pipeline uses it, if it got that far
+		err := r.runOnce(ctx, start)
+		start.Close() // only the first pipeline uses it, if it got that far
+		start = nil
 		if ctx.Err() != nil && (err == nil || !Fatal(err)) {
 			if err != nil {
 				r.log.Warn("stopped after an error during shutdown; unconfirmed events will be sent again on restart", "err", err, "slot", r.cfg.Postgres.Slot)
@@ -208,13 +208,14 @@ func sleep(ctx context.Context, d time.Duration) bool {
 var errShutdownTimeout = errors.New("shutdown_timeout reached")
 
 // runOnce runs one pipeline from the slot's confirmed position.
-func (r *Relay) runOnce(ctx context.Context) error {
+func (r *Relay) runOnce(ctx context.Context, warm *Start) error {
 	pg := r.cfg.Postgres
-	start, conn, err := r.connect(ctx)
+	slot, conn, err := r.connect(ctx, warm)
 	if err != nil {
 		return err
 	}
-	producer, err := r.producerFor(ctx, conn)
+	start := slot.confirmed
+	producer, err := r.producerFor(ctx, conn, warm)
 	if err != nil {
 		conn.Close(context.Background())
 		return err
@@ -286,7 +287,7 @@ func (r *Relay) runOnce(ctx context.Context) error {
 	watch, stopWatch := context.WithCancel(gctx)
 	g.Go(func() error {
 		defer stopWatch() // the watchdog ends with the pipeline, also on a clean stop
-		return r.pipe(gctx, items, tracker, producer, fail)
+		return r.pipe(gctx, items, tracker, producer, fail, slot.outboxID)
 	})
 	g.Go(func() error { return producer.Watch(watch, tracker.Waiting) })
 	err = g.Wait()
@@ -368,22 +369,29 @@ func (r *Relay) slotPosition() (read func(context.Context) (wal.LSN, error), clo
 	return read, lc.Close
 }
 
-// connect inspects the slot and opens the replication connection. It opens
-// both connections side by side, to start sooner, except in standby: there
-// the slot is expected to be held, and a replication connection per poll
-// would take a walsender place from the holder.
-func (r *Relay) connect(ctx context.Context) (wal.LSN, *pgconn.PgConn, error) {
-	if conn := r.warm.conn; conn != nil { // the first pipeline: Check's connections
-		repl := r.warm.repl
-		r.warm.conn, r.warm.repl = nil, nil
-		start, err := r.inspectSlotOn(ctx, conn)
+// slotStart is what a pipeline's slot inspection read.
+type slotStart struct {
+	confirmed wal.LSN // the slot's confirmed position: where the run starts
+	outboxID  uint32  // the outbox table's relation ID (0: no such table now)
+}
+
+// connect inspects the slot and opens the replication connection, on the
+// connections in warm (Check's) when there are any. It opens both
+// connections side by side, to start sooner, except in standby: there the
+// slot is expected to be held, and a replication connection per poll would
+// take a walsender place from the holder.
+func (r *Relay) connect(ctx context.Context, warm *Start) (slotStart, *pgconn.PgConn, error) {
+	if warm != nil && warm.conn != nil { // the first pipeline: Check's connections
+		conn, repl := warm.conn, warm.repl
+		warm.conn, warm.repl = nil, nil
+		slot, err := r.inspectSlotOn(ctx, conn)
 		closed := conn.IsClosed() || (repl != nil && repl.IsClosed())
 		conn.Close(context.WithoutCancel(ctx))
 		if closed { // the server closed one while it waited: open new ones
 			if repl != nil {
 				repl.Close(context.Background())
 			}
-			return r.connect(ctx)
+			return r.connect(ctx, nil)
 		}
 		if err == nil && repl == nil {
 			repl, err = r.connectReplication(ctx)
@@ -392,28 +400,28 @@ func (r *Relay) connect(ctx context.Context) (wal.LSN, *pgconn.PgConn, error) {
 			if repl != nil {
 				repl.Close(context.Background())
 			}
-			return 0, nil, err
+			return slotStart{}, nil, err
 		}
-		return start, repl, nil
+		return slot, repl, nil
 	}
 	if r.Status().State == StateStandby {
 		// A standby polls on one connection, kept until it takes over
 		// (or a poll fails), not one per poll.
 		conn, err := r.standby.Get(ctx)
 		if err != nil {
-			return 0, nil, err
+			return slotStart{}, nil, err
 		}
-		start, err := r.inspectSlotOn(ctx, conn)
+		slot, err := r.inspectSlotOn(ctx, conn)
 		var active *wal.SlotActiveError
 		if errors.As(err, &active) {
-			return 0, nil, err
+			return slotStart{}, nil, err
 		}
 		r.standby.Close()
 		if err != nil {
-			return 0, nil, err
+			return slotStart{}, nil, err
 		}
 		repl, err := r.connectReplication(ctx)
-		return start, repl, err
+		return slot, repl, err
 	}
 	type opened struct {
 		conn *pgconn.PgConn
@@ -424,7 +432,7 @@ func (r *Relay) connect(ctx context.Context) (wal.LSN, *pgconn.PgConn, error) {
 		conn, err := r.connectReplication(ctx)
 		repl <- opened{conn, err}
 	}()
-	start, err := r.inspectSlot(ctx)
+	slot, err := r.inspectSlot(ctx)
 	o := <-repl
 	if err == nil {
 		err = o.err
@@ -433,55 +441,56 @@ func (r *Relay) connect(ctx context.Context) (wal.LSN, *pgconn.PgConn, error) {
 		if o.conn != nil {
 			o.conn.Close(context.Background())
 		}
-		return 0, nil, err
+		return slotStart{}, nil, err
 	}
-	return start, o.conn, nil
+	return slot, o.conn, nil
 }
 
-// inspectSlot checks the slot before a run and returns its confirmed position.
-func (r *Relay) inspectSlot(ctx context.Context) (wal.LSN, error) {
+// inspectSlot checks the slot before a run.
+func (r *Relay) inspectSlot(ctx context.Context) (slotStart, error) {
 	conn, err := pg.Connect(ctx, r.cfg.Postgres)
 	if err != nil {
-		return 0, err
+		return slotStart{}, err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	return r.inspectSlotOn(ctx, conn)
 }
 
 // inspectSlotOn is inspectSlot on an open connection.
-func (r *Relay) inspectSlotOn(ctx context.Context, conn *pgx.Conn) (wal.LSN, error) {
+func (r *Relay) inspectSlotOn(ctx context.Context, conn *pgx.Conn) (slotStart, error) {
 	if err := refuseStandby(ctx, conn); err != nil {
-		return 0, err
+		return slotStart{}, err
 	}
 	info, ok, err := wal.InspectSlot(ctx, conn, r.cfg.Postgres.Slot)
 	if err != nil {
-		return 0, err
+		return slotStart{}, err
 	}
 	if !ok {
-		return 0, r.slotMissing(ctx, conn)
+		return slotStart{}, r.slotMissing(ctx, conn)
 	}
 	// The outbox table's relation ID tells its rows after a rename.
 	var db string
+	var outboxID uint32
 	schema, table := r.cfg.Postgres.TableName()
 	if err := conn.QueryRow(ctx, "SELECT current_database(), coalesce(to_regclass($1)::oid, 0)", pgx.Identifier{schema, table}.Sanitize()).
-		Scan(&db, &r.outboxID); err != nil {
-		return 0, fmt.Errorf("reading current database: %w", err)
+		Scan(&db, &outboxID); err != nil {
+		return slotStart{}, fmt.Errorf("reading current database: %w", err)
 	}
 	if err := r.checkSlot(ctx, conn, info, db); err != nil {
-		return 0, err
+		return slotStart{}, err
 	}
 	if err := r.noteSlot(ctx, conn, info); err != nil {
-		return 0, err
+		return slotStart{}, err
 	}
-	return info.ConfirmedFlushLSN, nil
+	return slotStart{confirmed: info.ConfirmedFlushLSN, outboxID: outboxID}, nil
 }
 
 // pipe consumes the stream's batches in order: it routes inserts and
 // messages and hands them to the producer, registering each with the tracker
 // first.
-func (r *Relay) pipe(ctx context.Context, batches <-chan []any, tracker *checkpoint.Tracker, producer *sink.Producer, fail context.CancelCauseFunc) error {
+func (r *Relay) pipe(ctx context.Context, batches <-chan []any, tracker *checkpoint.Tracker, producer *sink.Producer, fail context.CancelCauseFunc, outboxID uint32) error {
 	p := &pipeline{r: r, ctx: ctx, tracker: tracker, producer: producer, fail: fail,
-		tables:  newOutboxTables(r.cfg.Postgres, r.log, r.outboxID, r.router.SetBaseType),
+		tables:  newOutboxTables(r.cfg.Postgres, r.log, outboxID, r.router.SetBaseType),
 		inserts: r.m.changes.WithLabelValues("insert"), updates: r.m.changes.WithLabelValues("update"),
 		deletes: r.m.changes.WithLabelValues("delete"), messages: r.m.changes.WithLabelValues("message"), nontx: r.m.changes.WithLabelValues("message_nontransactional")}
 	defer p.tables.close()

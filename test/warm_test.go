@@ -29,7 +29,8 @@ func TestFirstPipelineReplacesClosedCheckConnections(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if err := r.Check(ctx); err != nil {
+	start, err := r.Check(ctx)
+	if err != nil {
 		t.Fatal(err)
 	}
 	// Check's connection and its replication connection, closed by the server.
@@ -48,7 +49,7 @@ func TestFirstPipelineReplacesClosedCheckConnections(t *testing.T) {
 		}
 	}
 	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
+	go func() { done <- r.Run(ctx, start) }()
 	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(logs.String(), "msg=streaming"); time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("not streaming after 30 s; log:\n%s", logs.String())

@@ -184,13 +184,13 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		log.Info("serving metrics and health", "addr", srv.Addr())
 		g.Go(func() error { return srv.Run(runCtx) })
 	}
-	if err := r.Check(ctx); err != nil {
+	start, err := r.Check(ctx)
+	if err != nil {
 		endAll()
 		_ = g.Wait()
 		return err
 	}
-	defer r.Close()
-	g.Go(func() error { defer endAll(); return r.Run(runCtx) })
+	g.Go(func() error { defer endAll(); return r.Run(runCtx, start) })
 	g.Go(func() error { return slots.Run(runCtx, r.SlotConfirmed) })
 	return g.Wait()
 }

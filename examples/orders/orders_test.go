@@ -68,12 +68,13 @@ func TestOrderFlow(t *testing.T) {
 		t.Fatal(err)
 	}
 	rctx, stopRelay := context.WithCancel(ctx)
-	if err := r.Check(rctx); err != nil {
+	start, err := r.Check(rctx)
+	if err != nil {
 		stopRelay()
 		t.Fatal(err)
 	}
 	relayDone := make(chan error, 1)
-	go func() { relayDone <- r.Run(rctx) }()
+	go func() { relayDone <- r.Run(rctx, start) }()
 	t.Cleanup(func() {
 		stopRelay()
 		if err := <-relayDone; err != nil {

@@ -135,12 +135,13 @@ func StartRelay(t testing.TB, cfg config.Config) {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	if err := r.Check(ctx); err != nil {
+	start, err := r.Check(ctx)
+	if err != nil {
 		cancel()
 		t.Fatalf("relay check: %v", err)
 	}
 	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
+	go func() { done <- r.Run(ctx, start) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
