@@ -159,7 +159,7 @@ func (r *Relay) startEOS(ctx context.Context, p *pipeline) (*eos, error) {
 
 // pipeEOS is pipe in exactly-once mode: besides the batches it wakes up to
 // commit a Kafka transaction that is due while nothing arrives.
-func (r *Relay) pipeEOS(ctx context.Context, batches <-chan []any, p *pipeline) (err error) {
+func (r *Relay) pipeEOS(ctx context.Context, batches <-chan []wal.Item, p *pipeline) (err error) {
 	e, err := r.startEOS(ctx, p)
 	if err != nil {
 		return err
@@ -193,7 +193,7 @@ func (r *Relay) pipeEOS(ctx context.Context, batches <-chan []any, p *pipeline) 
 }
 
 // skip handles an item of a transaction skipped whole.
-func (e *eos) skip(item any) error {
+func (e *eos) skip(item wal.Item) error {
 	if _, ok := item.(*wal.Commit); ok {
 		e.skipping = false
 	}

@@ -279,7 +279,7 @@ func (r *Relay) runOnce(ctx context.Context, warm *Start) error {
 	stopGraceful := context.AfterFunc(ctx, stopReading)
 	defer stopGraceful()
 
-	items := make(chan []any, 8) // batches of at most 256 items or 1 MiB of WAL
+	items := make(chan []wal.Item, 8) // batches of at most 256 items or 1 MiB of WAL
 	g.Go(func() error {
 		defer close(items)
 		return stream.Run(gctx, graceful, items)
@@ -488,7 +488,7 @@ func (r *Relay) inspectSlotOn(ctx context.Context, conn *pgx.Conn) (slotStart, e
 // pipe consumes the stream's batches in order: it routes inserts and
 // messages and hands them to the producer, registering each with the tracker
 // first.
-func (r *Relay) pipe(ctx context.Context, batches <-chan []any, tracker *checkpoint.Tracker, producer *sink.Producer, fail context.CancelCauseFunc, outboxID uint32) error {
+func (r *Relay) pipe(ctx context.Context, batches <-chan []wal.Item, tracker *checkpoint.Tracker, producer *sink.Producer, fail context.CancelCauseFunc, outboxID uint32) error {
 	p := &pipeline{r: r, ctx: ctx, tracker: tracker, producer: producer, fail: fail,
 		tables:  newOutboxTables(r.cfg.Postgres, r.log, outboxID, r.router.SetBaseType),
 		inserts: r.m.changes.WithLabelValues("insert"), updates: r.m.changes.WithLabelValues("update"),
@@ -527,7 +527,7 @@ type pipeline struct {
 	inserts, updates, deletes, messages, nontx prometheus.Counter
 }
 
-func (p *pipeline) handle(item any) error {
+func (p *pipeline) handle(item wal.Item) error {
 	rcfg := p.r.cfg.Router
 	if p.eos != nil && p.eos.skipping {
 		return p.eos.skip(item) // in Kafka before this run

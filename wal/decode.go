@@ -84,6 +84,18 @@ type Datum struct {
 	Data []byte
 }
 
+// Item is one item of the replication stream: *Begin, *Change, *Commit,
+// *Message or Keepalive, and nothing else (its method is unexported, as
+// pglogrepl's message types are closed). A type switch over an Item reads
+// as the protocol.
+type Item interface{ item() }
+
+func (*Begin) item()    {}
+func (*Commit) item()   {}
+func (*Change) item()   {}
+func (*Message) item()  {}
+func (Keepalive) item() {}
+
 // Begin starts a transaction.
 type Begin struct {
 	XID        uint32
@@ -160,18 +172,18 @@ func aliases(data []byte) bool {
 }
 
 // Decode decodes one pgoutput message that started at WAL position lsn. It
-// returns *Begin, *Change, *Commit, *Message, or nil for messages that only
+// returns a *Begin, *Change, *Commit or *Message, or nil for messages that only
 // update the decoder's state (Relation, Type, Origin, Truncate). For the
 // messages aliases reports, what it returns refers to data, which must then
 // stay unchanged; the rest is decoded into values of its own.
-func (d *Decoder) Decode(lsn LSN, data []byte) (any, error) {
+func (d *Decoder) Decode(lsn LSN, data []byte) (Item, error) {
 	r := reader{buf: data}
 	if len(data) == 0 {
 		return nil, &DecodeError{LSN: lsn, Msg: "empty message"}
 	}
 	kind := r.byte()
 	var (
-		msg any
+		msg Item
 		err error
 	)
 	switch kind {

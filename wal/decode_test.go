@@ -162,7 +162,7 @@ var typeNames = map[uint32]string{
 }
 
 // render prints a decoded message as stable text for golden files.
-func render(out any) string {
+func render(out wal.Item) string {
 	var b strings.Builder
 	switch m := out.(type) {
 	case nil:
@@ -300,7 +300,7 @@ func TestDecodeRelationReplaced(t *testing.T) {
 	}
 }
 
-func mustDecode(t *testing.T, d *wal.Decoder, m msg) any {
+func mustDecode(t *testing.T, d *wal.Decoder, m msg) wal.Item {
 	t.Helper()
 	out, err := d.Decode(0x1000, m)
 	if err != nil {
@@ -596,7 +596,7 @@ func TestAliasesNamesEveryMessageThatKeepsItsBytes(t *testing.T) {
 	}
 	decodeAll := func(reuse bool) string {
 		d := wal.NewDecoder()
-		var outs []any
+		var outs []wal.Item
 		buf := make([]byte, 0, 4096)
 		for i, m := range msgs {
 			data := []byte(m)

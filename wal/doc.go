@@ -5,6 +5,8 @@
 //
 //   - Decoder turns pgoutput message bytes into typed messages (Begin,
 //     Change, Commit, Message) and checks that they arrive in a valid order.
+//     They and Stream's Keepalive are the closed set of Items that a stream
+//     hands on.
 //     It owns no connection, logger or clock; its state (the relation cache
 //     and the open transaction) belongs to one stream.
 //   - Stream owns the replication connection. One goroutine (the one calling

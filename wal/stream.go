@@ -100,7 +100,7 @@ const (
 // Reads wait on the connection's read deadline (the next status update),
 // not on a context per message: ending ctx or graceful moves the deadline to
 // now to wake a blocked read.
-func (s *Stream) Run(ctx, graceful context.Context, out chan<- []any) error {
+func (s *Stream) Run(ctx, graceful context.Context, out chan<- []Item) error {
 	nc := s.conn.Conn()
 	// One goroutine wakes the reads when graceful and then ctx end, and is
 	// waited for: a wake-up left running after Run returns (as one of
@@ -126,7 +126,7 @@ func (s *Stream) Run(ctx, graceful context.Context, out chan<- []any) error {
 	next := time.Now().Add(s.cfg.StatusInterval)
 	s.heard = time.Now()
 	var deadline time.Time
-	var batch []any
+	var batch []Item
 	batchBytes := 0
 	flush := func() error {
 		if len(batch) == 0 {
@@ -207,7 +207,7 @@ func (s *Stream) Run(ctx, graceful context.Context, out chan<- []any) error {
 
 // send hands a batch on, reporting status while the consumer is busy so that
 // Postgres holds the WAL instead of timing us out.
-func (s *Stream) send(ctx context.Context, out chan<- []any, batch []any, next *time.Time) error {
+func (s *Stream) send(ctx context.Context, out chan<- []Item, batch []Item, next *time.Time) error {
 	select {
 	case out <- batch:
 		return nil
@@ -232,7 +232,7 @@ func (s *Stream) send(ctx context.Context, out chan<- []any, batch []any, next *
 }
 
 // handle decodes one server message. It returns the item to hand on, if any.
-func (s *Stream) handle(ctx context.Context, raw pgproto3.BackendMessage) (any, error) {
+func (s *Stream) handle(ctx context.Context, raw pgproto3.BackendMessage) (Item, error) {
 	switch m := raw.(type) {
 	case *pgproto3.CopyData:
 		if len(m.Data) == 0 {

@@ -94,7 +94,7 @@ func runStream(t *testing.T, conn *pgconn.PgConn, timeout time.Duration, d time.
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := make(chan []any, 100)
+	out := make(chan []wal.Item, 100)
 	return s.Run(ctx, ctx, out)
 }
 
