@@ -4,10 +4,9 @@
 //
 // A Writer describes the outbox once: the table, its column names (Columns;
 // DefaultColumns matches outboxd's defaults, DebeziumColumns matches
-// Debezium's, RouterColumns reads them from outboxd's router settings) and
-// the Mode. Write takes a pgx.Tx, WriteSQL a *sql.Tx; both write any number
-// of events in one round trip (one multi-row statement, or one pgx batch
-// when Mode is InsertDelete) and return the event ids.
+// Debezium's) and the Mode. Write takes a pgx.Tx, WriteSQL a *sql.Tx; both
+// write any number of events in one round trip (one multi-row statement, or
+// one pgx batch when Mode is InsertDelete) and return the event ids.
 //
 // The caller's duties:
 //
@@ -21,9 +20,14 @@
 //     IdempotencyKey, also have migration 0002_idempotency_key.sql applied
 //     (`outboxd migrate` applies it, except to a partitioned table), set
 //     Columns.IdempotencyKey = "idempotency_key", and use Insert mode.
-//  4. Keep Columns and Mode in step with outboxd's router settings
-//     (RouterColumns does so for the columns); in Message mode, keep
-//     Config.MessagePrefix equal to outboxd's router.messages.prefix.
+//  4. Keep Columns and Mode in step with outboxd's router settings. Each
+//     name equals the setting outboxd reads it by: ID id_column,
+//     AggregateType route_by_column, AggregateID key_column, EventType
+//     event_type_column ("" for "-"), Payload payload_column, Traceparent
+//     traceparent_column, Headers headers_column, Partition the column of
+//     additional_fields placed as partition, IDHeader id_header and
+//     EventTypeHeader event_type_header. In Message mode, keep
+//     Config.MessagePrefix equal to router.messages.prefix.
 //
 // # Event ids
 //

@@ -12,8 +12,6 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-
-	"github.com/outboxd/outboxd/config"
 )
 
 // Event is one outbox event.
@@ -89,28 +87,6 @@ func DefaultColumns() Columns {
 func DebeziumColumns() Columns {
 	return Columns{ID: "id", AggregateType: "aggregatetype", AggregateID: "aggregateid", EventType: "type", Payload: "payload",
 		IDHeader: "id", EventTypeHeader: "eventType"}
-}
-
-// RouterColumns returns the columns outboxd's router settings read (pass
-// the Router of a loaded, validated config), so that the writer and outboxd
-// share one description of the table, or of a message's fields. An event
-// type column of "" or "-" means none. The traceparent and headers columns
-// (router.traceparent_column, router.headers_column) and a column placed as
-// partition are carried over. The idempotency key is not a router setting:
-// set IdempotencyKey on the result when the table has it.
-func RouterColumns(r config.Router) Columns {
-	c := Columns{ID: r.IDColumn, AggregateType: r.RouteByColumn, AggregateID: r.KeyColumn, EventType: r.EventTypeColumn,
-		Payload: r.PayloadColumn, Traceparent: r.TraceparentColumn, Headers: r.HeadersColumn,
-		IDHeader: r.IDHeader, EventTypeHeader: r.EventTypeHeader}
-	if c.EventType == "-" || c.EventType == "" {
-		c.EventType, c.EventTypeHeader = "", ""
-	}
-	for _, f := range r.AdditionalFields {
-		if f.Placement == "partition" {
-			c.Partition = f.Column
-		}
-	}
-	return c
 }
 
 // Mode says how events reach the WAL.

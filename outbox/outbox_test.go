@@ -147,18 +147,15 @@ func TestStatementsSplitsLargeBatches(t *testing.T) {
 	}
 }
 
-func TestRouterColumns(t *testing.T) {
-	if got, want := outbox.RouterColumns(config.Default().Router), outbox.DefaultColumns(); got != want {
-		t.Errorf("RouterColumns(defaults) = %+v; want DefaultColumns %+v", got, want)
-	}
+// DefaultColumns names the columns and headers outboxd's router reads by
+// default, so that a Writer and an outboxd left at their defaults agree.
+func TestDefaultColumnsAreRouterDefaults(t *testing.T) {
 	r := config.Default().Router
-	r.EventTypeColumn = "-"
-	r.TraceparentColumn, r.HeadersColumn = "traceparent", "headers"
-	r.AdditionalFields = []config.Field{{Column: "tenant", Placement: "header"}, {Column: "part", Placement: "partition"}}
-	want := outbox.Columns{ID: "id", AggregateType: "aggregate_type", AggregateID: "aggregate_id", Payload: "payload",
-		Traceparent: "traceparent", Headers: "headers", Partition: "part", IDHeader: "id"}
-	if got := outbox.RouterColumns(r); got != want {
-		t.Errorf("RouterColumns = %+v; want %+v", got, want)
+	want := outbox.Columns{ID: r.IDColumn, AggregateType: r.RouteByColumn, AggregateID: r.KeyColumn, EventType: r.EventTypeColumn,
+		Payload: r.PayloadColumn, Traceparent: r.TraceparentColumn, Headers: r.HeadersColumn,
+		IDHeader: r.IDHeader, EventTypeHeader: r.EventTypeHeader}
+	if got := outbox.DefaultColumns(); got != want {
+		t.Errorf("DefaultColumns = %+v; the router's defaults are %+v", got, want)
 	}
 }
 

@@ -212,7 +212,11 @@ func TestMessagesDeliveredByOutboxd(t *testing.T) {
 	r.PayloadColumn, r.TraceparentColumn, r.HeadersColumn = "body", "span", "meta"
 	testenv.StartRelay(t, cfg)
 
-	w, err := outbox.New(outbox.Config{Columns: outbox.RouterColumns(cfg.Router), Mode: outbox.Message})
+	// The writer names the same fields as the router settings above, with
+	// outboxd's default id and event type headers.
+	cols := outbox.Columns{ID: "event_id", AggregateType: "aggregatetype", AggregateID: "aggregateid", EventType: "type",
+		Payload: "body", Traceparent: "span", Headers: "meta", IDHeader: "id", EventTypeHeader: "eventType"}
+	w, err := outbox.New(outbox.Config{Columns: cols, Mode: outbox.Message})
 	if err != nil {
 		t.Fatal(err)
 	}
