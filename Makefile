@@ -19,8 +19,12 @@ test: ## every test against real Postgres and Kafka on Postgres 17 (OUTBOXD_TEST
 test-matrix: ## the end-to-end, start-up and fault tests on every supported Postgres (14-18)
 	scripts/test --matrix
 
-unit: ## the tests that need no services: every package but the integration suite in test/
-	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v '/test$$')
+# The integration suite (package test, in the module of its own under test/,
+# which keeps testcontainers-go out of the root module's requirements) needs
+# Postgres and Kafka; every other package skips its service tests without them.
+unit: ## the tests that need no services: every package of both modules but the integration suite
+	$(GO) test -race -count=1 ./...
+	cd test && $(GO) test -race -count=1 $$($(GO) list ./... | grep -v '/test$$')
 
 lint: ## staticcheck, and the libraries (outbox, consumer) on the oldest Go that go.mod allows
 	scripts/lint
@@ -54,3 +58,4 @@ fmt:
 
 vet:
 	$(GO) vet ./...
+	cd test && $(GO) vet ./...
