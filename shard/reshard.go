@@ -1,0 +1,369 @@
+package shard
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// Phase is the recorded step of a reshard in progress.
+type Phase string
+
+// The phases of a reshard, in order; RollingBack leaves Creating or
+// Draining for the state before the reshard.
+const (
+	// Creating: the new shards' publications and slots are being made.
+	Creating Phase = "creating"
+	// Draining: the cutover X is recorded; the old shards deliver every
+	// transaction ending at or before X, and nothing after it.
+	Draining Phase = "draining"
+	// Switched: every old slot has confirmed X. From here the reshard only
+	// goes forward: the old slots are dropped, the new ones advanced to X.
+	Switched Phase = "switched"
+	// RollingBack: the new shards' slots and publications are being dropped.
+	RollingBack Phase = "rolling_back"
+)
+
+// Plan is the reshard in progress, one row of the state table
+// (StateTableSQL) keyed by the configured slot name.
+type Plan struct {
+	From, To int
+	Phase    Phase
+	Cutover  LSN // X; zero before Draining
+}
+
+// Slot is a logical slot as pg_replication_slots shows it.
+type Slot struct {
+	Name      string
+	Confirmed LSN // confirmed_flush_lsn
+	Active    bool
+}
+
+// View is what the caller observes before each step: the configuration,
+// the state table's row and the database's slots and publications. Slots
+// and publications whose names are not shard names of the configured bases
+// are ignored.
+type View struct {
+	Slot, Publication string // the configured (base) names
+	Want              int    // postgres.shards
+	Plan              *Plan  // nil when the state table has no row
+	Slots             []Slot
+	Publications      []string
+}
+
+// Kind is what an Action asks the caller to do.
+type Kind int
+
+// The actions. Each is idempotent: the caller may be killed in the middle
+// of any, and Next, given what it then observes, asks for it again or for
+// what follows.
+const (
+	// Stream: run the pipelines of Shards (with their slots and
+	// publications made as an unsharded outboxd makes its own when missing)
+	// until stopped. The steady state.
+	Stream Kind = iota + 1
+	// Begin: insert Plan (phase Creating) into the state table, unless a
+	// row is there.
+	Begin
+	// Create: create Publications (PublicationSQL, after ProbeSQL; for a
+	// single shard, as an unsharded outboxd does) and then Slots (pgoutput).
+	Create
+	// Cutover: record phase Draining with cutover X = Cutover, only if the
+	// row is still in phase Creating.
+	Cutover
+	// Drain: run the pipelines of Shards (the old ones) with Window until
+	// every one's slot has confirmed Window.Upto (Window.Done).
+	Drain
+	// Switch: record phase Switched, only if the row is in phase Draining.
+	Switch
+	// DropOld: drop Slots (terminating any backend that holds one) and
+	// Publications.
+	DropOld
+	// Advance: pg_replication_slot_advance each of Slots to Cutover.
+	Advance
+	// Finish: delete the row.
+	Finish
+	// Rollback: record phase RollingBack, drop Slots (terminating any
+	// holder) and Publications, then delete the row. The old shards have
+	// delivered nothing after X and go on as before.
+	Rollback
+	// Wait: a slot that must be idle is held by another backend (Reason
+	// says which); observe again after a while.
+	Wait
+)
+
+var kindNames = [...]string{"", "stream", "begin", "create", "cutover", "drain", "switch", "drop_old", "advance", "finish", "rollback", "wait"}
+
+func (k Kind) String() string {
+	if k > 0 && int(k) < len(kindNames) {
+		return kindNames[k]
+	}
+	return fmt.Sprintf("Kind(%d)", int(k))
+}
+
+// Shard names one shard's slot and publication.
+type Shard struct {
+	Index, Count      int
+	Slot, Publication string
+}
+
+// Action is the next step Next asks for.
+type Action struct {
+	Kind         Kind
+	Plan         Plan    // Begin: the row to insert
+	Shards       []Shard // Stream, Drain
+	Window       Window  // Drain
+	Cutover      LSN     // Cutover, Advance
+	Slots        []string
+	Publications []string
+	Reason       string // Wait
+}
+
+// Next returns the next step towards Want shards, given what the caller
+// observed. The caller performs it and calls Next again with a fresh View,
+// until it gets Stream; a kill anywhere only means Next is called later
+// with what the kill left. Next returns an error when the observed state is
+// one no step can safely repair (a slot that held undelivered events is
+// gone, or the configured count contradicts a reshard that cannot be
+// undone); the error says what to do.
+//
+// The protocol, from N old shards to M new ones while writers write:
+//
+//  1. Begin records the plan; Create makes the M publications and slots.
+//  2. When all exist and no slot is held, Cutover records X, the highest of
+//     the new slots' consistent points (their confirmed_flush_lsn, which
+//     nothing moves before step 4) and the old slots' confirmed positions.
+//     Every new slot holds every transaction ending after X.
+//  3. Drain: the old shards deliver the transactions ending at or before X
+//     and confirm X; nothing after X is delivered by them.
+//  4. Switch, once every old slot has confirmed X. The new shards have not
+//     delivered anything yet, so every event of a key up to X reached Kafka
+//     before any later one can.
+//  5. DropOld drops the old slots, so that no stale instance can deliver
+//     past X from them; Advance moves the new slots to X, so they start
+//     after it; Finish deletes the row; the new shards Stream.
+//
+// Setting Want back to N before step 4 rolls the reshard back; after it,
+// only M is accepted.
+func Next(v View) (Action, error) {
+	if v.Want < 1 || v.Want > Max {
+		return Action{}, fmt.Errorf("postgres.shards is %d; it must be between 1 and %d", v.Want, Max)
+	}
+	if v.Plan == nil {
+		return steady(v)
+	}
+	p := *v.Plan
+	if p.From < 1 || p.From > Max || p.To < 1 || p.To > Max || p.From == p.To {
+		return Action{}, fmt.Errorf("the recorded reshard from %d to %d shards is invalid; delete its row from the state table and check the slots by hand", p.From, p.To)
+	}
+	old, err := layout(v, p.From)
+	if err != nil {
+		return Action{}, err
+	}
+	nu, err := layout(v, p.To)
+	if err != nil {
+		return Action{}, err
+	}
+	if p.Phase == RollingBack {
+		return rollback(v, p, nu), nil
+	}
+	if v.Want != p.To {
+		switch {
+		case p.Phase == Switched:
+			return Action{}, fmt.Errorf("a reshard from %d to %d shards is past its cutover and can only finish: set postgres.shards: %d", p.From, p.To, p.To)
+		case v.Want == p.From:
+			return rollback(v, p, nu), nil
+		default:
+			return Action{}, fmt.Errorf("a reshard from %d to %d shards is in progress; set postgres.shards: %d to finish it, or %d to roll it back, before changing to %d", p.From, p.To, p.To, p.From, v.Want)
+		}
+	}
+	slots := slotMap(v.Slots)
+	switch p.Phase {
+	case Creating:
+		if missing := absent(old, slots); len(missing) > 0 {
+			return Action{}, fmt.Errorf("the old shards' slots %s are gone during a reshard from %d to %d shards; the events they held are lost to outboxd. Set postgres.shards: %d to roll back and recreate them", strings.Join(missing, ", "), p.From, p.To, p.From)
+		}
+		pubs := missingPubs(v, nu)
+		ms := absent(nu, slots)
+		if len(pubs) > 0 || len(ms) > 0 {
+			return Action{Kind: Create, Publications: pubs, Slots: ms}, nil
+		}
+		var x LSN
+		for _, s := range append(slices.Clone(old), nu...) {
+			sl := slots[s.Slot]
+			if sl.Active {
+				return Action{Kind: Wait, Reason: fmt.Sprintf("slot %q is in use; the cutover is taken when no slot of the old or new shards is", s.Slot)}, nil
+			}
+			x = max(x, sl.Confirmed)
+		}
+		return Action{Kind: Cutover, Cutover: x}, nil
+	case Draining:
+		if p.Cutover == 0 {
+			return Action{}, fmt.Errorf("the reshard from %d to %d shards is draining without a recorded cutover; set postgres.shards: %d to roll it back", p.From, p.To, p.From)
+		}
+		if missing := absent(nu, slots); len(missing) > 0 {
+			return Action{}, fmt.Errorf("the new shards' slots %s are gone after the cutover at %s was recorded; set postgres.shards: %d to roll the reshard back", strings.Join(missing, ", "), p.Cutover, p.From)
+		}
+		w := Window{Upto: p.Cutover}
+		var drain []Shard
+		for _, s := range old {
+			sl, ok := slots[s.Slot]
+			if !ok {
+				return Action{}, fmt.Errorf("slot %q of the old shards is gone before it confirmed the cutover at %s; the events it held up to there are lost to outboxd. Recreating it cannot bring them back: check what reached Kafka, then set postgres.shards: %d to roll back", s.Slot, p.Cutover, p.From)
+			}
+			if !w.Done(sl.Confirmed) {
+				drain = append(drain, s)
+			}
+		}
+		if len(drain) > 0 {
+			return Action{Kind: Drain, Shards: drain, Window: w}, nil
+		}
+		return Action{Kind: Switch}, nil
+	case Switched:
+		if missing := absent(nu, slots); len(missing) > 0 {
+			return Action{}, fmt.Errorf("the new shards' slots %s are gone after the switch at %s; the events after it that they held are lost to outboxd: recreate them by hand, check what reached Kafka, then delete the reshard's row from the state table", strings.Join(missing, ", "), p.Cutover)
+		}
+		dropSlots := present(old, slots)
+		dropPubs := presentPubs(v, old)
+		if len(dropSlots) > 0 || len(dropPubs) > 0 {
+			return Action{Kind: DropOld, Slots: dropSlots, Publications: dropPubs}, nil
+		}
+		var behind []string
+		for _, s := range nu {
+			if slots[s.Slot].Confirmed < p.Cutover {
+				behind = append(behind, s.Slot)
+			}
+		}
+		if len(behind) > 0 {
+			return Action{Kind: Advance, Slots: behind, Cutover: p.Cutover}, nil
+		}
+		return Action{Kind: Finish}, nil
+	}
+	return Action{}, fmt.Errorf("the state table records an unknown reshard phase %q", p.Phase)
+}
+
+// steady is Next without a recorded reshard.
+func steady(v View) (Action, error) {
+	want, err := layout(v, v.Want)
+	if err != nil {
+		return Action{}, err
+	}
+	counts := map[int]bool{}
+	for _, s := range v.Slots {
+		if _, n, ok := Parse(v.Slot, s.Name); ok {
+			counts[n] = true
+		}
+	}
+	others := []int{}
+	for n := range counts {
+		if n != v.Want {
+			others = append(others, n)
+		}
+	}
+	slices.Sort(others)
+	switch {
+	case len(others) == 0:
+		return Action{Kind: Stream, Shards: want}, nil
+	case len(others) > 1 || counts[v.Want]:
+		all := append(others, v.Want)
+		return Action{}, fmt.Errorf("slots of %q for several shard counts exist (%v of %d wanted) and the state table records no reshard; drop the ones no outboxd uses (after checking what reached Kafka)", v.Slot, all, v.Want)
+	}
+	from := others[0]
+	old, err := layout(v, from)
+	if err != nil {
+		return Action{}, err
+	}
+	if missing := absent(old, slotMap(v.Slots)); len(missing) > 0 {
+		return Action{}, fmt.Errorf("cannot reshard from %d to %d shards: the slots %s of the %d shards are gone; the events they held are lost to outboxd", from, v.Want, strings.Join(missing, ", "), from)
+	}
+	return Action{Kind: Begin, Plan: Plan{From: from, To: v.Want, Phase: Creating}}, nil
+}
+
+func rollback(v View, p Plan, nu []Shard) Action {
+	return Action{Kind: Rollback, Plan: p, Slots: present(nu, slotMap(v.Slots)), Publications: presentPubs(v, nu)}
+}
+
+// layout names the n shards of the configured bases.
+func layout(v View, n int) ([]Shard, error) {
+	slots, err := Names(v.Slot, n)
+	if err != nil {
+		return nil, fmt.Errorf("postgres.slot: %w", err)
+	}
+	pubs, err := Names(v.Publication, n)
+	if err != nil {
+		return nil, fmt.Errorf("postgres.publication: %w", err)
+	}
+	out := make([]Shard, n)
+	for i := range out {
+		out[i] = Shard{Index: i, Count: n, Slot: slots[i], Publication: pubs[i]}
+	}
+	return out, nil
+}
+
+func slotMap(slots []Slot) map[string]Slot {
+	m := make(map[string]Slot, len(slots))
+	for _, s := range slots {
+		m[s.Name] = s
+	}
+	return m
+}
+
+func absent(shards []Shard, slots map[string]Slot) []string {
+	var out []string
+	for _, s := range shards {
+		if _, ok := slots[s.Slot]; !ok {
+			out = append(out, s.Slot)
+		}
+	}
+	return out
+}
+
+func present(shards []Shard, slots map[string]Slot) []string {
+	var out []string
+	for _, s := range shards {
+		if _, ok := slots[s.Slot]; ok {
+			out = append(out, s.Slot)
+		}
+	}
+	return out
+}
+
+// missingPubs lists the shards' publications that do not exist.
+func missingPubs(v View, shards []Shard) []string {
+	var out []string
+	for _, s := range shards {
+		if !slices.Contains(v.Publications, s.Publication) {
+			out = append(out, s.Publication)
+		}
+	}
+	return out
+}
+
+// presentPubs lists the shards' publications that exist, except an
+// unsharded layout's: that is the configured publication itself, which
+// may be the user's and costs nothing without a slot, so resharding never
+// drops it.
+func presentPubs(v View, shards []Shard) []string {
+	var out []string
+	for _, s := range shards {
+		if s.Count > 1 && slices.Contains(v.Publications, s.Publication) {
+			out = append(out, s.Publication)
+		}
+	}
+	return out
+}
+
+// StateTableSQL returns the statement that creates the state table in
+// schema (the outbox table's): one row per reshard in progress, keyed by the
+// configured slot name. outboxd creates it on the first reshard; it is
+// empty when no reshard is in progress.
+func StateTableSQL(schema string) string {
+	return "CREATE TABLE IF NOT EXISTS " + quoteIdent(schema) + `.outboxd_reshard (
+    slot        text        PRIMARY KEY,
+    from_shards integer     NOT NULL CHECK (from_shards BETWEEN 1 AND ` + fmt.Sprint(Max) + `),
+    to_shards   integer     NOT NULL CHECK (to_shards BETWEEN 1 AND ` + fmt.Sprint(Max) + `),
+    phase       text        NOT NULL CHECK (phase IN ('creating', 'draining', 'switched', 'rolling_back')),
+    cutover     pg_lsn,
+    updated_at  timestamptz NOT NULL DEFAULT now()
+)`
+}
