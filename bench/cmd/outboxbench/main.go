@@ -18,6 +18,7 @@
 //	         PASS or FAIL, write report.md, results-<size>.md and gnuplot data, and with -docs
 //	         rewrite the generated sections of BENCHMARKS.md and README.md
 //	walread  read a slot to /dev/null, optionally with SO_RCVLOWAT; report the walsender's CPU
+//	shards   read several slots of one fill in parallel, each through a row-filtered publication
 package main
 
 import (
@@ -30,7 +31,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: outboxbench setup|slot|topics|fill|catchup|produce|live|idle|report|walread [flags]")
+		fmt.Fprintln(os.Stderr, "usage: outboxbench setup|slot|topics|fill|catchup|produce|live|idle|report|walread|shards [flags]")
 		os.Exit(2)
 	}
 	ctx := context.Background()
@@ -57,6 +58,8 @@ func main() {
 		err = cmdReport(args)
 	case "walread":
 		err = cmdWalread(ctx, args)
+	case "shards":
+		err = cmdShards(ctx, args)
 	default:
 		err = fmt.Errorf("unknown subcommand %q", cmd)
 	}

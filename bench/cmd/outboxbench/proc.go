@@ -34,7 +34,7 @@ type result struct {
 	SlotLagBytes int64   `json:"slot_lag_bytes"`
 	TargetRate   float64 `json:"target_rate,omitempty"`
 	WriteRate    float64 `json:"write_rate,omitempty"` // events/s the writers committed
-	P50ms        float64 `json:"p50_ms,omitempty"`     // commit → Kafka LogAppendTime (ms resolution)
+	P50ms        float64 `json:"p50_ms,omitempty"`     // commit → visible to read_committed (LogAppendTime of the record or its commit marker)
 	P99ms        float64 `json:"p99_ms,omitempty"`
 	P999ms       float64 `json:"p999_ms,omitempty"`
 	Maxms        float64 `json:"max_ms,omitempty"`
@@ -54,7 +54,13 @@ type result struct {
 	// BrokerCPUSec is the broker's CPU time during a live run: what the
 	// contender's produce requests (and the measuring consumer) cost Kafka.
 	BrokerCPUSec *float64 `json:"broker_cpu_s,omitempty"`
-	Note         string   `json:"note,omitempty"`
+	// Slots, Share and Rows describe a shards run: how many slots were read
+	// in parallel, the share of the keys each one's row filter takes, and
+	// the rows they sent together.
+	Slots int     `json:"slots,omitempty"`
+	Share float64 `json:"share,omitempty"`
+	Rows  int     `json:"rows,omitempty"`
+	Note  string  `json:"note,omitempty"`
 
 	ticks0, steal0 int64 // /proc/stat at the start
 }

@@ -22,6 +22,7 @@ const (
 	p50AboveFloor  = 1.0  // live p50 ≤ the floor's p50 + this many ms
 	p99Share       = 1.0 / 20
 	startupShare   = 1.0 / 20
+	eosShare       = 0.8  // exactly_once catch-up ≥ this × at_least_once (issue 26)
 	liveRate       = 5000 // events/s of the live targets
 )
 
@@ -188,8 +189,48 @@ func judge(rs []result) []verdict {
 		t.p50OverFloor(),
 		t.atMost("live p99 ≤ 1/20 of Debezium tuned's", "live", live250, liveRate, "debezium_tuned", p99, p99Share, ms, ""),
 		t.startup(),
+		t.exactlyOnce(),
+		t.shardsTarget(),
 	)
 	return vs
+}
+
+// exactlyOnce judges outboxd's catch-up with kafka.delivery: exactly_once
+// (the contender outboxd_eos, until its events are visible to a
+// read_committed consumer) against the default at_least_once in the same
+// run. The live figures of both modes at 5k ev/s go beside it.
+func (t runs) exactlyOnce() verdict {
+	v := verdict{target: "exactly-once catch-up ≥ 0.8× at-least-once", on: caseName[catchup100]}
+	e, ok1 := t.median("catchup", catchup100, "outboxd_eos", 0, throughput)
+	a, ok2 := t.median("catchup", catchup100, "outboxd", 0, throughput)
+	if !ok1 || !ok2 || a == 0 {
+		var no []string
+		if !ok2 {
+			no = append(no, "outboxd")
+		}
+		if !ok1 {
+			no = append(no, "outboxd_eos")
+		}
+		v.figure = "no run of " + strings.Join(no, " or ")
+		return v
+	}
+	v.value, v.judged = e/a, true
+	v.shown, v.pass = times(v.value), v.value >= eosShare
+	v.figure = fmt.Sprintf("outboxd_eos %s ev/s, outboxd %s ev/s", kilo(e), kilo(a))
+	if e1, ok := t.median("catchup", catchup1, "outboxd_eos", 0, throughput); ok {
+		if a1, ok := t.median("catchup", catchup1, "outboxd", 0, throughput); ok && a1 > 0 {
+			v.figure += fmt.Sprintf(" (%s: %s, %s ev/s against %s)", caseName[catchup1], times(e1/a1), kilo(e1), kilo(a1))
+		}
+	}
+	ep50, ok1 := t.median("live", live250, "outboxd_eos", liveRate, p50)
+	ap50, ok2 := t.median("live", live250, "outboxd", liveRate, p50)
+	if ok1 && ok2 {
+		ep99, _ := t.median("live", live250, "outboxd_eos", liveRate, p99)
+		ap99, _ := t.median("live", live250, "outboxd", liveRate, p99)
+		v.figure += fmt.Sprintf("; live at %s ev/s as a read_committed consumer sees it: p50 %s against %s, p99 %s against %s",
+			rateName(liveRate), ms(ep50), ms(ap50), ms(ep99), ms(ap99))
+	}
+	return v
 }
 
 // atLeast judges outboxd's median catch-up m ≥ want × the other's.

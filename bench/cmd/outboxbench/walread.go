@@ -42,15 +42,40 @@ func cmdWalread(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("-end: %w", err)
 	}
-	cfg, err := replicationConfig(*dsn)
+	r, err := readSlot(ctx, *dsn, *slot, *pub, end, *lowat)
 	if err != nil {
 		return err
 	}
-	lw := &lowatReader{mark: *lowat}
+	fmt.Printf("walread lowat=%d: %d rows in %.2f s = %.0f rows/s; walsender CPU %.2f s = %.2f s per 100k",
+		*lowat, r.rows, r.took.Seconds(), float64(r.rows)/r.took.Seconds(), r.walsenderCPU, r.walsenderCPU/float64(r.rows)*1e5)
+	if *lowat > 0 {
+		fmt.Printf("; %d reads, %d waits ran out", r.reads, r.fallbacks)
+	}
+	fmt.Println()
+	return nil
+}
+
+// slotRead is what readSlot measured.
+type slotRead struct {
+	rows             int
+	took             time.Duration // START_REPLICATION to the end LSN
+	walsenderCPU     float64       // seconds, from the start of the stream to the end LSN
+	reads, fallbacks int           // with SO_RCVLOWAT
+}
+
+// readSlot reads slot through publication pub up to end, throwing the rows
+// away, with SO_RCVLOWAT lowat if it is not 0, and confirms end.
+func readSlot(ctx context.Context, dsn, slot, pub string, end pglogrepl.LSN, lowat int) (slotRead, error) {
+	var res slotRead
+	cfg, err := replicationConfig(dsn)
+	if err != nil {
+		return res, err
+	}
+	lw := &lowatReader{mark: lowat}
 	var d net.Dialer
 	cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := d.DialContext(ctx, network, addr)
-		if tc, ok := c.(*net.TCPConn); ok && err == nil && *lowat > 0 {
+		if tc, ok := c.(*net.TCPConn); ok && err == nil && lowat > 0 {
 			if lw.raw, err = tc.SyscallConn(); err != nil {
 				return nil, err
 			}
@@ -61,26 +86,26 @@ func cmdWalread(ctx context.Context, args []string) error {
 	}
 	conn, err := pgconn.ConnectConfig(ctx, cfg)
 	if err != nil {
-		return err
+		return res, err
 	}
 	defer conn.Close(context.Background())
 	start := time.Now()
-	if err := startReplication(ctx, conn, *slot, *pub); err != nil {
-		return err
+	if err := startReplication(ctx, conn, slot, pub); err != nil {
+		return res, err
 	}
-	wpid, err := walsenderPID(ctx, *dsn, *slot)
+	wpid, err := walsenderPID(ctx, dsn, slot)
 	if err != nil {
-		return err
+		return res, err
 	}
 	cpu0, err := procCPU(wpid)
 	if err != nil {
-		return err
+		return res, err
 	}
-	rows, inTx := 0, false
+	inTx := false
 	for pos := pglogrepl.LSN(0); pos < end; {
 		raw, err := conn.ReceiveMessage(ctx)
 		if err != nil {
-			return err
+			return res, err
 		}
 		cd, ok := raw.(*pgproto3.CopyData)
 		if !ok || len(cd.Data) < 2 {
@@ -91,7 +116,7 @@ func cmdWalread(ctx context.Context, args []string) error {
 			// outside a transaction ends the read.
 			ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(cd.Data[1:])
 			if err != nil {
-				return err
+				return res, err
 			}
 			if !inTx && ka.ServerWALEnd >= end {
 				break
@@ -99,7 +124,7 @@ func cmdWalread(ctx context.Context, args []string) error {
 			if ka.ReplyRequested {
 				err := pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: pos})
 				if err != nil {
-					return err
+					return res, err
 				}
 			}
 			continue
@@ -109,43 +134,39 @@ func cmdWalread(ctx context.Context, args []string) error {
 		}
 		x, err := pglogrepl.ParseXLogData(cd.Data[1:])
 		if err != nil {
-			return err
+			return res, err
 		}
 		switch x.WALData[0] {
 		case 'B':
 			inTx = true
 		case 'I':
-			rows++
+			res.rows++
 		case 'C':
 			inTx = false
 			m, err := pglogrepl.Parse(x.WALData)
 			if err != nil {
-				return err
+				return res, err
 			}
 			pos = m.(*pglogrepl.CommitMessage).TransactionEndLSN
 		}
 	}
-	took := time.Since(start)
+	res.took = time.Since(start)
 	// Confirm what was read, as pg_recvlogical does, and end the stream so
 	// that Postgres applies it.
 	err = pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: end})
 	if err != nil {
-		return err
+		return res, err
 	}
 	if _, err := pglogrepl.SendStandbyCopyDone(ctx, conn); err != nil {
-		return err
+		return res, err
 	}
 	cpu1, err := procCPU(wpid)
 	if err != nil {
-		return err
+		return res, err
 	}
-	fmt.Printf("walread lowat=%d: %d rows in %.2f s = %.0f rows/s; walsender CPU %.2f s = %.2f s per 100k",
-		*lowat, rows, took.Seconds(), float64(rows)/took.Seconds(), cpu1-cpu0, (cpu1-cpu0)/float64(rows)*1e5)
-	if *lowat > 0 {
-		fmt.Printf("; %d reads, %d waits ran out", lw.reads, lw.fallbacks)
-	}
-	fmt.Println()
-	return nil
+	res.walsenderCPU = cpu1 - cpu0
+	res.reads, res.fallbacks = lw.reads, lw.fallbacks
+	return res, nil
 }
 
 // walreadLive is the Postgres half of the live floor: it reads the slot as
