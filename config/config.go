@@ -76,9 +76,9 @@ type Kafka struct {
 	// TopicCreation is "admin" (outboxd creates missing topics with
 	// TopicPartitions and TopicReplicationFactor) or "broker" (left to the
 	// broker's auto.create.topics.enable).
-	TopicCreation          string `yaml:"topic_creation"`
-	TopicPartitions        int    `yaml:"topic_partitions"`
-	TopicReplicationFactor int    `yaml:"topic_replication_factor"` // -1: the broker's default
+	TopicCreation          TopicCreation `yaml:"topic_creation"`
+	TopicPartitions        int           `yaml:"topic_partitions"`
+	TopicReplicationFactor int           `yaml:"topic_replication_factor"` // -1: the broker's default
 	// MaxBufferedRecords caps records handed to Kafka and not yet acked;
 	// at the cap outboxd stops reading WAL.
 	MaxBufferedRecords int `yaml:"max_buffered_records"`
@@ -100,14 +100,14 @@ type Kafka struct {
 	// topics' max.message.bytes.
 	MaxMessageBytes int `yaml:"max_message_bytes"`
 	// Compression is none, gzip, snappy, lz4 or zstd.
-	Compression string `yaml:"compression"`
-	TLS         TLS    `yaml:"tls"`
-	SASL        SASL   `yaml:"sasl"`
+	Compression Compression `yaml:"compression"`
+	TLS         TLS         `yaml:"tls"`
+	SASL        SASL        `yaml:"sasl"`
 	// Delivery is at_least_once (records acknowledged one by one; a crash
 	// repeats the unconfirmed window) or exactly_once (Kafka transactions
 	// aligned to Postgres transactions, with outboxd's position written
 	// in the same transaction; docs/exactly-once.md).
-	Delivery string `yaml:"delivery"`
+	Delivery Delivery `yaml:"delivery"`
 	// TransactionalID is the transactional id of exactly_once; "" derives
 	// it from the database's system identifier and the slot name.
 	TransactionalID string `yaml:"transactional_id"`
@@ -126,12 +126,6 @@ type Kafka struct {
 	// position to, in the same transaction as the records.
 	PositionsTopic string `yaml:"positions_topic"`
 }
-
-// Delivery modes.
-const (
-	AtLeastOnce = "at_least_once"
-	ExactlyOnce = "exactly_once"
-)
 
 // ExactlyOnce reports whether kafka.delivery is exactly_once.
 func (k Kafka) ExactlyOnce() bool { return k.Delivery == ExactlyOnce }
@@ -173,12 +167,12 @@ type Router struct {
 	AdditionalFields []Field `yaml:"additional_fields"`
 	// AdditionalMissing is error or ignore: what a placed column absent
 	// from the table does.
-	AdditionalMissing string `yaml:"additional_missing"`
+	AdditionalMissing AdditionalMissing `yaml:"additional_missing"`
 	// KeyEncoding is raw (the key column's bytes), json (the key as Kafka
 	// Connect's JsonConverter with schemas off wrote it: a JSON string,
 	// quotes included, integers bare) or json_schema (as JsonConverter with
 	// schemas on, its default, wrote it: {"schema":...,"payload":...}).
-	KeyEncoding string `yaml:"key_encoding"`
+	KeyEncoding KeyEncoding `yaml:"key_encoding"`
 	// ExpandJSONPayload requires the payload to be JSON and embeds it as JSON
 	// (not as a string) in an envelope.
 	ExpandJSONPayload bool `yaml:"expand_json_payload"`
@@ -191,16 +185,16 @@ type Router struct {
 	// null key (and no per-key order).
 	RequireKey bool `yaml:"require_key"`
 	// OnUpdate is ignore, warn or error (error stops outboxd).
-	OnUpdate string   `yaml:"on_update"`
+	OnUpdate OnUpdate `yaml:"on_update"`
 	Messages Messages `yaml:"messages"`
 	Poison   Poison   `yaml:"poison"`
 }
 
 // Field places one additional column.
 type Field struct {
-	Column    string `yaml:"column"`
-	Placement string `yaml:"placement"` // header, envelope or partition
-	Alias     string `yaml:"alias"`     // header or envelope field name; default the column name
+	Column    string    `yaml:"column"`
+	Placement Placement `yaml:"placement"` // header, envelope or partition
+	Alias     string    `yaml:"alias"`     // header or envelope field name; default the column name
 }
 
 // Messages routes events written with pg_logical_emit_message(true, prefix,
@@ -217,8 +211,8 @@ type Messages struct {
 
 // Poison says what happens to a row that cannot be routed.
 type Poison struct {
-	Policy   string `yaml:"policy"`    // halt or dlq
-	DLQTopic string `yaml:"dlq_topic"` // for dlq
+	Policy   PoisonPolicy `yaml:"policy"`    // halt or dlq
+	DLQTopic string       `yaml:"dlq_topic"` // for dlq
 }
 
 // ParseFields parses Debezium's placement syntax, a comma-separated list of
@@ -234,7 +228,7 @@ func ParseFields(s string) ([]Field, error) {
 		if len(parts) < 2 || len(parts) > 3 {
 			return nil, fmt.Errorf("%q is not column:placement[:alias]", item)
 		}
-		f := Field{Column: parts[0], Placement: parts[1]}
+		f := Field{Column: parts[0], Placement: Placement(parts[1])}
 		if len(parts) == 3 {
 			f.Alias = parts[2]
 		}
@@ -277,8 +271,8 @@ type HTTP struct {
 
 // Log configures log/slog output on stderr.
 type Log struct {
-	Level  string `yaml:"level"`  // debug, info, warn, error
-	Format string `yaml:"format"` // text or json
+	Level  LogLevel  `yaml:"level"`  // debug, info, warn, error
+	Format LogFormat `yaml:"format"` // text or json
 }
 
 // Default returns the configuration used for every field a file and the
@@ -308,7 +302,7 @@ func base() Config {
 		Kafka: Kafka{
 			Brokers:                []string{"127.0.0.1:9092"},
 			ClientID:               "outboxd",
-			TopicCreation:          "admin",
+			TopicCreation:          TopicCreationAdmin,
 			TopicPartitions:        6,
 			TopicReplicationFactor: -1,
 			MaxBufferedRecords:     10000,
@@ -316,7 +310,7 @@ func base() Config {
 			DeliveryTimeout:        2 * time.Minute,
 			Linger:                 time.Millisecond,
 			MaxMessageBytes:        1000000,
-			Compression:            "none",
+			Compression:            CompressionNone,
 			Delivery:               AtLeastOnce,
 			TransactionInterval:    100 * time.Millisecond,
 			TransactionTimeout:     time.Minute,
@@ -328,15 +322,15 @@ func base() Config {
 			TopicTemplate:     "${routedByValue}-events",
 			IDHeader:          "id",
 			EventTypeHeader:   "eventType",
-			AdditionalMissing: "error",
-			KeyEncoding:       "raw",
+			AdditionalMissing: AdditionalMissingError,
+			KeyEncoding:       KeyEncodingRaw,
 			RequireKey:        true,
-			OnUpdate:          "warn",
+			OnUpdate:          OnUpdateWarn,
 			Messages:          Messages{Prefix: "outbox"},
-			Poison:            Poison{Policy: "halt"},
+			Poison:            Poison{Policy: PoisonHalt},
 		},
 		HTTP:            HTTP{Listen: ":8080"},
-		Log:             Log{Level: "info", Format: "text"},
+		Log:             Log{Level: LogInfo, Format: LogText},
 		ShutdownTimeout: 10 * time.Second,
 	}
 }
@@ -509,8 +503,6 @@ func setField(f reflect.Value, s string) error {
 			return fmt.Errorf("%q is not a duration such as 500ms or 10s", s)
 		}
 		f.Set(reflect.ValueOf(d))
-	case string:
-		f.SetString(s)
 	case bool:
 		b, err := strconv.ParseBool(s)
 		if err != nil {
@@ -538,7 +530,10 @@ func setField(f reflect.Value, s string) error {
 		}
 		f.Set(reflect.ValueOf(list))
 	default:
-		return fmt.Errorf("unsupported field type %s", f.Type())
+		if f.Kind() != reflect.String { // string and the types of settings with a fixed set of values
+			return fmt.Errorf("unsupported field type %s", f.Type())
+		}
+		f.SetString(s)
 	}
 	return nil
 }
@@ -596,11 +591,6 @@ func (c Config) Validate() error {
 			bad("kafka.brokers", "%q is not host:port", b)
 		}
 	}
-	switch c.Kafka.TopicCreation {
-	case "admin", "broker":
-	default:
-		bad("kafka.topic_creation", "%q must be admin (outboxd creates missing topics) or broker (the broker's auto-creation)", c.Kafka.TopicCreation)
-	}
 	if c.Kafka.TopicPartitions < 1 {
 		bad("kafka.topic_partitions", "%d must be at least 1", c.Kafka.TopicPartitions)
 	}
@@ -622,11 +612,7 @@ func (c Config) Validate() error {
 	if c.Kafka.Linger < 0 || c.Kafka.Linger > time.Minute {
 		bad("kafka.linger", "%s must be between 0 and 1m", c.Kafka.Linger)
 	}
-	switch c.Kafka.Compression {
-	case "none", "gzip", "snappy", "lz4", "zstd":
-	default:
-		bad("kafka.compression", "%q must be none, gzip, snappy, lz4 or zstd", c.Kafka.Compression)
-	}
+	errs = append(errs, c.validateEnums()...)
 	errs = append(errs, c.Kafka.validateDelivery()...)
 	errs = append(errs, c.Postgres.validateSecrets()...)
 	errs = append(errs, c.Kafka.TLS.validate()...)
@@ -636,16 +622,6 @@ func (c Config) Validate() error {
 		if _, _, err := net.SplitHostPort(c.HTTP.Listen); err != nil {
 			bad("http.listen", "%q is not host:port (or :port)", c.HTTP.Listen)
 		}
-	}
-	switch c.Log.Level {
-	case "debug", "info", "warn", "error":
-	default:
-		bad("log.level", "%q must be debug, info, warn or error", c.Log.Level)
-	}
-	switch c.Log.Format {
-	case "text", "json":
-	default:
-		bad("log.format", "%q must be text or json", c.Log.Format)
 	}
 	if c.ShutdownTimeout < 0 {
 		bad("shutdown_timeout", "%s must not be negative", c.ShutdownTimeout)
@@ -658,9 +634,6 @@ func (k Kafka) validateDelivery() []error {
 	var errs []error
 	bad := func(field, format string, args ...any) {
 		errs = append(errs, fmt.Errorf("kafka.%s: %s", field, fmt.Sprintf(format, args...)))
-	}
-	if k.Delivery != AtLeastOnce && k.Delivery != ExactlyOnce {
-		bad("delivery", "%q must be at_least_once or exactly_once", k.Delivery)
 	}
 	// Kafka's transaction.max.timeout.ms is 15 minutes by default.
 	if k.TransactionTimeout < time.Second || k.TransactionTimeout > 15*time.Minute {
@@ -717,25 +690,14 @@ func (r Router) validate() []error {
 		switch {
 		case f.Column == "":
 			bad(fmt.Sprintf("additional_fields[%d].column", i), "must not be empty")
-		case f.Placement == "partition":
+		case f.Placement == PlacementPartition:
 			partitions++
-		case f.Placement != "header" && f.Placement != "envelope":
-			bad(fmt.Sprintf("additional_fields[%d].placement", i), "%q must be header, envelope or partition", f.Placement)
 		}
 	}
 	if partitions > 1 {
 		bad("additional_fields", "at most one column may be placed as partition")
 	}
-	oneOf := func(field, v string, allowed ...string) {
-		if !slices.Contains(allowed, v) {
-			bad(field, "%q must be %s", v, strings.Join(allowed, " or "))
-		}
-	}
-	oneOf("additional_missing", r.AdditionalMissing, "error", "ignore")
-	oneOf("key_encoding", r.KeyEncoding, "raw", "json", "json_schema")
-	oneOf("on_update", r.OnUpdate, "ignore", "warn", "error")
-	oneOf("poison.policy", r.Poison.Policy, "halt", "dlq")
-	if r.Poison.Policy == "dlq" && r.Poison.DLQTopic == "" {
+	if r.Poison.Policy == PoisonDLQ && r.Poison.DLQTopic == "" {
 		bad("poison.dlq_topic", "must name a topic when router.poison.policy is dlq")
 	}
 	return errs

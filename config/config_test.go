@@ -165,6 +165,7 @@ func TestEnvOverrides(t *testing.T) {
 		"OUTBOXD_KAFKA_TOPIC_REPLICATION_FACTOR=-1",
 		"OUTBOXD_ROUTER_TOPIC_TEMPLATE=x.${routedByValue}",
 		"OUTBOXD_ROUTER_EVENT_TYPE_COLUMN=",
+		"OUTBOXD_ROUTER_ON_UPDATE=error",
 		"OUTBOXD_HTTP_LISTEN=127.0.0.1:9000",
 		"OUTBOXD_LOG_FORMAT=json",
 		"OUTBOXD_SHUTDOWN_TIMEOUT=3s",
@@ -188,6 +189,7 @@ func TestEnvOverrides(t *testing.T) {
 	want.Kafka.TopicReplicationFactor = -1
 	want.Router.TopicTemplate = "x.${routedByValue}"
 	want.Router.EventTypeColumn = ""
+	want.Router.OnUpdate = config.OnUpdateError
 	want.HTTP.Listen = "127.0.0.1:9000"
 	want.Log.Format = "json"
 	want.ShutdownTimeout = 3 * time.Second
@@ -500,5 +502,33 @@ func TestFailoverSettings(t *testing.T) {
 	}
 	if _, err := config.Load("", []string{"OUTBOXD_POSTGRES_FAILOVER_SLOT=maybe"}); err == nil || !strings.Contains(err.Error(), "OUTBOXD_POSTGRES_FAILOVER_SLOT") {
 		t.Errorf("a bad boolean: %v", err)
+	}
+}
+
+// TestValidateEnumValues: a setting with a fixed set of values is refused
+// with its field and every allowed value named.
+func TestValidateEnumValues(t *testing.T) {
+	tests := []struct {
+		mod  func(*config.Config)
+		want string
+	}{
+		{func(c *config.Config) { c.Router.OnUpdate = "sometimes" }, `router.on_update: "sometimes" must be ignore, warn or error`},
+		{func(c *config.Config) { c.Router.Poison.Policy = "skip" }, `router.poison.policy: "skip" must be halt or dlq`},
+		{func(c *config.Config) { c.Router.KeyEncoding = "avro" }, `router.key_encoding: "avro" must be raw, json or json_schema`},
+		{func(c *config.Config) { c.Router.AdditionalMissing = "warn" }, `router.additional_missing: "warn" must be error or ignore`},
+		{func(c *config.Config) { c.Kafka.TopicCreation = "auto" }, `kafka.topic_creation: "auto" must be admin or broker`},
+		{func(c *config.Config) { c.Kafka.Compression = "brotli" }, `kafka.compression: "brotli" must be none, gzip, snappy, lz4 or zstd`},
+		{func(c *config.Config) { c.Kafka.Delivery = "exactly-once" }, `kafka.delivery: "exactly-once" must be at_least_once or exactly_once`},
+		{func(c *config.Config) { c.Log.Level = "trace" }, `log.level: "trace" must be debug, info, warn or error`},
+		{func(c *config.Config) { c.Log.Format = "xml" }, `log.format: "xml" must be text or json`},
+		{func(c *config.Config) { c.Router.AdditionalFields = []config.Field{{Column: "a", Placement: "body"}} },
+			`router.additional_fields[0].placement: "body" must be header, envelope or partition`},
+	}
+	for _, tt := range tests {
+		cfg := config.Default()
+		tt.mod(&cfg)
+		if err := cfg.Validate(); err == nil || err.Error() != tt.want {
+			t.Errorf("Validate() = %v, want %s", err, tt.want)
+		}
 	}
 }

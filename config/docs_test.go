@@ -82,7 +82,7 @@ func render(v any) string {
 	case []Field:
 		parts := make([]string, len(v))
 		for i, f := range v {
-			parts[i] = f.Column + ":" + f.Placement + ":" + f.Alias
+			parts[i] = f.Column + ":" + string(f.Placement) + ":" + f.Alias
 		}
 		return "[" + strings.Join(parts, ", ") + "]"
 	default:

@@ -121,8 +121,8 @@ func TestConvertedSemantics(t *testing.T) {
 			{"template", r.TopicTemplate, "${routedByValue}-events"},
 			{"regex", r.TopicRegex, ""},
 			{"event type column", r.EventTypeColumn, "-"},
-			{"key encoding", r.KeyEncoding, "json"},
-			{"on update", r.OnUpdate, "warn"},
+			{"key encoding", string(r.KeyEncoding), "json"},
+			{"on update", string(r.OnUpdate), "warn"},
 			{"brokers", strings.Join(cfg.Kafka.Brokers, ","), "k:9092"},
 		} {
 			if c.got != c.want {

@@ -317,7 +317,7 @@ func (r *Relay) ensureSlot(ctx context.Context, conn *pgx.Conn) (held bool, err 
 	case pub.Created:
 		r.log.Info("created publication", "publication", pc.Publication, "table", pc.Table, "publish", wal.PublishActions)
 	case pub.NoUpdates && r.cfg.Router.OnUpdate != "ignore":
-		r.log.Warn("the publication leaves UPDATEs out, so router.on_update ("+r.cfg.Router.OnUpdate+") never sees an updated outbox row; "+
+		r.log.Warn("the publication leaves UPDATEs out, so router.on_update ("+string(r.cfg.Router.OnUpdate)+") never sees an updated outbox row; "+
 			wal.AlterPublicationSQL(pc.Publication)+" publishes them", "publication", pc.Publication)
 	case pub.Deletes:
 		r.log.Info("the publication publishes DELETEs, which outboxd ignores; if rows are deleted after insert, Postgres decodes and sends "+

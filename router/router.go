@@ -163,7 +163,7 @@ func New(cfg config.Router) (*Router, error) {
 		optional(cfg.EventTypeColumn), cfg.TimestampColumn, cfg.TraceparentColumn, cfg.TopicColumn, cfg.HeadersColumn}
 	for _, f := range cfg.AdditionalFields {
 		r.names = append(r.names, f.Column)
-		r.envelope = r.envelope || f.Placement == "envelope"
+		r.envelope = r.envelope || f.Placement == config.PlacementEnvelope
 	}
 	r.cells = make([]cell, len(r.names))
 	r.topics = make(map[string]string)
@@ -174,7 +174,7 @@ func New(cfg config.Router) (*Router, error) {
 func (r *Router) Columns() []string {
 	var cols []string
 	for i, n := range r.names {
-		if n != "" && (i < nFixed || r.cfg.AdditionalMissing == "error") {
+		if n != "" && (i < nFixed || r.cfg.AdditionalMissing == config.AdditionalMissingError) {
 			cols = append(cols, n)
 		}
 	}
@@ -192,7 +192,7 @@ func (r *Router) layoutFor(rel *wal.Relation) ([]int, error) {
 		if n == "" {
 			continue
 		}
-		if layout[i] = rel.Index(n); layout[i] < 0 && (i < nFixed || r.cfg.AdditionalMissing == "error") {
+		if layout[i] = rel.Index(n); layout[i] < 0 && (i < nFixed || r.cfg.AdditionalMissing == config.AdditionalMissingError) {
 			missing = append(missing, n)
 		}
 	}
@@ -230,14 +230,14 @@ func (r *Router) checkTypes(table string, typeOf func(field int) uint32) error {
 			"column %s (router.headers_column) must be of type json or jsonb, holding an object whose members become headers", r.names[fHeaders])}
 	}
 	enc := r.cfg.KeyEncoding
-	if enc == "json" || enc == "json_schema" {
+	if enc == config.KeyEncodingJSON || enc == config.KeyEncodingJSONSchema {
 		if name, ok := jsonKeyRefused[typeOf(fKey)]; ok {
 			return &LayoutError{Table: table, Reason: fmt.Sprintf(
 				"key column %s is %s, whose JSON form Kafka Connect's JsonConverter writes from Debezium's own representation, which router.key_encoding %s does not reproduce; use a text, uuid or integer key column, or key_encoding raw",
 				r.names[fKey], name, enc)}
 		}
 	}
-	if t := typeOf(fKey); enc == "json_schema" && !jsonSchemaKeyTypes[t] {
+	if t := typeOf(fKey); enc == config.KeyEncodingJSONSchema && !jsonSchemaKeyTypes[t] {
 		return &LayoutError{Table: table, Reason: fmt.Sprintf(
 			"key column %s is of a type (OID %d) whose Connect schema outboxd does not reproduce for router.key_encoding json_schema; "+
 				"use a text, varchar, char, uuid, integer, boolean, json or jsonb key column, or key_encoding json or raw", r.names[fKey], t)}
@@ -393,14 +393,14 @@ func (r *Router) build(rec *Record, lsn wal.LSN, source string, commitTime time.
 	switch key := cells[fKey]; {
 	case key.null && r.cfg.RequireKey:
 		return fail(rec.Topic, "column %s is NULL; a key is required (router.require_key) so that the events of an aggregate stay in order", r.cfg.KeyColumn)
-	case key.null && r.cfg.KeyEncoding == "json":
+	case key.null && r.cfg.KeyEncoding == config.KeyEncodingJSON:
 		rec.Key = []byte("null") // JsonConverter serialized a null of an optional schema so
-	case key.null && r.cfg.KeyEncoding == "json_schema":
+	case key.null && r.cfg.KeyEncoding == config.KeyEncodingJSONSchema:
 		rec.Key = r.appendJSONSchemaKey(nil, key)
 	case key.null:
-	case r.cfg.KeyEncoding == "json":
+	case r.cfg.KeyEncoding == config.KeyEncodingJSON:
 		rec.Key = appendJSONKey(nil, key)
-	case r.cfg.KeyEncoding == "json_schema":
+	case r.cfg.KeyEncoding == config.KeyEncodingJSONSchema:
 		rec.Key = r.appendJSONSchemaKey(nil, key)
 	default:
 		rec.Key = key.data
@@ -437,9 +437,9 @@ func (r *Router) build(rec *Record, lsn wal.LSN, source string, commitTime time.
 		c := cells[nFixed+i]
 		switch {
 		case c.missing:
-		case f.Placement == "header":
+		case f.Placement == config.PlacementHeader:
 			rec.Headers = append(rec.Headers, Header{Key: alias(f), Value: headerValue(c)})
-		case f.Placement == "partition" && !c.null:
+		case f.Placement == config.PlacementPartition && !c.null:
 			p, err := strconv.ParseInt(string(c.data), 10, 32)
 			if err != nil || p < 0 {
 				return fail(rec.Topic, "column %s placed as partition holds %q, not a partition number", f.Column, c.data)
@@ -481,7 +481,7 @@ func (r *Router) envelopeOf(payload cell) []byte {
 	b.WriteString(`{"payload":`)
 	writeJSON(&b, payload, r.cfg.ExpandJSONPayload)
 	for i, f := range r.cfg.AdditionalFields {
-		if f.Placement != "envelope" || r.cells[nFixed+i].missing {
+		if f.Placement != config.PlacementEnvelope || r.cells[nFixed+i].missing {
 			continue
 		}
 		b.WriteByte(',')

@@ -242,7 +242,7 @@ func newProducer(cfg config.Kafka, m *Metrics, log *slog.Logger, first ...kgo.Op
 				"topic", topic, "partition", partition)
 		}),
 	)
-	if cfg.TopicCreation == "broker" {
+	if cfg.TopicCreation == config.TopicCreationBroker {
 		opts = append(opts, kgo.AllowAutoTopicCreation())
 	}
 	tlsCfg, err := cfg.TLS.Config()
@@ -386,15 +386,15 @@ func saslMechanism(cfg config.SASL) sasl.Mechanism {
 	return nil
 }
 
-func codec(name string) kgo.CompressionCodec {
-	switch name {
-	case "gzip":
+func codec(c config.Compression) kgo.CompressionCodec {
+	switch c {
+	case config.CompressionGzip:
 		return kgo.GzipCompression()
-	case "snappy":
+	case config.CompressionSnappy:
 		return kgo.SnappyCompression()
-	case "lz4":
+	case config.CompressionLZ4:
 		return kgo.Lz4Compression()
-	case "zstd":
+	case config.CompressionZstd:
 		return kgo.ZstdCompression()
 	}
 	return kgo.NoCompression()
@@ -438,7 +438,7 @@ func (p *Producer) Warm(ctx context.Context) error {
 // The lookup, the creation and the wait for leaders together take at most
 // kafka.delivery_timeout, as a record's delivery does.
 func (p *Producer) EnsureTopic(ctx context.Context, topic string) error {
-	if _, ok := p.known[topic]; ok || p.cfg.TopicCreation != "admin" {
+	if _, ok := p.known[topic]; ok || p.cfg.TopicCreation != config.TopicCreationAdmin {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.DeliveryTimeout)

@@ -287,7 +287,7 @@ func (p *Producer) EnsurePositionsTopic(ctx context.Context) error {
 		p.known[topic] = len(d.Partitions)
 		return nil
 	}
-	if p.cfg.TopicCreation != "admin" {
+	if p.cfg.TopicCreation != config.TopicCreationAdmin {
 		return fmt.Errorf("the positions topic %q does not exist; create it with cleanup.policy=compact (one partition is enough), "+
 			"or set kafka.topic_creation: admin", topic)
 	}

@@ -209,7 +209,7 @@ func TestWatchStartsItsClockWhenCalled(t *testing.T) {
 func TestStallNamesMissingTopic(t *testing.T) {
 	c := newCluster(t, 1)
 	const timeout = 2 * time.Second
-	p, ctx := newProducer(t, c, func(cfg *config.Kafka) { cfg.DeliveryTimeout = timeout; cfg.TopicCreation = "broker" })
+	p, ctx := newProducer(t, c, func(cfg *config.Kafka) { cfg.DeliveryTimeout = timeout; cfg.TopicCreation = config.TopicCreationBroker })
 	acked := make(chan error, 1)
 	rec := &router.Record{Topic: "nowhere-events", Key: []byte("k"), Value: []byte("v"), EventID: "e", Partition: -1}
 	if err := p.Produce(ctx, rec, func(err error) { acked <- err }); err != nil {
@@ -241,7 +241,7 @@ func TestWatchSeesAPartitionStoppedAlone(t *testing.T) {
 	}
 	t.Cleanup(c.Close)
 	const timeout = time.Second
-	p, ctx := newProducer(t, c, func(cfg *config.Kafka) { cfg.DeliveryTimeout = timeout; cfg.TopicCreation = "broker" })
+	p, ctx := newProducer(t, c, func(cfg *config.Kafka) { cfg.DeliveryTimeout = timeout; cfg.TopicCreation = config.TopicCreationBroker })
 	var acked atomic.Bool
 	handed := time.Now()
 	stuck := &router.Record{Topic: "nowhere-events", Key: []byte("k"), Value: []byte("v"), EventID: "stuck", Partition: -1}

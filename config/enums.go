@@ -1,0 +1,144 @@
+package config
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Settings with a fixed set of values are string types with a constant for
+// each value. YAML and OUTBOXD_* variables set them as plain strings;
+// Validate checks them all in one place, validateEnums, so that a value
+// outside the set is refused before any component sees it.
+
+// TopicCreation is kafka.topic_creation: who creates a missing topic.
+type TopicCreation string
+
+const (
+	TopicCreationAdmin  TopicCreation = "admin"  // outboxd, with the admin API
+	TopicCreationBroker TopicCreation = "broker" // the broker's auto.create.topics.enable
+)
+
+// Compression is kafka.compression, the codec of produced batches.
+type Compression string
+
+const (
+	CompressionNone   Compression = "none"
+	CompressionGzip   Compression = "gzip"
+	CompressionSnappy Compression = "snappy"
+	CompressionLZ4    Compression = "lz4"
+	CompressionZstd   Compression = "zstd"
+)
+
+// Delivery is kafka.delivery, the delivery guarantee.
+type Delivery string
+
+const (
+	AtLeastOnce Delivery = "at_least_once"
+	ExactlyOnce Delivery = "exactly_once"
+)
+
+// Placement is where an additional field goes (router.additional_fields).
+type Placement string
+
+const (
+	PlacementHeader    Placement = "header"
+	PlacementEnvelope  Placement = "envelope"
+	PlacementPartition Placement = "partition"
+)
+
+// AdditionalMissing is router.additional_missing: what a placed column
+// absent from the table does.
+type AdditionalMissing string
+
+const (
+	AdditionalMissingError  AdditionalMissing = "error"  // the table is refused
+	AdditionalMissingIgnore AdditionalMissing = "ignore" // the field is left out
+)
+
+// KeyEncoding is router.key_encoding, the form of the record key.
+type KeyEncoding string
+
+const (
+	KeyEncodingRaw        KeyEncoding = "raw"         // the key column's bytes
+	KeyEncodingJSON       KeyEncoding = "json"        // JsonConverter, schemas off
+	KeyEncodingJSONSchema KeyEncoding = "json_schema" // JsonConverter, schemas on
+)
+
+// OnUpdate is router.on_update: what an UPDATE of an outbox row does.
+type OnUpdate string
+
+const (
+	OnUpdateIgnore OnUpdate = "ignore"
+	OnUpdateWarn   OnUpdate = "warn"
+	OnUpdateError  OnUpdate = "error" // outboxd stops
+)
+
+// PoisonPolicy is router.poison.policy: what a row that cannot be routed
+// does.
+type PoisonPolicy string
+
+const (
+	PoisonHalt PoisonPolicy = "halt" // outboxd stops at the row
+	PoisonDLQ  PoisonPolicy = "dlq"  // the row goes to router.poison.dlq_topic
+)
+
+// LogLevel is log.level.
+type LogLevel string
+
+const (
+	LogDebug LogLevel = "debug"
+	LogInfo  LogLevel = "info"
+	LogWarn  LogLevel = "warn"
+	LogError LogLevel = "error"
+)
+
+// LogFormat is log.format.
+type LogFormat string
+
+const (
+	LogText LogFormat = "text"
+	LogJSON LogFormat = "json"
+)
+
+// validateEnums checks every setting with a fixed set of values.
+func (c Config) validateEnums() []error {
+	errs := []error{
+		oneOf("kafka.topic_creation", c.Kafka.TopicCreation, TopicCreationAdmin, TopicCreationBroker),
+		oneOf("kafka.compression", c.Kafka.Compression, CompressionNone, CompressionGzip, CompressionSnappy, CompressionLZ4, CompressionZstd),
+		oneOf("kafka.delivery", c.Kafka.Delivery, AtLeastOnce, ExactlyOnce),
+		oneOf("router.additional_missing", c.Router.AdditionalMissing, AdditionalMissingError, AdditionalMissingIgnore),
+		oneOf("router.key_encoding", c.Router.KeyEncoding, KeyEncodingRaw, KeyEncodingJSON, KeyEncodingJSONSchema),
+		oneOf("router.on_update", c.Router.OnUpdate, OnUpdateIgnore, OnUpdateWarn, OnUpdateError),
+		oneOf("router.poison.policy", c.Router.Poison.Policy, PoisonHalt, PoisonDLQ),
+		oneOf("log.level", c.Log.Level, LogDebug, LogInfo, LogWarn, LogError),
+		oneOf("log.format", c.Log.Format, LogText, LogJSON),
+	}
+	for i, f := range c.Router.AdditionalFields {
+		errs = append(errs, oneOf(fmt.Sprintf("router.additional_fields[%d].placement", i), f.Placement,
+			PlacementHeader, PlacementEnvelope, PlacementPartition))
+	}
+	out := errs[:0]
+	for _, err := range errs {
+		if err != nil {
+			out = append(out, err)
+		}
+	}
+	return out
+}
+
+// oneOf returns an error naming field and the allowed values unless v is one
+// of them.
+func oneOf[T ~string](field string, v T, allowed ...T) error {
+	names := make([]string, len(allowed))
+	for i, a := range allowed {
+		if v == a {
+			return nil
+		}
+		names[i] = string(a)
+	}
+	list := names[0]
+	if n := len(names); n > 1 {
+		list = strings.Join(names[:n-1], ", ") + " or " + names[n-1]
+	}
+	return fmt.Errorf("%s: %q must be %s", field, v, list)
+}
