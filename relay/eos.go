@@ -128,8 +128,8 @@ type eos struct {
 // startEOS initialises the transactional producer (fencing the previous
 // holder of the id, whose open transaction Kafka aborts), reads the last
 // committed position and confirms it.
-func (r *Relay) startEOS(ctx context.Context, p *pipeline) (*eos, error) {
-	e := &eos{r: r, producer: p.producer, tracker: p.tracker, fail: p.fail}
+func (r *Relay) startEOS(ctx context.Context, p *Pipeline, producer *sink.Producer) (*eos, error) {
+	e := &eos{r: r, producer: producer, tracker: p.tracker, fail: p.fail}
 	if err := e.producer.Init(ctx); err != nil {
 		return nil, err
 	}
@@ -159,8 +159,8 @@ func (r *Relay) startEOS(ctx context.Context, p *pipeline) (*eos, error) {
 
 // pipeEOS is pipe in exactly-once mode: besides the batches it wakes up to
 // commit a Kafka transaction that is due while nothing arrives.
-func (r *Relay) pipeEOS(ctx context.Context, batches <-chan []wal.Item, p *pipeline) (err error) {
-	e, err := r.startEOS(ctx, p)
+func (r *Relay) pipeEOS(ctx context.Context, batches <-chan []wal.Item, p *Pipeline, producer *sink.Producer) (err error) {
+	e, err := r.startEOS(ctx, p, producer)
 	if err != nil {
 		return err
 	}
@@ -180,7 +180,7 @@ func (r *Relay) pipeEOS(ctx context.Context, batches <-chan []wal.Item, p *pipel
 				return e.finish(ctx)
 			}
 			for _, item := range batch {
-				if err := p.handle(item); err != nil {
+				if err := p.Handle(item); err != nil {
 					return err
 				}
 			}

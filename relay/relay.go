@@ -1,12 +1,10 @@
 package relay
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"strings"
 	"time"
 
@@ -73,8 +71,9 @@ func (r *Relay) producer(start *Start) (*sink.Producer, error) {
 	return r.newProducer()
 }
 
-// Fatal reports errors that a pipeline restart cannot fix.
-func Fatal(err error) bool {
+// IsPermanent reports whether err is one that a pipeline restart cannot fix:
+// Run returns it instead of restarting.
+func IsPermanent(err error) bool {
 	var rowErr *router.RowError
 	var layoutErr *router.LayoutError
 	var decErr *wal.DecodeError
@@ -118,7 +117,7 @@ func (r *Relay) Run(ctx context.Context, start *Start) error {
 		err := r.runOnce(ctx, start)
 		start.Close() // only the first pipeline uses it, if it got that far
 		start = nil
-		if ctx.Err() != nil && (err == nil || !Fatal(err)) {
+		if ctx.Err() != nil && (err == nil || !IsPermanent(err)) {
 			if err != nil {
 				r.log.Warn("stopped after an error during shutdown; unconfirmed events will be sent again on restart", "err", err, "slot", r.cfg.Postgres.Slot)
 			}
@@ -141,7 +140,7 @@ func (r *Relay) Run(ctx context.Context, start *Start) error {
 		}
 		err = r.explain(err)
 		r.status.setError(err)
-		if Fatal(err) {
+		if IsPermanent(err) {
 			return err
 		}
 		if time.Since(started) > time.Minute {
@@ -483,235 +482,4 @@ func (r *Relay) inspectSlotOn(ctx context.Context, conn *pgx.Conn) (slotStart, e
 		return slotStart{}, err
 	}
 	return slotStart{confirmed: info.ConfirmedFlushLSN, outboxID: outboxID}, nil
-}
-
-// pipe consumes the stream's batches in order: it routes inserts and
-// messages and hands them to the producer, registering each with the tracker
-// first.
-func (r *Relay) pipe(ctx context.Context, batches <-chan []wal.Item, tracker *checkpoint.Tracker, producer *sink.Producer, fail context.CancelCauseFunc, outboxID uint32) error {
-	p := &pipeline{r: r, ctx: ctx, tracker: tracker, producer: producer, fail: fail,
-		tables:  newOutboxTables(r.cfg.Postgres, r.log, outboxID, r.router.SetBaseType),
-		inserts: r.m.changes.WithLabelValues("insert"), updates: r.m.changes.WithLabelValues("update"),
-		deletes: r.m.changes.WithLabelValues("delete"), messages: r.m.changes.WithLabelValues("message"), nontx: r.m.changes.WithLabelValues("message_nontransactional")}
-	defer p.tables.close()
-	if r.cfg.Kafka.ExactlyOnce() {
-		return r.pipeEOS(ctx, batches, p) // eos.go
-	}
-	for batch := range batches {
-		for _, item := range batch {
-			if err := p.handle(item); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
-
-// pipeline is the pipeline goroutine's state for one run.
-type pipeline struct {
-	r        *Relay
-	ctx      context.Context
-	tracker  *checkpoint.Tracker
-	producer *sink.Producer
-	fail     context.CancelCauseFunc
-	tables   *outboxTables
-	eos      *eos // exactly_once only (eos.go)
-
-	txn          *checkpoint.Txn
-	done         func(error) // the outcome of a record of txn
-	commitTime   time.Time
-	warnedUpdate bool
-	warnedNontx  bool
-	rec          router.Record // each insert's record: the producer keeps none of it
-
-	inserts, updates, deletes, messages, nontx prometheus.Counter
-}
-
-func (p *pipeline) handle(item wal.Item) error {
-	rcfg := p.r.cfg.Router
-	if p.eos != nil && p.eos.skipping {
-		return p.eos.skip(item) // in Kafka before this run
-	}
-	switch m := item.(type) {
-	case *wal.Begin:
-		if !m.SentTime.IsZero() {
-			p.r.m.commitToSend.Observe(max(m.SentTime.Sub(m.CommitTime), 0).Seconds())
-		}
-		if p.eos != nil {
-			if skip, err := p.eos.begin(p.ctx, m); skip || err != nil {
-				return err
-			}
-		}
-		// Transactions wait for confirmation behind the oldest: cap them as
-		// records are capped, or a partition that does not move while the
-		// others acknowledge would grow the queue without bound.
-		if err := p.tracker.WaitRoom(p.ctx, p.r.cfg.Kafka.MaxBufferedRecords); err != nil {
-			return err
-		}
-		txn, fail := p.tracker.BeginAt(m.CommitTime), p.fail
-		p.txn, p.commitTime = txn, m.CommitTime
-		if p.eos != nil {
-			p.eos.hold(txn)
-		}
-		// One callback per transaction, not per record.
-		p.done = func(err error) {
-			if err != nil {
-				fail(err)
-				return
-			}
-			txn.Ack()
-		}
-	case *wal.Change:
-		if ours, err := p.tables.has(p.ctx, m.Relation); !ours || err != nil {
-			return err // nil: another table in a shared publication
-		}
-		switch m.Op {
-		case wal.Insert:
-			p.inserts.Inc()
-			err := p.r.router.RouteInto(m, &p.rec)
-			return p.deliver(&p.rec, err, m.LSN, m.Relation.QualifiedName)
-		case wal.Update:
-			p.updates.Inc()
-			switch {
-			case rcfg.OnUpdate == "error":
-				return wal.Errorf(errUpdate, "UPDATE of an outbox row at LSN %s (xid %d) and router.on_update is error; outbox rows must only be inserted. "+
-					"To move past it, set router.on_update: warn or ignore and restart", m.LSN, m.XID)
-			case rcfg.OnUpdate == "warn" && !p.warnedUpdate:
-				p.warnedUpdate = true
-				p.r.log.Warn("UPDATE on the outbox table is not delivered; outbox rows should only be inserted (counted in outboxd_wal_changes_total{op=\"update\"})",
-					"lsn", m.LSN.String(), "xid", m.XID)
-			}
-		case wal.Delete:
-			p.deletes.Inc() // insert-then-delete keeps the table empty; the insert was delivered
-		}
-	case *wal.Message:
-		if rcfg.Messages.Prefix == "" || m.Prefix != rcfg.Messages.Prefix {
-			return nil // not an outbox event
-		}
-		if !m.Transactional {
-			// Emitted whether or not its transaction commits: not an
-			// outbox event, but most likely a mistake to point out.
-			if !p.warnedNontx {
-				p.warnedNontx = true
-				p.r.log.Warn("a non-transactional logical message with the outbox prefix is not delivered; write events with pg_logical_emit_message(true, ...) so that they are sent only if their transaction commits (counted in outboxd_wal_changes_total{op=\"message_nontransactional\"})",
-					"lsn", m.LSN.String(), "prefix", m.Prefix)
-			}
-			p.nontx.Inc()
-			return nil
-		}
-		p.messages.Inc()
-		rec, err := p.r.router.RouteMessage(m, p.commitTime)
-		return p.deliver(rec, err, m.LSN, func() string { return "message " + m.Prefix })
-	case *wal.Commit:
-		txn := p.txn
-		txn.Commit(m.EndLSN)
-		p.txn, p.done = nil, nil
-		p.r.m.transactions.Inc()
-		if p.eos != nil {
-			return p.eos.committed(p.ctx, txn, m.EndLSN)
-		}
-	case wal.Keepalive:
-		p.tracker.Idle(m.WALEnd)
-	}
-	return nil
-}
-
-// errUpdate marks an UPDATE refused by router.on_update: error.
-var errUpdate = errors.New("update on the outbox table")
-
-// deliver produces a routed record, or applies the poison policy to a row
-// that could not be routed (routeErr) or produced. source names where the row
-// came from, for errors only.
-func (p *pipeline) deliver(rec *router.Record, routeErr error, lsn wal.LSN, source func() string) error {
-	if p.eos != nil {
-		if skip, err := p.eos.row(p.ctx, rec); skip || err != nil {
-			return err
-		}
-	}
-	routed := routeErr == nil
-	if routed {
-		if routeErr = produce(p.ctx, p.txn, rec, p.producer, p.done); routeErr == nil {
-			return nil
-		}
-	}
-	var poison *router.RowError
-	if !errors.As(routeErr, &poison) {
-		return routeErr
-	}
-	if poison.LSN == 0 {
-		poison.LSN, poison.Table = lsn, source()
-	}
-	if routed && poison.Headers == nil {
-		// Refused by the producer: the routed record's headers, copied, as
-		// rec and the buffers behind it are reused for the next row.
-		poison.Headers = make([]router.Header, len(rec.Headers))
-		for i, h := range rec.Headers {
-			poison.Headers[i] = router.Header{Key: h.Key, Value: bytes.Clone(h.Value)}
-		}
-		poison.Key, poison.Value = bytes.Clone(poison.Key), bytes.Clone(poison.Value)
-	}
-	r := p.r
-	if r.cfg.Router.Poison.Policy != "dlq" {
-		return fmt.Errorf("%w. outboxd stopped without confirming past it. To move past it deliberately, set router.poison.policy: dlq "+
-			"(and router.poison.dlq_topic) and restart: the row goes to the dead-letter topic and streaming continues", poison)
-	}
-	r.m.deadLettered.Inc()
-	r.log.Warn("outbox row sent to the dead-letter topic", "event_id", poison.EventID, "lsn", lsn.String(), "topic", r.cfg.Router.Poison.DLQTopic, "reason", poison.Reason)
-	return produce(p.ctx, p.txn, r.deadLetter(poison), p.producer, p.done)
-}
-
-// deadLetter builds the dead-letter record for a poison row: its key and
-// payload as they were (the payload is dropped if it alone is too large),
-// its id and event type headers, and headers saying why and where from.
-func (r *Relay) deadLetter(p *router.RowError) *router.Record {
-	// A dead letter must fit where the original did not: it keeps the
-	// original's headers and payload within half of max_message_bytes,
-	// and says what it dropped.
-	limit := r.cfg.Kafka.MaxMessageBytes / 2
-	headers := p.Headers
-	size := len(p.Key)
-	for _, h := range headers {
-		size += len(h.Key) + len(h.Value)
-	}
-	var dropped []router.Header
-	if headers == nil || size > limit {
-		if headers != nil {
-			dropped = append(dropped, router.Header{Key: "outboxd.headers.dropped", Value: []byte(fmt.Sprintf(
-				"%d headers of %d bytes: a dead letter keeps headers and payload within half of kafka.max_message_bytes (%d); the id and event type are kept",
-				len(headers), size-len(p.Key), limit))})
-		}
-		// So that the row can be replayed as it was: its id and event type.
-		headers = []router.Header{{Key: r.cfg.Router.IDHeader, Value: []byte(p.EventID)}}
-		if p.EventType != "" {
-			headers = append(headers, router.Header{Key: r.cfg.Router.EventTypeHeader, Value: []byte(p.EventType)})
-		}
-		size = len(p.Key) + len(r.cfg.Router.IDHeader) + len(p.EventID) + len(r.cfg.Router.EventTypeHeader) + len(p.EventType)
-	}
-	value := p.Value
-	if len(value)+size > limit {
-		value = nil
-		dropped = append(dropped, router.Header{Key: "outboxd.payload.dropped", Value: []byte(fmt.Sprintf(
-			"%d bytes: a dead letter keeps the payload only within half of kafka.max_message_bytes (%d); the outbox row, or the application, has it",
-			len(p.Value), limit))})
-	}
-	rec := &router.Record{Topic: r.cfg.Router.Poison.DLQTopic, Key: p.Key, Value: value, EventID: p.EventID, Partition: -1}
-	rec.Headers = append(slices.Clip(headers),
-		router.Header{Key: "outboxd.error.reason", Value: []byte(p.Reason)},
-		router.Header{Key: "outboxd.source.lsn", Value: []byte(p.LSN.String())},
-		router.Header{Key: "outboxd.source.table", Value: []byte(p.Table)},
-		router.Header{Key: "outboxd.intended.topic", Value: []byte(p.Topic)},
-	)
-	rec.Headers = append(rec.Headers, dropped...)
-	return rec
-}
-
-// produce registers rec with txn and hands it to the producer; done is
-// txn's callback (fails the run, or acknowledges one record of txn).
-func produce(ctx context.Context, txn *checkpoint.Txn, rec *router.Record, producer *sink.Producer, done func(error)) error {
-	txn.Add()
-	err := producer.Produce(ctx, rec, done)
-	if err != nil {
-		txn.Ack() // never handed over: nothing to wait for, and the run stops or dead-letters it
-	}
-	return err
 }

@@ -19,44 +19,63 @@ import (
 
 	"github.com/outboxd/outboxd/checkpoint"
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/relay"
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/sink"
+	"github.com/outboxd/outboxd/wal"
 )
 
-// The sink's fault tests drive sink.Producer and checkpoint.Tracker the way
-// the relay does (Begin, Add, Produce, Commit; a failed record ends the run,
-// and the next run starts from the confirmed position) against franz-go's
-// in-process kfake, whose ControlKey injects broker errors. After every run
-// they check the ack rule: nothing at or below the confirmed position is
-// undelivered. At the end they read the topic back and check that every
-// event arrived and that first deliveries of each key follow commit order.
+// The sink's fault tests run the relay's pipeline (relay.Pipeline: routing,
+// the tracker's Begin, Add and Commit, a failed record ending the run) on a
+// real sink.Producer against franz-go's in-process kfake, whose ControlKey
+// injects broker errors; each run starts from the position the previous one
+// confirmed, as the relay's restarts do. After every run they check the ack
+// rule: nothing at or below the confirmed position is undelivered. At the
+// end they read the topic back and check that every event arrived and that
+// first deliveries of each key follow commit order.
 
+// topic is where the workload's rows go: route_by value "orders", through
+// the default topic template ${routedByValue}-events.
 const topic = "orders-events"
 
+// outboxRel is the default outbox table, with built-in column types.
+var outboxRel = &wal.Relation{ID: 16400, Namespace: "public", Name: "outbox", Columns: []wal.Column{
+	{Name: "id", TypeOID: 25, Key: true}, // text
+	{Name: "aggregate_type", TypeOID: 25},
+	{Name: "aggregate_id", TypeOID: 25},
+	{Name: "event_type", TypeOID: 25},
+	{Name: "payload", TypeOID: 3802}, // jsonb
+}}
+
 type fakeTxn struct {
-	lsn  checkpoint.LSN
-	recs []*router.Record
-	seqs []int
+	lsn   checkpoint.LSN // the commit's end LSN
+	items []wal.Item     // Begin, the inserts, Commit
+	ids   []string
+	seqs  []int
 }
 
-// workload is n transactions of 1..5 records over 20 keys.
+// workload is n transactions of 1..5 outbox rows over 20 keys.
 func workload(n int) []fakeTxn {
 	seq := map[string]int{}
 	txns := make([]fakeTxn, n)
 	id := 0
+	text := func(s string) wal.Datum { return wal.Datum{Kind: wal.DatumText, Data: []byte(s)} }
 	for i := range txns {
-		txns[i].lsn = checkpoint.LSN(100 * (i + 1))
+		tx := &txns[i]
+		tx.lsn = checkpoint.LSN(100 * (i + 1))
+		commitTime := time.Now()
+		tx.items = append(tx.items, &wal.Begin{XID: uint32(i + 1), FinalLSN: tx.lsn - 10, CommitTime: commitTime})
 		for j := range 1 + (i*7)%5 {
 			key := fmt.Sprintf("k%02d", (i*3+j*11)%20)
 			seq[key]++
 			id++
-			txns[i].recs = append(txns[i].recs, &router.Record{
-				Topic: topic, Key: []byte(key), Value: []byte(fmt.Sprintf(`{"seq": %d}`, seq[key])),
-				Headers: []router.Header{{Key: "id", Value: []byte(fmt.Sprint(id))}},
-				EventID: fmt.Sprint(id), Partition: -1,
-			})
-			txns[i].seqs = append(txns[i].seqs, seq[key])
+			tx.items = append(tx.items, &wal.Change{Op: wal.Insert, XID: uint32(i + 1), LSN: tx.lsn - 50 + checkpoint.LSN(j), CommitTime: commitTime,
+				Relation: outboxRel, Tuple: []wal.Datum{text(fmt.Sprint(id)), text("orders"), text(key), text("OrderChanged"),
+					text(fmt.Sprintf(`{"seq": %d}`, seq[key]))}})
+			tx.ids = append(tx.ids, fmt.Sprint(id))
+			tx.seqs = append(tx.seqs, seq[key])
 		}
+		tx.items = append(tx.items, &wal.Commit{XID: uint32(i + 1), CommitLSN: tx.lsn - 10, EndLSN: tx.lsn, CommitTime: commitTime})
 	}
 	return txns
 }
@@ -142,23 +161,60 @@ type outcome struct {
 	failures         []string
 }
 
-// runRelay streams txns through fresh Producers until every transaction is
-// confirmed, at most maxRuns times.
+// watched is the relay.Producer the pipeline runs on: a sink.Producer whose
+// outcomes are noted before the pipeline's callback gets them.
+type watched struct {
+	t     *testing.T
+	p     *sink.Producer
+	wg    *sync.WaitGroup
+	mu    *sync.Mutex
+	acked map[string]bool
+}
+
+func (w watched) Produce(ctx context.Context, rec *router.Record, done func(error)) error {
+	id := strings.Clone(rec.EventID)
+	w.wg.Add(1)
+	err := w.p.Produce(ctx, rec, func(err error) {
+		defer w.wg.Done()
+		if err != nil {
+			var de *sink.DeliveryError
+			if !errors.As(err, &de) || de.EventID != id {
+				w.t.Errorf("record %s failed with %v, want a *sink.DeliveryError naming it", id, err)
+			}
+		} else {
+			w.mu.Lock()
+			w.acked[id] = true
+			w.mu.Unlock()
+		}
+		done(err)
+	})
+	if err != nil {
+		w.wg.Done()
+	}
+	return err
+}
+
+// runRelay streams txns through the relay's pipeline on fresh Producers
+// until every transaction is confirmed, at most maxRuns times.
 func runRelay(t *testing.T, c *kfake.Cluster, txns []fakeTxn, maxRuns int, tt faultCase) outcome {
 	t.Helper()
-	cfg := config.Default().Kafka
-	cfg.Brokers = c.ListenAddrs()
-	cfg.TopicPartitions = 3
-	cfg.TopicReplicationFactor = 1
-	cfg.MaxBufferedRecords = 50
+	cfg := config.Default()
+	cfg.Kafka.Brokers = c.ListenAddrs()
+	cfg.Kafka.TopicPartitions = 3
+	cfg.Kafka.TopicReplicationFactor = 1
+	cfg.Kafka.MaxBufferedRecords = 50
 	if tt.buffered > 0 {
-		cfg.MaxBufferedRecords = tt.buffered
+		cfg.Kafka.MaxBufferedRecords = tt.buffered
 	}
-	cfg.DeliveryTimeout = tt.deliveryTimeout
+	cfg.Kafka.DeliveryTimeout = tt.deliveryTimeout
 	quiet := &atomic.Bool{}
 	t.Cleanup(func() { quiet.Store(true) })
 	log := slog.New(slog.NewTextHandler(tWriter{t, quiet}, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	m := sink.NewMetrics(prometheus.NewRegistry())
+	r, err := relay.New(cfg, log, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	var mu sync.Mutex
 	acked := map[string]bool{}
@@ -170,7 +226,7 @@ func runRelay(t *testing.T, c *kfake.Cluster, txns []fakeTxn, maxRuns int, tt fa
 			t.Fatalf("not everything confirmed after %d runs (confirmed %d of %d); failures: %v", maxRuns, confirmed, last, out.failures)
 		}
 		out.runs++
-		p, err := sink.NewWithFirstOpts(cfg, m, log, tt.first...)
+		p, err := sink.NewWithFirstOpts(cfg.Kafka, m, log, tt.first...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -179,54 +235,36 @@ func runRelay(t *testing.T, c *kfake.Cluster, txns []fakeTxn, maxRuns int, tt fa
 		var wg sync.WaitGroup
 		// The stall watchdog, as the relay runs it: a run whose records
 		// see no acknowledgement for the delivery timeout ends.
-		watched := make(chan struct{})
+		watchdog := make(chan struct{})
 		go func() {
-			defer close(watched)
+			defer close(watchdog)
 			if err := p.Watch(run, nil); err != nil {
 				fail(err)
 			}
 		}()
-	produce:
-		for _, tx := range txns {
-			if tx.lsn <= confirmed {
-				continue
-			}
-			if tt.pace > 0 {
-				time.Sleep(tt.pace)
-			}
-			x := tracker.Begin()
-			for _, rec := range tx.recs {
-				// Stop handing over as soon as a failure is known (the
-				// strictest a pipeline can be; relay.pipe only stops when
-				// Produce sees its context done).
-				if run.Err() != nil {
-					break produce // the transaction stays uncommitted
+		// The stream's part: one batch per transaction after the confirmed
+		// position, until the run ends (a failure cancels it).
+		batches := make(chan []wal.Item, 8)
+		go func(from checkpoint.LSN) {
+			defer close(batches)
+			for _, tx := range txns {
+				if tx.lsn <= from {
+					continue
 				}
-				x.Add()
-				wg.Add(1)
-				err := p.Produce(run, rec, func(err error) {
-					defer wg.Done()
-					if err != nil {
-						var de *sink.DeliveryError
-						if !errors.As(err, &de) || de.EventID != rec.EventID {
-							t.Errorf("record %s failed with %v, want a *sink.DeliveryError naming it", rec.EventID, err)
-						}
-						fail(err)
-						return
-					}
-					mu.Lock()
-					acked[rec.EventID] = true
-					mu.Unlock()
-					x.Ack()
-				})
-				if err != nil {
-					wg.Done()
-					break produce
+				if tt.pace > 0 {
+					time.Sleep(tt.pace)
+				}
+				select {
+				case batches <- tx.items:
+				case <-run.Done():
+					return
 				}
 			}
-			x.Commit(tx.lsn)
-		}
-		if context.Cause(run) == nil {
+		}(confirmed)
+		pl := r.NewPipeline(run, tracker, watched{t: t, p: p, wg: &wg, mu: &mu, acked: acked}, fail, 0)
+		pipeErr := pl.Run(batches)
+		pl.Close()
+		if pipeErr == nil && context.Cause(run) == nil {
 			// Wait for the last acks (bounded by the delivery timeout).
 			ctx, cancel := context.WithTimeout(run, tt.deliveryTimeout+30*time.Second)
 			if err := tracker.WaitAcked(ctx); err != nil && context.Cause(run) == nil {
@@ -237,13 +275,17 @@ func runRelay(t *testing.T, c *kfake.Cluster, txns []fakeTxn, maxRuns int, tt fa
 		p.Close() // fails whatever is still buffered
 		wg.Wait()
 		cause := context.Cause(run)
-		fail(nil) // ends the watchdog of a run that did not fail
-		<-watched
+		if cause == nil {
+			cause = pipeErr
+		}
+		fail(nil) // ends the watchdog and the feeder of a run that did not fail
+		<-watchdog
+		for range batches { // what the feeder sent after the pipeline stopped
+		}
 		if cause != nil {
 			out.failedRuns++
 			out.failures = append(out.failures, cause.Error())
 		}
-		fail(nil)
 		// The ack rule: nothing at or below the confirmed position is undelivered.
 		got := tracker.Confirmed()
 		mu.Lock()
@@ -251,9 +293,9 @@ func runRelay(t *testing.T, c *kfake.Cluster, txns []fakeTxn, maxRuns int, tt fa
 			if tx.lsn > got {
 				break
 			}
-			for _, rec := range tx.recs {
-				if !acked[rec.EventID] {
-					t.Errorf("run %d confirmed LSN %d, past event %s (txn %d) that Kafka never acknowledged", out.runs, got, rec.EventID, tx.lsn)
+			for _, id := range tx.ids {
+				if !acked[id] {
+					t.Errorf("run %d confirmed LSN %d, past event %s (txn %d) that Kafka never acknowledged", out.runs, got, id, tx.lsn)
 				}
 			}
 		}
@@ -278,8 +320,8 @@ func verify(t *testing.T, c *kfake.Cluster, txns []fakeTxn) int {
 	defer cl.Close()
 	want := map[string]int{} // event id -> seq
 	for _, tx := range txns {
-		for i, rec := range tx.recs {
-			want[rec.EventID] = tx.seqs[i]
+		for i, id := range tx.ids {
+			want[id] = tx.seqs[i]
 		}
 	}
 	seen := map[string]int{}
