@@ -23,8 +23,9 @@ import (
 // on another goroutine. A record handed over in between starts a new batch
 // (after a local producer-epoch bump, with no round trip to wait for) and can
 // be written ahead of the rejected record, which the next run sends again:
-// the key's first deliveries are then out of commit order. Measured with kfake:
-// about one run in five under the race detector.
+// the key's first deliveries are then out of commit order.
+// TestProducerFailureKeepsKeyOrder widens that window on purpose ("reported
+// late").
 //
 // A watched connection breaks the fence while it still holds the response,
 // before franz-go can act on it. Every record handed over from then on is
