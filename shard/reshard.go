@@ -2,6 +2,7 @@ package shard
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 )
@@ -254,19 +255,13 @@ func steady(v View) (Action, error) {
 			counts[n] = true
 		}
 	}
-	others := []int{}
-	for n := range counts {
-		if n != v.Want {
-			others = append(others, n)
-		}
-	}
-	slices.Sort(others)
+	all := slices.Sorted(maps.Keys(counts))
+	others := slices.DeleteFunc(slices.Clone(all), func(n int) bool { return n == v.Want })
 	switch {
 	case len(others) == 0:
 		return Action{Kind: Stream, Shards: want}, nil
-	case len(others) > 1 || counts[v.Want]:
-		all := append(others, v.Want)
-		return Action{}, fmt.Errorf("slots of %q for several shard counts exist (%v of %d wanted) and the state table records no reshard; drop the ones no outboxd uses (after checking what reached Kafka)", v.Slot, all, v.Want)
+	case len(all) > 1:
+		return Action{}, fmt.Errorf("slots of %q for several shard counts (%v) exist and the state table records no reshard; drop the ones no outboxd uses (after checking what reached Kafka), keeping those of one count", v.Slot, all)
 	}
 	from := others[0]
 	old, err := layout(v, from)
