@@ -45,7 +45,7 @@ func TestCloseDuringALargeTransactionAppliesTheFinalStatus(t *testing.T) {
 
 	// The stream is read as fast as it comes, as the relay reads it.
 	run, stop := context.WithCancel(ctx)
-	items := make(chan []any, 8)
+	items := make(chan []wal.Item, 8)
 	runErr := make(chan error, 1)
 	go func() { defer close(items); runErr <- stream.Run(run, run, items) }()
 	ran := false // Run has returned: the connection is the test's again
@@ -152,7 +152,7 @@ func TestCloseOnAnIdleStreamEndsCleanly(t *testing.T) {
 			return 0, nil
 		}
 		run, stop := context.WithCancel(ctx)
-		items := make(chan []any, 8)
+		items := make(chan []wal.Item, 8)
 		runErr := make(chan error, 1)
 		go func() { defer close(items); runErr <- stream.Run(run, run, items) }()
 		time.Sleep(time.Duration(i%4) * time.Millisecond)
