@@ -673,7 +673,7 @@ func (r Router) validate() []error {
 			bad("topic_template", "%v", err)
 		}
 	} else if t := strings.ReplaceAll(r.TopicTemplate, "${routedByValue}", ""); strings.Contains(t, "$") {
-		bad("topic_template", "%q has a $ other than ${routedByValue}: a group reference, which needs router.topic_regex, or a literal $, which no Kafka topic name may contain", r.TopicTemplate)
+		bad("topic_template", "%q has a $ other than ${routedByValue}; a group reference needs router.topic_regex, and a topic name cannot hold a literal $", r.TopicTemplate)
 	}
 	for field, v := range map[string]string{
 		"route_by_column": r.RouteByColumn, "id_column": r.IDColumn, "key_column": r.KeyColumn,
@@ -738,10 +738,24 @@ func checkGroups(tmpl string, re *regexp.Regexp) error {
 			continue
 		}
 		if name == "" || re.SubexpIndex(name) < 0 {
-			return fmt.Errorf("%q refers to group %q, which router.topic_regex %q does not name; a reference runs on over letters, digits and _, so write ${1}_x for group 1 followed by _x, and name a group (?<routedByValue>...) for ${routedByValue}", tmpl, name, re)
+			return fmt.Errorf("%q refers to group %q, which router.topic_regex %q does not name; %s", tmpl, name, re, groupHint(name))
 		}
 	}
 	return nil
+}
+
+// groupHint says how to fix a template's reference to a group name the
+// regular expression lacks.
+func groupHint(name string) string {
+	digits := strings.TrimLeft(name, "0123456789")
+	switch {
+	case name == "routedByValue":
+		return "name a group (?<routedByValue>...) in it"
+	case digits != name && name != "":
+		// $1_x is group "1_x": a reference runs on over letters, digits and _.
+		return fmt.Sprintf("write ${%s}%s for a group number followed by %s", name[:len(name)-len(digits)], digits, digits)
+	}
+	return "name the group in it, or fix the reference"
 }
 
 func validPort(s string) bool {

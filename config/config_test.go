@@ -532,3 +532,19 @@ func TestValidateEnumValues(t *testing.T) {
 		}
 	}
 }
+
+// TestTopicTemplateGroupHints: a reference to a group the regular expression
+// lacks is refused with the fix for that reference.
+func TestTopicTemplateGroupHints(t *testing.T) {
+	for tmpl, want := range map[string]string{
+		"${routedByValue}-events": `router.topic_template: "${routedByValue}-events" refers to group "routedByValue", which router.topic_regex "(.*)" does not name; name a group (?<routedByValue>...) in it`,
+		"t.$1_v2":                 `router.topic_template: "t.$1_v2" refers to group "1_v2", which router.topic_regex "(.*)" does not name; write ${1}_v2 for a group number followed by _v2`,
+		"t.$region":               `router.topic_template: "t.$region" refers to group "region", which router.topic_regex "(.*)" does not name; name the group in it, or fix the reference`,
+	} {
+		cfg := config.Default()
+		cfg.Router.TopicRegex, cfg.Router.TopicTemplate = "(.*)", tmpl
+		if err := cfg.Validate(); err == nil || err.Error() != want {
+			t.Errorf("Validate() = %v\nwant %s", err, want)
+		}
+	}
+}

@@ -233,14 +233,14 @@ func (r *Router) checkTypes(table string, typeOf func(field int) uint32) error {
 	if enc == config.KeyEncodingJSON || enc == config.KeyEncodingJSONSchema {
 		if name, ok := jsonKeyRefused[typeOf(fKey)]; ok {
 			return &LayoutError{Table: table, Reason: fmt.Sprintf(
-				"key column %s is %s, whose JSON form Kafka Connect's JsonConverter writes from Debezium's own representation, which router.key_encoding %s does not reproduce; use a text, uuid or integer key column, or key_encoding raw",
+				"key column %s is %s, which router.key_encoding %s cannot encode as Debezium would; use a text, uuid or integer key column, or key_encoding raw",
 				r.names[fKey], name, enc)}
 		}
 	}
 	if t := typeOf(fKey); enc == config.KeyEncodingJSONSchema && !jsonSchemaKeyTypes[t] {
 		return &LayoutError{Table: table, Reason: fmt.Sprintf(
-			"key column %s is of a type (OID %d) whose Connect schema outboxd does not reproduce for router.key_encoding json_schema; "+
-				"use a text, varchar, char, uuid, integer, boolean, json or jsonb key column, or key_encoding json or raw", r.names[fKey], t)}
+			"key column %s has a type (OID %d) without a Connect schema for router.key_encoding json_schema; "+
+				"use a text, uuid, integer, boolean or json key column, or key_encoding json or raw", r.names[fKey], t)}
 	}
 	return nil
 }

@@ -290,18 +290,17 @@ type StallError struct {
 }
 
 func (e *StallError) Error() string {
-	msg := fmt.Sprintf("Kafka acknowledged none of %d in-flight records for %s (kafka.delivery_timeout)", e.InFlight, e.For.Round(time.Second))
-	cause := "brokers down or unreachable?"
-	if e.Partial {
-		msg = fmt.Sprintf("Kafka has not acknowledged some records of the oldest unconfirmed transaction for %s (kafka.delivery_timeout), "+
-			"with no earlier record ahead of them (%d records in flight)", e.For.Round(time.Second), e.InFlight)
-		cause = "a partition without a leader, or without enough in-sync replicas?"
+	d := e.For.Round(time.Second)
+	switch {
+	case len(e.Missing) > 0:
+		// The missing topic is the cause, whether or not other records were acknowledged.
+		return fmt.Sprintf("Kafka has not acknowledged records for %s (kafka.delivery_timeout): the topic does not exist: %s; "+
+			"create it, enable the brokers' auto.create.topics.enable, or set kafka.topic_creation: admin", d, strings.Join(e.Missing, ", "))
+	case e.Partial:
+		return fmt.Sprintf("Kafka has not acknowledged the oldest unconfirmed transaction for %s (kafka.delivery_timeout; %d records in flight); "+
+			"a partition without a leader, or without enough in-sync replicas?", d, e.InFlight)
 	}
-	if len(e.Missing) > 0 {
-		return msg + "; the topic does not exist: " + strings.Join(e.Missing, ", ") +
-			"; create it, enable the broker's auto.create.topics.enable, or set kafka.topic_creation: admin"
-	}
-	return msg + "; " + cause
+	return fmt.Sprintf("Kafka acknowledged none of %d in-flight records for %s (kafka.delivery_timeout); brokers down or unreachable?", e.InFlight, d)
 }
 
 // Watch returns a *StallError when records have been in flight without any
@@ -464,8 +463,8 @@ func (p *Producer) EnsureTopic(ctx context.Context, topic string) error {
 				topic, strings.Join(p.cfg.Brokers, ","), p.cfg.DeliveryTimeout, err)
 		case errors.Is(err, kerr.InvalidReplicationFactor):
 			// A broker restarting or down: the pipeline restarts until it is back.
-			return fmt.Errorf("creating topic %q (%d partitions, replication factor %d): %w; fewer brokers are up than kafka.topic_replication_factor: "+
-				"outboxd tries again until enough are back; if the cluster has fewer brokers, lower the setting",
+			return fmt.Errorf("creating topic %q (%d partitions, replication factor %d): %w; fewer brokers are up than kafka.topic_replication_factor; "+
+				"outboxd retries, or lower the setting",
 				topic, p.cfg.TopicPartitions, p.cfg.TopicReplicationFactor, err)
 		default:
 			return fmt.Errorf("creating topic %q (%d partitions, replication factor %d): %w; create it by hand or fix the broker's permissions",

@@ -99,8 +99,8 @@ type FencedError struct {
 }
 
 func (e *FencedError) Error() string {
-	return fmt.Sprintf("another outboxd took over: Kafka fenced transactional id %q (%v); this instance wrote nothing more that a read_committed "+
-		"consumer sees, and confirmed nothing past its last committed transaction", e.TransactionalID, e.Err)
+	return fmt.Sprintf("another outboxd took over: Kafka fenced transactional id %q (%v); nothing past this instance's last committed transaction is visible or confirmed",
+		e.TransactionalID, e.Err)
 }
 
 func (e *FencedError) Unwrap() error { return e.Err }
