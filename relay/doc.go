@@ -5,19 +5,27 @@
 // Goroutines and ownership, for one pipeline run:
 //
 //   - the stream goroutine owns the replication connection: it receives,
-//     decodes, sends standby status and hands typed messages to a bounded
+//     decodes, sends standby status and hands wal.Items to a bounded
 //     channel;
-//   - the pipeline goroutine consumes that channel in order, routes inserts
-//     and hands records to the producer, registering each with the tracker
-//     first;
+//   - the pipeline goroutine (a Pipeline) consumes that channel in order,
+//     routes inserts and hands records to the producer, registering each
+//     with the tracker first;
 //   - franz-go's goroutines call each record's done function, which acks the
-//     tracker or, on failure, cancels the run with the error.
+//     tracker or, on failure, cancels the run with the error;
+//   - the stall watchdog (sink.Producer.Watch) ends a run whose records see
+//     no acknowledgement for kafka.delivery_timeout.
+//
+// A run goes through four stages, connect, start, stream and drain
+// (run.go; DESIGN.md gives each stage's shutdown rules). The Pipeline takes
+// its producer as the small Producer interface, so its routing, delivery
+// and dead-letter paths are tested without Kafka.
 //
 // Run supervises runs: a failed run is torn down (the producer is closed, the
 // last safe position is reported) and a new one starts from the slot's
 // confirmed position after a backoff. Errors that a restart cannot fix (a
 // row that cannot be routed, an invalidated or dropped slot, a dropped
-// publication, a decoding failure) end Run with the error.
+// publication, a decoding failure; IsPermanent tells them) end Run with the
+// error.
 //
 // Check runs the start-up checks and returns what it opened for the first
 // pipeline (its Postgres connection, the replication connection and the
