@@ -27,15 +27,21 @@
 //     publications publish inserts only (Publish explains why).
 //  3. Route logical-decoding messages, which no publication filters, with
 //     MessageOwner: each shard delivers only its own.
-//  4. Drive start-up and resharding with Next: observe (the state table of
-//     StateTableSQL, the slots, the publications), perform the Action, and
-//     observe again, until Next says Stream. Each Action is idempotent and
-//     may be cut short by a kill; Next resumes or rolls back from whatever
-//     is left.
+//  4. Drive start-up and resharding with Next: observe (the row of the
+//     state table of StateTableSQL, the slots, the publications), perform
+//     the Action, and observe again, until Next says Stream. Each Action is
+//     idempotent and may be cut short by a kill; Next resumes or rolls back
+//     from whatever is left. Two instances may run the loop at once (an HA
+//     pair): write the row's phase only from the phase Next saw (UPDATE ...
+//     WHERE phase = ...), treat "already exists" and "does not exist" from
+//     a create or drop as done, and observe again after any error.
 //  5. Run an old shard during a reshard with the Action's Window: deliver a
-//     transaction only if Window.Delivers its end LSN, stop at the first one
-//     Window.Past, confirm Window.Confirm of what the ack rule allows, and
-//     report done when Window.Done.
+//     transaction only if Window.Delivers its end LSN; at the first one
+//     Window.Past, deliver nothing more and, once everything before it is
+//     acknowledged, confirm Window.Upto (that transaction proves the slot
+//     holds nothing else up to there, as a keepalive's WAL end does for an
+//     idle stream); never confirm beyond Window.Confirm; stop when
+//     Window.Done.
 //  6. Give each shard its own tracker, confirmations and, with exactly-once
 //     delivery, its own transactional id and position (the slot name
 //     differs per shard, so outboxd-<system id>-<slot> does).
