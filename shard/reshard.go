@@ -110,8 +110,13 @@ type Shard struct {
 
 // Action is the next step Next asks for.
 type Action struct {
-	Kind         Kind
-	Plan         Plan    // Begin: the row to insert
+	Kind Kind
+	// Plan is the row to insert for Begin; for every other action but
+	// Stream, the row as observed. Write the row only where it still equals
+	// Plan (UPDATE or DELETE ... WHERE phase = ... AND from_shards = ...
+	// AND to_shards = ...), and observe again when no row matched: another
+	// instance has moved on.
+	Plan         Plan
 	Shards       []Shard // Stream, Drain
 	Window       Window  // Drain
 	Cutover      LSN     // Cutover, Advance
@@ -146,6 +151,13 @@ type Action struct {
 //
 // Setting Want back to N before step 4 rolls the reshard back; after it,
 // only M is accepted.
+//
+// One instance at a time should run the loop: hold a session advisory lock
+// (pg_try_advisory_lock, keyed by the slot name) on a connection of its own
+// from the first Next to Stream; a killed holder's lock goes with its
+// connection. The conditional writes of the row (see Action.Plan) keep an
+// instance that lost the lock without knowing it from undoing another's
+// steps.
 func Next(v View) (Action, error) {
 	if v.Want < 1 || v.Want > Max {
 		return Action{}, fmt.Errorf("postgres.shards is %d; it must be between 1 and %d", v.Want, Max)
@@ -153,7 +165,16 @@ func Next(v View) (Action, error) {
 	if v.Plan == nil {
 		return steady(v)
 	}
-	p := *v.Plan
+	a, err := planned(v, *v.Plan)
+	if err != nil {
+		return Action{}, err
+	}
+	a.Plan = *v.Plan
+	return a, nil
+}
+
+// planned is Next with a recorded reshard p.
+func planned(v View, p Plan) (Action, error) {
 	if p.From < 1 || p.From > Max || p.To < 1 || p.To > Max || p.From == p.To {
 		return Action{}, fmt.Errorf("the recorded reshard from %d to %d shards is invalid; delete its row from the state table and check the slots by hand", p.From, p.To)
 	}
@@ -166,14 +187,14 @@ func Next(v View) (Action, error) {
 		return Action{}, err
 	}
 	if p.Phase == RollingBack {
-		return rollback(v, p, nu), nil
+		return rollback(v, nu), nil
 	}
 	if v.Want != p.To {
 		switch {
 		case p.Phase == Switched:
 			return Action{}, fmt.Errorf("a reshard from %d to %d shards is past its cutover and can only finish: set postgres.shards: %d", p.From, p.To, p.To)
 		case v.Want == p.From:
-			return rollback(v, p, nu), nil
+			return rollback(v, nu), nil
 		default:
 			return Action{}, fmt.Errorf("a reshard from %d to %d shards is in progress; set postgres.shards: %d to finish it, or %d to roll it back, before changing to %d", p.From, p.To, p.To, p.From, v.Want)
 		}
@@ -274,8 +295,8 @@ func steady(v View) (Action, error) {
 	return Action{Kind: Begin, Plan: Plan{From: from, To: v.Want, Phase: Creating}}, nil
 }
 
-func rollback(v View, p Plan, nu []Shard) Action {
-	return Action{Kind: Rollback, Plan: p, Slots: present(nu, slotMap(v.Slots)), Publications: presentPubs(v, nu)}
+func rollback(v View, nu []Shard) Action {
+	return Action{Kind: Rollback, Slots: present(nu, slotMap(v.Slots)), Publications: presentPubs(v, nu)}
 }
 
 // layout names the n shards of the configured bases.

@@ -157,7 +157,7 @@ func (c *cluster) run(a Action) error {
 		if err := c.step(); err != nil {
 			return err
 		}
-		if c.plan.Phase == Creating {
+		if *c.plan == a.Plan {
 			c.plan.Phase, c.plan.Cutover = Draining, a.Cutover
 		}
 	case Drain:
@@ -178,13 +178,16 @@ func (c *cluster) run(a Action) error {
 		if err := c.step(); err != nil {
 			return err
 		}
-		if c.plan.Phase == Draining {
+		if *c.plan == a.Plan {
 			c.plan.Phase = Switched
 		}
 	case DropOld, Rollback:
 		if a.Kind == Rollback {
 			if err := c.step(); err != nil {
 				return err
+			}
+			if *c.plan != a.Plan {
+				c.t.Fatalf("rolling back %+v, but the row is %+v", a.Plan, *c.plan)
 			}
 			c.plan.Phase = RollingBack
 		}
@@ -217,6 +220,9 @@ func (c *cluster) run(a Action) error {
 	case Finish:
 		if err := c.step(); err != nil {
 			return err
+		}
+		if *c.plan != a.Plan {
+			c.t.Fatalf("finishing %+v, but the row is %+v", a.Plan, *c.plan)
 		}
 		c.plan = nil
 	default:
@@ -399,30 +405,30 @@ func TestNext(t *testing.T) {
 		{name: "create what is missing",
 			v: View{Want: 2, Plan: &Plan{1, 2, Creating, 0}, Publications: []string{"outboxd", "outboxd_1of2"},
 				Slots: []Slot{slot("outboxd", 5, false), slot("outboxd_0of2", 7, false)}},
-			want: Action{Kind: Create, Publications: []string{"outboxd_0of2"}, Slots: []string{"outboxd_1of2"}}},
+			want: Action{Kind: Create, Plan: Plan{1, 2, Creating, 0}, Publications: []string{"outboxd_0of2"}, Slots: []string{"outboxd_1of2"}}},
 		{name: "cutover at the highest position",
 			v: View{Want: 2, Plan: &Plan{1, 2, Creating, 0}, Publications: []string{"outboxd_0of2", "outboxd_1of2"},
 				Slots: []Slot{slot("outboxd", 5, false), slot("outboxd_0of2", 9, false), slot("outboxd_1of2", 7, false)}},
-			want: Action{Kind: Cutover, Cutover: 9}},
+			want: Action{Kind: Cutover, Plan: Plan{1, 2, Creating, 0}, Cutover: 9}},
 		{name: "an old slot ahead of the new ones sets the cutover",
 			v: View{Want: 2, Plan: &Plan{1, 2, Creating, 0}, Publications: []string{"outboxd_0of2", "outboxd_1of2"},
 				Slots: []Slot{slot("outboxd", 12, false), slot("outboxd_0of2", 9, false), slot("outboxd_1of2", 7, false)}},
-			want: Action{Kind: Cutover, Cutover: 12}},
+			want: Action{Kind: Cutover, Plan: Plan{1, 2, Creating, 0}, Cutover: 12}},
 		{name: "no cutover while a slot is held",
 			v: View{Want: 2, Plan: &Plan{1, 2, Creating, 0}, Publications: []string{"outboxd_0of2", "outboxd_1of2"},
 				Slots: []Slot{slot("outboxd", 5, true), slot("outboxd_0of2", 9, false), slot("outboxd_1of2", 7, false)}},
-			want: Action{Kind: Wait, Reason: `slot "outboxd" is in use; the cutover is taken when no slot of the old or new shards is`}},
+			want: Action{Kind: Wait, Plan: Plan{1, 2, Creating, 0}, Reason: `slot "outboxd" is in use; the cutover is taken when no slot of the old or new shards is`}},
 		{name: "an old slot gone while creating",
 			v:   View{Want: 2, Plan: &Plan{1, 2, Creating, 0}},
 			err: "the old shards' slots outboxd are gone"},
 		{name: "drain the old shards short of the cutover",
 			v: View{Want: 1, Plan: &Plan{2, 1, Draining, 9},
 				Slots: []Slot{slot("outboxd", 9, false), slot("outboxd_0of2", 9, false), slot("outboxd_1of2", 4, false)}},
-			want: Action{Kind: Drain, Shards: []Shard{{1, 2, "outboxd_1of2", "outboxd_1of2"}}, Window: Window{Upto: 9}}},
+			want: Action{Kind: Drain, Plan: Plan{2, 1, Draining, 9}, Shards: []Shard{{1, 2, "outboxd_1of2", "outboxd_1of2"}}, Window: Window{Upto: 9}}},
 		{name: "switch when all confirmed",
 			v: View{Want: 1, Plan: &Plan{2, 1, Draining, 9},
 				Slots: []Slot{slot("outboxd", 9, false), slot("outboxd_0of2", 9, false), slot("outboxd_1of2", 9, false)}},
-			want: Action{Kind: Switch}},
+			want: Action{Kind: Switch, Plan: Plan{2, 1, Draining, 9}}},
 		{name: "a new slot gone while draining",
 			v: View{Want: 1, Plan: &Plan{2, 1, Draining, 9},
 				Slots: []Slot{slot("outboxd_0of2", 9, false), slot("outboxd_1of2", 9, false)}},
@@ -437,19 +443,19 @@ func TestNext(t *testing.T) {
 		{name: "drop the old shards, never an unsharded publication",
 			v: View{Want: 2, Plan: &Plan{1, 2, Switched, 9}, Publications: []string{"outboxd", "outboxd_0of2", "outboxd_1of2"},
 				Slots: []Slot{slot("outboxd", 9, true), slot("outboxd_0of2", 3, false), slot("outboxd_1of2", 9, false)}},
-			want: Action{Kind: DropOld, Slots: []string{"outboxd"}}},
+			want: Action{Kind: DropOld, Plan: Plan{1, 2, Switched, 9}, Slots: []string{"outboxd"}}},
 		{name: "drop old shard publications",
 			v: View{Want: 1, Plan: &Plan{2, 1, Switched, 9}, Publications: []string{"outboxd", "outboxd_0of2", "outboxd_1of2"},
 				Slots: []Slot{slot("outboxd", 9, false)}},
-			want: Action{Kind: DropOld, Publications: []string{"outboxd_0of2", "outboxd_1of2"}}},
+			want: Action{Kind: DropOld, Plan: Plan{2, 1, Switched, 9}, Publications: []string{"outboxd_0of2", "outboxd_1of2"}}},
 		{name: "advance the new slots behind the cutover",
 			v: View{Want: 2, Plan: &Plan{1, 2, Switched, 9},
 				Slots: []Slot{slot("outboxd_0of2", 3, false), slot("outboxd_1of2", 9, false)}},
-			want: Action{Kind: Advance, Slots: []string{"outboxd_0of2"}, Cutover: 9}},
+			want: Action{Kind: Advance, Plan: Plan{1, 2, Switched, 9}, Slots: []string{"outboxd_0of2"}, Cutover: 9}},
 		{name: "finish",
 			v: View{Want: 2, Plan: &Plan{1, 2, Switched, 9},
 				Slots: []Slot{slot("outboxd_0of2", 9, false), slot("outboxd_1of2", 9, false)}},
-			want: Action{Kind: Finish}},
+			want: Action{Kind: Finish, Plan: Plan{1, 2, Switched, 9}}},
 		{name: "a new slot gone after the switch",
 			v:   View{Want: 2, Plan: &Plan{1, 2, Switched, 9}, Slots: []Slot{slot("outboxd_0of2", 9, false)}},
 			err: "gone after the switch"},
