@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -109,8 +111,12 @@ func shardSet(t *testing.T, d *db, n int) (slots, pubs []string) {
 	return slots, pubs
 }
 
-// slotRow is an inserted outbox row as a slot delivers it.
-type slotRow struct{ id, key string }
+// slotRow is an inserted outbox row as a slot delivers it, with the end LSN
+// of its transaction.
+type slotRow struct {
+	id, key string
+	end     wal.LSN
+}
 
 // peekShard reads, without consuming, what slot holds through publication
 // pub: the inserted outbox rows, and the contents of the logical messages.
@@ -125,6 +131,7 @@ func peekShard(t *testing.T, d *db, slot, pub string) (rows []slotRow, messages 
 	}
 	defer res.Close()
 	dec := wal.NewDecoder()
+	open := 0 // rows of the transaction being read
 	for res.Next() {
 		var lsn string
 		var data []byte
@@ -144,7 +151,13 @@ func peekShard(t *testing.T, d *db, slot, pub string) (rows []slotRow, messages 
 				t.Errorf("slot %s (publication %s) delivered a change of kind %c of the outbox table; shard publications publish inserts only", slot, pub, m.Op)
 				continue
 			}
-			rows = append(rows, slotRow{string(m.Tuple[m.Relation.Index("id")].Data), string(m.Tuple[m.Relation.Index("aggregate_id")].Data)})
+			rows = append(rows, slotRow{id: string(m.Tuple[m.Relation.Index("id")].Data), key: string(m.Tuple[m.Relation.Index("aggregate_id")].Data)})
+			open++
+		case *wal.Commit:
+			for i := len(rows) - open; i < len(rows); i++ {
+				rows[i].end = m.EndLSN
+			}
+			open = 0
 		case *wal.Message:
 			messages = append(messages, string(m.Content))
 		}
@@ -325,4 +338,143 @@ func TestShardPublicationErrors(t *testing.T) {
 	}
 	// A varchar key column is fine.
 	d.exec(t, shard.PublicationSQL("vc_1of3", "public", "outbox", "vc", 1, 3))
+}
+
+// What resharding relies on, checked on Postgres itself while writers
+// write: new slots created at consistent points C_j, the cutover X the
+// highest of them and of the old slots' positions, the old shards
+// delivering the transactions ending at or before X (shard.Window), and the
+// new slots advanced to X delivering exactly those ending after it. Every
+// row is then delivered once, by the shard of its key.
+func TestShardCutoverSplitsTheStreamAtX(t *testing.T) {
+	for _, r := range [][2]int{{1, 2}, {4, 2}} {
+		t.Run(fmt.Sprintf("%d to %d", r[0], r[1]), func(t *testing.T) {
+			d := newDB(t)
+			if refusedBefore(t, d, shard.MinVersion, shard.PublicationSQL("outboxd_0of2", "public", "outbox", "aggregate_id", 0, 2)) {
+				return
+			}
+			ctx := context.Background()
+			oldSlots, oldPubs := shardSet(t, d, r[0])
+
+			// Writers: transactions of 1 to 3 rows over 50 keys.
+			type row struct{ id, key string }
+			var (
+				mu      sync.Mutex
+				written []row
+			)
+			stop := make(chan struct{})
+			errc := make(chan error, 1)
+			go func() {
+				errc <- func() error {
+					for i := 0; ; i++ {
+						select {
+						case <-stop:
+							return nil
+						default:
+						}
+						keys := make([]string, 1+i%3)
+						for j := range keys {
+							keys[j] = fmt.Sprintf("key-%d", rand.IntN(50))
+						}
+						rows, err := d.pool.Query(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type)
+							SELECT 'shard', k, 'Happened' FROM unnest($1::text[]) k RETURNING id::text, aggregate_id`, keys)
+						if err != nil {
+							return err
+						}
+						var id, key string
+						if _, err := pgx.ForEachRow(rows, []any{&id, &key}, func() error {
+							mu.Lock()
+							written = append(written, row{id, key})
+							mu.Unlock()
+							return nil
+						}); err != nil {
+							return err
+						}
+					}
+				}()
+			}()
+			stopped := false
+			stopWriters := func() {
+				if !stopped {
+					stopped = true
+					close(stop)
+					if err := <-errc; err != nil {
+						t.Fatalf("writer: %v", err)
+					}
+				}
+			}
+			defer stopWriters()
+			count := func() int { mu.Lock(); defer mu.Unlock(); return len(written) }
+			waitRows := func(n int) {
+				for count() < n {
+					select {
+					case err := <-errc:
+						stopped = true
+						t.Fatalf("writer stopped: %v", err)
+					case <-time.After(10 * time.Millisecond):
+					}
+				}
+			}
+
+			waitRows(200)
+			newSlots, newPubs := shardSet(t, d, r[1])
+			var x wal.LSN
+			for _, s := range append(append([]string{}, oldSlots...), newSlots...) {
+				var lsn string
+				if err := d.pool.QueryRow(ctx, `SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1`, s).Scan(&lsn); err != nil {
+					t.Fatal(err)
+				}
+				x = max(x, wal.LSN(parseLSN(t, lsn)))
+			}
+			waitRows(count() + 300)
+			stopWriters()
+
+			for _, s := range newSlots {
+				d.exec(t, `SELECT pg_replication_slot_advance($1, $2::pg_lsn)`, s, x.String())
+			}
+			got := map[string]string{} // id -> who delivered it
+			deliver := func(who string, r slotRow) {
+				if prev, dup := got[r.id]; dup {
+					t.Errorf("row %s (key %s, end %s) delivered by %s and %s; cutover %s", r.id, r.key, r.end, prev, who, x)
+				}
+				got[r.id] = who
+			}
+			w := shard.Window{Upto: x}
+			oldN, newN := 0, 0
+			for i, s := range oldSlots {
+				rows, _ := peekShard(t, d, s, oldPubs[i])
+				for _, r := range rows {
+					if w.Delivers(r.end) {
+						deliver(s, r)
+						oldN++
+					}
+				}
+			}
+			for i, s := range newSlots {
+				rows, _ := peekShard(t, d, s, newPubs[i])
+				for _, row := range rows {
+					if row.end <= x {
+						t.Errorf("slot %s, advanced to %s, delivered row %s of a transaction ending at %s", s, x, row.id, row.end)
+					}
+					if sh := shard.Of([]byte(row.key), r[1]); sh != i {
+						t.Errorf("row %s (key %s) reached new shard %d; shard.Of says %d", row.id, row.key, i, sh)
+					}
+					deliver(s, row)
+					newN++
+				}
+			}
+			for _, w := range written {
+				if _, ok := got[w.id]; !ok {
+					t.Errorf("row %s (key %s) was delivered by no shard; cutover %s", w.id, w.key, x)
+				}
+			}
+			if len(got) != len(written) {
+				t.Errorf("%d rows delivered, %d written", len(got), len(written))
+			}
+			if oldN == 0 || newN == 0 {
+				t.Errorf("the cutover %s split %d rows into %d before and %d after; want both sides", x, len(written), oldN, newN)
+			}
+			t.Logf("%d rows written; cutover %s: %d delivered by the %d old shards, %d by the %d new ones", len(written), x, oldN, r[0], newN, r[1])
+		})
+	}
 }
