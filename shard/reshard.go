@@ -80,7 +80,8 @@ const (
 	// DropOld: drop Slots (terminating any backend that holds one) and
 	// Publications.
 	DropOld
-	// Advance: pg_replication_slot_advance each of Slots to Cutover.
+	// Advance: pg_replication_slot_advance each of Slots to Cutover. They
+	// are the slots behind it: Postgres refuses to move a slot backwards.
 	Advance
 	// Finish: delete the row.
 	Finish
