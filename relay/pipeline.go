@@ -19,7 +19,7 @@ import (
 // messages and hands them to the producer, registering each with the tracker
 // first.
 func (r *Relay) pipe(ctx context.Context, batches <-chan []wal.Item, tracker *checkpoint.Tracker, producer *sink.Producer, fail context.CancelCauseFunc, outboxID uint32) error {
-	p := r.newPipeline(ctx, tracker, producer, fail, outboxID)
+	p := r.NewPipeline(ctx, tracker, producer, fail, outboxID)
 	defer p.Close()
 	if r.cfg.Kafka.ExactlyOnce() {
 		return r.pipeEOS(ctx, batches, p, producer) // eos.go
@@ -41,10 +41,6 @@ type Producer interface {
 // the outbox table's relation ID when the run started (0: not known). Only
 // the goroutine that calls Run or Handle may use it; Close it after.
 func (r *Relay) NewPipeline(ctx context.Context, tracker *checkpoint.Tracker, producer Producer, fail context.CancelCauseFunc, outboxID uint32) *Pipeline {
-	return r.newPipeline(ctx, tracker, producer, fail, outboxID)
-}
-
-func (r *Relay) newPipeline(ctx context.Context, tracker *checkpoint.Tracker, producer Producer, fail context.CancelCauseFunc, outboxID uint32) *Pipeline {
 	return &Pipeline{r: r, ctx: ctx, tracker: tracker, producer: producer, fail: fail,
 		tables:  newOutboxTables(r.cfg.Postgres, r.log, outboxID, r.router.SetBaseType),
 		inserts: r.m.changes.WithLabelValues("insert"), updates: r.m.changes.WithLabelValues("update"),

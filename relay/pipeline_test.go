@@ -85,7 +85,7 @@ func newTestPipeline(t *testing.T, tune func(*config.Config)) *testPipeline {
 	t.Cleanup(func() { fail(nil) })
 	prod := &fakeProducer{}
 	tracker := checkpoint.New(0x100)
-	p := r.newPipeline(run, tracker, prod, fail, 0)
+	p := r.NewPipeline(run, tracker, prod, fail, 0)
 	t.Cleanup(p.Close)
 	return &testPipeline{Pipeline: p, r: r, prod: prod, tracker: tracker, run: run}
 }
