@@ -243,6 +243,9 @@ func planned(v View, p Plan) (Action, error) {
 		}
 		return Action{Kind: Switch}, nil
 	case Switched:
+		if p.Cutover == 0 {
+			return Action{}, fmt.Errorf("the reshard from %d to %d shards has switched without a recorded cutover; the state table was changed by hand: check the slots and what reached Kafka, then delete the row", p.From, p.To)
+		}
 		if missing := absent(nu, slots); len(missing) > 0 {
 			return Action{}, fmt.Errorf("the new shards' slots %s are gone after the switch at %s; the events after it that they held are lost to outboxd: recreate them by hand, check what reached Kafka, then delete the reshard's row from the state table", strings.Join(missing, ", "), p.Cutover)
 		}

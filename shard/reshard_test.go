@@ -437,6 +437,9 @@ func TestNext(t *testing.T) {
 			v: View{Want: 1, Plan: &Plan{2, 1, Draining, 9},
 				Slots: []Slot{slot("outboxd", 9, false), slot("outboxd_0of2", 9, false)}},
 			err: `slot "outboxd_1of2" of the old shards is gone before it confirmed the cutover`},
+		{name: "switched without a cutover",
+			v:   View{Want: 2, Plan: &Plan{1, 2, Switched, 0}},
+			err: "switched without a recorded cutover"},
 		{name: "draining without a cutover",
 			v:   View{Want: 1, Plan: &Plan{2, 1, Draining, 0}},
 			err: "without a recorded cutover"},
@@ -511,4 +514,33 @@ func TestKindString(t *testing.T) {
 	if Stream.String() != "stream" || Wait.String() != "wait" || Kind(99).String() != "Kind(99)" {
 		t.Error(Stream, Wait, Kind(99))
 	}
+}
+
+// Next never panics, and what it asks for stays within the layouts it names.
+func FuzzNext(f *testing.F) {
+	f.Add(2, 1, 2, "draining", uint64(9), "outboxd_0of2,outboxd,outboxd_1of2", uint64(5))
+	f.Add(1, 0, 0, "", uint64(0), "outboxd_0of4,outboxd_1of4,outboxd_2of4,outboxd_3of4", uint64(5))
+	f.Add(4, 2, 4, "switched", uint64(9), "outboxd_0of4,outboxd_1of2", uint64(3))
+	f.Fuzz(func(t *testing.T, want, from, to int, phase string, cutover uint64, slots string, confirmed uint64) {
+		v := View{Slot: "outboxd", Publication: "outboxd", Want: want}
+		if from != 0 || to != 0 {
+			v.Plan = &Plan{From: from, To: to, Phase: Phase(phase), Cutover: LSN(cutover)}
+		}
+		for i, s := range strings.Split(slots, ",") {
+			v.Slots = append(v.Slots, Slot{Name: s, Confirmed: LSN(confirmed + uint64(i)), Active: i%3 == 2})
+			v.Publications = append(v.Publications, s)
+		}
+		a, err := Next(v)
+		if err != nil {
+			return
+		}
+		for _, s := range append(a.Shards, Shard{Index: 0, Count: 1}) {
+			if s.Count < 1 || s.Index < 0 || s.Index >= s.Count {
+				t.Fatalf("%+v: shard %+v", v, s)
+			}
+		}
+		if a.Kind == Advance && a.Cutover == 0 {
+			t.Fatalf("%+v: advance to 0", v)
+		}
+	})
 }
