@@ -1,7 +1,6 @@
 package test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -21,6 +20,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxd/outboxd/migrations"
@@ -299,18 +301,75 @@ func (p *proc) waitStreaming() {
 
 // metric returns the value of an unlabelled metric from /metrics.
 func (p *proc) metric(name string) (float64, bool) {
-	resp, err := http.Get("http://" + p.addr + "/metrics")
-	if err != nil {
+	mfs, ok := p.scrape()
+	if !ok {
 		return 0, false
 	}
+	return seriesValue(mfs, name, nil)
+}
+
+// scrape reads /metrics with the Prometheus text parser; false when the
+// process does not answer or the exposition does not parse.
+func (p *proc) scrape() (map[string]*dto.MetricFamily, bool) {
+	resp, err := http.Get("http://" + p.addr + "/metrics")
+	if err != nil {
+		return nil, false
+	}
 	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		line := sc.Text()
-		if strings.HasPrefix(line, name+" ") {
-			var v float64
-			fmt.Sscanf(strings.TrimPrefix(line, name+" "), "%g", &v)
-			return v, true
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	mfs, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		p.t.Logf("parsing /metrics: %v", err)
+		return nil, false
+	}
+	return mfs, true
+}
+
+// seriesValue returns the value of the series name{labels} in mfs (its labels
+// exactly those given): a counter, gauge or untyped sample, or the _sum or
+// _count of a histogram or summary.
+func seriesValue(mfs map[string]*dto.MetricFamily, name string, labels map[string]string) (float64, bool) {
+	family, suffix := name, ""
+	if _, ok := mfs[name]; !ok {
+		for _, sfx := range []string{"_sum", "_count"} {
+			if base, cut := strings.CutSuffix(name, sfx); cut {
+				family, suffix = base, sfx
+			}
+		}
+	}
+	mf, ok := mfs[family]
+	if !ok {
+		return 0, false
+	}
+	for _, m := range mf.GetMetric() {
+		if len(m.GetLabel()) != len(labels) {
+			continue
+		}
+		match := true
+		for _, l := range m.GetLabel() {
+			if v, ok := labels[l.GetName()]; !ok || v != l.GetValue() {
+				match = false
+			}
+		}
+		if !match {
+			continue
+		}
+		switch {
+		case suffix == "_sum" && m.Histogram != nil:
+			return m.GetHistogram().GetSampleSum(), true
+		case suffix == "_count" && m.Histogram != nil:
+			return float64(m.GetHistogram().GetSampleCount()), true
+		case suffix == "_sum" && m.Summary != nil:
+			return m.GetSummary().GetSampleSum(), true
+		case suffix == "_count" && m.Summary != nil:
+			return float64(m.GetSummary().GetSampleCount()), true
+		case suffix != "":
+		case m.Counter != nil:
+			return m.GetCounter().GetValue(), true
+		case m.Gauge != nil:
+			return m.GetGauge().GetValue(), true
+		case m.Untyped != nil:
+			return m.GetUntyped().GetValue(), true
 		}
 	}
 	return 0, false
