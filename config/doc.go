@@ -9,6 +9,11 @@
 // variable that names no field is an error, except the OUTBOXD_TEST* names
 // reserved for the test bed.
 //
+// A setting with a fixed set of values (router.on_update, router.poison.policy,
+// router.key_encoding, kafka.delivery, ...) is a string type with a constant
+// per value, such as OnUpdate and OnUpdateWarn; files and variables set it as
+// a plain string, and Validate checks every such setting in one place.
+//
 // Secrets: the Postgres DSN may carry passwords, and kafka.sasl.password is
 // one; postgres.password_file and kafka.sasl.password_file name files that
 // hold one (read by Postgres.Password and SASL.Secret, at every connection).
