@@ -14,6 +14,7 @@ require (
 
 require (
 	github.com/kr/pretty v0.3.1 // indirect
+	github.com/kylelemons/godebug v1.1.0 // indirect
 	github.com/rogpeppe/go-internal v1.14.1 // indirect
 )
 

@@ -16,7 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -90,7 +90,7 @@ func TestEffectsOnce(t *testing.T) {
 	if err := r2.wait(t, true); err != nil {
 		t.Fatal(err)
 	}
-	if got := counter(t, c2.m.records.WithLabelValues("applied")); got != events-12 {
+	if got := testutil.ToFloat64(c2.m.records.WithLabelValues("applied")); got != events-12 {
 		t.Errorf("second consumer applied %v events; want %d", got, events-12)
 	}
 
@@ -112,7 +112,7 @@ func TestEffectsOnce(t *testing.T) {
 	if err := r3.wait(t, true); err != nil {
 		t.Fatal(err)
 	}
-	if got := counter(t, c3.m.records.WithLabelValues("duplicate")); got != 2*events {
+	if got := testutil.ToFloat64(c3.m.records.WithLabelValues("duplicate")); got != 2*events {
 		t.Errorf("replaying consumer skipped %v records; want %d", got, 2*events)
 	}
 
@@ -202,16 +202,6 @@ func TestDeadLetter(t *testing.T) {
 			t.Errorf("dead letter %d: key %q headers %v; want key %q error %q attempts %s", i, dead[i].Key, h, w.key, w.err, w.attempts)
 		}
 	}
-}
-
-// counter returns the value of a counter.
-func counter(t *testing.T, c prometheus.Counter) float64 {
-	t.Helper()
-	var m dto.Metric
-	if err := c.Write(&m); err != nil {
-		t.Fatal(err)
-	}
-	return m.GetCounter().GetValue()
 }
 
 func headers(r *kgo.Record) map[string]string {
