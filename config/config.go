@@ -17,6 +17,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"gopkg.in/yaml.v3"
+
+	"github.com/outboxd/outboxd/shard"
 )
 
 // Config is the whole configuration of one outboxd.
@@ -67,6 +69,12 @@ type Postgres struct {
 	// each, that the start-up check and outboxd status ask whether they
 	// hold a synchronised copy of the slot. Optional; never logged.
 	StandbyDSNs []string `yaml:"standby_dsns"`
+	// Shards is the number of replication slots the outbox is split over
+	// (docs/sharding.md): 1 is one slot and publication with the configured
+	// names; N > 1 is N slots and publications named by shard.Name, each
+	// with a row filter on the key column's hash, streamed by N pipelines.
+	// Changing it and restarting reshards. Postgres 15 and later for N > 1.
+	Shards int `yaml:"shards"`
 }
 
 // Kafka says where events go.
@@ -299,6 +307,7 @@ func base() Config {
 			StatusInterval:      time.Second,
 			SlotLagInterval:     10 * time.Second,
 			StandbyPollInterval: time.Second,
+			Shards:              1,
 		},
 		Kafka: Kafka{
 			Brokers:                []string{"127.0.0.1:9092"},
@@ -539,6 +548,11 @@ func setField(f reflect.Value, s string) error {
 	return nil
 }
 
+// MaxShards is the largest postgres.shards: each shard is a replication
+// slot, a walsender and a pipeline, so far fewer fit the usual
+// max_replication_slots, max_wal_senders and cores.
+const MaxShards = 64
+
 // TableName splits Postgres.Table into schema and table.
 func (p Postgres) TableName() (schema, table string) {
 	schema, table, ok := strings.Cut(p.Table, ".")
@@ -578,6 +592,16 @@ func (c Config) Validate() error {
 	}
 	if c.Postgres.SlotLagInterval < 100*time.Millisecond {
 		bad("postgres.slot_lag_interval", "%s must be at least 100ms", c.Postgres.SlotLagInterval)
+	}
+	if c.Postgres.Shards < 1 || c.Postgres.Shards > MaxShards {
+		bad("postgres.shards", "%d must be between 1 and %d (each shard is a replication slot and a walsender)", c.Postgres.Shards, MaxShards)
+	} else if c.Postgres.Shards > 1 {
+		if _, err := shard.Names(c.Postgres.Slot, c.Postgres.Shards); err != nil {
+			bad("postgres.slot", "%v", err)
+		}
+		if _, err := shard.Names(c.Postgres.Publication, c.Postgres.Shards); err != nil {
+			bad("postgres.publication", "%v", err)
+		}
 	}
 	for i, dsn := range c.Postgres.StandbyDSNs {
 		if _, err := pgconn.ParseConfig(dsn); err != nil {
