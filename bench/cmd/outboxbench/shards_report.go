@@ -20,7 +20,7 @@ const (
 var shardAlone = []struct {
 	workload string
 	share    float64
-}{{"shard-alone-1/1", 1}, {"shard-alone-1/2", 0.5}, {"shard-alone-1/4", 0.25}}
+}{{"shard-alone-1/1", 1}, {"shard-alone-1/2", 0.5}, {"shard-alone-1/4", 0.25}, {"shard-alone-0", 0}}
 
 func totalSec(r result) float64 { return r.TotalSec }
 
@@ -99,6 +99,7 @@ func (b benchRun) shardsBody() string {
 		{"shard-alone-1/1", "1 slot alone, a row filter taking every key"},
 		{"shard-alone-1/2", "1 slot alone, a half of the keys"},
 		{"shard-alone-1/4", "1 slot alone, a quarter of the keys"},
+		{"shard-alone-0", "1 slot alone, a row filter taking no key"},
 	}
 	var md strings.Builder
 	one, hasOne := t.median("shards", shards1, "pg_walread", 0, throughput)
