@@ -482,5 +482,19 @@ func perRun(rs []result) string {
 		}
 		fmt.Fprintf(&md, "| %s | %d | %.2f | %.0f | %s | %s | %s |\n", r.Label, r.SlotLagBytes, r.CPUSeconds, r.SteadyRSSMB, r.Load, steal(r.StealPct), r.Note)
 	}
+	header := false
+	for _, r := range rs {
+		if r.Mode != "shards" {
+			continue
+		}
+		if !header {
+			md.WriteString("\n### Sharded decoding, every run (no Kafka; walsender CPU of all the run's slots)\n\n")
+			md.WriteString("| case | slots | share of the keys per slot | events | rows sent | total s | events/s | walsender CPU s / 100k | load avg | steal % | note |\n")
+			md.WriteString("|---|--:|--:|--:|--:|--:|--:|--:|---|--:|---|\n")
+			header = true
+		}
+		fmt.Fprintf(&md, "| %s | %d | %.2f | %d | %d | %.2f | %.0f | %.3f | %s | %s | %s |\n",
+			r.Workload, r.Slots, r.Share, r.Events, r.Rows, r.TotalSec, r.Throughput, r.CPUPer100k, r.Load, steal(r.StealPct), r.Note)
+	}
 	return md.String()
 }
