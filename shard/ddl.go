@@ -34,21 +34,139 @@ func PublicationSQL(name, schema, table, column string, i, n int) string {
 		quoteIdent(name), quoteIdent(schema), quoteIdent(table), where, Publish)
 }
 
-// ProbeSQL is run once before the shard publications are created. The row
-// filters call md5(), which Postgres evaluates only while decoding (never
-// in the application's INSERT), so a server that refuses MD5, as one whose
-// OpenSSL is in FIPS mode does, would accept the publications and fail
-// later, in every walsender. The probe makes that an error at creation;
-// pass its error to ProbeError.
-const ProbeSQL = `SELECT md5('outboxd')`
+// KeyColumnSQL reads what the shard filters need of the key column. Its
+// parameters are $1 schema, $2 table and $3 column; it returns one row, to
+// scan into the fields of KeyColumn in order, and KeyColumnError says what
+// it means.
+const KeyColumnSQL = `SELECT t.oid IS NOT NULL, a.attnum IS NOT NULL,
+	coalesce(format_type(a.atttypid, a.atttypmod), ''),
+	coalesce(a.atttypid IN ('text'::regtype, 'varchar'::regtype), false),
+	coalesce(quote_ident(n.nspname) || '.' || quote_ident(c.collname), ''),
+	coalesce(c.collisdeterministic, true)
+FROM (SELECT to_regclass(quote_ident($1::text) || '.' || quote_ident($2::text)) AS oid) t
+LEFT JOIN pg_attribute a ON a.attrelid = t.oid AND a.attname = $3::text AND a.attnum > 0 AND NOT a.attisdropped
+LEFT JOIN pg_collation c ON c.oid = a.attcollation
+LEFT JOIN pg_namespace n ON n.oid = c.collnamespace`
 
-// ProbeError turns ProbeSQL's error into the error to report, or returns nil
-// when err is nil.
+// KeyColumn is the key column as KeyColumnSQL reads it.
+type KeyColumn struct {
+	TableExists, Exists bool
+	Type                string // as Postgres prints it
+	Text                bool   // text or varchar
+	Collation           string // schema-qualified and quoted; "" if the type has none
+	Deterministic       bool   // the collation's
+}
+
+// KeyColumnError returns why the shard filters cannot key schema.table's
+// rows by column, described by k, or nil when they can: it must be a text
+// or varchar column of a deterministic collation. A nondeterministic
+// collation makes hashtext() hash the collation's sort key, which depends
+// on the collation library and which outboxd cannot compute.
+func KeyColumnError(k KeyColumn, schema, table, column string) error {
+	switch {
+	case !k.TableExists:
+		return fmt.Errorf("the outbox table %s.%s does not exist; create it, or check postgres.schema and postgres.table", quoteIdent(schema), quoteIdent(table))
+	case !k.Exists:
+		return fmt.Errorf("the key column %q is not a column of %s.%s; check router.key_column", column, quoteIdent(schema), quoteIdent(table))
+	case !k.Text:
+		return fmt.Errorf("the key column %q of %s.%s is %s; the shard filters hash it with hashtext(), which outboxd computes only for text and varchar: key by a text or varchar column, or set postgres.shards: 1", column, quoteIdent(schema), quoteIdent(table), k.Type)
+	case !k.Deterministic:
+		return fmt.Errorf("the key column %q of %s.%s has the nondeterministic collation %s, under which hashtext() hashes a sort key outboxd cannot compute; give the column a deterministic collation (ALTER TABLE ... ALTER COLUMN %s TYPE %s COLLATE \"default\"), or set postgres.shards: 1", column, quoteIdent(schema), quoteIdent(table), k.Collation, quoteIdent(column), k.Type)
+	}
+	return nil
+}
+
+// probeKeys are the keys whose hashtext() VerifyProbe compares with
+// Hashtext: every length from 0 to 13 bytes (each way hash_bytes takes the
+// last bytes, and one full 12-byte block), two blocks and a tail, and then
+// the non-ASCII keys, which also test the database encoding.
+var probeKeys = []string{
+	"", "a", "ab", "abc", "abcd", "abcde", "abcdef", "abcdefg", "abcdefgh",
+	"abcdefghi", "abcdefghij", "abcdefghijk", "abcdefghijkl", "abcdefghijklm",
+	"order-00000000-0000-4000-8000-000000000000", "outboxd's shard probe",
+	"ключ", "日本語のキー", "emoji 🎉",
+}
+
+// probeArray is probeKeys as an SQL array (a test checks they agree).
+const probeArray = `ARRAY['', 'a', 'ab', 'abc', 'abcd', 'abcde', 'abcdef', 'abcdefg', 'abcdefgh', ` +
+	`'abcdefghi', 'abcdefghij', 'abcdefghijk', 'abcdefghijkl', 'abcdefghijklm', ` +
+	`'order-00000000-0000-4000-8000-000000000000', 'outboxd''s shard probe', ` +
+	`'ключ', '日本語のキー', 'emoji 🎉']`
+
+const (
+	probeHead = `SELECT array_agg(hashtext(k COLLATE `
+	probeTail = `) ORDER BY o)::int4[] FROM unnest(` + probeArray + `::text[]) WITH ORDINALITY AS u(k, o)`
+)
+
+// ProbeSQL is ProbeCollatedSQL for a key column of the database's default
+// collation.
+const ProbeSQL = probeHead + `pg_catalog."default"` + probeTail
+
+// ProbeCollatedSQL returns the probe run before shards are used: one row,
+// one int4[] to pass to VerifyProbe, the hashtext() of fixed keys under
+// collation (KeyColumn.Collation, "" for the default). Postgres computes
+// every key's shard itself, in the row filters, so delivery is correct
+// whatever outboxd computes; but outboxd routes logical messages
+// (MessageOwner) with Of, which must agree. It does not on a big-endian
+// server, under a nondeterministic collation (KeyColumnError), or, for
+// non-ASCII keys, in a database whose encoding is not UTF8: the probe finds
+// out. Pass the error of running it to ProbeError.
+func ProbeCollatedSQL(collation string) string {
+	if collation == "" {
+		return ProbeSQL
+	}
+	return probeHead + collation + probeTail
+}
+
+// ProbeError turns the error of running the probe into the error to
+// report, or returns nil when err is nil.
 func ProbeError(err error) error {
 	if err == nil {
 		return nil
 	}
-	return fmt.Errorf("this Postgres server cannot compute md5() (%w), which the shard row filters need; a server in FIPS mode refuses MD5: run outboxd with postgres.shards: 1 on it", err)
+	return fmt.Errorf("computing hashtext() of the shard probe keys: %w", err)
+}
+
+// VerifyProbe compares the hashes the probe returned with Hashtext's and
+// returns an error naming what differs and what to do, or nil when they
+// agree.
+func VerifyProbe(got []int32) error {
+	if len(got) != len(probeKeys) {
+		return fmt.Errorf("the shard probe returned %d hashes for %d keys", len(got), len(probeKeys))
+	}
+	ascii, other := 0, 0
+	first := -1
+	for i, k := range probeKeys {
+		if got[i] == Hashtext([]byte(k)) {
+			continue
+		}
+		if first < 0 {
+			first = i
+		}
+		if isASCII(k) {
+			ascii++
+		} else {
+			other++
+		}
+	}
+	if first < 0 {
+		return nil
+	}
+	k := probeKeys[first]
+	what := fmt.Sprintf("Postgres' hashtext() differs from outboxd's for %d of %d probe keys (%q: Postgres %d, outboxd %d)", ascii+other, len(probeKeys), k, got[first], Hashtext([]byte(k)))
+	if ascii == 0 {
+		return fmt.Errorf("%s, all of them non-ASCII: Postgres hashes a key's bytes in the database encoding and outboxd the UTF-8 it receives, so the database encoding is not UTF8; sharding needs a UTF8 database: set postgres.shards: 1 on this one", what)
+	}
+	return fmt.Errorf("%s; outboxd computes hashtext() as a little-endian server does, so this server is probably big-endian or its hashtext() is not Postgres' own: set postgres.shards: 1", what)
+}
+
+func isASCII(s string) bool {
+	for i := range len(s) {
+		if s[i] >= 0x80 {
+			return false
+		}
+	}
+	return true
 }
 
 // sqlStater is implemented by *pgconn.PgError.
@@ -70,8 +188,8 @@ func PublicationError(err error, name, schema, table, column string) error {
 	switch code {
 	case "42601": // syntax_error: no WHERE in CREATE PUBLICATION before 15
 		return fmt.Errorf("creating publication %q: %w; sharding needs publication row filters, which came in Postgres %d: upgrade, or set postgres.shards: 1", name, err, MinVersion)
-	case "42883": // undefined_function: md5(uuid), md5(integer), ...
-		return fmt.Errorf("creating publication %q: %w; the shard filter hashes %s.%s's key column %q with md5(text), so the column must be text or varchar", name, err, schema, table, column)
+	case "42883": // undefined_function: hashtext(uuid), hashtext(integer), ...
+		return fmt.Errorf("creating publication %q: %w; the shard filter hashes %s.%s's key column %q with hashtext(text), so the column must be text or varchar", name, err, schema, table, column)
 	case "0A000": // feature_not_supported: "invalid publication WHERE expression"
 		return fmt.Errorf("creating publication %q: %w; Postgres refused the shard row filter on %s.%s's key column %q, which must be text or varchar", name, err, schema, table, column)
 	case "42703": // undefined_column

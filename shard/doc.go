@@ -7,24 +7,37 @@
 // outbox rows whose key column hashes to i (a Postgres 15 row filter), so
 // every key belongs to exactly one shard and its events keep their order.
 //
-// The hash is the first four bytes of md5(key), big-endian, modulo n: Of in
-// Go, Expr in SQL. md5(text) is an immutable built-in function whose result
-// is defined by RFC 1321, so every Postgres version and platform computes
-// the same shard; hashtext() is not documented to be stable across either.
-// Postgres hashes the column's bytes in the database encoding, so Of agrees
-// with it for non-ASCII keys only in a UTF8 database. The filter is
-// evaluated only while decoding, never in the application's INSERT; a
-// server that refuses MD5 (FIPS mode) would accept the publications and
-// fail in every walsender, which ProbeSQL turns into an error at creation.
+// The hash is Postgres' hashtext(key), read as an unsigned 32-bit integer,
+// modulo n: Expr in SQL, Of in Go. Postgres computes every row's shard
+// itself, in the row filters, so delivery never depends on Go agreeing: for
+// a given n a key's shard cannot change within one database (a physical
+// standby has the primary's architecture). Only outboxd's own uses of Of need Go to agree:
+// routing logical messages (MessageOwner) and the tests.
+//
+// Why hashtext is stable: on a deterministic collation it is hash_bytes
+// (Bob Jenkins' lookup3, src/common/hashfn.c) over the value's bytes,
+// unchanged since Postgres 8.4, and hash indexes (and, through its extended
+// variant, hash partitions) keep its results across pg_upgrade, so Postgres
+// cannot change it between major versions without breaking them. It does
+// differ on big-endian servers, under nondeterministic collations (it hashes
+// the collation's sort key) and, for non-ASCII keys, outside UTF8 databases
+// (it hashes the database encoding's bytes). Hashtext ports the
+// little-endian hash_bytes; the probe (KeyColumnSQL, ProbeCollatedSQL,
+// VerifyProbe) finds the other cases at start-up, and outboxd then refuses
+// more than one shard. hashtext is an immutable built-in, so a row filter
+// may call it.
 //
 // The caller's duties:
 //
 //  1. Validate the layout with Names for the configured slot and
 //     publication names (63-byte identifiers) and refuse n > 1 before
 //     Postgres 15 (MinVersion).
-//  2. Before creating shard publications run ProbeSQL (ProbeError), then
-//     PublicationSQL for each missing one (PublicationError). Shard
-//     publications publish inserts only (Publish explains why).
+//  2. Before using more than one shard, check the hash: run KeyColumnSQL
+//     for the key column and refuse what KeyColumnError returns; run
+//     ProbeCollatedSQL with the column's collation (its error through
+//     ProbeError) and refuse what VerifyProbe returns. Then run
+//     PublicationSQL for each missing publication (PublicationError).
+//     Shard publications publish inserts only (Publish explains why).
 //  3. Route logical-decoding messages, which no publication filters, with
 //     MessageOwner: each shard delivers only its own.
 //  4. Drive start-up and resharding with Next: observe (the row of the

@@ -1,9 +1,9 @@
 package shard
 
 import (
-	"crypto/md5"
 	"encoding/binary"
 	"fmt"
+	"math/bits"
 	"strconv"
 	"strings"
 )
@@ -12,48 +12,129 @@ import (
 // far fewer fit the usual max_replication_slots and max_wal_senders.
 const Max = 256
 
-// Of returns the shard, in [0, n), of a row whose key column holds key: the
-// first four bytes of md5(key) read as a big-endian unsigned integer, modulo
-// n. Postgres computes the same value with Expr when key is the column's text
-// in the database encoding, so for non-ASCII keys the database must be UTF8
-// (Go strings, and the text outboxd receives, are UTF-8). Of panics if n is
-// not in [1, Max].
+// Of returns the shard, in [0, n), of a row whose key column holds key:
+// Postgres' hashtext(key) read as an unsigned 32-bit integer, modulo n. The
+// row filters compute the same value with Expr. Of agrees with Postgres when
+// the server is little-endian, the key column's collation is deterministic,
+// and key is the column's text in the database encoding, so for non-ASCII
+// keys the database must be UTF8 (Go strings, and the text outboxd receives,
+// are UTF-8); ProbeCollatedSQL and VerifyProbe check all three. Of panics if
+// n is not in [1, Max].
 func Of(key []byte, n int) int {
 	checkCount(n)
-	sum := md5.Sum(key)
-	return int(binary.BigEndian.Uint32(sum[:4]) % uint32(n))
+	return int(uint32(Hashtext(key)) % uint32(n))
+}
+
+// Hashtext returns what Postgres' hashtext() returns for a text value whose
+// bytes are key, under a deterministic collation, on a little-endian server:
+// hash_bytes (src/common/hashfn.c), Bob Jenkins' lookup3 hash of the bytes,
+// as a signed integer.
+func Hashtext(key []byte) int32 { return int32(hashBytes(key)) }
+
+// hashBytes is Postgres' hash_bytes on a little-endian machine. Its aligned
+// and unaligned paths give the same value there; this is the unaligned one.
+func hashBytes(k []byte) uint32 {
+	a := 0x9e3779b9 + uint32(len(k)) + 3923095
+	b, c := a, a
+	for len(k) >= 12 {
+		a += binary.LittleEndian.Uint32(k)
+		b += binary.LittleEndian.Uint32(k[4:])
+		c += binary.LittleEndian.Uint32(k[8:])
+		a, b, c = mix(a, b, c)
+		k = k[12:]
+	}
+	// The last 11 bytes; the lowest byte of c is left for the length, as
+	// in Postgres, which adds the length to c only through the initial value.
+	switch len(k) {
+	case 11:
+		c += uint32(k[10]) << 24
+		fallthrough
+	case 10:
+		c += uint32(k[9]) << 16
+		fallthrough
+	case 9:
+		c += uint32(k[8]) << 8
+		fallthrough
+	case 8:
+		b += uint32(k[7]) << 24
+		fallthrough
+	case 7:
+		b += uint32(k[6]) << 16
+		fallthrough
+	case 6:
+		b += uint32(k[5]) << 8
+		fallthrough
+	case 5:
+		b += uint32(k[4])
+		fallthrough
+	case 4:
+		a += uint32(k[3]) << 24
+		fallthrough
+	case 3:
+		a += uint32(k[2]) << 16
+		fallthrough
+	case 2:
+		a += uint32(k[1]) << 8
+		fallthrough
+	case 1:
+		a += uint32(k[0])
+	}
+	return final(a, b, c)
+}
+
+func mix(a, b, c uint32) (uint32, uint32, uint32) {
+	a -= c
+	a ^= bits.RotateLeft32(c, 4)
+	c += b
+	b -= a
+	b ^= bits.RotateLeft32(a, 6)
+	a += c
+	c -= b
+	c ^= bits.RotateLeft32(b, 8)
+	b += a
+	a -= c
+	a ^= bits.RotateLeft32(c, 16)
+	c += b
+	b -= a
+	b ^= bits.RotateLeft32(a, 19)
+	a += c
+	c -= b
+	c ^= bits.RotateLeft32(b, 4)
+	b += a
+	return a, b, c
+}
+
+func final(a, b, c uint32) uint32 {
+	c ^= b
+	c -= bits.RotateLeft32(b, 14)
+	a ^= c
+	a -= bits.RotateLeft32(c, 11)
+	b ^= a
+	b -= bits.RotateLeft32(a, 25)
+	c ^= b
+	c -= bits.RotateLeft32(b, 16)
+	a ^= c
+	a -= bits.RotateLeft32(c, 4)
+	b ^= a
+	b -= bits.RotateLeft32(a, 14)
+	c ^= b
+	c -= bits.RotateLeft32(b, 24)
+	return c
 }
 
 // Expr returns a SQL expression, valid in a publication row filter, whose
 // value is the shard of the row among n: Of(column's value, n), as an
 // integer. column is an identifier of a text or varchar column; it is quoted
-// here. Postgres allows only immutable built-in functions in a row filter and
-// no coercion through text I/O, so the bytes are taken with
-// get_byte(decode(md5(column), 'hex'), b), not with ('x' || md5(...))::bit(32).
-// When n divides 256^k for k < 4 only the last k of the four bytes decide
-// the remainder, and only those are read (one md5 per row for n = 2, 4, 8,
-// 16, ...). Expr panics if n is not in [1, Max].
+// here. The expression widens hashtext's value to bigint and masks it to its
+// unsigned 32 bits before the remainder, for every n: for a power of two,
+// masking the low bits of the integer itself is no cheaper per row. Expr
+// panics if n is not in [1, Max].
 func Expr(column string, n int) string {
 	checkCount(n)
 	if n == 1 {
 		return "0"
 	}
-	b := bytesNeeded(n)
-	byteOf := func(i int) string {
-		return "get_byte(decode(md5(" + quoteIdent(column) + "), 'hex'), " + strconv.Itoa(i) + ")"
-	}
-	var terms []string
-	for i := 4 - b; i < 4; i++ {
-		t := byteOf(i)
-		if mult := 1 << (8 * (3 - i)); mult > 1 {
-			if b == 4 && i == 0 {
-				t += "::bigint" // 255 * 2^24 overflows integer
-			}
-			t += " * " + strconv.Itoa(mult)
-		}
-		terms = append(terms, t)
-	}
-	return fmt.Sprintf("mod(%s, %d)", strings.Join(terms, " + "), n)
+	return "mod(hashtext(" + quoteIdent(column) + ")::bigint & 4294967295, " + strconv.Itoa(n) + ")"
 }
 
 // Filter returns the row filter (without the WHERE and its parentheses)
@@ -61,17 +142,6 @@ func Expr(column string, n int) string {
 func Filter(column string, i, n int) string {
 	checkShard(i, n)
 	return fmt.Sprintf("%s = %d", Expr(column, n), i)
-}
-
-// bytesNeeded is the number of trailing bytes of the four that decide the
-// value modulo n: the least k with n dividing 256^k, or 4.
-func bytesNeeded(n int) int {
-	for k := 1; k < 4; k++ {
-		if (1<<(8*k))%n == 0 {
-			return k
-		}
-	}
-	return 4
 }
 
 func checkCount(n int) {

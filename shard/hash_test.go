@@ -1,25 +1,61 @@
 package shard
 
 import (
-	"crypto/md5"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/bits"
 	"strings"
 	"testing"
 )
 
-func TestOf(t *testing.T) {
-	// md5("a") = 0cc175b9..., and 0x0cc175b9 = 214005177, as Postgres
-	// prints ('x' || substr(md5('a'), 1, 8))::bit(32)::bigint.
-	for _, n := range []int{1, 2, 3, 4, 7, 8, 100, Max} {
-		if got, want := Of([]byte("a"), n), 214005177%n; got != want {
-			t.Errorf("Of(a, %d) = %d, want %d", n, got, want)
+// hashtext() of these keys, from Postgres 17 (little-endian, UTF8, default
+// collation); 14, 15, 16 and 18 print the same.
+var goldenHashtext = []struct {
+	key  string
+	want int32
+}{
+	{"", -1477818771},
+	{"a", 1075015857},
+	{"b", -68821088},
+	{"ab", 1718550461},
+	{"abc", -785388649},
+	{"abcd", -393934804},
+	{"abcde", -445659580},
+	{"abcdef", -1747460160},
+	{"abcdefg", 501636814},
+	{"abcdefgh", -1960928205},
+	{"abcdefghi", -92131489},
+	{"abcdefghij", 1948051852},
+	{"abcdefghijk", -1483803693},
+	{"abcdefghijkl", -1586087212},
+	{"abcdefghijklm", 405849808},
+	{"order-1", -1797687605},
+	{"outboxd", 2007623632},
+	{"0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d", 1421089271},
+	{"ключ", -884514432},
+	{"日本語のキー", -1141945375},
+	{"emoji 🎉🚀", -952305586},
+	{strings.Repeat("x", 1000), -1157355676},
+	{strings.Repeat("ж", 100000), -189590074},
+}
+
+func TestHashtext(t *testing.T) {
+	for _, g := range goldenHashtext {
+		if got := Hashtext([]byte(g.key)); got != g.want {
+			t.Errorf("Hashtext(%.20q) = %d, Postgres says %d", g.key, got, g.want)
 		}
 	}
-	// The high bit set: md5("b") = 92eb5ffe..., 0x92eb5ffe = 2464900094
-	// (unsigned; a signed read would give a negative remainder).
-	if got, want := Of([]byte("b"), 3), int(uint32(0x92eb5ffe)%3); got != want {
-		t.Errorf("Of(b, 3) = %d, want %d", got, want)
+}
+
+func TestOf(t *testing.T) {
+	for _, g := range goldenHashtext {
+		for _, n := range []int{1, 2, 3, 4, 5, 7, 8, 100, Max} {
+			// The unsigned value modulo n, as Expr computes it.
+			if got, want := Of([]byte(g.key), n), int((int64(g.want)&0xffffffff)%int64(n)); got != want {
+				t.Errorf("Of(%.20q, %d) = %d, want %d", g.key, n, got, want)
+			}
+		}
 	}
 	// Spread: 10,000 keys over 4 shards, each within 5% of a quarter.
 	counts := make([]int, 4)
@@ -33,50 +69,69 @@ func TestOf(t *testing.T) {
 	}
 }
 
-// The remainder of the last k bytes equals the remainder of all four when n
-// divides 256^k, which is what Expr relies on.
-func TestBytesNeeded(t *testing.T) {
-	for n := 1; n <= Max; n++ {
-		k := bytesNeeded(n)
-		for _, key := range []string{"", "a", "b", "ключ", "order-17"} {
-			sum := md5.Sum([]byte(key))
-			var v uint32
-			for _, b := range sum[4-k : 4] {
-				v = v<<8 | uint32(b)
-			}
-			if int(v%uint32(n)) != Of([]byte(key), n) {
-				t.Fatalf("n=%d: the last %d bytes of %q give %d, Of gives %d", n, k, key, v%uint32(n), Of([]byte(key), n))
-			}
-		}
-	}
-	for n, want := range map[int]int{1: 1, 2: 1, 8: 1, 256: 1, 3: 4, 6: 4, 12: 4, 100: 4} {
-		if got := bytesNeeded(n); got != want {
-			t.Errorf("bytesNeeded(%d) = %d, want %d", n, got, want)
-		}
-	}
-}
-
 func TestExpr(t *testing.T) {
 	for _, tc := range []struct {
 		n    int
 		want string
 	}{
 		{1, `0`},
-		{2, `mod(get_byte(decode(md5("aggregate_id"), 'hex'), 3), 2)`},
-		{4, `mod(get_byte(decode(md5("aggregate_id"), 'hex'), 3), 4)`},
-		{3, `mod(get_byte(decode(md5("aggregate_id"), 'hex'), 0)::bigint * 16777216 + get_byte(decode(md5("aggregate_id"), 'hex'), 1) * 65536 + get_byte(decode(md5("aggregate_id"), 'hex'), 2) * 256 + get_byte(decode(md5("aggregate_id"), 'hex'), 3), 3)`},
+		{2, `mod(hashtext("aggregate_id")::bigint & 4294967295, 2)`},
+		{3, `mod(hashtext("aggregate_id")::bigint & 4294967295, 3)`},
+		{256, `mod(hashtext("aggregate_id")::bigint & 4294967295, 256)`},
 	} {
 		if got := Expr("aggregate_id", tc.n); got != tc.want {
 			t.Errorf("Expr(aggregate_id, %d) =\n%s\nwant\n%s", tc.n, got, tc.want)
 		}
 	}
-	if got := Filter(`we"ird`, 1, 2); got != `mod(get_byte(decode(md5("we""ird"), 'hex'), 3), 2) = 1` {
+	if got := Filter(`we"ird`, 1, 2); got != `mod(hashtext("we""ird")::bigint & 4294967295, 2) = 1` {
 		t.Errorf("Filter quotes badly: %s", got)
 	}
-	// 250 = 2 * 125 needs all four bytes.
-	if got := Expr("k", 250); !strings.Contains(got, "::bigint * 16777216") {
-		t.Errorf("Expr(k, 250) = %s", got)
+}
+
+func FuzzHashtext(f *testing.F) {
+	for _, g := range goldenHashtext[:20] {
+		f.Add([]byte(g.key))
 	}
+	f.Fuzz(func(t *testing.T, key []byte) {
+		// The aligned path of hash_bytes reads whole words; on a
+		// little-endian machine it must equal the byte-wise one.
+		if got, want := hashBytes(key), wordwise(key); got != want {
+			t.Errorf("%q: %d byte-wise, %d word-wise", key, got, want)
+		}
+		if n := len(key)%Max + 1; Of(key, n) >= n {
+			t.Errorf("%q: shard %d of %d", key, Of(key, n), n)
+		}
+	})
+}
+
+// wordwise is hash_bytes' aligned path on a little-endian machine: the
+// key's words as uint32s, and in the tail, a whole word where one is left.
+func wordwise(k []byte) uint32 {
+	a := 0x9e3779b9 + uint32(len(k)) + 3923095
+	b, c := a, a
+	word := func(i int) uint32 { return binary.LittleEndian.Uint32(k[i:]) }
+	for len(k) >= 12 {
+		a, b, c = mix(a+word(0), b+word(4), c+word(8))
+		k = k[12:]
+	}
+	switch n := len(k); {
+	case n >= 8:
+		a += word(0)
+		b += word(4)
+		for i := 8; i < n; i++ {
+			c += uint32(k[i]) << (8 * (i - 7))
+		}
+	case n >= 4:
+		a += word(0)
+		for i := 4; i < n; i++ {
+			b += uint32(k[i]) << (8 * (i - 4))
+		}
+	default:
+		for i := range n {
+			a += uint32(k[i]) << (8 * i)
+		}
+	}
+	return final(a, b, c)
 }
 
 func TestPanicsOnBadCounts(t *testing.T) {
@@ -100,7 +155,7 @@ func TestPanicsOnBadCounts(t *testing.T) {
 
 func TestPublicationSQL(t *testing.T) {
 	got := PublicationSQL("outboxd_1of2", "public", "outbox", "aggregate_id", 1, 2)
-	want := `CREATE PUBLICATION "outboxd_1of2" FOR TABLE "public"."outbox" WHERE (mod(get_byte(decode(md5("aggregate_id"), 'hex'), 3), 2) = 1) WITH (publish = 'insert', publish_via_partition_root = true)`
+	want := `CREATE PUBLICATION "outboxd_1of2" FOR TABLE "public"."outbox" WHERE (mod(hashtext("aggregate_id")::bigint & 4294967295, 2) = 1) WITH (publish = 'insert', publish_via_partition_root = true)`
 	if got != want {
 		t.Errorf("got\n%s\nwant\n%s", got, want)
 	}
@@ -138,7 +193,77 @@ func TestPublicationError(t *testing.T) {
 	if ProbeError(nil) != nil {
 		t.Error("nil probe error explained")
 	}
-	if err := ProbeError(errors.New("could not compute MD5 hash")); !strings.Contains(err.Error(), "FIPS") {
+	cause := errors.New("boom")
+	if err := ProbeError(cause); !errors.Is(err, cause) || !strings.Contains(err.Error(), "hashtext() of the shard probe keys") {
+		t.Error(err)
+	}
+}
+
+func TestKeyColumnError(t *testing.T) {
+	ok := KeyColumn{TableExists: true, Exists: true, Type: "text", Text: true, Collation: `pg_catalog."default"`, Deterministic: true}
+	if err := KeyColumnError(ok, "public", "outbox", "aggregate_id"); err != nil {
+		t.Error(err)
+	}
+	for _, tc := range []struct {
+		edit func(*KeyColumn)
+		want string
+	}{
+		{func(k *KeyColumn) { k.TableExists, k.Exists = false, false }, `the outbox table "public"."outbox" does not exist`},
+		{func(k *KeyColumn) { k.Exists = false }, `the key column "aggregate_id" is not a column of "public"."outbox"; check router.key_column`},
+		{func(k *KeyColumn) { k.Type, k.Text, k.Collation = "uuid", false, "" }, `is uuid; the shard filters hash it with hashtext(), which outboxd computes only for text and varchar`},
+		{func(k *KeyColumn) { k.Type, k.Text = "character(36)", false }, `is character(36)`},
+		{func(k *KeyColumn) { k.Collation, k.Deterministic = `public."ci"`, false }, `has the nondeterministic collation public."ci", under which hashtext() hashes a sort key outboxd cannot compute; give the column a deterministic collation (ALTER TABLE ... ALTER COLUMN "aggregate_id" TYPE text COLLATE "default"), or set postgres.shards: 1`},
+	} {
+		k := ok
+		tc.edit(&k)
+		if err := KeyColumnError(k, "public", "outbox", "aggregate_id"); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: %v; want %q", k, err, tc.want)
+		}
+	}
+}
+
+func TestProbe(t *testing.T) {
+	// probeArray is probeKeys, quoted.
+	quoted := make([]string, len(probeKeys))
+	for i, k := range probeKeys {
+		quoted[i] = "'" + strings.ReplaceAll(k, "'", "''") + "'"
+	}
+	if want := "ARRAY[" + strings.Join(quoted, ", ") + "]"; probeArray != want {
+		t.Errorf("probeArray =\n%s\nprobeKeys give\n%s", probeArray, want)
+	}
+	if !strings.Contains(ProbeSQL, `hashtext(k COLLATE pg_catalog."default")`) || ProbeCollatedSQL("") != ProbeSQL {
+		t.Errorf("ProbeSQL = %s", ProbeSQL)
+	}
+	if got := ProbeCollatedSQL(`public."C"`); !strings.Contains(got, `hashtext(k COLLATE public."C")`) {
+		t.Errorf("ProbeCollatedSQL = %s", got)
+	}
+
+	good := make([]int32, len(probeKeys))
+	for i, k := range probeKeys {
+		good[i] = Hashtext([]byte(k))
+	}
+	if err := VerifyProbe(good); err != nil {
+		t.Error(err)
+	}
+	if err := VerifyProbe(good[1:]); err == nil {
+		t.Error("a short probe verified")
+	}
+	// A big-endian server: every key's hash differs.
+	bad := make([]int32, len(good))
+	for i, h := range good {
+		bad[i] = int32(bits.ReverseBytes32(uint32(h)))
+	}
+	if err := VerifyProbe(bad); err == nil || !strings.Contains(err.Error(), "for 19 of 19 probe keys") || !strings.Contains(err.Error(), "big-endian") || !strings.Contains(err.Error(), "set postgres.shards: 1") {
+		t.Error(err)
+	}
+	// A LATIN1 database: only the non-ASCII keys' hashes differ.
+	latin := append([]int32(nil), good...)
+	for i, k := range probeKeys {
+		if !isASCII(k) {
+			latin[i]++
+		}
+	}
+	if err := VerifyProbe(latin); err == nil || !strings.Contains(err.Error(), "all of them non-ASCII") || !strings.Contains(err.Error(), "the database encoding is not UTF8") {
 		t.Error(err)
 	}
 }

@@ -66,7 +66,7 @@ const (
 	// Begin: insert Plan (phase Creating) into the state table, unless a
 	// row is there.
 	Begin
-	// Create: create Publications (PublicationSQL, after ProbeSQL; for a
+	// Create: create Publications (PublicationSQL, after the probe; for a
 	// single shard, as an unsharded outboxd does) and then Slots (pgoutput).
 	Create
 	// Cutover: record phase Draining with cutover X = Cutover, only if the

@@ -47,8 +47,9 @@ func shardKeys(t *testing.T) []string {
 }
 
 // Acceptance: the shard Postgres computes with shard.Expr, the expression of
-// the publication row filters, is shard.Of's for every key and count. Run
-// on every version (14 included: the expression itself predates row filters).
+// the publication row filters, is shard.Of's for every key and count, and
+// hashtext() itself is shard.Hashtext. Run on every version (14 included:
+// the expression itself predates row filters).
 func TestShardHashMatchesPostgres(t *testing.T) {
 	d := newDB(t)
 	ctx := context.Background()
@@ -60,7 +61,20 @@ func TestShardHashMatchesPostgres(t *testing.T) {
 		t.Fatalf("the test database's encoding is %s; shard.Of agrees with Postgres on non-ASCII keys only in UTF8", enc)
 	}
 	keys := shardKeys(t)
-	for _, n := range []int{1, 2, 3, 4, 8, 5, 16, 100, shard.Max} {
+	rows, err := d.pool.Query(ctx, `SELECT hashtext(k) FROM unnest($1::text[]) WITH ORDINALITY AS u(k, ord) ORDER BY ord`, keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hashes, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, k := range keys {
+		if want := shard.Hashtext([]byte(k)); hashes[i] != want {
+			t.Errorf("hashtext(%.40q) (%d bytes) is %d in Postgres, %d in shard.Hashtext", k, len(k), hashes[i], want)
+		}
+	}
+	for _, n := range []int{1, 2, 3, 4, 5, 8, 16, 100, shard.Max} {
 		rows, err := d.pool.Query(ctx, `SELECT `+shard.Expr("k", n)+` FROM unnest($1::text[]) WITH ORDINALITY AS u(k, ord) ORDER BY ord`, keys)
 		if err != nil {
 			t.Fatalf("n=%d: %v", n, err)
@@ -78,6 +92,72 @@ func TestShardHashMatchesPostgres(t *testing.T) {
 			}
 		}
 	}
+	t.Logf("%d keys, hashtext and the shard of 9 counts agree with Postgres %d", len(keys), serverMajor(t))
+}
+
+// probeShards runs outboxd's start-up checks of the shard hash for
+// schema.table's key column on d and returns their error.
+func probeShards(t *testing.T, d *db, schema, table, column string) error {
+	t.Helper()
+	ctx := context.Background()
+	var k shard.KeyColumn
+	if err := d.pool.QueryRow(ctx, shard.KeyColumnSQL, schema, table, column).Scan(&k.TableExists, &k.Exists, &k.Type, &k.Text, &k.Collation, &k.Deterministic); err != nil {
+		t.Fatalf("reading the key column: %v", err)
+	}
+	if err := shard.KeyColumnError(k, schema, table, column); err != nil {
+		return err
+	}
+	var hashes []int32
+	if err := d.pool.QueryRow(ctx, shard.ProbeCollatedSQL(k.Collation)).Scan(&hashes); err != nil {
+		return shard.ProbeError(err)
+	}
+	return shard.VerifyProbe(hashes)
+}
+
+// The start-up probe passes for text and varchar key columns of the
+// default and the "C" collation, and refuses other types, a missing
+// column, and a nondeterministic collation (where the server has ICU).
+func TestShardProbe(t *testing.T) {
+	d := newDB(t)
+	ctx := context.Background()
+	if err := probeShards(t, d, "public", "outbox", "aggregate_id"); err != nil {
+		t.Fatalf("the default outbox: %v", err)
+	}
+	if _, err := d.pool.Exec(ctx, shard.ProbeSQL); err != nil {
+		t.Fatal(shard.ProbeError(err))
+	}
+	d.exec(t, `CREATE TABLE "Odd ""schema"" table" (c_key text COLLATE "C", vc varchar(40), u uuid, ch char(36))`)
+	for _, tc := range []struct{ column, want string }{
+		{"c_key", ""},
+		{"vc", ""},
+		{"u", `is uuid; the shard filters hash it with hashtext()`},
+		{"ch", `is character(36)`},
+		{"nosuch", `the key column "nosuch" is not a column of "public"."Odd ""schema"" table"`},
+	} {
+		err := probeShards(t, d, "public", `Odd "schema" table`, tc.column)
+		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("key column %s: %v; want %q", tc.column, err, tc.want)
+		}
+	}
+	if err := probeShards(t, d, "public", "no_table", "k"); err == nil || !strings.Contains(err.Error(), `the outbox table "public"."no_table" does not exist`) {
+		t.Errorf("a missing table: %v", err)
+	}
+	if _, err := d.pool.Exec(ctx, `CREATE COLLATION ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false)`); err != nil {
+		t.Logf("no nondeterministic collation on this server (%v); that refusal is checked by the unit tests only", err)
+		return
+	}
+	d.exec(t, `CREATE TABLE ci_outbox (k text COLLATE ci)`)
+	if err := probeShards(t, d, "public", "ci_outbox", "k"); err == nil || !strings.Contains(err.Error(), `has the nondeterministic collation public.ci`) {
+		t.Errorf("a nondeterministic collation: %v", err)
+	}
+	// What the refusal avoids: under it, hashtext() is not shard.Hashtext.
+	var h int32
+	if err := d.pool.QueryRow(ctx, `SELECT hashtext('Order-1' COLLATE ci)`).Scan(&h); err != nil {
+		t.Fatal(err)
+	}
+	if h == shard.Hashtext([]byte("Order-1")) {
+		t.Errorf("hashtext under a nondeterministic collation is the bytes' hash")
+	}
 }
 
 // shardSet creates the publications and slots of n shards of d's outbox
@@ -92,8 +172,8 @@ func shardSet(t *testing.T, d *db, n int) (slots, pubs []string) {
 	if pubs, err = shard.Names("outboxd", n); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := d.pool.Exec(ctx, shard.ProbeSQL); err != nil {
-		t.Fatal(shard.ProbeError(err))
+	if err := probeShards(t, d, "public", "outbox", "aggregate_id"); err != nil {
+		t.Fatal(err)
 	}
 	for i := range n {
 		if _, err := d.pool.Exec(ctx, shard.PublicationSQL(pubs[i], "public", "outbox", "aggregate_id", i, n)); err != nil {
@@ -312,8 +392,8 @@ func TestShardPublicationsKeepApplicationWritesWorking(t *testing.T) {
 func TestShardPublicationErrors(t *testing.T) {
 	d := newDB(t)
 	ctx := context.Background()
-	if _, err := d.pool.Exec(ctx, shard.ProbeSQL); err != nil {
-		t.Fatal(shard.ProbeError(err))
+	if err := probeShards(t, d, "public", "outbox", "aggregate_id"); err != nil {
+		t.Fatal(err)
 	}
 	stmt := shard.PublicationSQL("outboxd_0of2", "public", "outbox", "aggregate_id", 0, 2)
 	if refusedBefore(t, d, shard.MinVersion, stmt) {
@@ -326,7 +406,7 @@ func TestShardPublicationErrors(t *testing.T) {
 	d.exec(t, stmt)
 	d.exec(t, `ALTER TABLE outbox ADD COLUMN num integer, ADD COLUMN vc varchar(100)`)
 	for _, tc := range []struct{ column, want string }{
-		{"id", `the shard filter hashes public.outbox's key column "id" with md5(text), so the column must be text or varchar`},
+		{"id", `the shard filter hashes public.outbox's key column "id" with hashtext(text), so the column must be text or varchar`},
 		{"num", `so the column must be text or varchar`},
 		{"nosuch", `the key column "nosuch" is not a column of public.outbox`},
 	} {
