@@ -3,6 +3,7 @@ package test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -556,5 +557,46 @@ func TestShardCutoverSplitsTheStreamAtX(t *testing.T) {
 			}
 			t.Logf("%d rows written; cutover %s: %d delivered by the %d old shards, %d by the %d new ones", len(written), x, oldN, r[0], newN, r[1])
 		})
+	}
+}
+
+// outboxd status with postgres.shards: 2 lists each shard's slot with its
+// lag, the worst first, and reports the worst shard's slot as the slot.
+func TestShardStatus(t *testing.T) {
+	d := newDB(t)
+	if refusedBefore(t, d, shard.MinVersion, shard.PublicationSQL("outboxd_0of2", "public", "outbox", "aggregate_id", 0, 2)) {
+		return
+	}
+	slots, _ := shardSet(t, d, 2)
+	d.exec(t, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+		SELECT 'shard', 'key-' || g, 'Happened', '{}' FROM generate_series(1, 2000) g`)
+	// Shard 0 has confirmed everything; shard 1 nothing.
+	d.exec(t, `SELECT pg_replication_slot_advance($1, pg_current_wal_lsn())`, slots[0])
+	env := d.env("OUTBOXD_POSTGRES_SHARDS=2")
+	text := runStatus(t, env)
+	t.Logf("outboxd status:\n%s", text)
+	mustContain(t, "outboxd status", text,
+		`(?m)^slot +`+slots[1]+` \(pgoutput\), inactive`,
+		`(?m)^shards +2 slots, the worst first`,
+		`(?s)shard 1 +`+slots[1]+`: lag \d+(\.\d)? [KM]iB, confirmed [0-9A-F]+/[0-9A-F]+, inactive, wal_status reserved\n`+
+			`shard 0 +`+slots[0]+`: lag \d+ B, confirmed`,
+	)
+	var rep struct {
+		Slot     string `json:"slot"`
+		LagBytes int64  `json:"lag_bytes"`
+		Shards   []struct {
+			Index       int    `json:"index"`
+			Slot        string `json:"slot"`
+			Publication string `json:"publication"`
+			Exists      bool   `json:"exists"`
+			LagBytes    int64  `json:"lag_bytes"`
+		} `json:"shards"`
+	}
+	if err := json.Unmarshal([]byte(runStatus(t, env, "-json")), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Shards) != 2 || rep.Slot != slots[1] || rep.Shards[0].Slot != slots[1] || rep.Shards[0].Publication != "outboxd_1of2" ||
+		!rep.Shards[0].Exists || rep.Shards[0].LagBytes <= rep.Shards[1].LagBytes || rep.LagBytes != rep.Shards[0].LagBytes {
+		t.Errorf("status -json = %+v", rep)
 	}
 }

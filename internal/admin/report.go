@@ -1,18 +1,24 @@
 package admin
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/internal/pg"
 	"github.com/outboxd/outboxd/relay"
+	"github.com/outboxd/outboxd/shard"
 	"github.com/outboxd/outboxd/wal"
 )
 
@@ -48,6 +54,27 @@ type Report struct {
 	// FailoverNotes says what it means, warnings marked "warning: ".
 	Failover      *pg.Failover `json:"failover,omitempty"`
 	FailoverNotes []string     `json:"failover_notes,omitempty"`
+	// Shards is every shard's slot when postgres.shards is above 1, the
+	// worst first: a missing slot, then the greatest lag. The slot and
+	// publication fields above then describe the first of them, the worst
+	// shard, so lag_bytes is the greatest lag of any shard.
+	Shards []ShardSlot `json:"shards,omitempty"`
+}
+
+// ShardSlot is one shard's slot as Postgres sees it.
+type ShardSlot struct {
+	Index       int    `json:"index"` // i of <slot>_<i>of<N>
+	Slot        string `json:"slot"`
+	Publication string `json:"publication"`
+	Exists      bool   `json:"exists"`
+	Active      bool   `json:"active"`
+	ActivePID   int    `json:"active_pid,omitempty"`
+	Confirmed   string `json:"confirmed_flush_lsn,omitempty"`
+	LagBytes    int64  `json:"lag_bytes"`
+	Retained    int64  `json:"retained_wal_bytes"`
+	WALStatus   string `json:"wal_status,omitempty"`
+	SafeWALSize *int64 `json:"safe_wal_size_bytes,omitempty"`
+	FlushLag    string `json:"flush_lag,omitempty"`
 }
 
 // BuildReport reads the report from Postgres and from the outboxd HTTP
@@ -59,7 +86,13 @@ func BuildReport(ctx context.Context, cfg config.Config, statusURL string) (Repo
 		return rep, err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	info, ok, err := wal.InspectSlot(ctx, conn, cfg.Postgres.Slot)
+	if n := cfg.Postgres.Shards; n > 1 {
+		if rep.Shards, err = readShards(ctx, conn, cfg.Postgres.Slot, cfg.Postgres.Publication, n); err != nil {
+			return rep, err
+		}
+		rep.Slot, rep.Publication = rep.Shards[0].Slot, rep.Shards[0].Publication
+	}
+	info, ok, err := wal.InspectSlot(ctx, conn, rep.Slot)
 	if err != nil {
 		return rep, err
 	}
@@ -70,7 +103,7 @@ func BuildReport(ctx context.Context, cfg config.Config, statusURL string) (Repo
 		err := conn.QueryRow(ctx, `SELECT coalesce((pg_current_wal_lsn() - s.confirmed_flush_lsn)::bigint, 0),
 				coalesce((pg_current_wal_lsn() - s.restart_lsn)::bigint, 0), s.safe_wal_size,
 				(SELECT r.flush_lag::text FROM pg_stat_replication r WHERE r.pid = s.active_pid)
-			FROM pg_replication_slots s WHERE s.slot_name = $1`, cfg.Postgres.Slot).Scan(&rep.LagBytes, &rep.Retained, &rep.SafeWALSize, &flushLag)
+			FROM pg_replication_slots s WHERE s.slot_name = $1`, rep.Slot).Scan(&rep.LagBytes, &rep.Retained, &rep.SafeWALSize, &flushLag)
 		if err != nil {
 			return rep, fmt.Errorf("reading slot lag: %w", err)
 		}
@@ -87,15 +120,15 @@ func BuildReport(ctx context.Context, cfg config.Config, statusURL string) (Repo
 		return rep, err
 	}
 	rep.Failover = &f
-	for _, n := range f.Notes(cfg.Postgres.Slot) {
+	for _, n := range f.Notes(rep.Slot) {
 		if n.Warn {
 			n.Text = "warning: " + n.Text
 		}
 		rep.FailoverNotes = append(rep.FailoverNotes, n.Text)
 	}
-	rows, err := conn.Query(ctx, `SELECT schemaname || '.' || tablename FROM pg_publication_tables WHERE pubname = $1 ORDER BY 1`, cfg.Postgres.Publication)
+	rows, err := conn.Query(ctx, `SELECT schemaname || '.' || tablename FROM pg_publication_tables WHERE pubname = $1 ORDER BY 1`, rep.Publication)
 	if err != nil {
-		return rep, fmt.Errorf("reading publication %q: %w", cfg.Postgres.Publication, err)
+		return rep, fmt.Errorf("reading publication %q: %w", rep.Publication, err)
 	}
 	for rows.Next() {
 		var t string
@@ -120,6 +153,60 @@ func BuildReport(ctx context.Context, cfg config.Config, statusURL string) (Repo
 		}
 	}
 	return rep, nil
+}
+
+// readShards reads the slots of the n shards of slot (with the
+// publications of publication), the worst first (sortShards).
+func readShards(ctx context.Context, conn *pgx.Conn, slot, publication string, n int) ([]ShardSlot, error) {
+	slots, err := shard.Names(slot, n)
+	if err != nil {
+		return nil, err
+	}
+	pubs, err := shard.Names(publication, n)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := conn.Query(ctx, `SELECT n.i::int - 1, s.slot_name IS NOT NULL, coalesce(s.active, false), coalesce(s.active_pid, 0),
+			coalesce(s.confirmed_flush_lsn::text, ''),
+			coalesce((pg_current_wal_lsn() - s.confirmed_flush_lsn)::bigint, 0),
+			coalesce((pg_current_wal_lsn() - s.restart_lsn)::bigint, 0),
+			coalesce(s.wal_status, ''), s.safe_wal_size,
+			coalesce((SELECT r.flush_lag::text FROM pg_stat_replication r WHERE r.pid = s.active_pid), '')
+		FROM unnest($1::text[]) WITH ORDINALITY AS n(name, i)
+		LEFT JOIN pg_replication_slots s ON s.slot_name = n.name ORDER BY n.i`, slots)
+	if err != nil {
+		return nil, fmt.Errorf("reading the slots of %d shards: %w", n, err)
+	}
+	var out []ShardSlot
+	var sh ShardSlot
+	_, err = pgx.ForEachRow(rows, []any{&sh.Index, &sh.Exists, &sh.Active, &sh.ActivePID, &sh.Confirmed, &sh.LagBytes, &sh.Retained,
+		&sh.WALStatus, &sh.SafeWALSize, &sh.FlushLag}, func() error {
+		sh.Slot, sh.Publication = slots[sh.Index], pubs[sh.Index]
+		out = append(out, sh)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reading the slots of %d shards: %w", n, err)
+	}
+	sortShards(out)
+	return out, nil
+}
+
+// sortShards puts the worst shard first: missing slots, then the greatest
+// lag, then the lowest index.
+func sortShards(s []ShardSlot) {
+	slices.SortStableFunc(s, func(a, b ShardSlot) int {
+		if a.Exists != b.Exists {
+			if !a.Exists {
+				return -1
+			}
+			return 1
+		}
+		if c := cmp.Compare(b.LagBytes, a.LagBytes); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Index, b.Index)
+	})
 }
 
 // confirmedAge returns the age at now of the last confirmed commit while
@@ -175,6 +262,12 @@ func (rep Report) WriteText(w io.Writer) error {
 		}
 		row("wal_status", "%s", wal)
 	}
+	if len(rep.Shards) > 0 {
+		row("shards", "%d slots, the worst first (the slot above is the first)", len(rep.Shards))
+		for _, sh := range rep.Shards {
+			row("shard "+strconv.Itoa(sh.Index), "%s", sh.text())
+		}
+	}
 	for _, n := range rep.FailoverNotes {
 		row("failover", "%s", n)
 	}
@@ -220,6 +313,25 @@ func (rep Report) lagText() string {
 		lag += ", flush lag " + rep.FlushLag
 	}
 	return lag
+}
+
+// text is a shard's line: its slot, lag, confirmed position, holder and
+// wal_status.
+func (sh ShardSlot) text() string {
+	if !sh.Exists {
+		return sh.Slot + " does not exist"
+	}
+	line := fmt.Sprintf("%s: lag %s, confirmed %s, ", sh.Slot, bytesText(sh.LagBytes), sh.Confirmed)
+	if sh.Active {
+		line += fmt.Sprintf("active (pid %d)", sh.ActivePID)
+	} else {
+		line += "inactive"
+	}
+	line += ", wal_status " + sh.WALStatus
+	if sh.FlushLag != "" {
+		line += ", flush lag " + sh.FlushLag
+	}
+	return line
 }
 
 func bytesText(n int64) string {

@@ -1,6 +1,7 @@
 package admin
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -115,5 +116,74 @@ func TestWriteTextFailover(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("report lacks %q:\n%s", want, out)
 		}
+	}
+}
+
+// With shards the report lists every shard's slot, the worst first: a
+// missing slot, then the greatest lag, then the lowest index.
+func TestSortShards(t *testing.T) {
+	s := []ShardSlot{
+		{Index: 0, Exists: true, LagBytes: 10},
+		{Index: 1, Exists: true, LagBytes: 5000},
+		{Index: 2, Exists: false},
+		{Index: 3, Exists: true, LagBytes: 10},
+		{Index: 4, Exists: true, LagBytes: 7000},
+	}
+	sortShards(s)
+	var got []int
+	for _, sh := range s {
+		got = append(got, sh.Index)
+	}
+	if want := []int{2, 4, 1, 0, 3}; !slices.Equal(got, want) {
+		t.Errorf("order %v, want %v", got, want)
+	}
+}
+
+func TestWriteTextShards(t *testing.T) {
+	shards := []ShardSlot{
+		{Index: 1, Slot: "outboxd_1of3", Publication: "outboxd_1of3", Exists: true, Active: true, ActivePID: 41, Confirmed: "0/3000000", LagBytes: 5 << 20, WALStatus: "reserved", FlushLag: "00:00:02"},
+		{Index: 0, Slot: "outboxd_0of3", Publication: "outboxd_0of3", Exists: true, Active: true, ActivePID: 40, Confirmed: "0/3500000", LagBytes: 2048, WALStatus: "reserved"},
+		{Index: 2, Slot: "outboxd_2of3", Publication: "outboxd_2of3", Exists: true, Confirmed: "0/3400000", LagBytes: 1024, WALStatus: "extended"},
+	}
+	rep := Report{Slot: "outboxd_1of3", SlotExists: true, Plugin: "pgoutput", Active: true, ActivePID: 41, Confirmed: "0/3000000",
+		LagBytes: 5 << 20, WALStatus: "reserved", Publication: "outboxd_1of3", PubTables: []string{"public.outbox"}, Table: "public.outbox", Shards: shards}
+	var b strings.Builder
+	if err := rep.WriteText(&b); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	t.Log("\n" + out)
+	want := []string{
+		"slot         outboxd_1of3 (pgoutput), active, held by pid 41\n",
+		"lag          5.0 MiB of WAL since the confirmed position\n",
+		"shards       3 slots, the worst first (the slot above is the first)\n",
+		"shard 1      outboxd_1of3: lag 5.0 MiB, confirmed 0/3000000, active (pid 41), wal_status reserved, flush lag 00:00:02\n",
+		"shard 0      outboxd_0of3: lag 2.0 KiB, confirmed 0/3500000, active (pid 40), wal_status reserved\n",
+		"shard 2      outboxd_2of3: lag 1.0 KiB, confirmed 0/3400000, inactive, wal_status extended\n",
+	}
+	last := -1
+	for _, w := range want {
+		i := strings.Index(out, w)
+		if i < 0 {
+			t.Errorf("report lacks %q", w)
+			continue
+		}
+		if i < last {
+			t.Errorf("%q is out of order", w)
+		}
+		last = i
+	}
+	missing := ShardSlot{Index: 3, Slot: "outboxd_3of4"}
+	if got := missing.text(); got != "outboxd_3of4 does not exist" {
+		t.Errorf("a missing shard slot: %q", got)
+	}
+	// One shard: no shard lines.
+	rep.Shards = nil
+	b.Reset()
+	if err := rep.WriteText(&b); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(b.String(), "shard") {
+		t.Errorf("an unsharded report mentions shards:\n%s", b.String())
 	}
 }
