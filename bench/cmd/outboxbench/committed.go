@@ -12,9 +12,9 @@ import (
 // A consumer reading with isolation.level=read_committed sees a record of a
 // Kafka transaction only once the transaction's commit marker is in its
 // partition (the last stable offset moves past it), and any other record
-// once it is appended. The harness measures when each event became visible
-// so, from the append times the topics' LogAppendTime gives the records and
-// the markers, not from when its own consumer happened to fetch them.
+// once it is appended. The harness takes that moment from the append times
+// (the topics use LogAppendTime, which the markers get too), not from when
+// its own consumer happened to fetch the records.
 
 // visibility follows the records of a read_committed consumer that keeps
 // control records (kgo.KeepControlRecords), each partition's in offset
