@@ -14,6 +14,7 @@ import (
 
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/internal/pg"
+	"github.com/outboxd/outboxd/shard"
 	"github.com/outboxd/outboxd/sink"
 	"github.com/outboxd/outboxd/wal"
 )
@@ -304,7 +305,12 @@ func (r *Relay) checkColumnTypes(ctx context.Context, conn *pgx.Conn) error {
 func (r *Relay) ensureSlot(ctx context.Context, conn *pgx.Conn) (held bool, err error) {
 	pc := r.cfg.Postgres
 	schema, table := pc.TableName()
-	pub, err := wal.EnsurePublication(ctx, conn, pc.Publication, schema, table, pc.CreatePublication)
+	var pub wal.Publication
+	if r.shard.Count > 1 {
+		pub, err = r.checkShardPublication(ctx, conn)
+	} else {
+		pub, err = wal.EnsurePublication(ctx, conn, pc.Publication, schema, table, pc.CreatePublication)
+	}
 	if err != nil {
 		return false, err
 	}
@@ -316,7 +322,7 @@ func (r *Relay) ensureSlot(ctx context.Context, conn *pgx.Conn) (held bool, err 
 	switch {
 	case pub.Created:
 		r.log.Info("created publication", "publication", pc.Publication, "table", pc.Table, "publish", wal.PublishActions)
-	case pub.NoUpdates && r.cfg.Router.OnUpdate != "ignore":
+	case pub.NoUpdates && r.cfg.Router.OnUpdate != "ignore" && r.shard.Count == 1: // a shard's publication publishes inserts only
 		r.log.Warn("the publication leaves UPDATEs out, so router.on_update ("+string(r.cfg.Router.OnUpdate)+") never sees an updated outbox row; "+
 			wal.AlterPublicationSQL(pc.Publication)+" publishes them", "publication", pc.Publication)
 	case pub.Deletes:
@@ -378,4 +384,30 @@ func (r *Relay) ensureSlot(ctx context.Context, conn *pgx.Conn) (held bool, err 
 	}
 	r.logFailover(ctx, conn, r.major, info)
 	return held, nil
+}
+
+// checkShardPublication checks that a shard's publication, made before the
+// shards start (Shards.Start), publishes the outbox table with a row filter,
+// and returns its column list.
+func (r *Relay) checkShardPublication(ctx context.Context, conn *pgx.Conn) (wal.Publication, error) {
+	pc := r.cfg.Postgres
+	schema, table := pc.TableName()
+	create := shard.PublicationSQL(pc.Publication, schema, table, r.cfg.Router.KeyColumn, r.shard.Index, r.shard.Count)
+	var filter *string
+	var columns []string
+	err := conn.QueryRow(ctx, `SELECT to_jsonb(pt) ->> 'rowfilter', coalesce(to_jsonb(pt) -> 'attnames', 'null')
+		FROM pg_publication_tables pt WHERE pt.pubname = $1 AND pt.schemaname = $2 AND pt.tablename = $3`,
+		pc.Publication, schema, table).Scan(&filter, &columns)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return wal.Publication{}, wal.Errorf(wal.ErrPublicationMissing, "publication %q of shard %d of %d does not exist or does not include %s.%s; drop it if it exists and create it with %s",
+			pc.Publication, r.shard.Index, r.shard.Count, schema, table, create)
+	}
+	if err != nil {
+		return wal.Publication{}, fmt.Errorf("reading tables of publication %q: %w", pc.Publication, err)
+	}
+	if filter == nil {
+		return wal.Publication{}, fmt.Errorf("publication %q of shard %d of %d publishes every row of %s.%s, so every shard would deliver every event; drop it and create it with %s",
+			pc.Publication, r.shard.Index, r.shard.Count, schema, table, create)
+	}
+	return wal.Publication{Columns: columns}, nil
 }

@@ -3,6 +3,7 @@ package relay
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/outboxd/outboxd/checkpoint"
 	"github.com/outboxd/outboxd/router"
+	"github.com/outboxd/outboxd/shard"
 	"github.com/outboxd/outboxd/sink"
 	"github.com/outboxd/outboxd/wal"
 	"github.com/prometheus/client_golang/prometheus"
@@ -18,8 +20,9 @@ import (
 // pipe consumes the stream's batches in order: it routes inserts and
 // messages and hands them to the producer, registering each with the tracker
 // first.
-func (r *Relay) pipe(ctx context.Context, batches <-chan []wal.Item, tracker *checkpoint.Tracker, producer *sink.Producer, fail context.CancelCauseFunc, outboxID uint32) error {
+func (r *Relay) pipe(ctx context.Context, batches <-chan []wal.Item, tracker *checkpoint.Tracker, producer *sink.Producer, fail context.CancelCauseFunc, outboxID uint32, stopReading func()) error {
 	p := r.NewPipeline(ctx, tracker, producer, fail, outboxID)
+	p.stopReading = stopReading
 	defer p.Close()
 	if r.cfg.Kafka.ExactlyOnce() {
 		return r.pipeEOS(ctx, batches, p, producer) // eos.go
@@ -79,6 +82,10 @@ type Pipeline struct {
 	warnedUpdate bool
 	warnedNontx  bool
 	rec          router.Record // each insert's record: the producer keeps none of it
+	// past: an old shard met the end of its reshard window (Relay.window)
+	// and handles nothing more; stopReading ends the stream there.
+	past        bool
+	stopReading func()
 
 	inserts, updates, deletes, messages, nontx prometheus.Counter
 }
@@ -90,11 +97,21 @@ type Pipeline struct {
 // idle tracker advance.
 func (p *Pipeline) Handle(item wal.Item) error {
 	rcfg := p.r.cfg.Router
+	if p.past {
+		return nil // beyond an old shard's window: the new shards deliver it
+	}
 	if p.eos != nil && p.eos.skipping {
 		return p.eos.skip(item) // in Kafka before this run
 	}
 	switch m := item.(type) {
 	case *wal.Begin:
+		// The commit record starts at FinalLSN and ends at the transaction's
+		// end LSN; a cutover is never inside a record, so the transaction
+		// ends after it exactly when its commit starts at or after it.
+		if w := p.r.window; w.Upto != 0 && w.Past(m.FinalLSN+1) {
+			p.pastWindow()
+			return nil
+		}
 		if !m.SentTime.IsZero() {
 			p.r.m.commitToSend.Observe(max(m.SentTime.Sub(m.CommitTime), 0).Seconds())
 		}
@@ -160,10 +177,22 @@ func (p *Pipeline) Handle(item wal.Item) error {
 			p.nontx.Inc()
 			return nil
 		}
+		if sh := p.r.shard; sh.Count > 1 {
+			// Every shard's slot receives every message: deliver only
+			// this shard's.
+			key, keyed := messageKey(m.Content, rcfg.KeyColumn)
+			if shard.MessageOwner(key, keyed, sh.Count) != sh.Index {
+				return nil
+			}
+		}
 		p.messages.Inc()
 		rec, err := p.r.router.RouteMessage(m, p.commitTime)
 		return p.deliver(rec, err, m.LSN, func() string { return "message " + m.Prefix })
 	case *wal.Commit:
+		if w := p.r.window; w.Upto != 0 && !w.Delivers(m.EndLSN) {
+			p.r.log.Warn("an old shard delivered a transaction that ends after the reshard's cutover; the new shards deliver it again",
+				"end_lsn", m.EndLSN.String(), "cutover", w.Upto.String(), "slot", p.r.cfg.Postgres.Slot)
+		}
 		txn := p.txn
 		txn.Commit(m.EndLSN)
 		p.txn, p.done = nil, nil
@@ -173,8 +202,46 @@ func (p *Pipeline) Handle(item wal.Item) error {
 		}
 	case wal.Keepalive:
 		p.tracker.Idle(m.WALEnd)
+		if w := p.r.window; w.Upto != 0 && p.tracker.Confirmed() >= w.Upto {
+			p.pastWindow() // idle up to the cutover: nothing more to deliver
+		}
 	}
 	return nil
+}
+
+// pastWindow ends an old shard's delivery at its reshard window's end:
+// nothing more is handled, and the stream stops at the next transaction
+// boundary; the drain stage confirms the cutover once every record before
+// it is acknowledged.
+func (p *Pipeline) pastWindow() {
+	p.past = true
+	p.r.past.Store(true)
+	if p.stopReading != nil {
+		p.stopReading()
+	}
+}
+
+// messageKey returns a logical message's key field, named as the key
+// column, as the router reads it before router.key_encoding: a JSON
+// string's text, or any other JSON value's own text. keyed is false when
+// the content is not a JSON object or the field is missing or null.
+func messageKey(content []byte, field string) (key []byte, keyed bool) {
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(content, &fields) != nil {
+		return nil, false
+	}
+	raw, ok := fields[field]
+	if !ok || len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
+		return nil, false
+	}
+	if raw[0] == '"' {
+		var s string
+		if json.Unmarshal(raw, &s) != nil {
+			return nil, false
+		}
+		return []byte(s), true
+	}
+	return raw, true
 }
 
 // errUpdate marks an UPDATE refused by router.on_update: error.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -14,6 +15,7 @@ import (
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/internal/pg"
 	"github.com/outboxd/outboxd/router"
+	"github.com/outboxd/outboxd/shard"
 	"github.com/outboxd/outboxd/sink"
 	"github.com/outboxd/outboxd/wal"
 )
@@ -38,6 +40,14 @@ type Relay struct {
 	major          int
 	slotFailover   bool
 	confirmed      wal.LSN // the highest position this process confirmed
+
+	// Sharded slots (shards.go): this relay's shard of the configured
+	// layout (Index 0 of Count 1 when unsharded), and while resharding
+	// the window of an old shard; windowDone once it delivered all of it.
+	shard      shard.Shard
+	window     shard.Window
+	windowDone bool
+	past       atomic.Bool // this run's pipeline met the end of window
 }
 
 // New returns a Relay for a validated cfg, with its metrics on reg.
@@ -47,7 +57,8 @@ func New(cfg config.Config, log *slog.Logger, reg prometheus.Registerer) (*Relay
 		return nil, err
 	}
 	r := &Relay{cfg: cfg, log: log, router: rt, m: newMetrics(reg), sinkM: sink.NewMetrics(reg), reg: reg,
-		standby: pg.Lazy{PG: cfg.Postgres}}
+		standby: pg.Lazy{PG: cfg.Postgres},
+		shard:   shard.Shard{Index: 0, Count: 1, Slot: cfg.Postgres.Slot, Publication: cfg.Postgres.Publication}}
 	if cfg.Kafka.ExactlyOnce() {
 		r.txnM = sink.NewTxnMetrics(reg)
 	}
@@ -114,6 +125,9 @@ func (r *Relay) Run(ctx context.Context, start *Start) error {
 		err := r.runOnce(ctx, start)
 		start.Close() // only the first pipeline uses it, if it got that far
 		start = nil
+		if err == nil && r.windowDone {
+			return nil // an old shard delivered its window: the reshard goes on
+		}
 		if ctx.Err() != nil && (err == nil || !IsPermanent(err)) {
 			if err != nil {
 				r.log.Warn("stopped after an error during shutdown; unconfirmed events will be sent again on restart", "err", err, "slot", r.cfg.Postgres.Slot)
@@ -171,11 +185,15 @@ func (r *Relay) explain(err error) error {
 	}
 	pg := r.cfg.Postgres
 	schema, table := pg.TableName()
+	create := wal.PublicationSQL(pg.Publication, schema, table)
+	if r.shard.Count > 1 {
+		create = shard.PublicationSQL(pg.Publication, schema, table, r.cfg.Router.KeyColumn, r.shard.Index, r.shard.Count)
+	}
 	return wal.Errorf(wal.ErrPublicationMissing, "publication %q was dropped while outboxd used it (%s): Postgres can no longer decode the slot, "+
 		"so the events committed after the slot's confirmed position stay in the slot, undelivered but not confirmed. "+
 		"Recreate it with %s and restart outboxd; transactions Postgres still cannot decode "+
 		"must be recovered from the outbox table or the application before the slot is advanced past them",
-		pg.Publication, pgErr.Message, wal.PublicationSQL(pg.Publication, schema, table))
+		pg.Publication, pgErr.Message, create)
 }
 
 func (r *Relay) setState(state State, reason string) {

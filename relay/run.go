@@ -82,6 +82,10 @@ type pipelineRun struct {
 	// release undoes the start stage: it stops the shutdown timer, cancels
 	// ctx and hard, and closes the slot-position connection.
 	release func()
+	// stopReading ends the stream at the next transaction boundary, as a
+	// shutdown does (set by the stream stage): an old shard that has met
+	// the end of its window reads no further.
+	stopReading func()
 }
 
 // startStage derives the run's contexts (hard, then ctx), registers the
@@ -96,6 +100,7 @@ func (r *Relay) startStage(ctx context.Context, c connected) (*pipelineRun, erro
 	})
 	run, fail := context.WithCancelCause(hard)
 	rn := &pipelineRun{connected: c, tracker: checkpoint.New(c.slot.confirmed), hard: hard, ctx: run, fail: fail}
+	r.past.Store(false)
 	rn.release = func() {
 		fail(nil)
 		stopTimer()
@@ -105,7 +110,7 @@ func (r *Relay) startStage(ctx context.Context, c connected) (*pipelineRun, erro
 		Slot: pg.Slot, Publication: pg.Publication, StatusInterval: pg.StatusInterval,
 		ReceiveTimeout: r.receiveTimeout(run, c.conn),
 		Messages:       r.cfg.Router.Messages.Prefix != "",
-	}, 0, rn.tracker.Confirmed)
+	}, 0, func() wal.LSN { return r.window.Confirm(rn.tracker.Confirmed()) })
 	if err != nil {
 		c.conn.Close(context.Background())
 		rn.release()
@@ -159,6 +164,7 @@ func (r *Relay) streamStage(ctx context.Context, rn *pipelineRun) error {
 	g, gctx := errgroup.WithContext(rn.ctx)
 	graceful, stopReading := context.WithCancel(gctx)
 	defer stopReading()
+	rn.stopReading = stopReading
 	stopGraceful := context.AfterFunc(ctx, stopReading)
 	defer stopGraceful()
 
@@ -170,7 +176,7 @@ func (r *Relay) streamStage(ctx context.Context, rn *pipelineRun) error {
 	watch, stopWatch := context.WithCancel(gctx)
 	g.Go(func() error {
 		defer stopWatch() // the watchdog ends with the pipeline, also on a clean stop
-		return r.pipe(gctx, items, rn.tracker, rn.producer, rn.fail, rn.slot.outboxID)
+		return r.pipe(gctx, items, rn.tracker, rn.producer, rn.fail, rn.slot.outboxID, rn.stopReading)
 	})
 	g.Go(func() error { return rn.producer.Watch(watch, rn.tracker.Waiting) })
 	err := g.Wait()
@@ -201,6 +207,12 @@ func (r *Relay) drainStage(ctx context.Context, rn *pipelineRun, err error) erro
 			}
 		}
 	}
+	if err == nil && r.past.Load() {
+		// An old shard past its window: everything before the cutover is
+		// acknowledged, and the transaction past it proves the slot holds
+		// nothing else up to there. Confirm the cutover itself.
+		rn.tracker.Idle(r.window.Upto)
+	}
 	// A shutdown timeout is no failure of the connection, and is when the
 	// server may be in the middle of a large transaction: it gets the
 	// longer close.
@@ -214,10 +226,15 @@ func (r *Relay) drainStage(ctx context.Context, rn *pipelineRun, err error) erro
 	}
 	closeCtx, cancel := context.WithTimeout(context.Background(), closeTimeout)
 	defer cancel()
-	if cerr := rn.stream.Close(closeCtx); cerr != nil && (err == nil || timedOut) {
+	cerr := rn.stream.Close(closeCtx)
+	if cerr != nil && (err == nil || timedOut) {
 		r.log.Warn("final status update failed; Postgres keeps the previous confirmed position", "err", cerr, "slot", pg.Slot)
 	}
-	confirmed := rn.tracker.Confirmed()
+	confirmed := r.window.Confirm(rn.tracker.Confirmed())
+	if err == nil && cerr == nil && r.window.Done(confirmed) {
+		r.windowDone = true
+		r.log.Info("delivered every transaction up to the reshard's cutover", "slot", pg.Slot, "cutover", r.window.Upto.String())
+	}
 	r.m.confirmedLSN.Set(float64(confirmed))
 	r.confirmed = max(r.confirmed, confirmed)
 	if err == nil && ctx.Err() != nil {

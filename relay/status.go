@@ -45,6 +45,11 @@ type Status struct {
 	LastError           string    `json:"last_error,omitempty"`
 	LastErrorTime       time.Time `json:"last_error_time,omitzero"`
 	Version             string    `json:"version,omitempty"`
+	// Shards, with postgres.shards > 1 or while resharding, is each
+	// shard's own Status (its Slot names it); the fields above are then
+	// their summary: the worst state, the first reason, the latest error,
+	// the records in flight of all.
+	Shards []Status `json:"shards,omitempty"`
 }
 
 // status is the relay's self-report, updated by the pipeline.

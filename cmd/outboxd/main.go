@@ -25,7 +25,6 @@ import (
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/debezium"
 	"github.com/outboxd/outboxd/internal/admin"
-	"github.com/outboxd/outboxd/internal/slotlag"
 	"github.com/outboxd/outboxd/metrics"
 	"github.com/outboxd/outboxd/relay"
 )
@@ -160,11 +159,10 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics.RegisterBuildInfo(reg, version, buildCommit())
-	r, err := relay.New(cfg, log, reg)
+	r, err := relay.NewShards(cfg, log, reg)
 	if err != nil {
 		return err
 	}
-	slots := slotlag.New(cfg.Postgres, log, reg)
 	// The endpoints answer from the start, so that a slow start-up check
 	// (Kafka or Postgres not reachable yet) shows as not ready, with its
 	// reason, rather than as no answer.
@@ -184,14 +182,12 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		log.Info("serving metrics and health", "addr", srv.Addr())
 		g.Go(func() error { return srv.Run(runCtx) })
 	}
-	start, err := r.Check(ctx)
-	if err != nil {
+	if err := r.Start(ctx); err != nil {
 		endAll()
 		_ = g.Wait()
 		return err
 	}
-	g.Go(func() error { defer endAll(); return r.Run(runCtx, start) })
-	g.Go(func() error { return slots.Run(runCtx, r.SlotConfirmed) })
+	g.Go(func() error { defer endAll(); return r.Run(runCtx) })
 	return g.Wait()
 }
 

@@ -1,0 +1,267 @@
+package reshard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/shard"
+	"github.com/outboxd/outboxd/wal"
+)
+
+// PG is the DB on a Postgres connection of its own, for the outbox table
+// and settings of cfg.
+type PG struct {
+	Conn      *pgx.Conn
+	Cfg       config.Postgres
+	KeyColumn string // router.key_column: what the shard filters hash
+	probed    bool
+}
+
+// Lock takes the session advisory lock of the slot's reshard loop, keyed by
+// the configured slot name. It reports false when another session holds it.
+func (p *PG) Lock(ctx context.Context) (bool, error) {
+	var ok bool
+	err := p.Conn.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtext('outboxd reshard ' || $1))`, p.Cfg.Slot).Scan(&ok)
+	if err != nil {
+		return false, fmt.Errorf("taking the reshard lock: %w", err)
+	}
+	return ok, nil
+}
+
+func (p *PG) table() string {
+	schema, _ := p.Cfg.TableName()
+	return pgx.Identifier{schema, "outboxd_reshard"}.Sanitize()
+}
+
+// Observe reads the state table's row for the slot, the database's logical
+// slots and the publications.
+func (p *PG) Observe(ctx context.Context) (Observed, error) {
+	var o Observed
+	var exists bool
+	if err := p.Conn.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, p.table()).Scan(&exists); err != nil {
+		return o, fmt.Errorf("reading the reshard state table: %w", err)
+	}
+	if exists {
+		var pl shard.Plan
+		var phase string
+		var cutover *string
+		err := p.Conn.QueryRow(ctx, `SELECT from_shards, to_shards, phase, cutover::text FROM `+p.table()+` WHERE slot = $1`, p.Cfg.Slot).
+			Scan(&pl.From, &pl.To, &phase, &cutover)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+		case err != nil:
+			return o, fmt.Errorf("reading the reshard state table: %w", err)
+		default:
+			pl.Phase = shard.Phase(phase)
+			if cutover != nil {
+				lsn, err := parseLSN(*cutover)
+				if err != nil {
+					return o, err
+				}
+				pl.Cutover = lsn
+			}
+			o.Plan = &pl
+		}
+	}
+	rows, err := p.Conn.Query(ctx, `SELECT slot_name::text, coalesce(confirmed_flush_lsn, '0/0')::text, active FROM pg_replication_slots
+		WHERE slot_type = 'logical' AND database = current_database()`)
+	if err != nil {
+		return o, fmt.Errorf("reading the replication slots: %w", err)
+	}
+	var name, lsn string
+	var active bool
+	_, err = pgx.ForEachRow(rows, []any{&name, &lsn, &active}, func() error {
+		l, err := parseLSN(lsn)
+		o.Slots = append(o.Slots, shard.Slot{Name: name, Confirmed: l, Active: active})
+		return err
+	})
+	if err != nil {
+		return o, fmt.Errorf("reading the replication slots: %w", err)
+	}
+	rows, err = p.Conn.Query(ctx, `SELECT pubname::text FROM pg_publication`)
+	if err != nil {
+		return o, fmt.Errorf("reading the publications: %w", err)
+	}
+	_, err = pgx.ForEachRow(rows, []any{&name}, func() error {
+		o.Publications = append(o.Publications, name)
+		return nil
+	})
+	if err != nil {
+		return o, fmt.Errorf("reading the publications: %w", err)
+	}
+	return o, nil
+}
+
+// Begin creates the state table and inserts the plan.
+func (p *PG) Begin(ctx context.Context, pl shard.Plan) error {
+	schema, _ := p.Cfg.TableName()
+	if _, err := p.Conn.Exec(ctx, shard.StateTableSQL(schema)); err != nil {
+		return &PermanentError{fmt.Errorf("creating the reshard state table %s: %w; the role needs CREATE on schema %s, or create it with: %s",
+			p.table(), err, schema, shard.StateTableSQL(schema))}
+	}
+	_, err := p.Conn.Exec(ctx, `INSERT INTO `+p.table()+` (slot, from_shards, to_shards, phase) VALUES ($1, $2, $3, $4) ON CONFLICT (slot) DO NOTHING`,
+		p.Cfg.Slot, pl.From, pl.To, string(shard.Creating))
+	if err != nil {
+		return fmt.Errorf("recording the reshard: %w", err)
+	}
+	return nil
+}
+
+// CreatePublications creates the shard publications named, after the
+// probe. A single shard's publication is the configured one, made as an
+// unsharded outboxd makes it.
+func (p *PG) CreatePublications(ctx context.Context, names []string) error {
+	schema, table := p.Cfg.TableName()
+	for _, name := range names {
+		i, n, ok := shard.Parse(p.Cfg.Publication, name)
+		if !ok {
+			return &PermanentError{fmt.Errorf("publication %q is not a shard of %q", name, p.Cfg.Publication)}
+		}
+		if n == 1 {
+			if _, err := wal.EnsurePublication(ctx, p.Conn, name, schema, table, p.Cfg.CreatePublication); err != nil {
+				return &PermanentError{err}
+			}
+			continue
+		}
+		if err := p.EnsureShardPublication(ctx, name, i, n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// EnsureShardPublication creates publication name of shard i of n when it
+// does not exist (running the probe first), or says which statement to run
+// when postgres.create_publication is false.
+func (p *PG) EnsureShardPublication(ctx context.Context, name string, i, n int) error {
+	schema, table := p.Cfg.TableName()
+	var exists bool
+	if err := p.Conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_publication WHERE pubname = $1)`, name).Scan(&exists); err != nil {
+		return fmt.Errorf("reading publication %q: %w", name, err)
+	}
+	if exists {
+		return nil
+	}
+	stmt := shard.PublicationSQL(name, schema, table, p.KeyColumn, i, n)
+	if !p.Cfg.CreatePublication {
+		return &PermanentError{wal.Errorf(wal.ErrPublicationMissing, "publication %q of shard %d of %d does not exist and postgres.create_publication is false; create it with %s",
+			name, i, n, stmt)}
+	}
+	if !p.probed {
+		_, err := p.Conn.Exec(ctx, shard.ProbeSQL)
+		if err := shard.ProbeError(err); err != nil {
+			return &PermanentError{err}
+		}
+		p.probed = true
+	}
+	_, err := p.Conn.Exec(ctx, stmt)
+	if err == nil || sqlState(err) == "42710" { // duplicate_object: another instance made it
+		return nil
+	}
+	return &PermanentError{shard.PublicationError(err, name, schema, table, p.KeyColumn)}
+}
+
+// CreateSlots creates the slots named (pgoutput).
+func (p *PG) CreateSlots(ctx context.Context, names []string) error {
+	for _, name := range names {
+		if !p.Cfg.CreateSlot {
+			return &PermanentError{wal.Errorf(wal.ErrSlotMissing, "replication slot %q does not exist and postgres.create_slot is false; create it with %s",
+				name, wal.CreateSlotSQL(name, p.Cfg.FailoverSlot))}
+		}
+		if _, err := wal.CreateSlot(ctx, p.Conn, name, p.Cfg.FailoverSlot); err != nil && sqlState(err) != "42710" {
+			return err
+		}
+	}
+	return nil
+}
+
+// SetPhase writes the row's phase where it still holds the observed plan.
+func (p *PG) SetPhase(ctx context.Context, o shard.Plan, phase shard.Phase, cutover shard.LSN) (bool, error) {
+	var set *string
+	if cutover != 0 {
+		s := cutover.String()
+		set = &s
+	}
+	tag, err := p.Conn.Exec(ctx, `UPDATE `+p.table()+` SET phase = $1, cutover = coalesce($2::pg_lsn, cutover), updated_at = now()
+		WHERE slot = $3 AND phase = $4 AND from_shards = $5 AND to_shards = $6`,
+		string(phase), set, p.Cfg.Slot, string(o.Phase), o.From, o.To)
+	if err != nil {
+		return false, fmt.Errorf("recording reshard phase %s: %w", phase, err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// Delete deletes the row where it still holds the observed plan.
+func (p *PG) Delete(ctx context.Context, o shard.Plan) (bool, error) {
+	tag, err := p.Conn.Exec(ctx, `DELETE FROM `+p.table()+` WHERE slot = $1 AND phase = $2 AND from_shards = $3 AND to_shards = $4`,
+		p.Cfg.Slot, string(o.Phase), o.From, o.To)
+	if err != nil {
+		return false, fmt.Errorf("deleting the reshard's row: %w", err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// DropSlots drops the slots, terminating the backends that hold them.
+func (p *PG) DropSlots(ctx context.Context, names []string) error {
+	for _, name := range names {
+		for attempt := 0; ; attempt++ {
+			if _, err := p.Conn.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, name); err != nil {
+				return fmt.Errorf("ending the holder of slot %q: %w", name, err)
+			}
+			_, err := p.Conn.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, name)
+			if err == nil {
+				break
+			}
+			if sqlState(err) != "55006" || attempt >= 50 { // object_in_use: the holder is still ending
+				return fmt.Errorf("dropping slot %q: %w", name, err)
+			}
+			if !sleep(ctx, 100*time.Millisecond) {
+				return ctx.Err()
+			}
+		}
+	}
+	return nil
+}
+
+// DropPublications drops the publications.
+func (p *PG) DropPublications(ctx context.Context, names []string) error {
+	for _, name := range names {
+		if _, err := p.Conn.Exec(ctx, `DROP PUBLICATION IF EXISTS `+pgx.Identifier{name}.Sanitize()); err != nil {
+			return fmt.Errorf("dropping publication %q: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// Advance moves each slot to lsn.
+func (p *PG) Advance(ctx context.Context, names []string, to shard.LSN) error {
+	for _, name := range names {
+		if _, err := p.Conn.Exec(ctx, `SELECT pg_replication_slot_advance($1, $2::pg_lsn)`, name, to.String()); err != nil {
+			return fmt.Errorf("advancing slot %q to the cutover %s: %w", name, to, err)
+		}
+	}
+	return nil
+}
+
+func sqlState(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code
+	}
+	return ""
+}
+
+func parseLSN(s string) (shard.LSN, error) {
+	lsn, err := pglogrepl.ParseLSN(s)
+	if err != nil {
+		return 0, fmt.Errorf("reading an LSN: %w", err)
+	}
+	return lsn, nil
+}

@@ -1,0 +1,177 @@
+// Package reshard executes package shard's start-up and resharding
+// protocol (shard.Next) against Postgres: it observes the state table's
+// row, the slots and the publications, performs the Action Next asks for,
+// and observes again, until Next says Stream. One instance runs the loop
+// at a time, under a session advisory lock keyed by the slot name.
+//
+// The loop (Run) works on a DB, so that it is tested against a fake; PG is
+// the DB on a Postgres connection.
+package reshard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/outboxd/outboxd/shard"
+)
+
+// Observed is what DB.Observe reads: the state table's row (nil: none),
+// the logical slots of the database and the publications.
+type Observed struct {
+	Plan         *shard.Plan
+	Slots        []shard.Slot
+	Publications []string
+}
+
+// DB is what Run needs of Postgres. Every write is idempotent: a create of
+// something that exists and a drop of something absent succeed. The
+// conditional writes report whether the row still held the observed plan.
+type DB interface {
+	Observe(ctx context.Context) (Observed, error)
+	// Begin creates the state table if needed and inserts p unless a row
+	// for the slot exists.
+	Begin(ctx context.Context, p shard.Plan) error
+	CreatePublications(ctx context.Context, names []string) error
+	CreateSlots(ctx context.Context, names []string) error
+	// SetPhase moves the row from the observed plan to phase (with cutover
+	// when not zero).
+	SetPhase(ctx context.Context, observed shard.Plan, phase shard.Phase, cutover shard.LSN) (bool, error)
+	// DropSlots drops the slots, terminating any backend that holds one.
+	DropSlots(ctx context.Context, names []string) error
+	DropPublications(ctx context.Context, names []string) error
+	Advance(ctx context.Context, names []string, to shard.LSN) error
+	// Delete deletes the row if it still holds the observed plan.
+	Delete(ctx context.Context, observed shard.Plan) (bool, error)
+}
+
+// Drain runs the old shards' pipelines with window w until each has
+// delivered its window (Window.Done), or ctx ends.
+type Drain func(ctx context.Context, shards []shard.Shard, w shard.Window) error
+
+// Config is the layout Run drives towards.
+type Config struct {
+	Slot, Publication string // the configured (base) names
+	Want              int    // postgres.shards
+	Poll              time.Duration
+	// Progress, if set, is told each step, for the relay's status.
+	Progress func(string)
+}
+
+// Run drives db to cfg.Want shards with shard.Next and returns the shards
+// to stream. drain runs the old shards while a reshard drains. It returns
+// ctx's error when ctx ends first, and Next's error for a state no step can
+// repair.
+func Run(ctx context.Context, db DB, cfg Config, drain Drain, log *slog.Logger) ([]shard.Shard, error) {
+	progress := func(format string, args ...any) {
+		if cfg.Progress != nil {
+			cfg.Progress(fmt.Sprintf(format, args...))
+		}
+	}
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		o, err := db.Observe(ctx)
+		if err != nil {
+			return nil, err
+		}
+		a, err := shard.Next(shard.View{Slot: cfg.Slot, Publication: cfg.Publication, Want: cfg.Want,
+			Plan: o.Plan, Slots: o.Slots, Publications: o.Publications})
+		if err != nil {
+			return nil, err
+		}
+		if a.Kind != shard.Stream && a.Kind != shard.Wait {
+			log.Info("resharding", "step", a.Kind.String(), "from", a.Plan.From, "to", a.Plan.To,
+				"slots", a.Slots, "publications", a.Publications, "cutover", a.Cutover.String())
+		}
+		moved := true
+		switch a.Kind {
+		case shard.Stream:
+			return a.Shards, nil
+		case shard.Begin:
+			progress("resharding from %d to %d shards: recording the reshard", a.Plan.From, a.Plan.To)
+			err = db.Begin(ctx, a.Plan)
+		case shard.Create:
+			progress("resharding from %d to %d shards: creating the new shards' publications and slots", a.Plan.From, a.Plan.To)
+			if err = db.CreatePublications(ctx, a.Publications); err == nil {
+				err = db.CreateSlots(ctx, a.Slots)
+			}
+		case shard.Cutover:
+			progress("resharding from %d to %d shards: recording the cutover", a.Plan.From, a.Plan.To)
+			moved, err = db.SetPhase(ctx, a.Plan, shard.Draining, a.Cutover)
+		case shard.Drain:
+			progress("resharding from %d to %d shards: the old shards deliver up to the cutover at %s", a.Plan.From, a.Plan.To, a.Window.Upto)
+			err = drain(ctx, a.Shards, a.Window)
+		case shard.Switch:
+			moved, err = db.SetPhase(ctx, a.Plan, shard.Switched, 0)
+		case shard.DropOld:
+			progress("resharding from %d to %d shards: dropping the old shards", a.Plan.From, a.Plan.To)
+			if err = db.DropSlots(ctx, a.Slots); err == nil {
+				err = db.DropPublications(ctx, a.Publications)
+			}
+		case shard.Advance:
+			err = db.Advance(ctx, a.Slots, a.Cutover)
+		case shard.Finish:
+			moved, err = db.Delete(ctx, a.Plan)
+			if err == nil && moved {
+				log.Info("resharded", "from", a.Plan.From, "to", a.Plan.To, "cutover", a.Plan.Cutover.String())
+			}
+		case shard.Rollback:
+			progress("rolling back the reshard from %d to %d shards", a.Plan.From, a.Plan.To)
+			if a.Plan.Phase != shard.RollingBack {
+				moved, err = db.SetPhase(ctx, a.Plan, shard.RollingBack, 0)
+				if err != nil || !moved {
+					break
+				}
+				a.Plan.Phase = shard.RollingBack
+			}
+			if err = db.DropSlots(ctx, a.Slots); err == nil {
+				err = db.DropPublications(ctx, a.Publications)
+			}
+			if err == nil {
+				moved, err = db.Delete(ctx, a.Plan)
+			}
+		case shard.Wait:
+			progress("resharding: waiting: %s", a.Reason)
+			log.Info("resharding: waiting", "reason", a.Reason)
+			moved = false
+		default:
+			return nil, fmt.Errorf("reshard: unknown action %v", a.Kind)
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			var perm *PermanentError
+			if errors.As(err, &perm) {
+				return nil, err
+			}
+			log.Warn("resharding step failed; observing again", "step", a.Kind.String(), "err", err)
+			moved = false
+		}
+		if !moved && !sleep(ctx, cfg.Poll) {
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// PermanentError is a step's failure that observing again cannot fix (a
+// setting forbids the step, or Postgres refuses it for good).
+type PermanentError struct{ Err error }
+
+func (e *PermanentError) Error() string { return e.Err.Error() }
+func (e *PermanentError) Unwrap() error { return e.Err }
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

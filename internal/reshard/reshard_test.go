@@ -1,0 +1,274 @@
+package reshard
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"maps"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/outboxd/outboxd/shard"
+)
+
+// fakeDB is a database of slots, publications and the state table's row.
+// The WAL is a counter: wal is the current insert position.
+type fakeDB struct {
+	plan  *shard.Plan
+	slots map[string]*shard.Slot
+	pubs  map[string]bool
+	wal   shard.LSN
+	// failAt makes the nth call (counting every call) fail once.
+	calls, failAt int
+	log           []string
+}
+
+var errInjected = errors.New("injected")
+
+func newFake(slots ...string) *fakeDB {
+	f := &fakeDB{slots: map[string]*shard.Slot{}, pubs: map[string]bool{}, wal: 100}
+	for _, s := range slots {
+		f.slots[s] = &shard.Slot{Name: s, Confirmed: 50}
+		f.pubs[s] = true // slot and publication bases are the same in these tests
+	}
+	return f
+}
+
+func (f *fakeDB) step(name string) error {
+	f.calls++
+	f.wal += 10 // writers write
+	f.log = append(f.log, name)
+	if f.calls == f.failAt {
+		return errInjected
+	}
+	return nil
+}
+
+func (f *fakeDB) Observe(context.Context) (Observed, error) {
+	var o Observed
+	if f.plan != nil {
+		p := *f.plan
+		o.Plan = &p
+	}
+	for _, k := range slices.Sorted(maps.Keys(f.slots)) {
+		o.Slots = append(o.Slots, *f.slots[k])
+	}
+	o.Publications = slices.Sorted(maps.Keys(f.pubs))
+	return o, nil
+}
+
+func (f *fakeDB) Begin(_ context.Context, p shard.Plan) error {
+	if err := f.step("begin"); err != nil {
+		return err
+	}
+	if f.plan == nil {
+		f.plan = &p
+	}
+	return nil
+}
+
+func (f *fakeDB) CreatePublications(_ context.Context, names []string) error {
+	if err := f.step("create_publications"); err != nil {
+		return err
+	}
+	for _, n := range names {
+		f.pubs[n] = true
+	}
+	return nil
+}
+
+func (f *fakeDB) CreateSlots(_ context.Context, names []string) error {
+	if err := f.step("create_slots"); err != nil {
+		return err
+	}
+	for _, n := range names {
+		if f.slots[n] == nil {
+			f.slots[n] = &shard.Slot{Name: n, Confirmed: f.wal}
+		}
+	}
+	return nil
+}
+
+func (f *fakeDB) SetPhase(_ context.Context, o shard.Plan, phase shard.Phase, cutover shard.LSN) (bool, error) {
+	if err := f.step("phase " + string(phase)); err != nil {
+		return false, err
+	}
+	if f.plan == nil || *f.plan != o {
+		return false, nil
+	}
+	f.plan.Phase = phase
+	if cutover != 0 {
+		f.plan.Cutover = cutover
+	}
+	return true, nil
+}
+
+func (f *fakeDB) DropSlots(_ context.Context, names []string) error {
+	if err := f.step("drop_slots"); err != nil {
+		return err
+	}
+	for _, n := range names {
+		delete(f.slots, n)
+	}
+	return nil
+}
+
+func (f *fakeDB) DropPublications(_ context.Context, names []string) error {
+	if err := f.step("drop_publications"); err != nil {
+		return err
+	}
+	for _, n := range names {
+		delete(f.pubs, n)
+	}
+	return nil
+}
+
+func (f *fakeDB) Advance(_ context.Context, names []string, to shard.LSN) error {
+	if err := f.step("advance"); err != nil {
+		return err
+	}
+	for _, n := range names {
+		if s := f.slots[n]; s != nil && s.Confirmed < to {
+			s.Confirmed = to
+		}
+	}
+	return nil
+}
+
+func (f *fakeDB) Delete(_ context.Context, o shard.Plan) (bool, error) {
+	if err := f.step("delete"); err != nil {
+		return false, err
+	}
+	if f.plan == nil || *f.plan != o {
+		return false, nil
+	}
+	f.plan = nil
+	return true, nil
+}
+
+// drain confirms the window's end on each old slot, as the old shards'
+// pipelines do.
+func (f *fakeDB) drain(_ context.Context, shards []shard.Shard, w shard.Window) error {
+	if err := f.step("drain"); err != nil {
+		return err
+	}
+	for _, s := range shards {
+		if w.Upto < f.slots[s.Slot].Confirmed {
+			return errors.New("the window ends before the slot's confirmed position")
+		}
+		f.slots[s.Slot].Confirmed = w.Upto
+	}
+	return nil
+}
+
+func run(t *testing.T, f *fakeDB, want int) ([]shard.Shard, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return Run(ctx, f, Config{Slot: "outboxd", Publication: "outboxd", Want: want, Poll: time.Millisecond}, f.drain,
+		slog.New(slog.NewTextHandler(io.Discard, nil)))
+}
+
+func slotNames(f *fakeDB) []string { return slices.Sorted(maps.Keys(f.slots)) }
+
+func TestRunReshards(t *testing.T) {
+	tests := []struct {
+		name  string
+		slots []string
+		want  int
+		after []string
+	}{
+		{"1 to 2", []string{"outboxd"}, 2, []string{"outboxd_0of2", "outboxd_1of2"}},
+		{"4 to 2", []string{"outboxd_0of4", "outboxd_1of4", "outboxd_2of4", "outboxd_3of4"}, 2, []string{"outboxd_0of2", "outboxd_1of2"}},
+		{"2 to 1", []string{"outboxd_0of2", "outboxd_1of2"}, 1, []string{"outboxd"}},
+		{"steady", []string{"outboxd_0of2", "outboxd_1of2"}, 2, []string{"outboxd_0of2", "outboxd_1of2"}},
+		{"nothing yet", nil, 4, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFake(tt.slots...)
+			shards, err := run(t, f, tt.want)
+			if err != nil {
+				t.Fatalf("Run: %v (steps %v)", err, f.log)
+			}
+			if len(shards) != tt.want {
+				t.Fatalf("Run returned %d shards, want %d", len(shards), tt.want)
+			}
+			if got := slotNames(f); !slices.Equal(got, tt.after) {
+				t.Errorf("slots after the reshard: %v, want %v (steps %v)", got, tt.after, f.log)
+			}
+			if f.plan != nil {
+				t.Errorf("the state table still has a row: %+v", *f.plan)
+			}
+			if len(tt.slots) > 0 && tt.after[0] != tt.slots[0] {
+				// Every new slot starts at the cutover, which every old slot
+				// confirmed before it was dropped.
+				var x shard.LSN
+				for _, s := range f.slots {
+					if x != 0 && s.Confirmed != x {
+						t.Errorf("new slots at different positions: %v", f.slots)
+					}
+					x = s.Confirmed
+				}
+			}
+		})
+	}
+}
+
+// TestRunResumesAfterAFailedStep fails each step in turn (as a kill or a
+// lost connection would leave it) and checks the loop carries on to the
+// same end.
+func TestRunResumesAfterAFailedStep(t *testing.T) {
+	for failAt := 1; failAt <= 12; failAt++ {
+		f := newFake("outboxd_0of4", "outboxd_1of4", "outboxd_2of4", "outboxd_3of4")
+		f.failAt = failAt
+		if _, err := run(t, f, 2); err != nil {
+			t.Fatalf("fail at step %d: Run: %v", failAt, err)
+		}
+		if got := slotNames(f); !slices.Equal(got, []string{"outboxd_0of2", "outboxd_1of2"}) || f.plan != nil {
+			t.Errorf("fail at step %d: slots %v, row %v (steps %v)", failAt, got, f.plan, f.log)
+		}
+	}
+}
+
+// TestRunRollsBack: a reshard stopped while draining, with the old count
+// configured again, drops the new shards and leaves the old ones as they
+// were.
+func TestRunRollsBack(t *testing.T) {
+	f := newFake("outboxd")
+	f.plan = &shard.Plan{From: 1, To: 2, Phase: shard.Draining, Cutover: 90}
+	f.slots["outboxd_0of2"] = &shard.Slot{Name: "outboxd_0of2", Confirmed: 90}
+	f.slots["outboxd_1of2"] = &shard.Slot{Name: "outboxd_1of2", Confirmed: 80}
+	f.pubs["outboxd_0of2"], f.pubs["outboxd_1of2"] = true, true
+	shards, err := run(t, f, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(shards) != 1 || shards[0].Slot != "outboxd" {
+		t.Errorf("Run returned %+v, want the one old shard", shards)
+	}
+	if got := slotNames(f); !slices.Equal(got, []string{"outboxd"}) || f.plan != nil || f.slots["outboxd"].Confirmed != 50 {
+		t.Errorf("after the rollback: slots %v, row %v", f.slots, f.plan)
+	}
+}
+
+// TestRunStopsOnPermanentErrors: a step's PermanentError ends the loop.
+func TestRunStopsOnPermanentErrors(t *testing.T) {
+	f := newFake("outboxd")
+	perm := &PermanentError{Err: errors.New("create_publication is false")}
+	ctx := context.Background()
+	_, err := Run(ctx, permDB{f, perm}, Config{Slot: "outboxd", Publication: "outboxd", Want: 2, Poll: time.Millisecond}, f.drain,
+		slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if !errors.Is(err, perm) {
+		t.Fatalf("Run = %v, want the permanent error", err)
+	}
+}
+
+type permDB struct {
+	*fakeDB
+	err error
+}
+
+func (p permDB) CreatePublications(context.Context, []string) error { return p.err }

@@ -1,0 +1,350 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/internal/pg"
+	"github.com/outboxd/outboxd/internal/reshard"
+	"github.com/outboxd/outboxd/internal/slotlag"
+	"github.com/outboxd/outboxd/shard"
+)
+
+// Shards runs one outboxd: the reshard loop at start-up (package
+// internal/reshard, driving shard.Next), then one Relay per shard of
+// postgres.shards, each with its own replication connection, producer,
+// tracker and confirmations, and its own slot-lag monitor. With
+// postgres.shards: 1 and nothing to reshard it is one Relay, as before
+// sharding: the same slot, publication, metrics and status.
+//
+// Start runs the reshard loop and the start-up checks; Run supervises the
+// shards under one errgroup: the first to fail permanently ends them all.
+type Shards struct {
+	cfg config.Config
+	log *slog.Logger
+	reg prometheus.Registerer
+
+	streams []*Relay // the shards to stream, in shard order
+	lags    []*slotlag.Monitor
+	starts  []*Start
+
+	mu       sync.Mutex
+	note     string            // what the reshard loop is doing, while it runs
+	draining map[string]*Relay // old shards, by slot, while resharding
+}
+
+// NewShards returns the Shards of a validated cfg, with the metrics of each
+// shard on reg: with a constant label slot="<the shard's slot>" when
+// postgres.shards > 1, without one otherwise.
+func NewShards(cfg config.Config, log *slog.Logger, reg prometheus.Registerer) (*Shards, error) {
+	s := &Shards{cfg: cfg, log: log, reg: reg, draining: map[string]*Relay{}}
+	n := cfg.Postgres.Shards
+	if n <= 1 {
+		r, err := New(cfg, log, reg)
+		if err != nil {
+			return nil, err
+		}
+		s.streams = []*Relay{r}
+		s.lags = []*slotlag.Monitor{slotlag.New(cfg.Postgres, log, reg)}
+		return s, nil
+	}
+	slots, err := shard.Names(cfg.Postgres.Slot, n)
+	if err != nil {
+		return nil, fmt.Errorf("postgres.slot: %w", err)
+	}
+	pubs, err := shard.Names(cfg.Postgres.Publication, n)
+	if err != nil {
+		return nil, fmt.Errorf("postgres.publication: %w", err)
+	}
+	for i := range n {
+		sh := shard.Shard{Index: i, Count: n, Slot: slots[i], Publication: pubs[i]}
+		sreg := prometheus.WrapRegistererWith(prometheus.Labels{"slot": sh.Slot}, reg)
+		r, err := newShardRelay(cfg, log, sreg, sh, shard.Window{})
+		if err != nil {
+			return nil, err
+		}
+		s.streams = append(s.streams, r)
+		s.lags = append(s.lags, slotlag.New(r.cfg.Postgres, r.log, sreg))
+	}
+	return s, nil
+}
+
+// newShardRelay returns the Relay of shard sh with window w.
+func newShardRelay(cfg config.Config, log *slog.Logger, reg prometheus.Registerer, sh shard.Shard, w shard.Window) (*Relay, error) {
+	cfg.Postgres.Slot, cfg.Postgres.Publication = sh.Slot, sh.Publication
+	if sh.Count > 1 {
+		log = log.With("shard", fmt.Sprintf("%d/%d", sh.Index, sh.Count))
+	}
+	r, err := New(cfg, log, reg)
+	if err != nil {
+		return nil, err
+	}
+	r.shard, r.window = sh, w
+	return r, nil
+}
+
+// Start reshards when the slots in the database are not those of
+// postgres.shards (or a reshard is recorded), makes the shards'
+// publications, and runs each shard's start-up checks. It returns the first
+// error, with everything it opened closed.
+func (s *Shards) Start(ctx context.Context) error {
+	if err := s.reshard(ctx); err != nil {
+		return err
+	}
+	s.setNote("")
+	starts := make([]*Start, len(s.streams))
+	g, gctx := errgroup.WithContext(ctx)
+	for i, r := range s.streams {
+		g.Go(func() error {
+			st, err := r.Check(gctx)
+			starts[i] = st
+			if err != nil && len(s.streams) > 1 {
+				err = fmt.Errorf("shard %d of %d (slot %s): %w", r.shard.Index, r.shard.Count, r.cfg.Postgres.Slot, err)
+			}
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		for _, st := range starts {
+			st.Close()
+		}
+		return err
+	}
+	s.starts = starts
+	return nil
+}
+
+// Run streams every shard until ctx is done or one fails permanently, which
+// ends the others; it returns that error.
+func (s *Shards) Run(ctx context.Context) error {
+	g, gctx := errgroup.WithContext(ctx)
+	// A shard's end (cleanly or not) ends the slot-lag monitors.
+	runCtx, endAll := context.WithCancel(gctx)
+	defer endAll()
+	var pipes sync.WaitGroup
+	for i, r := range s.streams {
+		var start *Start
+		if i < len(s.starts) {
+			start = s.starts[i]
+		}
+		pipes.Add(1)
+		g.Go(func() error { defer pipes.Done(); return r.Run(runCtx, start) })
+		g.Go(func() error { return s.lags[i].Run(runCtx, r.SlotConfirmed) })
+	}
+	s.starts = nil
+	go func() { pipes.Wait(); endAll() }()
+	return g.Wait()
+}
+
+// Status reports the shards' state: with one shard and nothing being
+// resharded, that relay's Status; otherwise the worst state of the shards
+// (the reshard's step as the reason while it runs) with each shard's Status
+// in Shards.
+func (s *Shards) Status() Status {
+	s.mu.Lock()
+	note := s.note
+	var drains []*Relay
+	for _, r := range s.draining {
+		drains = append(drains, r)
+	}
+	s.mu.Unlock()
+	if len(s.streams) == 1 && note == "" && len(drains) == 0 {
+		return s.streams[0].Status()
+	}
+	agg := Status{Slot: s.cfg.Postgres.Slot, State: StateStreaming}
+	rank := map[State]int{StateStreaming: 0, StateStandby: 1, StateStarting: 2, StateStopped: 3}
+	for _, r := range append(drains, s.streams...) {
+		st := r.Status()
+		agg.Shards = append(agg.Shards, st)
+		agg.InFlight += st.InFlight
+		if rank[st.State] > rank[agg.State] {
+			agg.State = st.State
+		}
+		if agg.Reason == "" && st.Reason != "" {
+			agg.Reason = st.Slot + ": " + st.Reason
+		}
+		if st.Since.After(agg.Since) {
+			agg.Since = st.Since
+		}
+		if st.LastErrorTime.After(agg.LastErrorTime) {
+			agg.LastError, agg.LastErrorTime = st.Slot+": "+st.LastError, st.LastErrorTime
+		}
+	}
+	if note != "" {
+		agg.State, agg.Reason = StateStarting, note
+	}
+	return agg
+}
+
+// Ready reports whether every shard is ready (streaming and making
+// progress), with Status.
+func (s *Shards) Ready() (bool, Status) {
+	st := s.Status()
+	if len(st.Shards) == 0 {
+		return st.State == StateStreaming && st.Reason == "", st
+	}
+	ok := st.Reason == ""
+	for _, sh := range st.Shards {
+		ok = ok && sh.State == StateStreaming && sh.Reason == ""
+	}
+	return ok, st
+}
+
+func (s *Shards) setNote(note string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.note = note
+}
+
+// reshard runs the reshard loop when Next, on what the database shows, asks
+// for anything but streaming the configured shards; it then makes sure the
+// shards' publications exist. With postgres.shards: 1 a failure to observe
+// is left to the start-up checks, which explain it.
+func (s *Shards) reshard(ctx context.Context) error {
+	pc := s.cfg.Postgres
+	n := pc.Shards
+	if n <= 1 {
+		if _, err := shard.Name(pc.Slot, 0, 1); err != nil {
+			return nil // a slot name that reads as a shard's: never sharded
+		}
+		if _, err := shard.Name(pc.Publication, 0, 1); err != nil {
+			return nil
+		}
+	}
+	conn, err := pg.Connect(ctx, pc)
+	if err != nil {
+		if n <= 1 {
+			return nil
+		}
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if n > 1 {
+		major, version, err := pg.ServerMajor(ctx, conn)
+		if err != nil {
+			return err
+		}
+		if major < shard.MinVersion {
+			return fmt.Errorf("postgres.shards is %d, and sharded slots need publication row filters, which came in Postgres %d; this server is %s: upgrade it, or set postgres.shards: 1",
+				n, shard.MinVersion, version)
+		}
+	}
+	db := &reshard.PG{Conn: conn, Cfg: pc, KeyColumn: s.cfg.Router.KeyColumn}
+	o, err := db.Observe(ctx)
+	if err != nil {
+		if n <= 1 {
+			return nil
+		}
+		return err
+	}
+	a, err := shard.Next(shard.View{Slot: pc.Slot, Publication: pc.Publication, Want: n, Plan: o.Plan, Slots: o.Slots, Publications: o.Publications})
+	if err != nil {
+		return err
+	}
+	if a.Kind != shard.Stream {
+		if err := s.lockedReshard(ctx, db); err != nil {
+			return err
+		}
+	}
+	if n > 1 {
+		for _, r := range s.streams {
+			if err := db.EnsureShardPublication(ctx, r.shard.Publication, r.shard.Index, r.shard.Count); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// lockedReshard runs the reshard loop under the session advisory lock,
+// waiting while another instance holds it.
+func (s *Shards) lockedReshard(ctx context.Context, db *reshard.PG) error {
+	pc := s.cfg.Postgres
+	for {
+		ok, err := db.Lock(ctx)
+		if err != nil {
+			return err
+		}
+		if ok {
+			break
+		}
+		s.setNote("another outboxd is resharding slot " + pc.Slot + "; waiting for it")
+		if !sleep(ctx, pc.StandbyPollInterval) {
+			return ctx.Err()
+		}
+	}
+	s.log.Info("the slots in the database are not those of postgres.shards, or a reshard is recorded: resharding", "slot", pc.Slot, "shards", pc.Shards)
+	_, err := reshard.Run(ctx, db, reshard.Config{Slot: pc.Slot, Publication: pc.Publication, Want: pc.Shards,
+		Poll: max(pc.StandbyPollInterval, time.Second), Progress: s.setNote}, func(ctx context.Context, shards []shard.Shard, w shard.Window) error {
+		return s.drain(ctx, db, shards, w)
+	}, s.log)
+	if err != nil && ctx.Err() == nil {
+		return fmt.Errorf("resharding to %d shards: %w", pc.Shards, err)
+	}
+	if _, uerr := db.Conn.Exec(ctx, `SELECT pg_advisory_unlock_all()`); uerr != nil && err == nil && ctx.Err() == nil {
+		return fmt.Errorf("releasing the reshard lock: %w", uerr)
+	}
+	return err
+}
+
+// drain runs the old shards with window w until each has delivered it.
+// Their metrics go to a registry of their own, so that they leave no
+// series behind once the reshard is over.
+func (s *Shards) drain(ctx context.Context, db *reshard.PG, shards []shard.Shard, w shard.Window) error {
+	var relays []*Relay
+	for _, sh := range shards {
+		if sh.Count > 1 {
+			if err := db.EnsureShardPublication(ctx, sh.Publication, sh.Index, sh.Count); err != nil {
+				return err
+			}
+		}
+		s.mu.Lock()
+		r := s.draining[sh.Slot]
+		s.mu.Unlock()
+		if r == nil {
+			var err error
+			if r, err = newShardRelay(s.cfg, s.log, prometheus.NewRegistry(), sh, w); err != nil {
+				return err
+			}
+			s.mu.Lock()
+			s.draining[sh.Slot] = r
+			s.mu.Unlock()
+		}
+		r.window, r.windowDone = w, false
+		relays = append(relays, r)
+	}
+	defer func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for _, r := range relays {
+			if r.windowDone {
+				delete(s.draining, r.cfg.Postgres.Slot)
+			}
+		}
+	}()
+	g, gctx := errgroup.WithContext(ctx)
+	for _, r := range relays {
+		g.Go(func() error {
+			start, err := r.Check(gctx)
+			if err != nil {
+				return fmt.Errorf("old shard %s: %w", r.cfg.Postgres.Slot, err)
+			}
+			if err := r.Run(gctx, start); err != nil {
+				return &reshard.PermanentError{Err: err} // Run returns only what a restart cannot fix
+			}
+			if !r.windowDone && gctx.Err() == nil {
+				return errors.New("an old shard stopped before the reshard's cutover")
+			}
+			return nil
+		})
+	}
+	return g.Wait()
+}

@@ -1,0 +1,270 @@
+package test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/outboxd/outboxd/shard"
+)
+
+// Sharded slots (postgres.shards, issue 28) through the outboxd binary: the
+// delivery workload, SIGKILLs, the application's own writes, logical
+// messages and resharding by restart, each checked with the ledger.
+
+// shardDB is newDB with Postgres 15 or later (the test is skipped before)
+// and a cleanup that drops every slot of the database, the shards' included.
+func shardDB(t *testing.T) *db {
+	t.Helper()
+	d := newDB(t)
+	if major := serverMajor(t); major < shard.MinVersion {
+		t.Skipf("sharded slots need Postgres %d; the server is %d", shard.MinVersion, major)
+	}
+	t.Cleanup(func() { dropSlots(t, d) }) // runs before newDB's cleanup
+	return d
+}
+
+// dropSlots drops every slot of d's database, ending their holders.
+func dropSlots(t *testing.T, d *db) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for ctx.Err() == nil {
+		_, _ = d.pool.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE database = current_database() AND active`)
+		var left int
+		_ = d.pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = current_database() AND NOT active) s`).Scan(&left)
+		var n int
+		if err := d.pool.QueryRow(ctx, `SELECT count(*) FROM pg_replication_slots WHERE database = current_database()`).Scan(&n); err == nil && n == 0 {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Logf("cleanup: slots of %s still there", d.name)
+}
+
+// shardEnv is d.env with postgres.shards: n.
+func shardEnv(d *db, n int, extra ...string) []string {
+	return d.env(append([]string{"OUTBOXD_POSTGRES_SHARDS=" + strconv.Itoa(n)}, extra...)...)
+}
+
+// waitShardsStreaming waits until outboxd serves HTTP and each of n shards
+// logged that it streams.
+func (p *proc) waitShardsStreaming(n int) {
+	p.t.Helper()
+	p.waitStreaming()
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		if ok, st := p.status(); ok && (n == 1 || len(st.Shards) == n) {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	p.t.Fatalf("outboxd's %d shards did not all stream within 60s; log:\n%s", n, p.logs.String())
+}
+
+type statusJSON struct {
+	State  string `json:"state"`
+	Slot   string `json:"slot"`
+	Shards []struct {
+		State        string `json:"state"`
+		Slot         string `json:"slot"`
+		ConfirmedLSN string `json:"confirmed_lsn"`
+	} `json:"shards"`
+}
+
+// status reads /readyz: whether it answered 200, and the status JSON.
+func (p *proc) status() (bool, statusJSON) {
+	var st statusJSON
+	resp, err := http.Get("http://" + p.addr + "/readyz")
+	if err != nil {
+		return false, st
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	_ = json.Unmarshal(b, &st)
+	return resp.StatusCode == http.StatusOK, st
+}
+
+// Acceptance 1 with shards: the delivery workload of
+// TestDeliversExactlyTheCommittedEvents through 2 and 4 shards.
+func TestShardsDeliverExactlyTheCommittedEvents(t *testing.T) {
+	for _, n := range []int{2, 4} {
+		t.Run(fmt.Sprintf("shards=%d", n), func(t *testing.T) {
+			d := shardDB(t)
+			p := start(t, shardEnv(d, n))
+			p.waitShardsStreaming(n)
+			_, st := p.status()
+			for i, sh := range st.Shards {
+				if want, _ := shard.Name(d.slot, i, n); sh.Slot != want || sh.State != "streaming" {
+					t.Errorf("/status shard %d: slot %s state %s, want %s streaming", i, sh.Slot, sh.State, want)
+				}
+			}
+			l := newLedger()
+			spec := loadSpec{
+				Prefix: d.name, Types: 20, IDs: 100, Writers: 4, Events: 10000,
+				TxSizes: []int{1, 10, 500, 1, 10}, RollbackPct: 10, SavepointPct: 20, DeletePct: 30,
+			}
+			if err := runLoad(context.Background(), d, spec, l); err != nil {
+				t.Fatal(err)
+			}
+			topics := l.topics()
+			recs := readUntil(t, topics, 2*time.Minute, 2*time.Second, allDelivered(l))
+			r := check(l, recs, partitionsOf(t, topics...))
+			t.Logf("%s (committed %d, rolled back %d)", r, l.committedCount(), len(l.rolledBack))
+			r.failOnLoss(t)
+			if r.Duplicates != 0 {
+				t.Errorf("%d duplicates in a clean run", r.Duplicates)
+			}
+			// Each shard's metrics carry its slot; together they count
+			// every insert once.
+			mfs, ok := p.scrape()
+			if !ok {
+				t.Fatal("no /metrics")
+			}
+			var inserts float64
+			for i := range n {
+				slot, _ := shard.Name(d.slot, i, n)
+				v, ok := seriesValue(mfs, "outboxd_wal_changes_total", map[string]string{"slot": slot, "op": "insert"})
+				if !ok {
+					t.Errorf("no outboxd_wal_changes_total{slot=%q}", slot)
+				}
+				inserts += v
+				if _, ok := seriesValue(mfs, "outboxd_slot_lag_bytes", map[string]string{"slot": slot}); !ok {
+					t.Errorf("no outboxd_slot_lag_bytes{slot=%q}", slot)
+				}
+			}
+			if inserts != float64(l.committedCount()) {
+				t.Errorf("the shards counted %v inserts, want one per committed event, %d", inserts, l.committedCount())
+			}
+		})
+	}
+}
+
+// Acceptance 1, kills: 20 SIGKILLs during the load with 2 shards.
+func TestShardsSIGKILLAtRandomMoments(t *testing.T) {
+	d := shardDB(t)
+	const n = 2
+	env := shardEnv(d, n, "OUTBOXD_KAFKA_MAX_BUFFERED_RECORDS=2000", "OUTBOXD_POSTGRES_STATUS_INTERVAL=100ms")
+	p := start(t, env)
+	p.waitShardsStreaming(n)
+	spec := loadSpec{Prefix: d.name, Types: 6, IDs: 60, Writers: 4,
+		Events: 30000, TxSizes: []int{1, 10, 200, 1, 500, 5}, RollbackPct: 5, SavepointPct: 10, DeletePct: 20,
+		Pace: 5 * time.Millisecond}
+	f := startFaultRun(t, d, svc.brokers, spec)
+	const kills = 20
+	for i := range kills {
+		waitCommitted(t, f.l, (i+1)*spec.Events*9/10/(kills+1))
+		sleepRand(0, 400*time.Millisecond)
+		p.stop(syscall.SIGKILL, 10*time.Second)
+		p = start(t, env)
+		p.waitStreaming()
+	}
+	r := f.finish(fmt.Sprintf("SIGKILL outboxd with %d shards", n), kills, time.Now(), "")
+	if limit := kills * n * (2000 + 5000); r.Duplicates > limit {
+		t.Errorf("%d duplicates after %d kills: more than the unacknowledged windows allow (%d)", r.Duplicates, kills, limit)
+	}
+}
+
+// Acceptance 3 and the logical messages: the application updates and
+// deletes outbox rows while 2 shards stream (shard publications publish
+// inserts only, so Postgres never asks for a replica identity), and a keyed
+// logical message, which every slot receives, is delivered once, by its
+// key's shard.
+func TestShardsApplicationWritesAndMessages(t *testing.T) {
+	d := shardDB(t)
+	const n = 2
+	p := start(t, shardEnv(d, n))
+	p.waitShardsStreaming(n)
+	topic := d.name + "_w-events"
+	ids := []string{uuid(), uuid(), uuid()}
+	for i, id := range ids {
+		d.exec(t, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) VALUES ($1, $2, $3, 'Made', '{}')`, id, d.name+"_w", fmt.Sprintf("k-%d", i))
+	}
+	d.exec(t, `UPDATE outbox SET payload = '{"changed": true}' WHERE id = $1`, ids[0])
+	d.exec(t, `DELETE FROM outbox WHERE id = $1`, ids[1])
+	msg := func(id, key string) string {
+		return fmt.Sprintf(`{"id": "%s", "aggregate_type": "%s_w", "aggregate_id": "%s", "event_type": "Sent", "payload": {}}`, id, d.name, key)
+	}
+	for i := range 6 {
+		d.exec(t, `SELECT pg_logical_emit_message(true, 'outbox', $1)`, msg(fmt.Sprintf("m-%d", i), fmt.Sprintf("mk-%d", i)))
+	}
+	want := append(append([]string{}, ids...), "m-0", "m-1", "m-2", "m-3", "m-4", "m-5")
+	recs := readUntil(t, []string{topic}, time.Minute, 3*time.Second, waitIDs(want...))
+	seen := map[string]int{}
+	for _, r := range recs {
+		seen[header(r, "id")]++
+	}
+	for _, id := range want {
+		if seen[id] != 1 {
+			t.Errorf("event %s delivered %d times, want once", id, seen[id])
+		}
+	}
+	if len(recs) != len(want) {
+		t.Errorf("read %d records, want %d", len(recs), len(want))
+	}
+	if ok, st := p.status(); !ok {
+		t.Errorf("not ready after the application's writes: %+v", st)
+	}
+}
+
+// Acceptance 2: changing the shard count by restart while writers write,
+// 1 to 2 and 4 to 2, with a SIGKILL at a random moment of the change, and a
+// clean run of the reshard (by SIGTERM) before it.
+func TestShardsReshardByRestartDuringLoad(t *testing.T) {
+	for _, c := range []struct{ from, to int }{{1, 2}, {4, 2}} {
+		t.Run(fmt.Sprintf("%dto%d", c.from, c.to), func(t *testing.T) {
+			d := shardDB(t)
+			env := func(n int) []string {
+				return shardEnv(d, n, "OUTBOXD_KAFKA_MAX_BUFFERED_RECORDS=2000", "OUTBOXD_POSTGRES_STATUS_INTERVAL=100ms")
+			}
+			p := start(t, env(c.from))
+			p.waitShardsStreaming(c.from)
+			spec := loadSpec{Prefix: d.name, Types: 6, IDs: 60, Writers: 4,
+				Events: 16000, TxSizes: []int{1, 10, 200, 1, 50, 5}, RollbackPct: 5, SavepointPct: 10, DeletePct: 20,
+				Pace: 5 * time.Millisecond}
+			f := startFaultRun(t, d, svc.brokers, spec)
+			// The first change: a restart with the new count, killed at
+			// a random moment of the reshard, then started again.
+			waitCommitted(t, f.l, spec.Events/4)
+			if code := p.stop(syscall.SIGTERM, 60*time.Second); code != 0 {
+				t.Fatalf("outboxd exited %d after SIGTERM", code)
+			}
+			p = start(t, env(c.to))
+			sleepRand(0, 1500*time.Millisecond)
+			p.stop(syscall.SIGKILL, 10*time.Second)
+			p = start(t, env(c.to))
+			p.waitShardsStreaming(c.to)
+			t.Logf("resharded %d to %d at %d committed events", c.from, c.to, f.l.committedCount())
+			// And back, cleanly, then forward again.
+			waitCommitted(t, f.l, spec.Events/2)
+			p.stop(syscall.SIGTERM, 60*time.Second)
+			p = start(t, env(c.from))
+			p.waitShardsStreaming(c.from)
+			waitCommitted(t, f.l, spec.Events*3/4)
+			p.stop(syscall.SIGKILL, 10*time.Second)
+			p = start(t, env(c.to))
+			p.waitShardsStreaming(c.to)
+			f.finish(fmt.Sprintf("reshard %d to %d by restart", c.from, c.to), 3, time.Now(), "")
+			var slots []string
+			rows, err := d.pool.Query(context.Background(), `SELECT slot_name FROM pg_replication_slots WHERE database = current_database() ORDER BY 1`)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for rows.Next() {
+				var s string
+				_ = rows.Scan(&s)
+				slots = append(slots, s)
+			}
+			rows.Close()
+			want, _ := shard.Names(d.slot, c.to)
+			if fmt.Sprint(slots) != fmt.Sprint(want) {
+				t.Errorf("slots after the reshards: %v, want %v", slots, want)
+			}
+		})
+	}
+}
