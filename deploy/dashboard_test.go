@@ -173,7 +173,7 @@ func TestDashboardShape(t *testing.T) {
 func TestDashboardQueriesParse(t *testing.T) {
 	promtool(t)
 	d := loadDashboard(t)
-	vars := strings.NewReplacer("$__rate_interval", "5m", "$__interval", "1m", "$job", ".*", "$instance", ".*")
+	vars := strings.NewReplacer("$__rate_interval", "5m", "$__interval", "1m", "$job", ".*", "$instance", ".*", "$slot", ".*")
 	var rules []map[string]string
 	for where, expr := range d.queries() {
 		if strings.HasPrefix(expr, "label_values(") {
@@ -277,7 +277,7 @@ func TestDashboardConfirmedRateTakeover(t *testing.T) {
 	if expr == "" {
 		t.Fatal("no confirmed-LSN throughput query in panel \"Received vs confirmed WAL\"")
 	}
-	expr = strings.NewReplacer("$__rate_interval", "5m", "$__interval", "1m", "$job", ".*", "$instance", ".*").Replace(expr)
+	expr = strings.NewReplacer("$__rate_interval", "5m", "$__interval", "1m", "$job", ".*", "$instance", ".*", "$slot", ".*").Replace(expr)
 	test := map[string]any{
 		"rule_files":          []string{},
 		"evaluation_interval": "1m",
@@ -303,4 +303,82 @@ func TestDashboardConfirmedRateTakeover(t *testing.T) {
 		t.Fatal(err)
 	}
 	runPromtool(t, dir, "test", "rules", "takeover_test.yaml")
+}
+
+// perSlotMetric finds the metrics each shard exports with its own slot
+// label whose panels must keep the shards apart: the slot's, the
+// checkpoint's, the relay's state and the sink's backlog.
+var perSlotMetric = regexp.MustCompile(`\boutboxd_(slot_[a-z_]+|checkpoint_confirmed_[a-z_]+|relay_state|sink_records_in_flight|sink_buffer_fill_ratio|wal_received_lsn)\b`)
+
+// aggregation finds sum/max/min/avg/count with their by clause, if any.
+var aggregation = regexp.MustCompile(`\b(sum|max|min|avg|count)\s*(?:by\s*\(([^)]*)\))?\s*\(`)
+
+// TestDashboardKeepsSlotsApart: with postgres.shards > 1 every shard's
+// metrics carry slot="<its slot>", and a panel that took the max of the
+// shards' states or positions would hide the worst one. Every aggregation
+// in a query of a per-shard metric keeps the slot label, and filters by the
+// dashboard's $slot variable.
+func TestDashboardKeepsSlotsApart(t *testing.T) {
+	for where, expr := range loadDashboard(t).queries() {
+		if strings.HasPrefix(expr, "label_values(") || !perSlotMetric.MatchString(expr) {
+			continue
+		}
+		for _, m := range aggregation.FindAllStringSubmatch(expr, -1) {
+			if !slices.Contains(strings.Fields(strings.ReplaceAll(m[2], ",", " ")), "slot") {
+				t.Errorf("%s: %q drops the slot label (%s): %s", where, m[0], "one line per shard is what shows the worst", expr)
+			}
+		}
+		if !strings.Contains(expr, `slot=~"$slot"`) {
+			t.Errorf("%s: no slot=~\"$slot\" filter: %s", where, expr)
+		}
+	}
+}
+
+// TestDashboardLagPerSlot evaluates the top-left panel's lag query with
+// promtool on the series of a sharded HA pair (instances a and b both
+// report the two shards' slots) and of an unsharded deployment (no slot
+// label): one line per slot, the worst shard's lag its own, and one line
+// without shards.
+func TestDashboardLagPerSlot(t *testing.T) {
+	promtool(t)
+	var expr string
+	for where, q := range loadDashboard(t).queries() {
+		if strings.Contains(where, "Slot lag and retained WAL") && strings.Contains(q, "outboxd_slot_lag_bytes") {
+			expr = q
+		}
+	}
+	if expr == "" {
+		t.Fatal("no slot lag query in panel \"Slot lag and retained WAL\"")
+	}
+	expr = strings.NewReplacer("$job", ".*", "$slot", ".*").Replace(expr)
+	test := map[string]any{
+		"rule_files":          []string{},
+		"evaluation_interval": "1m",
+		"tests": []any{map[string]any{
+			"interval": "1m",
+			"input_series": []map[string]string{
+				{"series": `outboxd_slot_lag_bytes{job="orders",instance="a",slot="outboxd_0of2"}`, "values": "1000x10"},
+				{"series": `outboxd_slot_lag_bytes{job="orders",instance="b",slot="outboxd_0of2"}`, "values": "1000x10"},
+				{"series": `outboxd_slot_lag_bytes{job="orders",instance="a",slot="outboxd_1of2"}`, "values": "900000x10"},
+				{"series": `outboxd_slot_lag_bytes{job="orders",instance="b",slot="outboxd_1of2"}`, "values": "900000x10"},
+				{"series": `outboxd_slot_lag_bytes{job="billing",instance="c"}`, "values": "5000x10"},
+			},
+			"promql_expr_test": []map[string]any{
+				{"expr": expr, "eval_time": "5m", "exp_samples": []map[string]any{
+					{"labels": `{job="orders",slot="outboxd_0of2"}`, "value": 1000},
+					{"labels": `{job="orders",slot="outboxd_1of2"}`, "value": 900000},
+					{"labels": `{job="billing"}`, "value": 5000},
+				}},
+			},
+		}},
+	}
+	out, err := yaml.Marshal(test)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "lag_test.yaml"), out, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	runPromtool(t, dir, "test", "rules", "lag_test.yaml")
 }

@@ -16,6 +16,12 @@
 // No container engine runs on the development machine, so the Dockerfile and
 // compose.yaml are checked by parsing only.
 //
+// With postgres.shards > 1 each shard's metrics carry slot="<its slot>". The
+// rules about a slot or a pipeline aggregate by (namespace, job, slot), so
+// they fire for the worst shard and name its slot; the dashboard draws one
+// line per slot and has a $slot variable. Without shards the label is
+// absent and both behave as before. The tests check both kinds of series.
+//
 // Callers' duties when changing outboxd:
 //  1. Renaming or removing a metric: update metricNames in metrics_test.go,
 //     then the dashboard and the rules the test then names.
