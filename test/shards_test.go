@@ -145,28 +145,32 @@ func TestShardsDeliverExactlyTheCommittedEvents(t *testing.T) {
 	}
 }
 
-// Acceptance 1, kills: 20 SIGKILLs during the load with 2 shards.
+// Acceptance 1, kills: 20 SIGKILLs at random moments during the load, with
+// 2 and 4 shards, over about a minute each.
 func TestShardsSIGKILLAtRandomMoments(t *testing.T) {
-	d := shardDB(t)
-	const n = 2
-	env := shardEnv(d, n, "OUTBOXD_KAFKA_MAX_BUFFERED_RECORDS=2000", "OUTBOXD_POSTGRES_STATUS_INTERVAL=100ms")
-	p := start(t, env)
-	p.waitShardsStreaming(n)
-	spec := loadSpec{Prefix: d.name, Types: 6, IDs: 60, Writers: 4,
-		Events: 30000, TxSizes: []int{1, 10, 200, 1, 500, 5}, RollbackPct: 5, SavepointPct: 10, DeletePct: 20,
-		Pace: 5 * time.Millisecond}
-	f := startFaultRun(t, d, svc.brokers, spec)
-	const kills = 20
-	for i := range kills {
-		waitCommitted(t, f.l, (i+1)*spec.Events*9/10/(kills+1))
-		sleepRand(0, 400*time.Millisecond)
-		p.stop(syscall.SIGKILL, 10*time.Second)
-		p = start(t, env)
-		p.waitStreaming()
-	}
-	r := f.finish(fmt.Sprintf("SIGKILL outboxd with %d shards", n), kills, time.Now(), "")
-	if limit := kills * n * (2000 + 5000); r.Duplicates > limit {
-		t.Errorf("%d duplicates after %d kills: more than the unacknowledged windows allow (%d)", r.Duplicates, kills, limit)
+	for _, n := range []int{2, 4} {
+		t.Run(fmt.Sprintf("shards=%d", n), func(t *testing.T) {
+			d := shardDB(t)
+			env := shardEnv(d, n, "OUTBOXD_KAFKA_MAX_BUFFERED_RECORDS=2000", "OUTBOXD_POSTGRES_STATUS_INTERVAL=100ms")
+			p := start(t, env)
+			p.waitShardsStreaming(n)
+			spec := loadSpec{Prefix: d.name, Types: 6, IDs: 60, Writers: 4,
+				Events: 24000, TxSizes: []int{1, 2, 10, 1, 5, 3}, RollbackPct: 5, SavepointPct: 10, DeletePct: 20,
+				Pace: 15 * time.Millisecond}
+			f := startFaultRun(t, d, svc.brokers, spec)
+			const kills = 20
+			for i := range kills {
+				waitCommitted(t, f.l, (i+1)*spec.Events*9/10/(kills+1))
+				sleepRand(0, 400*time.Millisecond)
+				p.stop(syscall.SIGKILL, 10*time.Second)
+				p = start(t, env)
+				p.waitShardsStreaming(n)
+			}
+			r := f.finish(fmt.Sprintf("SIGKILL outboxd with %d shards", n), kills, time.Now(), "")
+			if limit := kills * n * (2000 + 5000); r.Duplicates > limit {
+				t.Errorf("%d duplicates after %d kills: more than the unacknowledged windows allow (%d)", r.Duplicates, kills, limit)
+			}
+		})
 	}
 }
 
@@ -225,8 +229,8 @@ func TestShardsReshardByRestartDuringLoad(t *testing.T) {
 			p := start(t, env(c.from))
 			p.waitShardsStreaming(c.from)
 			spec := loadSpec{Prefix: d.name, Types: 6, IDs: 60, Writers: 4,
-				Events: 16000, TxSizes: []int{1, 10, 200, 1, 50, 5}, RollbackPct: 5, SavepointPct: 10, DeletePct: 20,
-				Pace: 5 * time.Millisecond}
+				Events: 12000, TxSizes: []int{1, 2, 10, 1, 5, 3}, RollbackPct: 5, SavepointPct: 10, DeletePct: 20,
+				Pace: 15 * time.Millisecond}
 			f := startFaultRun(t, d, svc.brokers, spec)
 			// The first change: a restart with the new count, killed at
 			// a random moment of the reshard, then started again.
@@ -245,6 +249,7 @@ func TestShardsReshardByRestartDuringLoad(t *testing.T) {
 			p.stop(syscall.SIGTERM, 60*time.Second)
 			p = start(t, env(c.from))
 			p.waitShardsStreaming(c.from)
+			p.waitLog(`msg=resharded`, time.Second)
 			waitCommitted(t, f.l, spec.Events*3/4)
 			p.stop(syscall.SIGKILL, 10*time.Second)
 			p = start(t, env(c.to))
