@@ -50,7 +50,7 @@ variables (OUTBOXD_POSTGRES_DSN, OUTBOXD_KAFKA_BROKERS, ...).
 `
 
 func main() {
-	defaultProcs(os.Getenv("GOMAXPROCS"))
+	defaultProcs(os.Getenv("GOMAXPROCS"), 1, runtimeProcs) // one shard until the configuration says more
 	defaultGC(os.Getenv("GOGC"))
 	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil {
 		if !errors.Is(err, errReported) {
@@ -107,6 +107,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("invalid configuration:\n%w", err)
 	}
+	defaultProcs(os.Getenv("GOMAXPROCS"), cfg.Postgres.Shards, runtimeProcs)
 	if *check {
 		out, _ := yaml.Marshal(cfg.Redacted())
 		fmt.Fprintf(stdout, "configuration is valid\n%s", out)

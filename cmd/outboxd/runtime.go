@@ -19,14 +19,21 @@ import (
 // it, small in-flight caps would make the collector run almost constantly.
 const minMemoryLimit = 64 << 20
 
-// defaultProcs runs Go code on one CPU (GOMAXPROCS=1) unless the GOMAXPROCS
-// environment variable says otherwise. One walsender decodes the slot, so
-// the work arrives as one stream; on the benchmark machine, where Postgres
-// and Kafka share two cores with outboxd, one CPU used less CPU per event
-// than two and was mostly faster (BENCHMARKS.md, "One CPU for outboxd").
-func defaultProcs(env string) {
+// runtimeProcs is the GOMAXPROCS the Go runtime chose at start (from the
+// CPUs the process may use, its cgroup's CPU limit included), before
+// outboxd changes it.
+var runtimeProcs = runtime.GOMAXPROCS(0)
+
+// defaultProcs runs Go code on one CPU per shard (GOMAXPROCS = shards,
+// postgres.shards), at most the cpus the runtime chose, unless the
+// GOMAXPROCS environment variable says otherwise. One walsender decodes
+// each slot, so the work arrives as one stream per shard; on the benchmark
+// machine, where Postgres and Kafka share two cores with outboxd, one CPU
+// for one slot used less CPU per event than two and was mostly faster
+// (BENCHMARKS.md, "One CPU for outboxd").
+func defaultProcs(env string, shards, cpus int) {
 	if env == "" {
-		runtime.GOMAXPROCS(1)
+		runtime.GOMAXPROCS(max(1, min(shards, cpus)))
 	}
 }
 

@@ -9,23 +9,28 @@ import (
 	"github.com/outboxd/outboxd/config"
 )
 
-// outboxd runs Go code on one CPU unless GOMAXPROCS is set (BENCHMARKS.md,
-// "One CPU for outboxd"); with GOMAXPROCS set, the runtime's value stays.
+// outboxd runs Go code on one CPU per shard, at most the CPUs the runtime
+// chose, unless GOMAXPROCS is set (BENCHMARKS.md, "One CPU for outboxd");
+// with GOMAXPROCS set, the runtime's value stays.
 func TestDefaultProcs(t *testing.T) {
 	before := runtime.GOMAXPROCS(0)
 	t.Cleanup(func() { runtime.GOMAXPROCS(before) })
 	for _, tc := range []struct {
-		name, env string
-		want      int
+		name, env    string
+		shards, cpus int
+		want         int
 	}{
-		{"unset", "", 1},
-		{"set", "4", 4},
+		{"unset", "", 1, 4, 1},
+		{"set", "4", 1, 4, 4},
+		{"two shards", "", 2, 4, 2},
+		{"more shards than cpus", "", 8, 4, 4},
+		{"set with shards", "3", 8, 4, 4},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			runtime.GOMAXPROCS(4) // what the runtime chose at start
-			defaultProcs(tc.env)
+			defaultProcs(tc.env, tc.shards, tc.cpus)
 			if got := runtime.GOMAXPROCS(0); got != tc.want {
-				t.Errorf("GOMAXPROCS environment %q: GOMAXPROCS = %d, want %d", tc.env, got, tc.want)
+				t.Errorf("GOMAXPROCS environment %q, %d shards, %d CPUs: GOMAXPROCS = %d, want %d", tc.env, tc.shards, tc.cpus, got, tc.want)
 			}
 		})
 	}
