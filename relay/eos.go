@@ -44,7 +44,11 @@ func (r *Relay) producerFor(ctx context.Context, conn *pgconn.PgConn, warm *Star
 		if err != nil {
 			return nil, fmt.Errorf("reading the system identifier for kafka.transactional_id: %w", err)
 		}
-		id = fmt.Sprintf("outboxd-%s-%s", sys.SystemID, r.cfg.Postgres.Slot)
+		id = fmt.Sprintf("outboxd-%s-%s", sys.SystemID, r.cfg.Postgres.Slot) // a shard's slot: its own id
+	} else if r.shard.Count > 1 {
+		// Shards must never share a transactional id: they would fence
+		// each other.
+		id = fmt.Sprintf("%s-%dof%d", id, r.shard.Index, r.shard.Count)
 	}
 	r.txnID = id
 	return sink.NewTransactional(r.cfg.Kafka, r.sinkM, r.txnM, r.log, id)

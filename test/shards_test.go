@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"regexp"
 	"strconv"
 	"syscall"
 	"testing"
@@ -271,5 +272,49 @@ func TestShardsReshardByRestartDuringLoad(t *testing.T) {
 				t.Errorf("slots after the reshards: %v, want %v", slots, want)
 			}
 		})
+	}
+}
+
+// Exactly-once with shards: each shard has its own transactional id and
+// position (outboxd-<system id>-<shard's slot>), so shards never fence each
+// other; SIGKILLs at random moments and a reshard from 2 to 4 shards by
+// restart leave a read_committed consumer with every event once.
+func TestShardsExactlyOnce(t *testing.T) {
+	d := shardDB(t)
+	env := func(n int) []string {
+		return append(eosEnv(d, "OUTBOXD_KAFKA_MAX_BUFFERED_RECORDS=2000"), "OUTBOXD_POSTGRES_SHARDS="+strconv.Itoa(n))
+	}
+	p := start(t, env(2))
+	p.waitShardsStreaming(2)
+	spec := loadSpec{Prefix: d.name, Types: 6, IDs: 60, Writers: 4,
+		Events: 16000, TxSizes: []int{1, 2, 10, 1, 5, 3}, RollbackPct: 5, SavepointPct: 10, DeletePct: 20,
+		Pace: 15 * time.Millisecond}
+	f := startEOSRun(t, d, svc.brokers, spec)
+	const kills = 8
+	n := 2
+	for i := range kills {
+		waitCommitted(t, f.l, (i+1)*spec.Events*9/10/(kills+2))
+		sleepRand(0, 300*time.Millisecond)
+		if i == kills/2 {
+			if code := p.stop(syscall.SIGTERM, 60*time.Second); code != 0 {
+				t.Fatalf("outboxd exited %d after SIGTERM", code)
+			}
+			n = 4
+			p = start(t, env(n))
+			p.waitShardsStreaming(n)
+			p.waitLog(`msg=resharded`, time.Second)
+			continue
+		}
+		p.stop(syscall.SIGKILL, 10*time.Second)
+		p = start(t, env(n))
+		p.waitShardsStreaming(n)
+	}
+	r := f.finish("exactly-once: SIGKILL outboxd with shards, and a reshard from 2 to 4", kills, time.Now(), "")
+	noDuplicates(t, r)
+	for i := range n {
+		slot, _ := shard.Name(d.slot, i, n)
+		if !regexp.MustCompile(`transactional_id=outboxd-\d+-` + slot).MatchString(p.logs.String()) {
+			t.Errorf("no transactional id of shard %d (slot %s) in the log", i, slot)
+		}
 	}
 }
