@@ -219,7 +219,15 @@ func (s *Shards) reshard(ctx context.Context) error {
 			return nil
 		}
 	}
-	conn, err := pg.Connect(ctx, pc)
+	cctx := ctx
+	if n <= 1 {
+		// The start-up checks connect next and explain a failure; an
+		// unreachable server must not make them wait twice as long.
+		var cancel context.CancelFunc
+		cctx, cancel = context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+	}
+	conn, err := pg.Connect(cctx, pc)
 	if err != nil {
 		if n <= 1 {
 			return nil

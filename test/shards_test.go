@@ -242,6 +242,7 @@ func TestShardsReshardByRestartDuringLoad(t *testing.T) {
 			p = start(t, env(c.to))
 			sleepRand(0, 1500*time.Millisecond)
 			p.stop(syscall.SIGKILL, 10*time.Second)
+			t.Logf("killed after the reshard steps %v", reshardSteps(p))
 			p = start(t, env(c.to))
 			p.waitShardsStreaming(c.to)
 			t.Logf("resharded %d to %d at %d committed events", c.from, c.to, f.l.committedCount())
@@ -317,4 +318,29 @@ func TestShardsExactlyOnce(t *testing.T) {
 			t.Errorf("no transactional id of shard %d (slot %s) in the log", i, slot)
 		}
 	}
+}
+
+var stepRE = regexp.MustCompile(`msg=resharding step=(\S+)`)
+
+// reshardSteps lists the reshard steps p logged.
+func reshardSteps(p *proc) []string {
+	var out []string
+	for _, m := range stepRE.FindAllStringSubmatch(p.logs.String(), -1) {
+		out = append(out, m[1])
+	}
+	return out
+}
+
+// Before Postgres 15 (no publication row filters) postgres.shards > 1 is a
+// start-up error that names the server's version; the test runs only there.
+func TestShardsRefusedBeforePostgres15(t *testing.T) {
+	d := newDB(t)
+	if major := serverMajor(t); major >= shard.MinVersion {
+		t.Skipf("the server is %d; sharded slots work there", major)
+	}
+	p := start(t, shardEnv(d, 2))
+	if code := p.waitExit(30 * time.Second); code != 1 {
+		t.Errorf("outboxd exited %d, want 1", code)
+	}
+	p.waitLog(`sharded slots need publication row filters, which came in Postgres 15; this server is 14`, time.Second)
 }
