@@ -240,7 +240,7 @@ func (r *Router) checkTypes(table string, typeOf func(field int) uint32) error {
 	if t := typeOf(fKey); enc == config.KeyEncodingJSONSchema && !jsonSchemaKeyTypes[t] {
 		return &LayoutError{Table: table, Reason: fmt.Sprintf(
 			"key column %s has a type (OID %d) without a Connect schema for router.key_encoding json_schema; "+
-				"use a text, uuid, integer, boolean or json key column, or key_encoding json or raw", r.names[fKey], t)}
+				"use a text, varchar, char, uuid, integer, boolean, json or jsonb key column, or key_encoding json or raw", r.names[fKey], t)}
 	}
 	return nil
 }

@@ -294,8 +294,8 @@ func (e *StallError) Error() string {
 	switch {
 	case len(e.Missing) > 0:
 		// The missing topic is the cause, whether or not other records were acknowledged.
-		return fmt.Sprintf("Kafka has not acknowledged records for %s (kafka.delivery_timeout): the topic does not exist: %s; "+
-			"create it, enable the brokers' auto.create.topics.enable, or set kafka.topic_creation: admin", d, strings.Join(e.Missing, ", "))
+		return fmt.Sprintf("Kafka has not acknowledged records for %s (kafka.delivery_timeout; %d in flight): the topic does not exist: %s; "+
+			"create it, enable the brokers' auto.create.topics.enable, or set kafka.topic_creation: admin", d, e.InFlight, strings.Join(e.Missing, ", "))
 	case e.Partial:
 		return fmt.Sprintf("Kafka has not acknowledged the oldest unconfirmed transaction for %s (kafka.delivery_timeout; %d records in flight); "+
 			"a partition without a leader, or without enough in-sync replicas?", d, e.InFlight)
