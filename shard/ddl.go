@@ -36,8 +36,7 @@ func PublicationSQL(name, schema, table, column string, i, n int) string {
 
 // KeyColumnSQL reads what the shard filters need of the key column. Its
 // parameters are $1 schema, $2 table and $3 column; it returns one row, to
-// scan into the fields of KeyColumn in order, and KeyColumnError says what
-// it means.
+// scan into KeyColumn.Fields, and KeyColumnError says what it means.
 const KeyColumnSQL = `SELECT t.oid IS NOT NULL, a.attnum IS NOT NULL,
 	coalesce(format_type(a.atttypid, a.atttypmod), ''),
 	coalesce(a.atttypid IN ('text'::regtype, 'varchar'::regtype), false),
@@ -55,6 +54,12 @@ type KeyColumn struct {
 	Text                bool   // text or varchar
 	Collation           string // schema-qualified and quoted; "" if the type has none
 	Deterministic       bool   // the collation's
+}
+
+// Fields returns pointers to k's fields in KeyColumnSQL's column order, to
+// pass to Scan.
+func (k *KeyColumn) Fields() []any {
+	return []any{&k.TableExists, &k.Exists, &k.Type, &k.Text, &k.Collation, &k.Deterministic}
 }
 
 // KeyColumnError returns why the shard filters cannot key schema.table's

@@ -102,7 +102,7 @@ func probeShards(t *testing.T, d *db, schema, table, column string) error {
 	t.Helper()
 	ctx := context.Background()
 	var k shard.KeyColumn
-	if err := d.pool.QueryRow(ctx, shard.KeyColumnSQL, schema, table, column).Scan(&k.TableExists, &k.Exists, &k.Type, &k.Text, &k.Collation, &k.Deterministic); err != nil {
+	if err := d.pool.QueryRow(ctx, shard.KeyColumnSQL, schema, table, column).Scan(k.Fields()...); err != nil {
 		t.Fatalf("reading the key column: %v", err)
 	}
 	if err := shard.KeyColumnError(k, schema, table, column); err != nil {
