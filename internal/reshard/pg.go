@@ -155,8 +155,18 @@ func (p *PG) EnsureShardPublication(ctx context.Context, name string, i, n int) 
 			name, i, n, stmt)}
 	}
 	if !p.probed {
-		_, err := p.Conn.Exec(ctx, shard.ProbeSQL)
-		if err := shard.ProbeError(err); err != nil {
+		var k shard.KeyColumn
+		if err := p.Conn.QueryRow(ctx, shard.KeyColumnSQL, schema, table, p.KeyColumn).Scan(k.Fields()...); err != nil {
+			return fmt.Errorf("reading the key column %q of %s.%s: %w", p.KeyColumn, schema, table, err)
+		}
+		if err := shard.KeyColumnError(k, schema, table, p.KeyColumn); err != nil {
+			return &PermanentError{err}
+		}
+		var hashes []int32
+		if err := p.Conn.QueryRow(ctx, shard.ProbeCollatedSQL(k.Collation)).Scan(&hashes); err != nil {
+			return &PermanentError{shard.ProbeError(err)}
+		}
+		if err := shard.VerifyProbe(hashes); err != nil {
 			return &PermanentError{err}
 		}
 		p.probed = true
