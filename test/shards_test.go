@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	mrand "math/rand/v2"
 	"net/http"
 	"regexp"
 	"strconv"
@@ -218,8 +219,8 @@ func TestShardsApplicationWritesAndMessages(t *testing.T) {
 }
 
 // Acceptance 2: changing the shard count by restart while writers write,
-// 1 to 2 and 4 to 2, with a SIGKILL at a random moment of the change, and a
-// clean run of the reshard (by SIGTERM) before it.
+// 1 to 2 and 4 to 2, with three SIGKILLs at random moments of the change;
+// then back and forth again, cleanly and after a kill.
 func TestShardsReshardByRestartDuringLoad(t *testing.T) {
 	for _, c := range []struct{ from, to int }{{1, 2}, {4, 2}} {
 		t.Run(fmt.Sprintf("%dto%d", c.from, c.to), func(t *testing.T) {
@@ -239,10 +240,16 @@ func TestShardsReshardByRestartDuringLoad(t *testing.T) {
 			if code := p.stop(syscall.SIGTERM, 60*time.Second); code != 0 {
 				t.Fatalf("outboxd exited %d after SIGTERM", code)
 			}
-			p = start(t, env(c.to))
-			sleepRand(0, 1500*time.Millisecond)
-			p.stop(syscall.SIGKILL, 10*time.Second)
-			t.Logf("killed after the reshard steps %v", reshardSteps(p))
+			// Three kills, each as soon as the reshard (or its resumption)
+			// logs a step picked at random (the log is polled every 50 ms,
+			// so the kill lands in that step or a little after it).
+			steps := []string{"begin", "create", "cutover", "drain", "switch", "drop_old", "advance"}
+			for range 3 {
+				p = start(t, env(c.to))
+				p.waitLog(`msg=resharding step=`+steps[mrand.IntN(len(steps))]+`|msg=streaming`, 30*time.Second)
+				p.stop(syscall.SIGKILL, 10*time.Second)
+				t.Logf("killed after the reshard steps %v", reshardSteps(p))
+			}
 			p = start(t, env(c.to))
 			p.waitShardsStreaming(c.to)
 			t.Logf("resharded %d to %d at %d committed events", c.from, c.to, f.l.committedCount())
@@ -256,7 +263,7 @@ func TestShardsReshardByRestartDuringLoad(t *testing.T) {
 			p.stop(syscall.SIGKILL, 10*time.Second)
 			p = start(t, env(c.to))
 			p.waitShardsStreaming(c.to)
-			f.finish(fmt.Sprintf("reshard %d to %d by restart", c.from, c.to), 3, time.Now(), "")
+			f.finish(fmt.Sprintf("reshard %d to %d by restart", c.from, c.to), 4, time.Now(), "")
 			var slots []string
 			rows, err := d.pool.Query(context.Background(), `SELECT slot_name FROM pg_replication_slots WHERE database = current_database() ORDER BY 1`)
 			if err != nil {
