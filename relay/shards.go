@@ -96,7 +96,7 @@ func newShardRelay(cfg config.Config, log *slog.Logger, reg prometheus.Registere
 // publications, and runs each shard's start-up checks. It returns the first
 // error, with everything it opened closed.
 func (s *Shards) Start(ctx context.Context) error {
-	if err := s.reshard(ctx); err != nil {
+	if err := s.reshard(ctx, false); err != nil {
 		return err
 	}
 	s.setNote("")
@@ -208,10 +208,10 @@ func (s *Shards) setNote(note string) {
 // for anything but streaming the configured shards; it then makes sure the
 // shards' publications exist. With postgres.shards: 1 a failure to observe
 // is left to the start-up checks, which explain it.
-func (s *Shards) reshard(ctx context.Context) error {
+func (s *Shards) reshard(ctx context.Context, strict bool) error {
 	pc := s.cfg.Postgres
 	n := pc.Shards
-	if n <= 1 {
+	if n <= 1 && !strict {
 		if _, err := shard.Name(pc.Slot, 0, 1); err != nil {
 			return nil // a slot name that reads as a shard's: never sharded
 		}
@@ -220,7 +220,7 @@ func (s *Shards) reshard(ctx context.Context) error {
 		}
 	}
 	cctx := ctx
-	if n <= 1 {
+	if n <= 1 && !strict {
 		// The start-up checks connect next and explain a failure; an
 		// unreachable server must not make them wait twice as long.
 		var cancel context.CancelFunc
@@ -229,7 +229,7 @@ func (s *Shards) reshard(ctx context.Context) error {
 	}
 	conn, err := pg.Connect(cctx, pc)
 	if err != nil {
-		if n <= 1 {
+		if n <= 1 && !strict {
 			return nil
 		}
 		return err
@@ -248,7 +248,7 @@ func (s *Shards) reshard(ctx context.Context) error {
 	db := &reshard.PG{Conn: conn, Cfg: pc, KeyColumn: s.cfg.Router.KeyColumn}
 	o, err := db.Observe(ctx)
 	if err != nil {
-		if n <= 1 {
+		if n <= 1 && !strict {
 			return nil
 		}
 		return err
@@ -270,6 +270,15 @@ func (s *Shards) reshard(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// Reshard runs the reshard loop to postgres.shards, as Start does, and
+// returns once the database holds that layout (the shards' publications
+// made), without streaming: outboxd reshard. The old shards' pipelines
+// drain while it runs.
+func (s *Shards) Reshard(ctx context.Context) error {
+	defer s.setNote("")
+	return s.reshard(ctx, true)
 }
 
 // lockedReshard runs the reshard loop under the session advisory lock,

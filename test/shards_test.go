@@ -338,6 +338,32 @@ func reshardSteps(p *proc) []string {
 	return out
 }
 
+// outboxd reshard -to M: the same loop as a restart, run by a command that
+// exits once the database holds M shards; outboxd then streams them.
+func TestShardsReshardCommand(t *testing.T) {
+	d := shardDB(t)
+	p := start(t, shardEnv(d, 1))
+	p.waitShardsStreaming(1)
+	spec := loadSpec{Prefix: d.name, Types: 4, IDs: 40, Writers: 2,
+		Events: 4000, TxSizes: []int{1, 2, 10, 1, 5, 3}, RollbackPct: 5, DeletePct: 20, Pace: 15 * time.Millisecond}
+	f := startFaultRun(t, d, svc.brokers, spec)
+	waitCommitted(t, f.l, spec.Events/3)
+	if code := p.stop(syscall.SIGTERM, 60*time.Second); code != 0 {
+		t.Fatalf("outboxd exited %d after SIGTERM", code)
+	}
+	cmd := start(t, shardEnv(d, 1), "reshard", "-to", "2")
+	if code := cmd.waitExit(2 * time.Minute); code != 0 {
+		t.Fatalf("outboxd reshard -to 2 exited %d; log:\n%s", code, cmd.logs.String())
+	}
+	cmd.waitLog(`the slots of "`+d.slot+`" are those of 2 shards`, time.Second)
+	p = start(t, shardEnv(d, 2))
+	p.waitShardsStreaming(2)
+	if steps := reshardSteps(p); len(steps) != 0 {
+		t.Errorf("outboxd with 2 shards resharded again after the command: %v", steps)
+	}
+	f.finish("outboxd reshard -to 2", 1, time.Now(), "")
+}
+
 // Before Postgres 15 (no publication row filters) postgres.shards > 1 is a
 // start-up error that names the server's version; the test runs only there.
 func TestShardsRefusedBeforePostgres15(t *testing.T) {

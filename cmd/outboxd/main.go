@@ -40,6 +40,9 @@ const usage = `Usage:
   outboxd [-config FILE] [-check-config]   stream the outbox to Kafka
   outboxd migrate [-config FILE]           create the outbox table
   outboxd status [-config FILE] [-json]    show the slot, its lag and the running outboxd
+  outboxd reshard [-config FILE] [-to N]   change the shard count to N (default
+                                           postgres.shards) and exit; stop the
+                                           running outboxd first
   outboxd healthcheck [-config FILE] [-url URL]
                                            exit 0 if the running outboxd answers /healthz
   outboxd version                          print the version
@@ -79,7 +82,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	cmd := "run"
 	if len(args) > 0 {
 		switch args[0] {
-		case "migrate", "version", "status", "healthcheck":
+		case "migrate", "version", "status", "healthcheck", "reshard":
 			cmd, args = args[0], args[1:]
 		}
 	}
@@ -89,6 +92,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	path := fs.String("config", "", "YAML configuration `file`")
 	check := fs.Bool("check-config", false, "validate the configuration, print it with secrets hidden, and exit")
 	asJSON := fs.Bool("json", false, "status: print JSON")
+	to := fs.Int("to", 0, "reshard: the shard count to change to (default postgres.shards)")
 	url := fs.String("url", "", "status, healthcheck: the running outboxd's base URL (default from http.listen)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -103,6 +107,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 	cfg, err := config.Load(*path, os.Environ())
 	if err != nil {
 		return err
+	}
+	if cmd == "reshard" && *to != 0 {
+		cfg.Postgres.Shards = *to
 	}
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("invalid configuration:\n%w", err)
@@ -123,6 +130,16 @@ func run(args []string, stdout, stderr io.Writer) error {
 	switch cmd {
 	case "migrate":
 		return admin.Migrate(ctx, cfg, log)
+	case "reshard":
+		s, err := relay.NewShards(cfg, log, prometheus.NewRegistry())
+		if err != nil {
+			return err
+		}
+		if err := s.Reshard(ctx); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "the slots of %q are those of %d shards\n", cfg.Postgres.Slot, cfg.Postgres.Shards)
+		return nil
 	case "healthcheck":
 		if base == "" {
 			return errors.New("http.listen is empty, so outboxd serves no /healthz to probe; set http.listen (or pass -url)")
