@@ -34,6 +34,13 @@
 // its own. A *Start that will not be given to Run is closed with its Close.
 // Check and Run must not run at the same time.
 //
+// Shards (shards.go) runs a whole outboxd: with postgres.shards: N > 1 one
+// Relay per shard (each on its own slot and publication, with its own
+// connections, producer, tracker and metrics labelled with its slot) under
+// one errgroup, after the reshard loop of package internal/reshard has
+// brought the database to N shards; an old shard drains with its reshard
+// window (Relay.window). With one shard it is one Relay, as before.
+//
 // Shutdown (ctx done): the stream stops at the next transaction boundary,
 // in-flight records get until shutdown_timeout to be acknowledged, and the
 // final status reports the last fully delivered transaction.
