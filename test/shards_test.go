@@ -364,6 +364,37 @@ func TestShardsReshardCommand(t *testing.T) {
 	f.finish("outboxd reshard -to 2", 1, time.Now(), "")
 }
 
+// An HA pair with 2 shards: the second instance stands by on both shards
+// (not ready) and takes both over when the first is killed during the load.
+func TestShardsHotStandbyTakesOver(t *testing.T) {
+	d := shardDB(t)
+	env := shardEnv(d, 2, "OUTBOXD_POSTGRES_STANDBY_POLL_INTERVAL=250ms")
+	a := start(t, env)
+	a.waitShardsStreaming(2)
+	b := start(t, env)
+	m := listenRE.FindStringSubmatch(b.waitLog(`msg="serving metrics and health" addr=\S+`, 30*time.Second))
+	b.addr = m[1]
+	body := b.waitReady(503, 30*time.Second)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, st := b.status()
+		if len(st.Shards) == 2 && st.Shards[0].State == "standby" && st.Shards[1].State == "standby" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the second instance's shards are not both standbys: %s", body)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	spec := loadSpec{Prefix: d.name, Types: 4, IDs: 40, Writers: 2,
+		Events: 4000, TxSizes: []int{1, 2, 10, 1, 5, 3}, RollbackPct: 5, DeletePct: 20, Pace: 15 * time.Millisecond}
+	f := startFaultRun(t, d, svc.brokers, spec)
+	waitCommitted(t, f.l, spec.Events/3)
+	a.stop(syscall.SIGKILL, 10*time.Second)
+	b.waitReady(200, 30*time.Second)
+	f.finish("HA pair with 2 shards, the active one killed", 1, time.Now(), "")
+}
+
 // Before Postgres 15 (no publication row filters) postgres.shards > 1 is a
 // start-up error that names the server's version; the test runs only there.
 func TestShardsRefusedBeforePostgres15(t *testing.T) {
