@@ -110,7 +110,7 @@ func (b benchRun) shardsBody() string {
 		}
 		if md.Len() == 0 {
 			md.WriteString("\n### Sharded decoding\n\nOne fill of 100-row transactions decoded by slots whose publications (inserts only) " +
-				"take a share of the aggregate ids with a row filter on md5(aggregate_id), each slot read by a bare reader (pg_walread), " +
+				"take a share of the aggregate ids with a row filter on hashtext(aggregate_id), each slot read by a bare reader (pg_walread), " +
 				"no Kafka. Events/s: the fill's events ÷ the time until every reader reached its end; walsender CPU of all its slots.\n\n")
 			md.WriteString("| case | events/s | × 1 slot | time | walsender CPU-s per 100k |\n|---|--:|--:|--:|--:|\n")
 		}
