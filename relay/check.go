@@ -289,7 +289,7 @@ func (r *Relay) checkColumnTypes(ctx context.Context, conn *pgx.Conn) error {
 	if err := r.router.CheckTypes(r.cfg.Postgres.Table, types); err != nil {
 		return err
 	}
-	if keyDefault && r.cfg.Router.KeyEncoding == "json_schema" {
+	if keyDefault && r.cfg.Router.KeyEncoding == config.KeyEncodingJSONSchema {
 		return fmt.Errorf("key column %s of %s has a DEFAULT, which Debezium put into the key's schema (\"default\":..., for a function a placeholder), "+
 			"and router.key_encoding json_schema does not reproduce it, so keys would land on other partitions; "+
 			"drop the default (ALTER TABLE %s ALTER COLUMN %s DROP DEFAULT) or use key_encoding json or raw",

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/outboxd/outboxd/checkpoint"
+	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/shard"
 	"github.com/outboxd/outboxd/sink"
@@ -151,10 +152,10 @@ func (p *Pipeline) Handle(item wal.Item) error {
 		case wal.Update:
 			p.updates.Inc()
 			switch {
-			case rcfg.OnUpdate == "error":
+			case rcfg.OnUpdate == config.OnUpdateError:
 				return wal.Errorf(errUpdate, "UPDATE of an outbox row at LSN %s (xid %d) and router.on_update is error; outbox rows must only be inserted. "+
 					"To move past it, set router.on_update: warn or ignore and restart", m.LSN, m.XID)
-			case rcfg.OnUpdate == "warn" && !p.warnedUpdate:
+			case rcfg.OnUpdate == config.OnUpdateWarn && !p.warnedUpdate:
 				p.warnedUpdate = true
 				p.r.log.Warn("UPDATE on the outbox table is not delivered; outbox rows should only be inserted (counted in outboxd_wal_changes_total{op=\"update\"})",
 					"lsn", m.LSN.String(), "xid", m.XID)
@@ -205,6 +206,10 @@ func (p *Pipeline) Handle(item wal.Item) error {
 		if w := p.r.window; w.Upto != 0 && p.tracker.Confirmed() >= w.Upto {
 			p.pastWindow() // idle up to the cutover: nothing more to deliver
 		}
+	default:
+		// A new item type must be handled here: dropping a keepalive would
+		// pin WAL, dropping a commit would stop confirmations.
+		return fmt.Errorf("pipeline: unhandled stream item %T", item)
 	}
 	return nil
 }
@@ -279,7 +284,7 @@ func (p *Pipeline) deliver(rec *router.Record, routeErr error, lsn wal.LSN, sour
 		poison.Key, poison.Value = bytes.Clone(poison.Key), bytes.Clone(poison.Value)
 	}
 	r := p.r
-	if r.cfg.Router.Poison.Policy != "dlq" {
+	if r.cfg.Router.Poison.Policy != config.PoisonDLQ {
 		return fmt.Errorf("%w. outboxd stopped without confirming past it. To move past it deliberately, set router.poison.policy: dlq "+
 			"(and router.poison.dlq_topic) and restart: the row goes to the dead-letter topic and streaming continues", poison)
 	}

@@ -314,3 +314,16 @@ func TestPipelineKeepalive(t *testing.T) {
 		t.Errorf("acknowledged and idle: confirmed %s, want 0/300", got)
 	}
 }
+
+// An item the pipeline does not know (here a keepalive by pointer, which
+// satisfies wal.Item through its value method) is an error, never dropped:
+// a dropped keepalive would pin WAL.
+func TestPipelineUnknownItem(t *testing.T) {
+	tp := newTestPipeline(t, nil)
+	if err := tp.Handle(&wal.Keepalive{WALEnd: 0x150}); err == nil {
+		t.Fatal("Handle(*wal.Keepalive) = nil, want an error")
+	}
+	if got := tp.tracker.Confirmed(); got != 0x100 {
+		t.Errorf("confirmed %s after an unknown item, want 0/100", got)
+	}
+}
