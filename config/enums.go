@@ -100,10 +100,19 @@ const (
 	LogJSON LogFormat = "json"
 )
 
+// explain adds what the values mean to err, if there is one.
+func explain(err error, meaning string) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("%w (%s)", err, meaning)
+}
+
 // validateEnums checks every setting with a fixed set of values.
 func (c Config) validateEnums() []error {
 	errs := []error{
-		oneOf("kafka.topic_creation", c.Kafka.TopicCreation, TopicCreationAdmin, TopicCreationBroker),
+		explain(oneOf("kafka.topic_creation", c.Kafka.TopicCreation, TopicCreationAdmin, TopicCreationBroker),
+			"admin: outboxd creates missing topics; broker: the brokers' auto.create.topics.enable does"),
 		oneOf("kafka.compression", c.Kafka.Compression, CompressionNone, CompressionGzip, CompressionSnappy, CompressionLZ4, CompressionZstd),
 		oneOf("kafka.delivery", c.Kafka.Delivery, AtLeastOnce, ExactlyOnce),
 		oneOf("router.additional_missing", c.Router.AdditionalMissing, AdditionalMissingError, AdditionalMissingIgnore),
