@@ -14,6 +14,7 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/debug"
+	"strings"
 	"syscall"
 	"time"
 
@@ -30,11 +31,21 @@ import (
 )
 
 // version and commit are stamped at build time with
-// -ldflags "-X main.version=... -X main.commit=...".
+// -ldflags "-X main.version=... -X main.commit=..."; without them (go
+// install module@version) version is the module's.
 var (
 	version = "dev"
 	commit  = ""
 )
+
+func init() {
+	if version != "dev" {
+		return
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok && strings.HasPrefix(bi.Main.Version, "v") {
+		version = bi.Main.Version
+	}
+}
 
 const usage = `Usage:
   outboxd [-config FILE] [-check-config]   stream the outbox to Kafka
