@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/outboxd/outboxd/checkpoint"
 	"github.com/outboxd/outboxd/config"
@@ -174,7 +175,7 @@ func TestPipelineRoutesInserts(t *testing.T) {
 		t.Errorf("confirmed %s after every acknowledgement, want the commit's end 0/210", got)
 	}
 	for op, want := range map[string]float64{"insert": 2, "update": 1, "delete": 1} {
-		if got := value(tp.r.m.changes.WithLabelValues(op)); got != want {
+		if got := testutil.ToFloat64(tp.r.m.changes.WithLabelValues(op)); got != want {
 			t.Errorf("outboxd_wal_changes_total{op=%q} = %v, want %v", op, got, want)
 		}
 	}
@@ -261,7 +262,7 @@ func TestPipelineDeadLetter(t *testing.T) {
 			if got := header(dl, "outboxd.error.reason"); !strings.Contains(got, tc.reason) {
 				t.Errorf("reason header %q lacks %q", got, tc.reason)
 			}
-			if got := value(tp.r.m.deadLettered); got != 1 {
+			if got := testutil.ToFloat64(tp.r.m.deadLettered); got != 1 {
 				t.Errorf("outboxd_router_dead_lettered_total = %v, want 1", got)
 			}
 			tp.prod.ackAll(nil)

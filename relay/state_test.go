@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/outboxd/outboxd/config"
 )
@@ -25,7 +25,7 @@ func TestLeavingStreamingClearsInFlightGauges(t *testing.T) {
 		r.m.inFlight.Set(9000)
 		r.m.bufferFill.Set(0.95)
 		r.setState(state, "test")
-		if n, fill := value(r.m.inFlight), value(r.m.bufferFill); n != 0 || fill != 0 {
+		if n, fill := testutil.ToFloat64(r.m.inFlight), testutil.ToFloat64(r.m.bufferFill); n != 0 || fill != 0 {
 			t.Errorf("after %s: in flight %g, buffer fill %g; want 0 and 0", state, n, fill)
 		}
 	}
@@ -56,18 +56,4 @@ func TestStatusPositions(t *testing.T) {
 	if s := r.Status(); s.InFlight != 0 || s.ConfirmedLSN != "" || s.SentLSN != "" || !s.ConfirmedCommitTime.IsZero() {
 		t.Errorf("standby: in flight %d, confirmed %q, sent %q, commit time %v; want nothing", s.InFlight, s.ConfirmedLSN, s.SentLSN, s.ConfirmedCommitTime)
 	}
-}
-
-// value reads a gauge or counter.
-func value(c prometheus.Collector) float64 {
-	ch := make(chan prometheus.Metric, 1)
-	c.Collect(ch)
-	var m dto.Metric
-	if err := (<-ch).Write(&m); err != nil {
-		panic(err)
-	}
-	if m.Counter != nil {
-		return m.Counter.GetValue()
-	}
-	return m.Gauge.GetValue()
 }

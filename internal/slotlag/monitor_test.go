@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/outboxd/outboxd/config"
 )
@@ -49,10 +49,10 @@ func TestMonitorSlotUnreachable(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx, nil) }()
 	deadline := time.Now().Add(10 * time.Second)
-	for value(r.m.readErrors) < 3 {
+	for testutil.ToFloat64(r.m.readErrors) < 3 {
 		if time.Now().After(deadline) {
 			cancel()
-			t.Fatalf("outboxd_slot_read_errors_total = %v after 10s, want >= 3", value(r.m.readErrors))
+			t.Fatalf("outboxd_slot_read_errors_total = %v after 10s, want >= 3", testutil.ToFloat64(r.m.readErrors))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -66,7 +66,7 @@ func TestMonitorSlotUnreachable(t *testing.T) {
 		t.Fatal("Run did not return after ctx was cancelled")
 	}
 
-	if v := value(r.m.lastRead); v != 0 {
+	if v := testutil.ToFloat64(r.m.lastRead); v != 0 {
 		t.Errorf("outboxd_slot_last_read_timestamp_seconds = %v, want 0 (never read)", v)
 	}
 	out := logs.String()
@@ -130,25 +130,11 @@ func TestSlotReadSetsGauges(t *testing.T) {
 		"extended": {m.walStatus.WithLabelValues("extended"), 1},
 		"reserved": {m.walStatus.WithLabelValues("reserved"), 0},
 	} {
-		if got := value(tc.g); got != tc.want {
+		if got := testutil.ToFloat64(tc.g); got != tc.want {
 			t.Errorf("%s = %v, want %v", name, got, tc.want)
 		}
 	}
-	if got := value(m.lastRead); got < before {
+	if got := testutil.ToFloat64(m.lastRead); got < before {
 		t.Errorf("last read %v, want >= %v", got, before)
 	}
-}
-
-// value reads a gauge or counter.
-func value(c prometheus.Collector) float64 {
-	ch := make(chan prometheus.Metric, 1)
-	c.Collect(ch)
-	var m dto.Metric
-	if err := (<-ch).Write(&m); err != nil {
-		panic(err)
-	}
-	if m.Counter != nil {
-		return m.Counter.GetValue()
-	}
-	return m.Gauge.GetValue()
 }
