@@ -140,11 +140,12 @@ func cmdFill(ctx context.Context, args []string) error {
 }
 
 // slotLag returns the bytes of WAL the slot retains beyond its confirmed
-// position, or -1 if the slot is missing.
+// position, or -1 if the slot is missing. For outboxd with postgres.shards,
+// slot is the shards' base name and the worst of slot_<i>of<n> counts.
 func slotLag(ctx context.Context, conn *pgx.Conn, slot string) (int64, error) {
 	var lag *int64
-	err := conn.QueryRow(ctx, `SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint
-	  FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&lag)
+	err := conn.QueryRow(ctx, `SELECT max(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn))::bigint
+	  FROM pg_replication_slots WHERE slot_name = $1 OR slot_name ~ ('^' || $1 || '_[0-9]+of[0-9]+$')`, slot).Scan(&lag)
 	if err == pgx.ErrNoRows || (err == nil && lag == nil) {
 		return -1, nil
 	}

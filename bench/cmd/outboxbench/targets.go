@@ -41,11 +41,14 @@ type verdict struct {
 	shown  string  // value as printed: "4.92×", "1/19", "+0.6 ms"
 	pass   bool
 	judged bool   // false when a contender it needs did not run
+	info   bool   // figures with no threshold: neither PASS nor FAIL
 	figure string // the absolute figures beside it
 }
 
 func (v verdict) outcome() string {
 	switch {
+	case v.info:
+		return "INFO"
 	case !v.judged:
 		return "NOT RUN"
 	case v.pass:
@@ -192,7 +195,64 @@ func judge(rs []result) []verdict {
 		t.exactlyOnce(),
 		t.shardsTarget(),
 	)
+	for _, w := range []string{catchup100, catchup1} {
+		if v, ok := t.shardedOutboxd(w); ok {
+			vs = append(vs, v)
+		}
+	}
 	return vs
+}
+
+// shardedOutboxd compares outboxd end to end with postgres.shards 2 and 4
+// (the contenders outboxd_s2 and outboxd_s4) with one shard (outboxd) in the
+// same run, on catch-up workload w: throughput, CPU per event and peak RSS
+// as ratios to one shard. The issue sets no threshold for them (it asks
+// what end to end reaches on this machine, where the walsenders, the broker
+// and outboxd share two cores), so the line is informational. ok is false
+// when no sharded contender ran w.
+func (t runs) shardedOutboxd(w string) (verdict, bool) {
+	v := verdict{target: "outboxd with 2 shards / 4 shards vs 1", on: caseName[w], info: true}
+	sharded := []string{"outboxd_s2", "outboxd_s4"}
+	ran := false
+	for _, c := range sharded {
+		_, ok := t.median("catchup", w, c, 0, throughput)
+		ran = ran || ok
+	}
+	if !ran {
+		return v, false
+	}
+	one, ok := t.median("catchup", w, "outboxd", 0, throughput)
+	if !ok || one == 0 {
+		v.shown, v.figure = "–", "no run of outboxd"
+		return v, true
+	}
+	v.judged = true
+	// each formats the sharded contenders' medians of m, and their ratios
+	// to one shard's: "101.8k / 65.5k against 80.8k (1.26× / 0.81×)".
+	each := func(m metric, f func(float64) string) (figures, ratios string) {
+		base, _ := t.median("catchup", w, "outboxd", 0, m)
+		var fs, rs []string
+		for _, c := range sharded {
+			x, ok := t.median("catchup", w, c, 0, m)
+			if !ok {
+				fs, rs = append(fs, "–"), append(rs, "–")
+				continue
+			}
+			fs = append(fs, f(x))
+			if base > 0 {
+				rs = append(rs, times(x/base))
+			} else {
+				rs = append(rs, "–")
+			}
+		}
+		return strings.Join(fs, " / ") + " against " + f(base), strings.Join(rs, " / ")
+	}
+	tp, tpr := each(throughput, kilo)
+	cp, cpr := each(cpu, func(v float64) string { return fmt.Sprintf("%.2f", v) })
+	rss, rssr := each(peakRSS, mb)
+	v.shown = tpr
+	v.figure = fmt.Sprintf("%s ev/s; CPU-s per 100k %s (%s); peak RSS %s (%s)", tp, cp, cpr, rss, rssr)
+	return v, true
 }
 
 // exactlyOnce judges outboxd's catch-up with kafka.delivery: exactly_once

@@ -201,3 +201,43 @@ func TestShardModel(t *testing.T) {
 		t.Errorf("rate(4, 2) = %.0f, want %.0f", got, want)
 	}
 }
+
+func TestShardedOutboxd(t *testing.T) {
+	for _, v := range judge(passing()) {
+		if v.info {
+			t.Errorf("a line %q without runs of outboxd_s2 or outboxd_s4", v.target)
+		}
+	}
+	rs := append(passing(),
+		catchupRun("outboxd_s2", catchup100, 180000, 0.6, 75, 0.1),
+		catchupRun("outboxd_s4", catchup100, 120000, 0.9, 120, 0.1))
+	var got []verdict
+	for _, v := range judge(rs) {
+		if v.info {
+			got = append(got, v)
+		}
+	}
+	if len(got) != 1 {
+		t.Fatalf("%d informational lines, want 1 (100-row tx only): %+v", len(got), got)
+	}
+	v := got[0]
+	// outboxd's medians: 150k ev/s, 0.45 CPU-s per 100k, 60 MB.
+	if v.outcome() != "INFO" || v.on != caseName[catchup100] || v.shown != "1.20× / 0.80×" {
+		t.Errorf("outcome %s, case %s, shown %q; want INFO, %s, 1.20× / 0.80×", v.outcome(), v.on, v.shown, caseName[catchup100])
+	}
+	for _, want := range []string{"180.0k / 120.0k against 150.0k ev/s", "0.60 / 0.90 against 0.45 (1.33× / 2.00×)", "75 MB / 120 MB against 60 MB (1.25× / 2.00×)"} {
+		if !strings.Contains(v.figure, want) {
+			t.Errorf("figure %q lacks %q", v.figure, want)
+		}
+	}
+	var b bytes.Buffer
+	printTargets(&b, judge(rs))
+	if !strings.Contains(b.String(), "\nINFO    outboxd with 2 shards / 4 shards vs 1, 100-row tx") {
+		t.Errorf("no INFO line in:\n%s", b.String())
+	}
+	// A run of outboxd_s4 alone: the missing contender shows as "–".
+	v, ok := runsOf(append(passing(), catchupRun("outboxd_s4", catchup1, 120000, 0.9, 120, 0.1))).shardedOutboxd(catchup1)
+	if !ok || v.shown != "– / 0.80×" {
+		t.Errorf("outboxd_s4 alone: ok %v, shown %q; want – / 0.80×", ok, v.shown)
+	}
+}
