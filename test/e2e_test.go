@@ -33,26 +33,7 @@ func TestDeliversExactlyTheCommittedEvents(t *testing.T) {
 	d := newDB(t)
 	p := start(t, d.env())
 	p.waitStreaming()
-
-	l := newLedger()
-	spec := loadSpec{
-		Prefix: d.name, Types: 20, IDs: 100, Writers: 4, Events: 10000,
-		TxSizes: []int{1, 10, 500, 1, 10}, RollbackPct: 10, SavepointPct: 20, DeletePct: 30,
-	}
-	if err := runLoad(context.Background(), d, spec, l); err != nil {
-		t.Fatal(err)
-	}
-	if len(l.rolledBack) == 0 {
-		t.Fatal("the load rolled nothing back; the test would prove nothing about phantoms")
-	}
-	topics := l.topics()
-	recs := readUntil(t, topics, 2*time.Minute, 2*time.Second, allDelivered(l))
-	r := check(l, recs, partitionsOf(t, topics...))
-	t.Logf("%s (committed %d, rolled back %d)", r, l.committedCount(), len(l.rolledBack))
-	r.failOnLoss(t)
-	if r.Duplicates != 0 {
-		t.Errorf("%d duplicates in a clean run", r.Duplicates)
-	}
+	l, topics := deliverMixedLoad(t, d)
 	for topic, n := range partitionsOf(t, topics...) {
 		if n != 6 {
 			t.Errorf("topic %s has %d partitions, want the configured 6", topic, n)
@@ -74,6 +55,34 @@ func TestDeliversExactlyTheCommittedEvents(t *testing.T) {
 			t.Errorf("event %s: payload::text %q differs from the value the test expects %q", id, payload, e.Payload)
 		}
 	}
+}
+
+// deliverMixedLoad writes the mixed load (4 writers; 1- to 500-row
+// transactions; rollbacks, savepoints, insert-then-delete) through the
+// running outboxd and checks what Kafka holds: every committed event, no
+// phantom, per-key order, partitions as Java's murmur2, no duplicate.
+func deliverMixedLoad(t *testing.T, d *db) (*ledger, []string) {
+	t.Helper()
+	l := newLedger()
+	spec := loadSpec{
+		Prefix: d.name, Types: 20, IDs: 100, Writers: 4, Events: 10000,
+		TxSizes: []int{1, 10, 500, 1, 10}, RollbackPct: 10, SavepointPct: 20, DeletePct: 30,
+	}
+	if err := runLoad(context.Background(), d, spec, l); err != nil {
+		t.Fatal(err)
+	}
+	if len(l.rolledBack) == 0 {
+		t.Fatal("the load rolled nothing back; the test would prove nothing about phantoms")
+	}
+	topics := l.topics()
+	recs := readUntil(t, topics, 2*time.Minute, 2*time.Second, allDelivered(l))
+	r := check(l, recs, partitionsOf(t, topics...))
+	t.Logf("%s (committed %d, rolled back %d)", r, l.committedCount(), len(l.rolledBack))
+	r.failOnLoss(t)
+	if r.Duplicates != 0 {
+		t.Errorf("%d duplicates in a clean run", r.Duplicates)
+	}
+	return l, topics
 }
 
 // Acceptance 2a: SIGTERM mid-stream, restart: nothing lost, no duplicates.

@@ -125,22 +125,7 @@ func TestShardsDeliverExactlyTheCommittedEvents(t *testing.T) {
 					t.Errorf("/status shard %d: slot %s state %s, want %s streaming", i, sh.Slot, sh.State, want)
 				}
 			}
-			l := newLedger()
-			spec := loadSpec{
-				Prefix: d.name, Types: 20, IDs: 100, Writers: 4, Events: 10000,
-				TxSizes: []int{1, 10, 500, 1, 10}, RollbackPct: 10, SavepointPct: 20, DeletePct: 30,
-			}
-			if err := runLoad(context.Background(), d, spec, l); err != nil {
-				t.Fatal(err)
-			}
-			topics := l.topics()
-			recs := readUntil(t, topics, 2*time.Minute, 2*time.Second, allDelivered(l))
-			r := check(l, recs, partitionsOf(t, topics...))
-			t.Logf("%s (committed %d, rolled back %d)", r, l.committedCount(), len(l.rolledBack))
-			r.failOnLoss(t)
-			if r.Duplicates != 0 {
-				t.Errorf("%d duplicates in a clean run", r.Duplicates)
-			}
+			l, _ := deliverMixedLoad(t, d)
 			// Each shard's metrics carry its slot; together they count
 			// every insert once.
 			mfs, ok := p.scrape()
