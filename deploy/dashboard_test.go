@@ -294,15 +294,7 @@ func TestDashboardConfirmedRateTakeover(t *testing.T) {
 			},
 		}},
 	}
-	out, err := yaml.Marshal(test)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "takeover_test.yaml"), out, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	runPromtool(t, dir, "test", "rules", "takeover_test.yaml")
+	promtoolTest(t, test)
 }
 
 // perSlotMetric finds the metrics each shard exports with its own slot
@@ -372,13 +364,20 @@ func TestDashboardLagPerSlot(t *testing.T) {
 			},
 		}},
 	}
+	promtoolTest(t, test)
+}
+
+// promtoolTest runs one promtool rule test file (no rule files: only its
+// promql_expr_test cases).
+func promtoolTest(t *testing.T, test map[string]any) {
+	t.Helper()
 	out, err := yaml.Marshal(test)
 	if err != nil {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "lag_test.yaml"), out, 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "expr_test.yaml"), out, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	runPromtool(t, dir, "test", "rules", "lag_test.yaml")
+	runPromtool(t, dir, "test", "rules", "expr_test.yaml")
 }
