@@ -240,7 +240,7 @@ func (t runs) shardedOutboxd(w string) (verdict, bool) {
 			}
 			fs = append(fs, f(x))
 			if base > 0 {
-				rs = append(rs, times(x/base))
+				rs = append(rs, fmt.Sprintf("%.2f×", x/base)) // not times' 1/N: these ratios are read side by side
 			} else {
 				rs = append(rs, "–")
 			}
