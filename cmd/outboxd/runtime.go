@@ -24,16 +24,16 @@ const minMemoryLimit = 64 << 20
 // outboxd changes it.
 var runtimeProcs = runtime.GOMAXPROCS(0)
 
-// defaultProcs runs Go code on one CPU per shard (GOMAXPROCS = shards,
-// postgres.shards), at most the cpus the runtime chose, unless the
-// GOMAXPROCS environment variable says otherwise. One walsender decodes
-// each slot, so the work arrives as one stream per shard; on the benchmark
-// machine, where Postgres and Kafka share two cores with outboxd, one CPU
-// for one slot used less CPU per event than two and was mostly faster
-// (BENCHMARKS.md, "One CPU for outboxd").
+// defaultProcs runs Go code on one CPU per shard (postgres.shards), at most
+// half the CPUs the runtime chose and at least one, unless the GOMAXPROCS
+// environment variable says otherwise. Each shard's work arrives as one
+// stream from one walsender, and outboxd needs less CPU per event than the
+// walsenders and the broker it shares a host with; more Ps than that wake
+// more threads and make smaller produce batches, which costs the broker too
+// (BENCHMARKS.md, "One CPU for outboxd" and the sharded end-to-end runs).
 func defaultProcs(env string, shards, cpus int) {
 	if env == "" {
-		runtime.GOMAXPROCS(max(1, min(shards, cpus)))
+		runtime.GOMAXPROCS(max(1, min(shards, cpus/2)))
 	}
 }
 

@@ -9,9 +9,9 @@ import (
 	"github.com/outboxd/outboxd/config"
 )
 
-// outboxd runs Go code on one CPU per shard, at most the CPUs the runtime
-// chose, unless GOMAXPROCS is set (BENCHMARKS.md, "One CPU for outboxd");
-// with GOMAXPROCS set, the runtime's value stays.
+// outboxd runs Go code on one CPU per shard, at most half the CPUs the
+// runtime chose and at least one, unless GOMAXPROCS is set (BENCHMARKS.md,
+// "One CPU for outboxd"); with GOMAXPROCS set, the runtime's value stays.
 func TestDefaultProcs(t *testing.T) {
 	before := runtime.GOMAXPROCS(0)
 	t.Cleanup(func() { runtime.GOMAXPROCS(before) })
@@ -23,7 +23,11 @@ func TestDefaultProcs(t *testing.T) {
 		{"unset", "", 1, 4, 1},
 		{"set", "4", 1, 4, 4},
 		{"two shards", "", 2, 4, 2},
-		{"more shards than cpus", "", 8, 4, 4},
+		{"two shards on two cpus", "", 2, 2, 1},
+		{"four shards on two cpus", "", 4, 2, 1},
+		{"one cpu", "", 2, 1, 1},
+		{"more shards than half the cpus", "", 8, 4, 2},
+		{"sixteen cpus", "", 8, 16, 8},
 		{"set with shards", "3", 8, 4, 4},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
