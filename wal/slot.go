@@ -254,8 +254,7 @@ func parseTimelineHistory(content []byte) (LSN, error) {
 // inserts it delivers and the updates router.on_update reports. Deletes are
 // left out: outboxd ignores them, and in an insert-then-delete outbox
 // (migrations/0001_outbox.sql) every event has one, which Postgres would
-// decode and send for nothing (BENCHMARKS.md, "Deletes left out of the
-// publication").
+// decode and send for nothing (BENCHMARKS.md, "Other defaults").
 const PublishActions = "insert, update"
 
 // Publication is what EnsurePublication found or made.

@@ -25,7 +25,7 @@ import (
 // that the kernel wakes the reader once per that many bytes instead of once
 // per message; on loopback the sender pays for each wake-up. It measures how
 // much of Postgres' decoding rate a reader's wake-ups cost (BENCHMARKS.md,
-// "What the walsender spends"). Linux only.
+// "What limits each figure"). Linux only.
 func cmdWalread(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("walread", flag.ExitOnError)
 	dsn := fs.String("dsn", "", "Postgres DSN of the slot's database")
