@@ -24,6 +24,9 @@
 //     an idle outbox from pinning WAL.
 //  5. Read Confirmed whenever a standby status update is due.
 //
-// A Tracker never logs and owns no clock or connection. It is safe for
+// A Tracker never logs and owns no connection. It reads the wall clock only
+// to stamp when the oldest unconfirmed transaction began waiting and when a
+// transaction's last record was handed over, which Waiting reports to the
+// stall watchdog; the ack rule itself depends on no time. It is safe for
 // concurrent use.
 package checkpoint

@@ -893,3 +893,42 @@ func readCompose(t *testing.T) composeFile {
 	}
 	return c
 }
+
+// TestDockerignoreKeepsTheBuild: the image builds ./cmd/outboxd from the
+// build context, so .dockerignore may leave out anything but the module files
+// and the packages the binary is built from.
+func TestDockerignoreKeepsTheBuild(t *testing.T) {
+	raw, err := os.ReadFile("../.dockerignore")
+	if err != nil {
+		t.Fatalf("reading .dockerignore: %v", err)
+	}
+	var patterns []string
+	for _, line := range strings.Split(string(raw), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		patterns = append(patterns, strings.TrimSuffix(line, "/"))
+	}
+	out, err := exec.Command("go", "list", "-deps", "-f", "{{if not .Standard}}{{.Dir}}{{end}}", "../cmd/outboxd").Output()
+	if err != nil {
+		t.Fatalf("go list -deps ../cmd/outboxd: %v", err)
+	}
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	needed := []string{"go.mod", "go.sum"}
+	for _, dir := range strings.Fields(string(out)) {
+		if rel, err := filepath.Rel(root, dir); err == nil && !strings.HasPrefix(rel, "..") {
+			needed = append(needed, filepath.ToSlash(rel))
+		}
+	}
+	for _, path := range needed {
+		for _, p := range patterns {
+			if ok, _ := filepath.Match(p, path); ok || strings.HasPrefix(path+"/", p+"/") {
+				t.Errorf(".dockerignore pattern %q leaves out %s, which the image's build needs", p, path)
+			}
+		}
+	}
+}
