@@ -25,6 +25,24 @@ func (r *Relay) connectReplication(ctx context.Context) (*pgconn.PgConn, error) 
 	return pg.ConnectReplication(ctx, r.cfg.Postgres)
 }
 
+// replicationBeside opens the replication connection to the server conn
+// is connected to, whichever host of postgres.dsn that is.
+func (r *Relay) replicationBeside(ctx context.Context, conn *pgx.Conn) (*pgconn.PgConn, error) {
+	r.log.Debug("opening a replication connection", "slot", r.cfg.Postgres.Slot)
+	return pg.ConnectReplicationAt(ctx, r.cfg.Postgres, pg.Addr(conn.PgConn().Conn()))
+}
+
+// besideOrClose returns repl, a replication connection opened side by side
+// with conn, when both reached the same server; else it closes repl and
+// returns nil, and the caller opens one beside conn (replicationBeside).
+func besideOrClose(conn *pgx.Conn, repl *pgconn.PgConn) *pgconn.PgConn {
+	if repl == nil || conn == nil || pg.Addr(repl.Conn()) == pg.Addr(conn.PgConn().Conn()) {
+		return repl
+	}
+	repl.Close(context.Background())
+	return nil
+}
+
 // Check runs the start-up checks and prepares the publication and slot. Each
 // failure is one line that says what is wrong and what to do. The Postgres
 // and the Kafka checks run side by side, and the replication connection is
@@ -56,7 +74,10 @@ func (r *Relay) Check(ctx context.Context) (*Start, error) {
 	if err != nil {
 		cancel() // an unreachable broker need not hold up the Postgres error
 	}
-	s := &Start{conn: conn, repl: <-repl}
+	// With two writable hosts in postgres.dsn the two connections may have
+	// reached different servers: the first pipeline then opens the
+	// replication connection beside conn.
+	s := &Start{conn: conn, repl: besideOrClose(conn, <-repl)}
 	if held && s.repl != nil {
 		// The first pipeline will wait as a standby: give the walsender
 		// place back at once.
@@ -136,6 +157,13 @@ func (r *Relay) checkOn(ctx context.Context, conn *pgx.Conn) (held bool, err err
 	if err := refuseStandby(ctx, conn); err != nil {
 		return false, err
 	}
+	// Every host of postgres.dsn and postgres.standby_dsns is asked, beside
+	// the checks, whether it is a primary: a fresh process has seen no
+	// timeline, and the DSN's first writable host may be an old primary.
+	probe, cancel := context.WithCancel(ctx)
+	defer cancel()
+	others := make(chan []pg.Primary, 1)
+	go func() { others <- pg.Primaries(probe, r.cfg.Postgres, 5*time.Second) }()
 	major, version, err := pg.ServerMajor(ctx, conn)
 	if err != nil {
 		return false, err
@@ -148,6 +176,9 @@ func (r *Relay) checkOn(ctx context.Context, conn *pgx.Conn) (held bool, err err
 		return false, err
 	}
 	if err := r.checkColumnTypes(ctx, conn); err != nil {
+		return false, err
+	}
+	if err := r.refuseSplitBrain(ctx, conn, <-others); err != nil {
 		return false, err
 	}
 	return r.ensureSlot(ctx, conn)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -94,10 +93,21 @@ func (r *Relay) refuseAfterPromotion(ctx context.Context, conn *pgx.Conn) error 
 			"If no outboxd used %q on this server or the one it was promoted from, create it with %s and start outboxd",
 			pg.Slot, err, pg.Slot, wal.CreateSlotSQL(pg.Slot, pg.FailoverSlot))
 	}
+	at := r.switchPoint(ctx, tli)
 	return wal.Errorf(wal.ErrSlotMissing, "replication slot %q does not exist, and this server is on timeline %d: it was promoted from a standby%s or restored from a backup, which keeps only synchronised failover slots. "+
-		"If outboxd used %q before, events committed after its last confirmed position (its last outboxd_checkpoint_confirmed_lsn) and before the promotion may be missing: "+
-		"recover them from the old primary's slot, the outbox table or the application. Then create the slot with %s and start outboxd; it creates the slot itself only on timeline 1",
-		pg.Slot, tli, r.switchPoint(ctx, tli), pg.Slot, wal.CreateSlotSQL(pg.Slot, pg.FailoverSlot))
+		"If outboxd used %q before, %s. Then create the slot with %s and start outboxd; it creates the slot itself only on timeline 1",
+		pg.Slot, tli, at, pg.Slot, missingAfterPromotion(at, "its last confirmed position (its last outboxd_checkpoint_confirmed_lsn)"), wal.CreateSlotSQL(pg.Slot, pg.FailoverSlot))
+}
+
+// missingAfterPromotion says which events a slot lost in a promotion (at
+// LSN at, " at LSN X" or "") leaves undelivered: every event committed on
+// the promoted server since, until the slot is created again, which no slot
+// decodes; and those committed before it after since (outboxd's last
+// confirmed position), which only the old primary's slot still holds.
+func missingAfterPromotion(at, since string) string {
+	return fmt.Sprintf("every event committed on this server since the promotion%s, until the slot is created again, will never be delivered (no slot decodes it), "+
+		"and neither will those committed before the promotion after %s: recover the first from the outbox table or the application, "+
+		"the second from the old primary's slot if it can be started (fenced, out of postgres.dsn), or from the outbox table or the application", at, since)
 }
 
 // switchPoint returns " at LSN X" where timeline tli began, or "" when it
@@ -121,7 +131,7 @@ func (r *Relay) switchPoint(ctx context.Context, tli int) string {
 func (r *Relay) slotMissing(ctx context.Context, conn *pgx.Conn) error {
 	pg := r.cfg.Postgres
 	tli, err := wal.Timeline(ctx, conn)
-	if err == nil && r.timeline > 0 && tli != r.timeline {
+	if err == nil && r.timeline > 0 && tli > r.timeline {
 		return r.promoted(ctx, tli, r.lostWhy())
 	}
 	what := "was dropped while outboxd used it"
@@ -161,18 +171,93 @@ func (r *Relay) promoted(ctx context.Context, tli int, why string) error {
 	case st.ConfirmedLSN != "":
 		since = "LSN " + st.ConfirmedLSN
 	}
+	at := r.switchPoint(ctx, tli)
 	return wal.Errorf(wal.ErrSlotMissing, "replication slot %q is missing: the server is a standby promoted to timeline %d%s (outboxd last saw timeline %d), and %s. "+
-		"Events committed after %s and before the promotion may never be delivered: recover them from the old primary's slot if it can be started, or from the outbox table or the application; "+
-		"then create the slot with %s and start outboxd",
-		pg.Slot, tli, r.switchPoint(ctx, tli), r.timeline, why, since, wal.CreateSlotSQL(pg.Slot, pg.FailoverSlot))
+		"So %s; then create the slot with %s and start outboxd",
+		pg.Slot, tli, at, r.timeline, why, missingAfterPromotion(at, since), wal.CreateSlotSQL(pg.Slot, pg.FailoverSlot))
+}
+
+// SplitBrainError refuses a server that is writable on an older timeline
+// than another server outboxd saw writable: an old primary running again
+// after a standby was promoted. Its slot is the old one, and what is
+// committed there now is on no other server. It is retried: once the old
+// primary is fenced or out of postgres.dsn, the next run reaches the new one.
+type SplitBrainError struct {
+	Server   string // host:port of the refused server
+	Timeline int    // its timeline
+	Newer    string // host:port where outboxd saw the newer timeline, "" when not known
+	Seen     int    // that timeline
+	Standby  bool   // Newer is a host of postgres.standby_dsns
+}
+
+func (e *SplitBrainError) Error() string {
+	where := ""
+	switch {
+	case e.Standby:
+		where = " on " + e.Newer + " (a host of postgres.standby_dsns, a primary now)"
+	case e.Newer != "":
+		where = " on " + e.Newer
+	}
+	return fmt.Sprintf("split brain: %s is a primary on timeline %d, and outboxd saw a primary on timeline %d%s; %[1]s is the old primary, writable again after a standby was promoted, "+
+		"so outboxd does not stream from it (its slot is the old one, and what is committed there now is on no other server). "+
+		"Fence it (stop it, or rebuild it as a standby of the new primary) or take it out of postgres.dsn; outboxd then streams from the new primary",
+		e.Server, e.Timeline, e.Seen, where)
+}
+
+// refuseOlderTimeline refuses server (host:port), on timeline tli, when outboxd saw a later timeline (SplitBrainError).
+func (r *Relay) refuseOlderTimeline(server string, tli int) error {
+	if tli <= 0 || tli >= r.timeline {
+		return nil
+	}
+	return &SplitBrainError{Server: server, Timeline: tli, Newer: r.timelineAt, Seen: r.timeline}
+}
+
+// refuseNewerPrimary refuses server (host:port), on timeline tli, when another host of postgres.dsn or postgres.standby_dsns is a
+// primary on a later timeline (pg.Primaries): a fresh outboxd has seen no
+// timeline yet, and the DSN's first writable host may be an old primary.
+func refuseNewerPrimary(server string, tli int, others []pg.Primary) error {
+	for _, o := range others {
+		if tli > 0 && o.Timeline > tli {
+			return &SplitBrainError{Server: server, Timeline: tli, Newer: o.Addr, Seen: o.Timeline, Standby: o.Standby}
+		}
+	}
+	return nil
+}
+
+// refuseSplitBrain refuses the server conn is connected to when it is on an
+// older timeline than this process saw, or than another primary among
+// others (pg.Primaries). A timeline it cannot read refuses nothing here:
+// ensureSlot judges that.
+func (r *Relay) refuseSplitBrain(ctx context.Context, conn *pgx.Conn, others []pg.Primary) error {
+	tli, err := wal.Timeline(ctx, conn)
+	if err != nil {
+		return nil
+	}
+	if err := r.refuseOlderTimeline(serverAddr(conn), tli); err != nil {
+		return err
+	}
+	return refuseNewerPrimary(serverAddr(conn), tli, others)
+}
+
+// serverAddr names the server conn is connected to.
+func serverAddr(conn *pgx.Conn) string {
+	if c := conn.PgConn().Conn(); c != nil {
+		return c.RemoteAddr().String()
+	}
+	return "the server"
 }
 
 // replacedWhy reports whether a slot found on a server whose timeline
 // changed from saved to tli since outboxd last saw it can be the one outboxd
-// used: only a synchronised failover copy (synced, Postgres 17 and later)
-// no further than outboxd confirmed (confirmed; 0 when unknown). Anything
+// used: only a synchronised failover copy (synced, Postgres 17 and later),
+// no further than its owner confirmed (confirmed; 0 when unknown). Anything
 // else was created after the promotion, and resuming from it would skip
 // what the old slot had not confirmed. why is "" when the slot may be used.
+//
+// confirmed is what this process confirmed only while it was the slot's
+// last holder on the old timeline (Relay.confirmed): a process that was a
+// standby since has no bound, because the active instance confirmed past
+// it, and the copy is judged by synced alone.
 func replacedWhy(saved, tli int, info wal.SlotInfo, confirmed wal.LSN) string {
 	switch {
 	case saved <= 0 || tli == saved:
@@ -201,18 +286,34 @@ func (r *Relay) noteSlot(ctx context.Context, conn *pgx.Conn, info wal.SlotInfo)
 		}
 	}
 	tli, err := wal.Timeline(ctx, conn)
-	if err != nil {
+	switch {
+	case err != nil:
 		if !r.timelineWarned {
 			r.timelineWarned = true
 			r.log.Warn("cannot read the server's timeline; keeping the one last seen, so a slot lost to a promotion may be reported as dropped", "slot", r.cfg.Postgres.Slot, "err", err)
 		}
-	} else if why := replacedWhy(r.timeline, tli, info, r.confirmed); why != "" {
-		return r.promoted(ctx, tli, why)
-	} else {
-		r.timeline = tli
+	case tli < r.timeline:
+		return r.refuseOlderTimeline(serverAddr(conn), tli)
+	case tli == r.timeline:
+		r.sawSlot(info)
+	default:
+		if why := replacedWhy(r.timeline, tli, info, r.confirmed); why != "" {
+			return r.promoted(ctx, tli, why)
+		}
+		r.timeline, r.timelineAt = tli, serverAddr(conn)
 	}
 	r.slotFailover = info.Failover
 	return nil
+}
+
+// sawSlot drops the bound replacedWhy judges a synchronised copy by
+// (Relay.confirmed) once the slot is seen held by another process or
+// past what this process confirmed: another instance confirms it now, and
+// its copy may lawfully be further than this process ever confirmed.
+func (r *Relay) sawSlot(info wal.SlotInfo) {
+	if info.Active || info.ConfirmedFlushLSN > r.confirmed {
+		r.confirmed = 0
+	}
 }
 
 // checkSlot is wal.CheckSlot with the remedy for an invalidated slot worded
@@ -234,16 +335,62 @@ func (r *Relay) checkSlot(ctx context.Context, conn *pgx.Conn, info wal.SlotInfo
 // RestartPreventExitStatus).
 const ExitSlotGone = 3
 
-// SlotGone reports an error saying that the slot is missing or invalidated:
-// outboxd's own (wal.ErrSlotMissing, wal.ErrSlotLost) or the server's, when
-// the slot went between the inspection and START_REPLICATION.
+// SlotGone reports an error saying that the slot is missing or invalidated,
+// as the error itself tells (a SlotGone() bool method: wal.ErrSlotMissing
+// and wal.ErrSlotLost). A server's error is never taken for one by its text
+// or code alone: explain reads pg_replication_slots afresh and turns it
+// into outboxd's own, or leaves it to be retried (the next run's slot
+// inspection decides).
 func SlotGone(err error) bool {
-	var pgErr *pgconn.PgError
-	switch {
-	case errors.Is(err, wal.ErrSlotMissing), errors.Is(err, wal.ErrSlotLost):
+	var gone interface{ SlotGone() bool }
+	if errors.As(err, &gone) && gone.SlotGone() {
 		return true
-	case errors.As(err, &pgErr):
-		return (pgErr.Code == "42704" || pgErr.Code == "55000") && strings.Contains(pgErr.Message, "replication slot")
 	}
-	return false
+	return errors.Is(err, wal.ErrSlotMissing) || errors.Is(err, wal.ErrSlotLost)
+}
+
+// judgeGone decides a server error whose SQLSTATE may mean that the slot or
+// the publication is gone (42704 undefined_object: a dropped slot or
+// publication; 55000 object_not_in_prerequisite_state: an invalidated slot,
+// among other things) by reading pg_replication_slots afresh, never by the message, which is in the server's language
+// (lc_messages): a missing slot becomes wal.ErrSlotMissing, an invalidated
+// one wal.ErrSlotLost (both exit 3); 42704 with the slot in place is the
+// publication, missing where the WAL is decoded (wal.ErrPublicationMissing).
+// When the catalogue cannot be read, or 55000 comes with the slot valid,
+// err is returned as it is, to be retried: the next run's inspection reads
+// the slot again.
+func (r *Relay) judgeGone(ctx context.Context, pgErr *pgconn.PgError, err error) error {
+	if pgErr.Code != "42704" && pgErr.Code != "55000" {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	conn, cerr := pg.Connect(ctx, r.cfg.Postgres)
+	if cerr != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	if refuseStandby(ctx, conn) != nil {
+		return err
+	}
+	info, ok, ierr := wal.InspectSlot(ctx, conn, r.cfg.Postgres.Slot)
+	switch {
+	case ierr != nil:
+		return err
+	case !ok:
+		return fmt.Errorf("%w (the server said: %s)", r.slotMissing(ctx, conn), pgErr.Message)
+	}
+	var db string
+	if conn.QueryRow(ctx, "SELECT current_database()").Scan(&db) == nil {
+		if lost := r.checkSlot(ctx, conn, info, db); errors.Is(lost, wal.ErrSlotLost) {
+			return lost
+		}
+	}
+	if pgErr.Code == "42704" {
+		// The slot is in place, so the undefined object is the
+		// publication, at the point in the WAL being decoded (Postgres
+		// 14-17 fail there; whether it exists again now does not matter).
+		return r.publicationDropped(pgErr)
+	}
+	return err
 }

@@ -1,9 +1,22 @@
 package relay
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/internal/pg"
 	"github.com/outboxd/outboxd/wal"
 )
 
@@ -51,6 +64,174 @@ func TestReplacedWhy(t *testing.T) {
 			got := replacedWhy(tc.saved, tc.tli, tc.info, tc.confirmed)
 			if tc.want == "" && got != "" || tc.want != "" && !strings.Contains(got, tc.want) {
 				t.Errorf("replacedWhy = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestStandbyDropsConfirmedBound: a process that sees the slot held by
+// another, or past what it confirmed, no longer judges a synchronised copy
+// by its own old position (issue 32 item 8): the active instance confirmed
+// past it, and the copy is lawfully further.
+func TestStandbyDropsConfirmedBound(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		info wal.SlotInfo
+		want wal.LSN
+	}{
+		{"its own, released", wal.SlotInfo{ConfirmedFlushLSN: 0x3000000}, 0x3000000},
+		{"behind its own", wal.SlotInfo{ConfirmedFlushLSN: 0x2000000}, 0x3000000},
+		{"held by another", wal.SlotInfo{Active: true, ConfirmedFlushLSN: 0x3000000}, 0},
+		{"advanced by another", wal.SlotInfo{ConfirmedFlushLSN: 0x3000100}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := &Relay{confirmed: 0x3000000}
+			r.sawSlot(tc.info)
+			if r.confirmed != tc.want {
+				t.Errorf("bound %s, want %s", r.confirmed, tc.want)
+			}
+			// After the promotion the copy is past the old bound: used
+			// when the bound was dropped, refused when it is this
+			// process's own.
+			copyAhead := wal.SlotInfo{Synced: true, Failover: true, ConfirmedFlushLSN: 0x5000000}
+			why := replacedWhy(1, 2, copyAhead, r.confirmed)
+			if (why == "") != (tc.want == 0) {
+				t.Errorf("replacedWhy with bound %s = %q", r.confirmed, why)
+			}
+		})
+	}
+}
+
+// TestSplitBrainRefusal: a server on an older timeline than one outboxd saw
+// is refused, and the message says what it is (the old primary) and what
+// to do (fence it or take it out of the DSN), not that a standby was
+// promoted or that a slot should be created (issue 32 item 9).
+func TestSplitBrainRefusal(t *testing.T) {
+	r := &Relay{timeline: 2, timelineAt: "10.0.0.2:5432"}
+	if err := r.refuseOlderTimeline("10.0.0.1:5432", 2); err != nil {
+		t.Errorf("same timeline refused: %v", err)
+	}
+	if err := r.refuseOlderTimeline("10.0.0.1:5432", 3); err != nil {
+		t.Errorf("later timeline refused: %v", err)
+	}
+	for _, err := range []error{
+		&SplitBrainError{Server: "10.0.0.1:5432", Timeline: 1, Newer: "10.0.0.2:5432", Seen: 2},
+		refuseNewerPrimary("10.0.0.1:5432", 1, []pg.Primary{{Addr: "10.0.0.1:5432", Timeline: 1}, {Addr: "10.0.0.2:5432", Timeline: 2, Standby: true}}),
+	} {
+		if err == nil {
+			t.Fatal("no refusal")
+		}
+		msg := err.Error()
+		for _, want := range []string{"split brain", "timeline 1", "timeline 2", "10.0.0.2:5432", "old primary", "Fence it", "take it out of postgres.dsn"} {
+			if !strings.Contains(msg, want) {
+				t.Errorf("%q lacks %q", msg, want)
+			}
+		}
+		for _, wrong := range []string{"promoted to", "create the slot", "pg_create_logical_replication_slot"} {
+			if strings.Contains(msg, wrong) {
+				t.Errorf("%q says %q", msg, wrong)
+			}
+		}
+		if IsPermanent(err) || SlotGone(err) {
+			t.Errorf("%v: permanent %v, slot gone %v; want it retried (once fenced, the next run reaches the new primary)", err, IsPermanent(err), SlotGone(err))
+		}
+	}
+	if err := refuseNewerPrimary("10.0.0.1:5432", 2, []pg.Primary{{Addr: "10.0.0.1:5432", Timeline: 1}, {Addr: "10.0.0.3:5432", Timeline: 2, Standby: true}}); err != nil {
+		t.Errorf("no newer primary, refused: %v", err)
+	}
+	if err := refuseNewerPrimary("10.0.0.1:5432", 1, []pg.Primary{{Addr: "10.0.0.3:5432", Timeline: 2, Standby: true}}); err == nil ||
+		!strings.Contains(err.Error(), "postgres.standby_dsns") {
+		t.Errorf("a standby_dsns host that is a primary on a later timeline: %v, want split brain naming standby_dsns", err)
+	}
+}
+
+// TestDecisionsByCode: the permanent-or-retry and slot-gone decisions read
+// the SQLSTATE and the error's own type, never the message, which is in the
+// server's language (issue 32 item 18). A server's 42704 or 55000 is not a
+// gone slot by itself: explain reads the catalogue (TestJudgeGoneReadsCatalogue).
+func TestDecisionsByCode(t *testing.T) {
+	for _, tc := range []struct {
+		name            string
+		err             error
+		permanent, gone bool
+	}{
+		{"slot missing, French", &pgconn.PgError{Code: "42704", Message: "le slot de réplication « outboxd » n'existe pas"}, false, false},
+		{"slot missing, English", &pgconn.PgError{Code: "42704", Message: `replication slot "outboxd" does not exist`}, false, false},
+		{"slot invalidated, German", &pgconn.PgError{Code: "55000", Message: "kann keine Änderungen mehr aus Replikations-Slot »outboxd« lesen"}, false, false},
+		{"password, Japanese", &pgconn.PgError{Code: "28P01", Message: "ユーザー\"outboxd\"のパスワード認証に失敗しました"}, true, false},
+		{"privilege, Spanish", &pgconn.PgError{Code: "42501", Message: "permiso denegado"}, true, false},
+		{"connection lost", &pgconn.PgError{Code: "57P01", Message: "Verbindung wird abgebrochen"}, false, false},
+		{"outboxd's missing slot", fmt.Errorf("inspecting: %w", wal.Errorf(wal.ErrSlotMissing, "slot gone")), true, true},
+		{"outboxd's lost slot", wal.Errorf(wal.ErrSlotLost, "slot invalidated"), true, true},
+		{"outboxd's missing publication", wal.Errorf(wal.ErrPublicationMissing, "publication gone"), true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := IsPermanent(tc.err); got != tc.permanent {
+				t.Errorf("IsPermanent(%v) = %v, want %v", tc.err, got, tc.permanent)
+			}
+			if got := SlotGone(tc.err); got != tc.gone {
+				t.Errorf("SlotGone(%v) = %v, want %v", tc.err, got, tc.gone)
+			}
+		})
+	}
+}
+
+// TestJudgeGoneReadsCatalogue: a server error with the SQLSTATE of a gone
+// slot or publication is decided by a fresh read of pg_replication_slots,
+// whatever its message says and in whatever language (issue 32 item 18).
+// It needs the test bed's Postgres (OUTBOXD_TEST_PG_DSN).
+func TestJudgeGoneReadsCatalogue(t *testing.T) {
+	dsn := os.Getenv("OUTBOXD_TEST_PG_DSN")
+	if dsn == "" {
+		if os.Getenv("CI") != "" {
+			t.Fatal("OUTBOXD_TEST_PG_DSN is not set")
+		}
+		t.Skip("OUTBOXD_TEST_PG_DSN is not set; start scripts/testbed/pg-start and source its env")
+	}
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	slot := fmt.Sprintf("judge_%d", time.Now().UnixNano())
+	if _, err := admin.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, slot); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), `SELECT pg_drop_replication_slot($1)`, slot) })
+
+	relay := func(slot, dsn string) *Relay {
+		cfg := config.Default()
+		cfg.Postgres.DSN, cfg.Postgres.Slot, cfg.Postgres.Publication = dsn, slot, "outboxd_judge"
+		r, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), prometheus.NewRegistry())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	slotText := func(name string) string { return fmt.Sprintf("le slot de réplication « %s » n'existe pas", name) }
+	for _, tc := range []struct {
+		name            string
+		r               *Relay
+		err             *pgconn.PgError
+		gone, permanent bool
+		is              error // the sentinel the decision gives, nil for the server's error as it was
+	}{
+		{"slot missing, French", relay("judge_missing", dsn), &pgconn.PgError{Code: "42704", Message: slotText("judge_missing")}, true, true, wal.ErrSlotMissing},
+		{"slot missing, text of a publication", relay("judge_missing", dsn), &pgconn.PgError{Code: "42704", Message: `publication "x" does not exist`}, true, true, wal.ErrSlotMissing},
+		{"slot there, publication undefined", relay(slot, dsn), &pgconn.PgError{Code: "42704", Message: slotText(slot)}, false, true, wal.ErrPublicationMissing},
+		{"slot there and valid, 55000", relay(slot, dsn), &pgconn.PgError{Code: "55000", Message: `can no longer get changes from replication slot "` + slot + `"`}, false, false, nil},
+		{"other code", relay("judge_missing", dsn), &pgconn.PgError{Code: "57P01", Message: slotText("judge_missing")}, false, false, nil},
+		{"catalogue unreadable", relay("judge_missing", "postgres://postgres@127.0.0.1:1/postgres?connect_timeout=1"), &pgconn.PgError{Code: "42704", Message: slotText("judge_missing")}, false, false, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			in := fmt.Errorf("slot %q: %w", tc.r.cfg.Postgres.Slot, tc.err)
+			got := tc.r.explain(ctx, in)
+			if SlotGone(got) != tc.gone || IsPermanent(got) != tc.permanent {
+				t.Errorf("explain(%v) = %v: slot gone %v, permanent %v; want %v, %v", in, got, SlotGone(got), IsPermanent(got), tc.gone, tc.permanent)
+			}
+			if tc.is == nil && got != in || tc.is != nil && !errors.Is(got, tc.is) {
+				t.Errorf("explain(%v) = %v, want %v", in, got, tc.is)
 			}
 		})
 	}

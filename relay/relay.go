@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -35,11 +34,16 @@ type Relay struct {
 	status  status
 	// What the last pipeline start saw, to tell a promotion from a dropped
 	// slot (see slotMissing).
-	timeline       int
+	timeline       int    // the highest timeline seen; a server on an older one is refused (split brain)
+	timelineAt     string // the host:port timeline was seen on
 	timelineWarned bool
 	major          int
 	slotFailover   bool
-	confirmed      wal.LSN // the highest position this process confirmed
+	// confirmed is the highest position this process confirmed while no
+	// other process held or advanced the slot since (0: unknown, as in a
+	// standby instance): the bound for a synchronised copy after a
+	// promotion (replacedWhy).
+	confirmed wal.LSN
 
 	// Sharded slots (shards.go): this relay's shard of the configured
 	// layout (Index 0 of Count 1 when unsharded), and while resharding
@@ -94,10 +98,10 @@ func IsPermanent(err error) bool {
 	case errors.As(err, &delivery) && delivery.Rejected():
 		return true
 	case errors.As(err, &pgErr):
+		// By SQLSTATE only. A gone slot or publication (42704, 55000) is
+		// not decided here: explain reads the catalogue (judgeGone).
 		switch pgErr.Code {
-		case "42704", // undefined_object: the publication or slot is gone
-			"55000",          // object_not_in_prerequisite_state: the slot was invalidated
-			"28000", "28P01", // authentication
+		case "28000", "28P01", // authentication
 			"42501": // insufficient_privilege
 			return true
 		}
@@ -128,6 +132,9 @@ func (r *Relay) Run(ctx context.Context, start *Start) error {
 		if err == nil && r.windowDone {
 			return nil // an old shard delivered its window: the reshard goes on
 		}
+		if err != nil {
+			err = r.explain(ctx, err)
+		}
 		if ctx.Err() != nil && (err == nil || !IsPermanent(err)) {
 			if err != nil {
 				r.log.Warn("stopped after an error during shutdown; unconfirmed events will be sent again on restart", "err", err, "slot", r.cfg.Postgres.Slot)
@@ -149,7 +156,6 @@ func (r *Relay) Run(ctx context.Context, start *Start) error {
 			}
 			continue
 		}
-		err = r.explain(err)
 		r.status.setError(err)
 		if IsPermanent(err) {
 			return err
@@ -168,8 +174,10 @@ func (r *Relay) Run(ctx context.Context, start *Start) error {
 }
 
 // explain turns server errors whose meaning for the events is not obvious
-// into ones that say it and what to do.
-func (r *Relay) explain(err error) error {
+// into ones that say it and what to do. It decides by SQLSTATE and, for a
+// slot or publication that may be gone, by a fresh read of the catalogue
+// (judgeGone), never by the server's message text.
+func (r *Relay) explain(ctx context.Context, err error) error {
 	if r.cfg.Kafka.ExactlyOnce() {
 		err = sink.AsFenced(r.txnID, err) // a record refused as fenced
 	}
@@ -179,10 +187,18 @@ func (r *Relay) explain(err error) error {
 			"configuration and restart", delivery)
 	}
 	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || !(pgErr.Code == "42704" && strings.Contains(pgErr.Message, "publication") ||
-		wal.PublicationSkipped(pgErr.Code, pgErr.Message)) {
+	switch {
+	case !errors.As(err, &pgErr):
 		return err
+	case wal.PublicationSkipped(pgErr.Code, pgErr.SeverityUnlocalized):
+		return r.publicationDropped(pgErr)
 	}
+	return r.judgeGone(ctx, pgErr, err)
+}
+
+// publicationDropped is the stop for a publication dropped while outboxd
+// used it (pgErr is what the server said).
+func (r *Relay) publicationDropped(pgErr *pgconn.PgError) error {
 	pg := r.cfg.Postgres
 	schema, table := pg.TableName()
 	create := wal.PublicationSQL(pg.Publication, schema, table)

@@ -297,15 +297,15 @@ func (r *Relay) connect(ctx context.Context, warm *Start) (slotStart, *pgconn.Pg
 		warm.conn, warm.repl = nil, nil
 		slot, err := r.inspectSlotOn(ctx, conn)
 		closed := conn.IsClosed() || (repl != nil && repl.IsClosed())
+		if !closed && err == nil && repl == nil {
+			repl, err = r.replicationBeside(ctx, conn)
+		}
 		conn.Close(context.WithoutCancel(ctx))
 		if closed { // the server closed one while it waited: open new ones
 			if repl != nil {
 				repl.Close(context.Background())
 			}
 			return r.connect(ctx, nil)
-		}
-		if err == nil && repl == nil {
-			repl, err = r.connectReplication(ctx)
 		}
 		if err != nil {
 			if repl != nil {
@@ -327,11 +327,11 @@ func (r *Relay) connect(ctx context.Context, warm *Start) (slotStart, *pgconn.Pg
 		if errors.As(err, &active) {
 			return slotStart{}, nil, err
 		}
-		r.standby.Close()
-		if err != nil {
-			return slotStart{}, nil, err
+		var repl *pgconn.PgConn
+		if err == nil {
+			repl, err = r.replicationBeside(ctx, conn)
 		}
-		repl, err := r.connectReplication(ctx)
+		r.standby.Close()
 		return slot, repl, err
 	}
 	type opened struct {
@@ -343,28 +343,40 @@ func (r *Relay) connect(ctx context.Context, warm *Start) (slotStart, *pgconn.Pg
 		conn, err := r.connectReplication(ctx)
 		repl <- opened{conn, err}
 	}()
-	slot, err := r.inspectSlot(ctx)
+	slot, conn, err := r.inspectSlot(ctx)
 	o := <-repl
-	if err == nil {
-		err = o.err
-	}
 	if err != nil {
 		if o.conn != nil {
 			o.conn.Close(context.Background())
 		}
 		return slotStart{}, nil, err
 	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	// Opened side by side, the two may have reached different servers of
+	// postgres.dsn (two writable hosts): the run streams from the one the
+	// slot was read on, or not at all.
+	if o.conn = besideOrClose(conn, o.conn); o.conn == nil {
+		o.conn, o.err = r.replicationBeside(ctx, conn)
+	}
+	if o.err != nil {
+		return slotStart{}, nil, o.err
+	}
 	return slot, o.conn, nil
 }
 
-// inspectSlot checks the slot before a run.
-func (r *Relay) inspectSlot(ctx context.Context) (slotStart, error) {
+// inspectSlot checks the slot before a run, on a connection of its own,
+// which it returns open unless it fails.
+func (r *Relay) inspectSlot(ctx context.Context) (slotStart, *pgx.Conn, error) {
 	conn, err := pg.Connect(ctx, r.cfg.Postgres)
 	if err != nil {
-		return slotStart{}, err
+		return slotStart{}, nil, err
 	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	return r.inspectSlotOn(ctx, conn)
+	slot, err := r.inspectSlotOn(ctx, conn)
+	if err != nil {
+		conn.Close(context.WithoutCancel(ctx))
+		return slotStart{}, nil, err
+	}
+	return slot, conn, nil
 }
 
 // inspectSlotOn is inspectSlot on an open connection.
@@ -372,9 +384,17 @@ func (r *Relay) inspectSlotOn(ctx context.Context, conn *pgx.Conn) (slotStart, e
 	if err := refuseStandby(ctx, conn); err != nil {
 		return slotStart{}, err
 	}
+	if tli, err := wal.Timeline(ctx, conn); err == nil {
+		if err := r.refuseOlderTimeline(serverAddr(conn), tli); err != nil {
+			return slotStart{}, err
+		}
+	}
 	info, ok, err := wal.InspectSlot(ctx, conn, r.cfg.Postgres.Slot)
 	if err != nil {
 		return slotStart{}, err
+	}
+	if info.Active {
+		r.confirmed = 0 // another process holds the slot (Relay.confirmed)
 	}
 	if !ok {
 		return slotStart{}, r.slotMissing(ctx, conn)

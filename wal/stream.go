@@ -294,7 +294,7 @@ func (s *Stream) handle(ctx context.Context, raw pgproto3.BackendMessage) (Item,
 		// SQLSTATE 55000) and publishes nothing, so outboxd would confirm
 		// past the events it skipped. Taken as the error earlier versions
 		// raise.
-		if PublicationSkipped(m.Code, m.Message) {
+		if PublicationSkipped(m.Code, m.SeverityUnlocalized) {
 			return nil, fmt.Errorf("slot %q: %w", s.cfg.Slot, pgconn.ErrorResponseToPgError((*pgproto3.ErrorResponse)(m)))
 		}
 	case *pgproto3.CopyDone:
@@ -496,7 +496,12 @@ func ParseSetting(v string) (time.Duration, error) {
 }
 
 // PublicationSkipped reports Postgres 18's warning that pgoutput skipped a
-// publication missing at a point in the WAL.
-func PublicationSkipped(code, message string) bool {
-	return code == "55000" && strings.Contains(message, "skipped loading publication")
+// publication missing at a point in the WAL, by its SQLSTATE (55000,
+// object_not_in_prerequisite_state) and its severity as the server sends it
+// untranslated (a WARNING, not an ERROR), never by its text, which is in
+// the server's language: a warning missed there is a silent loss, while
+// another warning of that code (pgoutput sends none) would only stop the
+// run with a message.
+func PublicationSkipped(code, severity string) bool {
+	return code == "55000" && severity == "WARNING"
 }

@@ -142,16 +142,22 @@ func TestParseSetting(t *testing.T) {
 
 // Postgres 18's warning that pgoutput skipped a missing publication ends
 // the stream with it as a *pgconn.PgError, as the error earlier versions
-// raise; other notices do not.
+// raise; other notices do not. It is told by its SQLSTATE and untranslated
+// severity: the server here speaks German (lc_messages = de_DE).
 func TestSkippedPublicationWarning(t *testing.T) {
-	skipped := &pgproto3.NoticeResponse{Severity: "WARNING", Code: "55000", Message: `skipped loading publication "outboxd"`}
+	skipped := &pgproto3.NoticeResponse{Severity: "WARNUNG", SeverityUnlocalized: "WARNING", Code: "55000",
+		Message: `Laden der Publikation »outboxd« übersprungen`}
 	err := runStream(t, fakeWalsender(t, 50*time.Millisecond, skipped), 0, 5*time.Second)
 	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || pgErr.Code != "55000" || !wal.PublicationSkipped(pgErr.Code, pgErr.Message) {
+	if !errors.As(err, &pgErr) || pgErr.Code != "55000" || !wal.PublicationSkipped(pgErr.Code, pgErr.SeverityUnlocalized) {
 		t.Fatalf("Run after the skipped-publication warning: %v, want its PgError", err)
 	}
-	other := &pgproto3.NoticeResponse{Severity: "WARNING", Code: "01000", Message: "something else"}
-	if err := runStream(t, fakeWalsender(t, 50*time.Millisecond, other), 0, time.Second); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Run after another warning: %v, want it to run on", err)
+	for _, other := range []*pgproto3.NoticeResponse{
+		{Severity: "WARNUNG", SeverityUnlocalized: "WARNING", Code: "01000", Message: "etwas anderes"},
+		{Severity: "HINWEIS", SeverityUnlocalized: "NOTICE", Code: "55000", Message: "skipped loading publication"},
+	} {
+		if err := runStream(t, fakeWalsender(t, 50*time.Millisecond, other), 0, time.Second); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Run after %s %s: %v, want it to run on", other.SeverityUnlocalized, other.Code, err)
+		}
 	}
 }

@@ -98,6 +98,52 @@ func ConnectReplication(ctx context.Context, pg config.Postgres) (*pgconn.PgConn
 	return conn, nil
 }
 
+// Addr is the address of the server c is connected to: "tcp 10.0.0.5:5432"
+// or "unix /run/postgresql/.s.PGSQL.5432".
+func Addr(c net.Conn) string {
+	return c.RemoteAddr().Network() + " " + c.RemoteAddr().String()
+}
+
+// ConnectReplicationAt opens a logical replication connection, as
+// ConnectReplication does, to the server at addr (Addr of a connection
+// opened with the same postgres.dsn) only. With several hosts in the DSN
+// and two of them writable (an old primary back after a promotion), the
+// replication connection must land where the regular connection that read
+// the slot did; the hosts are tried in the DSN's order, and every address
+// but addr is passed over without dialling it.
+func ConnectReplicationAt(ctx context.Context, pg config.Postgres, addr string) (*pgconn.PgConn, error) {
+	ccfg, err := ConnConfig(pg)
+	if err != nil {
+		return nil, err
+	}
+	cfg := &ccfg.Config
+	cfg.RuntimeParams["replication"] = "database"
+	cfg.RuntimeParams["application_name"] = "outboxd"
+	cfg.DialFunc = pinned(addr, cfg.DialFunc)
+	ctx, cancel := context.WithTimeout(ctx, connectTimeout(cfg))
+	defer cancel()
+	conn, err := pgconn.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("opening replication connection to %s (%s, where the slot was read) as %s: %w; %s",
+			strings.TrimPrefix(strings.TrimPrefix(addr, "tcp "), "unix "), hosts(cfg), cfg.User, unwrapConnect(err), connectHint(err))
+	}
+	return conn, nil
+}
+
+// errOtherServer refuses to dial a server other than the one pinned.
+var errOtherServer = errors.New("not the server the slot was read on")
+
+// pinned is dial for addr only (as Addr names it); every other address
+// fails at once with errOtherServer.
+func pinned(addr string, dial pgconn.DialFunc) pgconn.DialFunc {
+	return func(ctx context.Context, network, address string) (net.Conn, error) {
+		if network+" "+address != addr {
+			return nil, fmt.Errorf("%s %s: %w", network, address, errOtherServer)
+		}
+		return dial(ctx, network, address)
+	}
+}
+
 // Lazy is a regular connection opened at its first use, and again after
 // the server closed it. The zero value needs PG set.
 type Lazy struct {

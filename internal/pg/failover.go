@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -234,6 +235,71 @@ func (f Failover) Notes(slot string) []Note {
 			add(true, "standby %s's copy of slot %q is not persisted yet (Postgres persists it once the slot has advanced past the standby's position): a promotion now would drop it", c.Standby, slot)
 		default:
 			add(false, "standby %s holds a synchronised copy of slot %q at %s (here %s)", c.Standby, slot, c.Confirmed, f.Confirmed)
+		}
+	}
+	return out
+}
+
+// Primary is a server of postgres.dsn or postgres.standby_dsns that is
+// writable (not in recovery), on Timeline.
+type Primary struct {
+	Addr     string // host:port
+	Timeline int
+	Standby  bool // a host of postgres.standby_dsns
+}
+
+// Primaries asks every host of pg.DSN, each on its own, and of
+// pg.StandbyDSNs whether it is a primary and on which timeline, all at once
+// within timeout. Hosts that cannot be reached, are in recovery or do not
+// tell their timeline are left out: this is for refusing a primary on an
+// older timeline than another (split brain), and says nothing about the
+// rest. With one host and no standby DSNs there is nothing to compare, and
+// it returns nil without connecting.
+func Primaries(ctx context.Context, pg config.Postgres, timeout time.Duration) []Primary {
+	cfg, err := ConnConfig(pg)
+	if err != nil || len(cfg.Fallbacks) == 0 && len(pg.StandbyDSNs) == 0 {
+		return nil
+	}
+	type host struct {
+		cfg     *pgx.ConnConfig
+		standby bool
+	}
+	var all []host
+	for _, f := range append([]*pgconn.FallbackConfig{{Host: cfg.Host, Port: cfg.Port, TLSConfig: cfg.TLSConfig}}, cfg.Fallbacks...) {
+		one := cfg.Copy()
+		one.Host, one.Port, one.TLSConfig, one.Fallbacks = f.Host, f.Port, f.TLSConfig, nil
+		one.ValidateConnect = nil // standbys too: they are skipped below
+		all = append(all, host{cfg: one})
+	}
+	for _, dsn := range pg.StandbyDSNs {
+		one, err := ConnConfig(config.Postgres{DSN: dsn, PasswordFile: pg.PasswordFile})
+		if err == nil {
+			all = append(all, host{cfg: one, standby: true})
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	found := make([]*Primary, len(all))
+	var wg sync.WaitGroup
+	for i, h := range all {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			conn, err := pgx.ConnectConfig(ctx, h.cfg)
+			if err != nil {
+				return
+			}
+			defer conn.Close(context.WithoutCancel(ctx))
+			if tli, err := wal.Timeline(ctx, conn); err == nil {
+				found[i] = &Primary{Addr: net.JoinHostPort(h.cfg.Host, strconv.Itoa(int(h.cfg.Port))), Timeline: tli, Standby: h.standby}
+			}
+		}()
+	}
+	wg.Wait()
+	var out []Primary
+	for _, p := range found {
+		if p != nil {
+			out = append(out, *p)
 		}
 	}
 	return out
