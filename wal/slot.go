@@ -32,7 +32,9 @@ func (e *sentinelError) Error() string { return e.msg }
 func (e *sentinelError) Unwrap() error { return e.sentinel }
 
 // SlotGone reports an error about a slot that is missing or invalidated.
-func (e *sentinelError) SlotGone() bool { return e.sentinel == ErrSlotMissing || e.sentinel == ErrSlotLost }
+func (e *sentinelError) SlotGone() bool {
+	return e.sentinel == ErrSlotMissing || e.sentinel == ErrSlotLost
+}
 
 // Errorf returns an error with the formatted text that errors.Is matches to
 // sentinel.
