@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -40,6 +41,10 @@ type pgPair struct {
 	primary, standby *ownPostgres
 	major            int
 	dsn              string // both hosts, the standby first, target_session_attrs=read-write
+	// oldFirst is dsn with the primary first, the order docs/operations.md
+	// shows: after a promotion the old primary, if it runs writable again,
+	// is the first host that accepts.
+	oldFirst string
 }
 
 // serverMajorAt returns the major version of the Postgres at dsn.
@@ -91,7 +96,9 @@ func addStandbyConf(t *testing.T, primary *ownPostgres, conf string, args ...str
 	t.Cleanup(func() { standby.script("pg-stop") })
 	return &pgPair{primary: primary, standby: standby, major: serverMajorAt(t, primary.dsn),
 		dsn: fmt.Sprintf("postgres://postgres@%s,%s/postgres?sslmode=disable&target_session_attrs=read-write",
-			hostPort(t, standby.dsn), hostPort(t, primary.dsn))}
+			hostPort(t, standby.dsn), hostPort(t, primary.dsn)),
+		oldFirst: fmt.Sprintf("postgres://postgres@%s,%s/postgres?sslmode=disable&target_session_attrs=read-write",
+			hostPort(t, primary.dsn), hostPort(t, standby.dsn))}
 }
 
 // kill stops the primary with pg_ctl's immediate mode, a crash.
@@ -206,7 +213,7 @@ func stopLoad(t *testing.T, f *faultRun) {
 func errorLine(t *testing.T, p *proc) string {
 	t.Helper()
 	for _, line := range strings.Split(p.logs.String(), "\n") {
-		if strings.Contains(line, "level=ERROR") {
+		if strings.Contains(line, "level=ERROR") || strings.HasPrefix(line, "outboxd: ") {
 			return line
 		}
 	}
@@ -338,7 +345,8 @@ func TestFailoverBeforeSlotSynced(t *testing.T) {
 	line := errorLine(t, p)
 	mustContain(t, "the error", line,
 		`replication slot \\"`+failoverSlot+`\\" is missing: the server is a standby promoted to timeline 2 at LSN \S+ \(outboxd last saw timeline 1\), and its copy on the standby was not synchronised and persisted yet`,
-		`Events committed after LSN \S+ \(the last confirmed transaction committed at \S+\) and before the promotion may never be delivered`,
+		`So every event committed on this server since the promotion at LSN \S+, until the slot is created again, will never be delivered \(no slot decodes it\), `+
+			`and neither will those committed before the promotion after LSN \S+ \(the last confirmed transaction committed at \S+\)`,
 		`then create the slot with SELECT pg_create_logical_replication_slot\('`+failoverSlot+`', 'pgoutput', false, false, true\) and start outboxd`)
 	if slotOn(t, pair.standby.dsn, d.slot) {
 		t.Error("a slot exists on the new primary")
@@ -412,7 +420,9 @@ func TestFailoverWithoutFailoverSlot(t *testing.T) {
 	line := errorLine(t, p)
 	mustContain(t, "the error", line,
 		`replication slot \\"`+failoverSlot+`\\" is missing: the server is a standby promoted to timeline 2 at LSN \S+ \(outboxd last saw timeline 1\), and `+why,
-		`Events committed after LSN \S+ \(the last confirmed transaction committed at \S+\) and before the promotion may never be delivered: recover them from the old primary's slot`)
+		`So every event committed on this server since the promotion at LSN \S+, until the slot is created again, will never be delivered \(no slot decodes it\), `+
+			`and neither will those committed before the promotion after LSN \S+ \(the last confirmed transaction committed at \S+\): `+
+			`recover the first from the outbox table or the application, the second from the old primary's slot`)
 	if code := standby.waitExit(time.Minute); code != 3 {
 		t.Errorf("the standby instance exited %d, want 3", code)
 	}
@@ -684,7 +694,7 @@ func TestFailoverSlotCreatedAfterPromotion(t *testing.T) {
 	}
 	mustContain(t, "the error", errorLine(t, p),
 		`replication slot \\"`+failoverSlot+`\\" is missing: the server is a standby promoted to timeline 2 at LSN \S+ \(outboxd last saw timeline 1\), `+
-			`and the slot there now is not a synchronised copy of the one outboxd used: it was created after the promotion, at \S+\. Events committed after LSN \S+`)
+			`and the slot there now is not a synchronised copy of the one outboxd used: it was created after the promotion, at \S+\. So every event committed on this server since the promotion at LSN \S+`)
 	if n := strings.Count(p.logs.String(), `msg=streaming`); n != 1 {
 		t.Errorf("outboxd started streaming %d times, want once (before the kill)", n)
 	}
@@ -723,4 +733,251 @@ func TestFailoverTimelineUnreadable(t *testing.T) {
 	id := uuid()
 	d.exec(t, insertSQL, id, d.name, "agg-1", "Happened", `{}`)
 	collect(t, svc.brokers, []string{d.name + "-events"}).waitFor(t, []string{id}, time.Minute)
+}
+
+// slotState is the slot's row on the Postgres at dsn: whether a walsender
+// holds it, and its confirmed position.
+func slotState(t *testing.T, dsn, slot string) (active bool, confirmed string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if err := conn.QueryRow(ctx, `SELECT active, confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1`, slot).
+		Scan(&active, &confirmed); err != nil {
+		t.Fatalf("reading slot %s on %s: %v", slot, hostPort(t, dsn), err)
+	}
+	return active, confirmed
+}
+
+// endWalsender ends the walsender that holds the slot on the Postgres at
+// dsn, as a dropped connection would; false when none held it.
+func endWalsender(t *testing.T, dsn, slot string) bool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var ended bool
+	if err := conn.QueryRow(ctx, `SELECT coalesce(bool_or(pg_terminate_backend(active_pid)), false) FROM pg_replication_slots WHERE slot_name = $1 AND active`, slot).
+		Scan(&ended); err != nil {
+		t.Fatal(err)
+	}
+	return ended
+}
+
+// Issue 32 item 9: split brain after a promotion. The DSN lists the old
+// primary first, as docs/operations.md does. After the promotion the old
+// primary is started again, writable on timeline 1 with the original slot:
+// a running outboxd that reconnects reaches it first and refuses it (it
+// saw timeline 2), retrying until the old primary is fenced; a fresh
+// outboxd refuses it at start-up, because the DSN's other host (or a host
+// of postgres.standby_dsns) is a primary on timeline 2. Neither ever
+// streams from it. Any Postgres version: no failover slot is involved.
+func TestFailoverOldPrimaryBack(t *testing.T) {
+	primary := startOwnPostgres(t)
+	pair := addStandby(t, primary)
+	d := outboxDB(t, pair.oldFirst)
+	env := d.env()
+	ctx := context.Background()
+	c := collect(t, svc.brokers, []string{d.name + "-events"})
+	p := start(t, env)
+	p.waitStreaming()
+	before := []string{uuid(), uuid()}
+	for _, id := range before {
+		d.exec(t, insertSQL, id, d.name, "agg-1", "Happened", `{}`)
+	}
+	c.waitFor(t, before, time.Minute)
+
+	// The promotion: the slot was not a failover slot, so outboxd stops
+	// and says what is missing (everything committed on the new primary
+	// until the slot is created again).
+	pair.kill()
+	pair.promote()
+	if code := p.waitExit(time.Minute); code != 3 {
+		t.Fatalf("outboxd exited %d after the promotion, want 3", code)
+	}
+	mustContain(t, "the error", errorLine(t, p), `the server is a standby promoted to timeline 2`,
+		`So every event committed on this server since the promotion at LSN \S+, until the slot is created again, will never be delivered`)
+	promoted, err := pgx.Connect(ctx, pair.standby.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer promoted.Close(ctx)
+	if _, err := wal.CreateSlot(ctx, promoted, d.slot, false); err != nil { // the operator's step
+		t.Fatal(err)
+	}
+	// The old primary is down: outboxd streams from the new one.
+	p2 := start(t, env)
+	p2.waitStreaming()
+	after := []string{uuid()}
+	d.exec(t, insertSQL, after[0], d.name, "agg-1", "Happened", `{}`)
+	c.waitFor(t, after, time.Minute)
+
+	// The old primary comes back writable, on timeline 1, with the slot.
+	primary.script("pg-start")
+	_, oldConfirmed := slotState(t, primary.dsn, d.slot)
+	oldAddr, newAddr := regexp.QuoteMeta(hostPort(t, primary.dsn)), regexp.QuoteMeta(hostPort(t, pair.standby.dsn))
+	splitBrain := `split brain: ` + oldAddr + ` is a primary on timeline 1, and outboxd saw a primary on timeline 2`
+
+	// The running outboxd's connection drops; it reconnects, reaches the old
+	// primary first, and refuses it.
+	if !endWalsender(t, pair.standby.dsn, d.slot) {
+		t.Fatal("no walsender held the slot on the new primary")
+	}
+	p2.waitLog(`level=WARN msg="pipeline stopped; restarting from the slot's confirmed position" err="`+splitBrain+` on `+newAddr+`; `+oldAddr+` is the old primary`, 30*time.Second)
+
+	// A fresh outboxd refuses it at start-up: the DSN's other host, and a
+	// host of postgres.standby_dsns, is a primary on timeline 2.
+	p3 := start(t, env)
+	if code := p3.waitExit(30 * time.Second); code != 1 {
+		t.Errorf("a fresh outboxd exited %d, want 1", code)
+	}
+	mustContain(t, "the fresh outboxd's error", errorLine(t, p3), splitBrain+` on `+newAddr+`;`, `Fence it \(stop it, or rebuild it as a standby of the new primary\) or take it out of postgres\.dsn`)
+	p4 := start(t, d.env("OUTBOXD_POSTGRES_DSN="+primary.dsn, "OUTBOXD_POSTGRES_STANDBY_DSNS="+pair.standby.dsn))
+	if code := p4.waitExit(30 * time.Second); code != 1 {
+		t.Errorf("outboxd with the new primary in standby_dsns exited %d, want 1", code)
+	}
+	mustContain(t, "the error with standby_dsns", errorLine(t, p4), splitBrain+` on `+newAddr+` \(a host of postgres\.standby_dsns, a primary now\)`)
+	for _, q := range []*proc{p3, p4} {
+		if strings.Contains(q.logs.String(), "msg=streaming") {
+			t.Errorf("a fresh outboxd streamed:\n%s", q.logs.String())
+		}
+	}
+	if active, confirmed := slotState(t, primary.dsn, d.slot); active || confirmed != oldConfirmed {
+		t.Errorf("the old primary's slot: active %v, confirmed %s (was %s); want it untouched", active, confirmed, oldConfirmed)
+	}
+
+	// Fenced (stopped), the old primary is out of the way: the running
+	// outboxd streams from the new one again, without a restart.
+	primary.stop("fast")
+	last := []string{uuid()}
+	d.exec(t, insertSQL, last[0], d.name, "agg-1", "Happened", `{}`)
+	c.waitFor(t, last, time.Minute)
+	if n := strings.Count(p2.logs.String(), "msg=streaming"); n < 2 {
+		t.Errorf("outboxd streamed %d times; want again after the old primary was fenced", n)
+	}
+	select {
+	case <-p2.done:
+		t.Fatalf("the running outboxd exited: %v", p2.err)
+	default:
+	}
+}
+
+// Issue 32 item 8: with a failover slot (17 and later), an HA pair of
+// outboxd instances swaps: the first active instance loses the slot to its
+// standby and becomes the standby itself, with the position it confirmed
+// long ago. The standby's copy of the slot then moves past that position,
+// the primary is killed and the standby promoted. When the active instance
+// stops, the former active takes over from the copy: it must not judge the
+// copy by its own old position (it used to exit 3 with the promotion
+// message).
+func TestFailoverFormerActiveTakesOver(t *testing.T) {
+	primary := startOwnPostgres(t)
+	if major := serverMajorAt(t, primary.dsn); major < 17 {
+		t.Logf("Postgres %d has no failover slots: nothing to take over after a promotion", major)
+		return
+	}
+	pair := addStandby(t, primary, "--synchronous")
+	d := outboxDB(t, pair.dsn)
+	env := d.env("OUTBOXD_POSTGRES_FAILOVER_SLOT=true", "OUTBOXD_POSTGRES_STANDBY_DSNS="+pair.standby.dsn,
+		"OUTBOXD_POSTGRES_STANDBY_POLL_INTERVAL=100ms")
+	c := collect(t, svc.brokers, []string{d.name + "-events"})
+	a, b := startPair(t, env)
+	first := []string{uuid(), uuid()}
+	for _, id := range first {
+		d.exec(t, insertSQL, id, d.name, "agg-1", "Happened", `{}`)
+	}
+	c.waitFor(t, first, time.Minute)
+
+	// The swap: a's connection drops until b takes the slot; a, still
+	// running, becomes the standby.
+	for i := 0; !strings.Contains(b.logs.String(), "took over the slot from the previous holder"); i++ {
+		if i == 50 {
+			t.Fatal("the standby instance never took the slot over")
+		}
+		endWalsender(t, primary.dsn, d.slot)
+		time.Sleep(200 * time.Millisecond)
+	}
+	a.waitLog(`standby: another process holds the slot`, 30*time.Second)
+	_, atSwap := slotState(t, primary.dsn, d.slot)
+
+	// Load through b; the standby's copy moves past the position a confirmed.
+	second := make([]string, 50)
+	for i := range second {
+		second[i] = uuid()
+		d.exec(t, insertSQL, second[i], d.name, fmt.Sprintf("agg-%d", i%4), "Happened", `{}`)
+	}
+	c.waitFor(t, second, time.Minute)
+	for start := time.Now(); ; {
+		cp, _ := waitSynced(t, d, pair.standby.dsn, 3*time.Minute)
+		if parseLSN(t, cp.confirmed) > parseLSN(t, atSwap) {
+			t.Logf("the standby's copy is at %s, past %s where the swap left the slot, after %s", cp.confirmed, atSwap, time.Since(start).Round(time.Millisecond))
+			break
+		}
+		if time.Since(start) > 3*time.Minute {
+			t.Fatalf("the standby's copy stayed at %s, not past %s", cp.confirmed, atSwap)
+		}
+		d.exec(t, insertSQL, uuid(), d.name+"_warmup", "agg-1", "Happened", `{}`)
+		time.Sleep(200 * time.Millisecond)
+	}
+
+	pair.kill()
+	pair.promote()
+	// b stops; a, the former active, takes over from the copy.
+	if code := b.stop(syscall.SIGTERM, 30*time.Second); code != 0 {
+		t.Errorf("the active instance exited %d on SIGTERM", code)
+	}
+	third := []string{uuid(), uuid()}
+	for _, id := range third {
+		insertRetrying(t, d, id, time.Minute)
+	}
+	for deadline := time.Now().Add(time.Minute); c.missing(third) > 0; time.Sleep(100 * time.Millisecond) {
+		if a.exited() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d events committed after the promotion not in Kafka after a minute", c.missing(third), len(third))
+		}
+	}
+	select {
+	case <-a.done:
+		t.Fatalf("the former active instance exited %d after the promotion: %s", a.cmd.ProcessState.ExitCode(), errorLine(t, a))
+	default:
+	}
+	if n := strings.Count(a.logs.String(), "msg=streaming"); n < 2 {
+		t.Errorf("the former active instance streamed %d times, want again after the promotion", n)
+	}
+}
+
+// insertRetrying inserts an event with id through d's pool until it
+// succeeds, for up to timeout: right after a promotion the pool's
+// connections to the old primary fail first.
+func insertRetrying(t *testing.T, d *db, id string, timeout time.Duration) {
+	t.Helper()
+	for deadline := time.Now().Add(timeout); ; time.Sleep(100 * time.Millisecond) {
+		_, err := d.pool.Exec(context.Background(), insertSQL, id, d.name, "agg-1", "Happened", `{}`)
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("inserting event %s: %v", id, err)
+		}
+	}
+}
+
+// exited reports whether the process has exited.
+func (p *proc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
 }
