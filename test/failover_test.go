@@ -136,7 +136,9 @@ type slotCopy struct {
 
 func (c slotCopy) usable() bool { return c.exists && c.synced && !c.temporary && c.confirmed != "" }
 
-func readSlotCopy(t *testing.T, dsn, slot string) slotCopy {
+// onServer runs f on a connection of its own to the Postgres at dsn, with
+// 10 s for all of it.
+func onServer(t *testing.T, dsn string, f func(context.Context, *pgx.Conn)) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -145,10 +147,21 @@ func readSlotCopy(t *testing.T, dsn, slot string) slotCopy {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
+	f(ctx, conn)
+}
+
+func readSlotCopy(t *testing.T, dsn, slot string) (c slotCopy) {
+	t.Helper()
+	onServer(t, dsn, func(ctx context.Context, conn *pgx.Conn) { c = readSlotCopyOn(ctx, t, conn, slot) })
+	return c
+}
+
+func readSlotCopyOn(ctx context.Context, t *testing.T, conn *pgx.Conn, slot string) slotCopy {
+	t.Helper()
 	var c slotCopy
 	var confirmed *string
 	// synced came in 17; to_jsonb reads it where it exists.
-	err = conn.QueryRow(ctx, `SELECT coalesce((to_jsonb(s) ->> 'synced')::bool, false), temporary, confirmed_flush_lsn::text
+	err := conn.QueryRow(ctx, `SELECT coalesce((to_jsonb(s) ->> 'synced')::bool, false), temporary, confirmed_flush_lsn::text
 		FROM pg_replication_slots s WHERE slot_name = $1`, slot).
 		Scan(&c.synced, &c.temporary, &confirmed)
 	if err == pgx.ErrNoRows {
@@ -739,36 +752,25 @@ func TestFailoverTimelineUnreadable(t *testing.T) {
 // holds it, and its confirmed position.
 func slotState(t *testing.T, dsn, slot string) (active bool, confirmed string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	if err := conn.QueryRow(ctx, `SELECT active, confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1`, slot).
-		Scan(&active, &confirmed); err != nil {
-		t.Fatalf("reading slot %s on %s: %v", slot, hostPort(t, dsn), err)
-	}
+	onServer(t, dsn, func(ctx context.Context, conn *pgx.Conn) {
+		if err := conn.QueryRow(ctx, `SELECT active, confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1`, slot).
+			Scan(&active, &confirmed); err != nil {
+			t.Fatalf("reading slot %s on %s: %v", slot, hostPort(t, dsn), err)
+		}
+	})
 	return active, confirmed
 }
 
 // endWalsender ends the walsender that holds the slot on the Postgres at
 // dsn, as a dropped connection would; false when none held it.
-func endWalsender(t *testing.T, dsn, slot string) bool {
+func endWalsender(t *testing.T, dsn, slot string) (ended bool) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	var ended bool
-	if err := conn.QueryRow(ctx, `SELECT coalesce(bool_or(pg_terminate_backend(active_pid)), false) FROM pg_replication_slots WHERE slot_name = $1 AND active`, slot).
-		Scan(&ended); err != nil {
-		t.Fatal(err)
-	}
+	onServer(t, dsn, func(ctx context.Context, conn *pgx.Conn) {
+		if err := conn.QueryRow(ctx, `SELECT coalesce(bool_or(pg_terminate_backend(active_pid)), false) FROM pg_replication_slots WHERE slot_name = $1 AND active`, slot).
+			Scan(&ended); err != nil {
+			t.Fatal(err)
+		}
+	})
 	return ended
 }
 

@@ -82,20 +82,7 @@ func Connect(ctx context.Context, pg config.Postgres) (*pgx.Conn, error) {
 // ConnectReplication opens a logical replication connection
 // (replication=database), named outboxd in pg_stat_replication.
 func ConnectReplication(ctx context.Context, pg config.Postgres) (*pgconn.PgConn, error) {
-	ccfg, err := ConnConfig(pg)
-	if err != nil {
-		return nil, err
-	}
-	cfg := &ccfg.Config
-	cfg.RuntimeParams["replication"] = "database"
-	cfg.RuntimeParams["application_name"] = "outboxd"
-	ctx, cancel := context.WithTimeout(ctx, connectTimeout(cfg))
-	defer cancel()
-	conn, err := pgconn.ConnectConfig(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("opening replication connection to %s as %s: %w; %s", hosts(cfg), cfg.User, unwrapConnect(err), connectHint(err))
-	}
-	return conn, nil
+	return connectReplication(ctx, pg, "")
 }
 
 // Addr is the address of the server c is connected to: "tcp 10.0.0.5:5432"
@@ -112,6 +99,11 @@ func Addr(c net.Conn) string {
 // the slot did; the hosts are tried in the DSN's order, and every address
 // but addr is passed over without dialling it.
 func ConnectReplicationAt(ctx context.Context, pg config.Postgres, addr string) (*pgconn.PgConn, error) {
+	return connectReplication(ctx, pg, addr)
+}
+
+// connectReplication is ConnectReplication, at addr only unless it is "".
+func connectReplication(ctx context.Context, pg config.Postgres, addr string) (*pgconn.PgConn, error) {
 	ccfg, err := ConnConfig(pg)
 	if err != nil {
 		return nil, err
@@ -119,13 +111,17 @@ func ConnectReplicationAt(ctx context.Context, pg config.Postgres, addr string) 
 	cfg := &ccfg.Config
 	cfg.RuntimeParams["replication"] = "database"
 	cfg.RuntimeParams["application_name"] = "outboxd"
-	cfg.DialFunc = pinned(addr, cfg.DialFunc)
+	where := hosts(cfg)
+	if addr != "" {
+		cfg.DialFunc = pinned(addr, cfg.DialFunc)
+		_, at, _ := strings.Cut(addr, " ")
+		where = at + " (of " + where + ", where the slot was read)"
+	}
 	ctx, cancel := context.WithTimeout(ctx, connectTimeout(cfg))
 	defer cancel()
 	conn, err := pgconn.ConnectConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("opening replication connection to %s (%s, where the slot was read) as %s: %w; %s",
-			strings.TrimPrefix(strings.TrimPrefix(addr, "tcp "), "unix "), hosts(cfg), cfg.User, unwrapConnect(err), connectHint(err))
+		return nil, fmt.Errorf("opening replication connection to %s as %s: %w; %s", where, cfg.User, unwrapConnect(err), connectHint(err))
 	}
 	return conn, nil
 }

@@ -6,6 +6,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -124,5 +125,49 @@ func TestConnectTriesEveryHost(t *testing.T) {
 				t.Errorf("%v does not name %s", err, want)
 			}
 		})
+	}
+}
+
+// TestReplicationConnectionPinned: with two hosts in the DSN, the
+// replication connection pinned to the second (where the regular
+// connection read the slot) never dials the first, even when the first
+// accepts (an old primary back after a promotion; issue 32 item 9).
+func TestReplicationConnectionPinned(t *testing.T) {
+	defer func(d time.Duration) { hostConnectTimeout = d }(hostConnectTimeout)
+	hostConnectTimeout = time.Second
+	var accepted [2]atomic.Int32
+	var addrs [2]string
+	for i := range accepted {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		addrs[i] = l.Addr().String()
+		go func() {
+			for {
+				c, err := l.Accept()
+				if err != nil {
+					return
+				}
+				accepted[i].Add(1)
+				c.Close() // not a Postgres: the attempt fails, after the dial
+			}
+		}()
+	}
+	pg := config.Default().Postgres
+	pg.DSN = fmt.Sprintf("postgres://postgres@%s,%s/postgres?sslmode=disable", addrs[0], addrs[1])
+	_, err := ConnectReplicationAt(context.Background(), pg, "tcp "+addrs[1])
+	if err == nil {
+		t.Fatal("connected to a listener that is not Postgres")
+	}
+	if !strings.Contains(err.Error(), addrs[1]+" (of "+addrs[0]+","+addrs[1]+", where the slot was read)") {
+		t.Errorf("the error does not name the pinned server: %v", err)
+	}
+	if n := accepted[0].Load(); n != 0 {
+		t.Errorf("the first host was dialled %d times; want never", n)
+	}
+	if n := accepted[1].Load(); n == 0 {
+		t.Error("the pinned host was never dialled")
 	}
 }
