@@ -373,6 +373,9 @@ func (r *Relay) judgeGone(ctx context.Context, pgErr *pgconn.PgError, err error)
 	if refuseStandby(ctx, conn) != nil {
 		return err
 	}
+	if tli, terr := wal.Timeline(ctx, conn); terr == nil && r.refuseOlderTimeline(serverAddr(conn), tli) != nil {
+		return err // an old primary: its catalogue says nothing of the slot outboxd used
+	}
 	info, ok, ierr := wal.InspectSlot(ctx, conn, r.cfg.Postgres.Slot)
 	switch {
 	case ierr != nil:

@@ -257,7 +257,7 @@ type Primary struct {
 // it returns nil without connecting.
 func Primaries(ctx context.Context, pg config.Postgres, timeout time.Duration) []Primary {
 	cfg, err := ConnConfig(pg)
-	if err != nil || len(cfg.Fallbacks) == 0 && len(pg.StandbyDSNs) == 0 {
+	if err != nil {
 		return nil
 	}
 	type host struct {
@@ -265,11 +265,23 @@ func Primaries(ctx context.Context, pg config.Postgres, timeout time.Duration) [
 		standby bool
 	}
 	var all []host
+	byHost := map[string]*pgx.ConnConfig{}
 	for _, f := range append([]*pgconn.FallbackConfig{{Host: cfg.Host, Port: cfg.Port, TLSConfig: cfg.TLSConfig}}, cfg.Fallbacks...) {
+		// Each host once, with its attempts in the DSN's order
+		// (sslmode=prefer tries every host with TLS, then without).
+		hp := net.JoinHostPort(f.Host, strconv.Itoa(int(f.Port)))
+		if one := byHost[hp]; one != nil {
+			one.Fallbacks = append(one.Fallbacks, f)
+			continue
+		}
 		one := cfg.Copy()
 		one.Host, one.Port, one.TLSConfig, one.Fallbacks = f.Host, f.Port, f.TLSConfig, nil
 		one.ValidateConnect = nil // standbys too: they are skipped below
+		byHost[hp] = one
 		all = append(all, host{cfg: one})
+	}
+	if len(all) == 1 && len(pg.StandbyDSNs) == 0 {
+		return nil
 	}
 	for _, dsn := range pg.StandbyDSNs {
 		one, err := ConnConfig(config.Postgres{DSN: dsn, PasswordFile: pg.PasswordFile})
