@@ -881,11 +881,11 @@ func TestFailoverOldPrimaryBack(t *testing.T) {
 // copy by its own old position (it used to exit 3 with the promotion
 // message).
 func TestFailoverFormerActiveTakesOver(t *testing.T) {
-	primary := startOwnPostgres(t)
-	if major := serverMajorAt(t, primary.dsn); major < 17 {
+	if major := serverMajor(t); major < 17 { // the test bed's version, which startOwnPostgres runs too
 		t.Logf("Postgres %d has no failover slots: nothing to take over after a promotion", major)
 		return
 	}
+	primary := startOwnPostgres(t)
 	pair := addStandby(t, primary, "--synchronous")
 	d := outboxDB(t, pair.dsn)
 	env := d.env("OUTBOXD_POSTGRES_FAILOVER_SLOT=true", "OUTBOXD_POSTGRES_STANDBY_DSNS="+pair.standby.dsn,

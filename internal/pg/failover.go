@@ -53,11 +53,14 @@ type SlotCopy struct {
 	Standby    string `json:"standby"` // host:port
 	Err        string `json:"error,omitempty"`
 	InRecovery bool   `json:"in_recovery"`
-	SyncSlots  bool   `json:"sync_replication_slots"`
-	Exists     bool   `json:"exists"`
-	Synced     bool   `json:"synced"`
-	Temporary  bool   `json:"temporary"`
-	Confirmed  string `json:"confirmed_flush_lsn,omitempty"`
+	// Timeline is the standby's timeline when it is not in recovery (a
+	// primary now), 0 otherwise or when it does not tell.
+	Timeline  int    `json:"timeline,omitempty"`
+	SyncSlots bool   `json:"sync_replication_slots"`
+	Exists    bool   `json:"exists"`
+	Synced    bool   `json:"synced"`
+	Temporary bool   `json:"temporary"`
+	Confirmed string `json:"confirmed_flush_lsn,omitempty"`
 	// Invalidation is the copy's invalidation_reason, "" while it is valid.
 	Invalidation string `json:"invalidation_reason,omitempty"`
 }
@@ -136,6 +139,9 @@ func readCopy(ctx context.Context, pg config.Postgres, slot string) SlotCopy {
 		return c
 	}
 	c.SyncSlots = sync != nil && *sync == "on"
+	if !c.InRecovery {
+		c.Timeline, _ = wal.Timeline(ctx, conn)
+	}
 	info, ok, err := wal.InspectSlot(ctx, conn, slot)
 	if err != nil {
 		c.Err = err.Error()
@@ -164,6 +170,13 @@ func standbyAddr(dsn string) string {
 // now: synchronised, persisted, with a confirmed position and valid.
 func (c SlotCopy) Usable() bool {
 	return c.Err == "" && c.InRecovery && c.Exists && c.Synced && !c.Temporary && c.Confirmed != "" && c.Invalidation == ""
+}
+
+// splitBrain reports a standby that is a primary on a later timeline than
+// tli, the timeline of the server outboxd reached: that server is the old
+// primary.
+func (c SlotCopy) splitBrain(tli int) bool {
+	return c.Err == "" && !c.InRecovery && tli > 0 && c.Timeline > tli
 }
 
 // Note is one line about the failover state, for the start-up log and
@@ -216,6 +229,12 @@ func (f Failover) Notes(slot string) []Note {
 	for _, s := range f.UnusedSynchronized {
 		add(true, "synchronized_standby_slots names %s, which no standby streams from: Postgres holds back outboxd's changes until it does; start the standby, or remove %s from synchronized_standby_slots", s, s)
 	}
+	for _, c := range f.Copies {
+		if c.splitBrain(f.Timeline) {
+			add(true, "split brain: standby %s is a primary on timeline %d, later than this server's %d: this server is the old primary; fence it (stop it, or rebuild it as a standby of %[1]s) and point postgres.dsn at %[1]s",
+				c.Standby, c.Timeline, f.Timeline)
+		}
+	}
 	if f.Major < wal.FailoverMajor || !f.SlotExists {
 		return out
 	}
@@ -223,6 +242,8 @@ func (f Failover) Notes(slot string) []Note {
 		switch {
 		case c.Err != "":
 			add(true, "standby %s: cannot read its copy of the slot: %s", c.Standby, c.Err)
+		case c.splitBrain(f.Timeline):
+			// said above
 		case !c.InRecovery:
 			add(true, "standby %s is not in recovery: it is a primary now, not a standby of this server", c.Standby)
 		case !c.SyncSlots:
