@@ -180,7 +180,9 @@ type Router struct {
 	// KeyEncoding is raw (the key column's bytes), json (the key as Kafka
 	// Connect's JsonConverter with schemas off wrote it: a JSON string,
 	// quotes included, integers bare) or json_schema (as JsonConverter with
-	// schemas on, its default, wrote it: {"schema":...,"payload":...}).
+	// schemas on, its default, wrote it: {"schema":...,"payload":...}) or
+	// string (as StringConverter wrote it: Java's toString of the value
+	// Debezium made of the column, such as a numeric's BigDecimal).
 	KeyEncoding KeyEncoding `yaml:"key_encoding"`
 	// ExpandJSONPayload requires the payload to be JSON and embeds it as JSON
 	// (not as a string) in an envelope.

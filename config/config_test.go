@@ -519,7 +519,7 @@ func TestValidateEnumValues(t *testing.T) {
 	}{
 		{func(c *config.Config) { c.Router.OnUpdate = "sometimes" }, `router.on_update: "sometimes" must be ignore, warn or error`},
 		{func(c *config.Config) { c.Router.Poison.Policy = "skip" }, `router.poison.policy: "skip" must be halt or dlq`},
-		{func(c *config.Config) { c.Router.KeyEncoding = "avro" }, `router.key_encoding: "avro" must be raw, json or json_schema`},
+		{func(c *config.Config) { c.Router.KeyEncoding = "avro" }, `router.key_encoding: "avro" must be raw, json, json_schema or string`},
 		{func(c *config.Config) { c.Router.AdditionalMissing = "warn" }, `router.additional_missing: "warn" must be error or ignore`},
 		{func(c *config.Config) { c.Kafka.TopicCreation = "auto" }, `kafka.topic_creation: "auto" must be admin or broker (admin: outboxd creates missing topics; broker: the brokers' auto.create.topics.enable does)`},
 		{func(c *config.Config) { c.Kafka.Compression = "brotli" }, `kafka.compression: "brotli" must be none, gzip, snappy, lz4 or zstd`},

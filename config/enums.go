@@ -62,6 +62,7 @@ const (
 	KeyEncodingRaw        KeyEncoding = "raw"         // the key column's bytes
 	KeyEncodingJSON       KeyEncoding = "json"        // JsonConverter, schemas off
 	KeyEncodingJSONSchema KeyEncoding = "json_schema" // JsonConverter, schemas on
+	KeyEncodingString     KeyEncoding = "string"      // StringConverter: Java's toString of Debezium's value
 )
 
 // OnUpdate is router.on_update: what an UPDATE of an outbox row does.
@@ -116,7 +117,7 @@ func (c Config) validateEnums() []error {
 		oneOf("kafka.compression", c.Kafka.Compression, CompressionNone, CompressionGzip, CompressionSnappy, CompressionLZ4, CompressionZstd),
 		oneOf("kafka.delivery", c.Kafka.Delivery, AtLeastOnce, ExactlyOnce),
 		oneOf("router.additional_missing", c.Router.AdditionalMissing, AdditionalMissingError, AdditionalMissingIgnore),
-		oneOf("router.key_encoding", c.Router.KeyEncoding, KeyEncodingRaw, KeyEncodingJSON, KeyEncodingJSONSchema),
+		oneOf("router.key_encoding", c.Router.KeyEncoding, KeyEncodingRaw, KeyEncodingJSON, KeyEncodingJSONSchema, KeyEncodingString),
 		oneOf("router.on_update", c.Router.OnUpdate, OnUpdateIgnore, OnUpdateWarn, OnUpdateError),
 		oneOf("router.poison.policy", c.Router.Poison.Policy, PoisonHalt, PoisonDLQ),
 		oneOf("log.level", c.Log.Level, LogDebug, LogInfo, LogWarn, LogError),

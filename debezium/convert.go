@@ -643,10 +643,14 @@ func (v *conv) keyEncoding() (string, error) {
 	case !ok:
 		v.warn("key.converter", "not set, so Kafka Connect used the worker's key.converter; the configuration assumes JsonConverter with schemas on "+
 			"(Kafka's sample worker configurations and Debezium's container images use it): key_encoding json_schema. "+
-			"If the worker used StringConverter, set router.key_encoding: raw, and with JsonConverter and schemas.enable=false, json, or keys and their partitions change. "+
+			"If the worker used StringConverter, set router.key_encoding: string, and with JsonConverter and schemas.enable=false, json, or keys and their partitions change. "+
 			"To check, read a key Debezium wrote (kafka-console-consumer --property print.key=true): one that starts with {\"schema\": is json_schema")
 		return "json_schema", nil
-	case conv == stringConverter || byteConverters[conv]:
+	case conv == stringConverter:
+		// Java's toString of Debezium's value: numeric(p,s) keys as
+		// BigDecimal.toString, booleans true/false, dates as days.
+		return "string", nil
+	case byteConverters[conv]:
 		return "raw", nil
 	case conv == jsonConverter:
 		if schemas { // JsonConverter's default: {"schema":...,"payload":...} keys
@@ -674,8 +678,6 @@ func (v *conv) valueConverter(envelope, expand bool) {
 		}
 	case conv == jsonConverter && schemas:
 		v.warn("value.converter.schemas.enable", "is true (JsonConverter's default): Debezium's values were {\"schema\":...,\"payload\":...} envelopes; outboxd writes the payload alone, so consumers must read it directly")
-	case conv == jsonConverter && envelope && !expand:
-		v.warn("value.converter", "JsonConverter wrote a jsonb payload inside the envelope as a JSON string; outboxd embeds it as JSON (as with table.expand.json.payload)")
 	case conv == jsonConverter && !envelope && !expand:
 		v.warn("value.converter", "JsonConverter (schemas off) wrote the payload as a JSON string literal (quoted, escaped); outboxd writes the payload's text itself, so consumers that decode a JSON string must parse the value directly")
 	case conv == jsonConverter:
@@ -806,11 +808,11 @@ var unsupported = []struct{ key, why string }{
 	{"schema.", "outboxd streams the one table in postgres.table"},
 	{"table.", "outboxd streams the one table in postgres.table"},
 	{"column.", "outboxd sends column text as it is"},
-	{"key.converter.", "outboxd's keys are router.key_encoding raw, json or json_schema only"},
+	{"key.converter.", "outboxd's keys are router.key_encoding raw, string, json or json_schema only"},
 	{"value.converter.", "outboxd's values are the payload column's text (bytea: bytes)"},
 	{"header.converter.", "outboxd's header values are text"},
-	{"decimal.handling.mode", "outboxd sends column text as it is"},
-	{"time.precision.mode", "outboxd sends column text as it is"},
+	{"decimal.handling.mode", "outboxd sends column text as it is, and writes a numeric key as Debezium's default (precise) does"},
+	{"time.precision.mode", "outboxd sends column text as it is, and writes a date key as Debezium's default (adaptive) does"},
 	{"binary.handling.mode", "outboxd sends bytea payloads as raw bytes (Debezium's default, bytes)"},
 	{"hstore.handling.mode", "outboxd sends column text as it is"},
 	{"interval.handling.mode", "outboxd sends column text as it is"},

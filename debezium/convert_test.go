@@ -532,7 +532,7 @@ func TestConvertKeyEncoding(t *testing.T) {
 		{"JsonConverter, schemas by default", map[string]string{"key.converter": jsonConverter}, "json_schema", false},
 		{"JsonConverter, schemas on", map[string]string{"key.converter": jsonConverter, "key.converter.schemas.enable": "true"}, "json_schema", false},
 		{"JsonConverter, schemas off", map[string]string{"key.converter": jsonConverter, "key.converter.schemas.enable": "false"}, "json", false},
-		{"StringConverter", map[string]string{"key.converter": stringConverter}, "raw", false},
+		{"StringConverter", map[string]string{"key.converter": stringConverter}, "string", false},
 		{"worker's converter", map[string]string{"key.converter": ""}, "json_schema", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/internal/pg"
+	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/shard"
 	"github.com/outboxd/outboxd/sink"
 	"github.com/outboxd/outboxd/wal"
@@ -286,48 +287,45 @@ func checkServer(ctx context.Context, conn *pgx.Conn, cfg config.Postgres, colum
 
 // checkColumnTypes reads the base type of each outbox column (through
 // domains) and lets the router refuse the ones its settings cannot use. It
-// reads the key column's nullability and default with them: Debezium's key
-// schema is optional when the key column may be NULL (as pgjdbc tells it:
-// the column's or its domain's NOT NULL), and carries the column's
-// default, which outboxd does not reproduce.
+// reads the key column's nullability, type modifier and default with them,
+// which Debezium's key depends on: its key schema is optional when the key
+// column may be NULL (as pgjdbc tells it: the column's or its domain's NOT
+// NULL) and carries the column's default; a numeric's declared scale
+// decides its form.
 func (r *Relay) checkColumnTypes(ctx context.Context, conn *pgx.Conn) error {
 	schema, table := r.cfg.Postgres.TableName()
-	rows, err := conn.Query(ctx, `WITH RECURSIVE b(name, oid, not_null, has_def) AS (
-			SELECT a.attname::text, a.atttypid, a.attnotnull OR (t.typtype = 'd' AND t.typnotnull), a.atthasdef
+	rows, err := conn.Query(ctx, `WITH RECURSIVE b(name, oid, typmod, not_null, def) AS (
+			SELECT a.attname::text, a.atttypid, a.atttypmod, a.attnotnull OR (t.typtype = 'd' AND t.typnotnull),
+				coalesce(pg_get_expr(d.adbin, d.adrelid), '')
 			FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+			LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
 			WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped
 			UNION ALL
-			SELECT b.name, t.typbasetype, b.not_null, b.has_def FROM b JOIN pg_type t ON t.oid = b.oid WHERE t.typtype = 'd')
-		SELECT b.name, b.oid, b.not_null, b.has_def FROM b JOIN pg_type t ON t.oid = b.oid WHERE t.typtype <> 'd'`,
+			SELECT b.name, t.typbasetype, CASE WHEN b.typmod = -1 THEN t.typtypmod ELSE b.typmod END, b.not_null, b.def
+			FROM b JOIN pg_type t ON t.oid = b.oid WHERE t.typtype = 'd')
+		SELECT b.name, b.oid, b.typmod, b.not_null, b.def FROM b JOIN pg_type t ON t.oid = b.oid WHERE t.typtype <> 'd'`,
 		pgx.Identifier{schema, table}.Sanitize())
 	if err != nil {
 		return fmt.Errorf("reading the column types of %s: %w", r.cfg.Postgres.Table, err)
 	}
 	types := map[string]uint32{}
-	var name string
+	var name, def string
 	var oid uint32
-	var notNull, hasDefault, keyNotNull, keyDefault bool
-	_, err = pgx.ForEachRow(rows, []any{&name, &oid, &notNull, &hasDefault}, func() error {
+	var typmod int32
+	var notNull bool
+	key := router.KeyColumn{}
+	_, err = pgx.ForEachRow(rows, []any{&name, &oid, &typmod, &notNull, &def}, func() error {
 		types[name] = oid
 		if name == r.cfg.Router.KeyColumn {
-			keyNotNull, keyDefault = notNull, hasDefault
+			key = router.KeyColumn{Optional: !notNull, TypeMod: typmod, Default: def}
 		}
 		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("reading the column types of %s: %w", r.cfg.Postgres.Table, err)
 	}
-	if err := r.router.CheckTypes(r.cfg.Postgres.Table, types); err != nil {
-		return err
-	}
-	if keyDefault && r.cfg.Router.KeyEncoding == config.KeyEncodingJSONSchema {
-		return fmt.Errorf("key column %s of %s has a DEFAULT, which Debezium put into the key's schema (\"default\":..., for a function a placeholder), "+
-			"and router.key_encoding json_schema does not reproduce it, so keys would land on other partitions; "+
-			"drop the default (ALTER TABLE %s ALTER COLUMN %s DROP DEFAULT) or use key_encoding json or raw",
-			r.cfg.Router.KeyColumn, r.cfg.Postgres.Table, pgx.Identifier{schema, table}.Sanitize(), pgx.Identifier{r.cfg.Router.KeyColumn}.Sanitize())
-	}
-	r.router.SetKeyOptional(!keyNotNull)
-	return nil
+	r.router.SetKeyColumn(key)
+	return r.router.CheckTypes(r.cfg.Postgres.Table, types)
 }
 
 // ensureSlot creates the publication and slot when missing and allowed, and

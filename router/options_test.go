@@ -21,7 +21,11 @@ const (
 	oidInt4        = 23
 	oidTimestamptz = 1184
 	oidNumeric     = 1700
+	oidDate        = 1082
 )
+
+// numeric10x8 is the type modifier of numeric(10,8).
+const numeric10x8 = 10<<16 | 8 + 4
 
 // wide is an outbox table with every kind of extra column the options use.
 func wide() table {
@@ -43,6 +47,7 @@ func wide() table {
 		wal.Column{Name: "bin_payload", TypeOID: oidBytea},
 		wal.Column{Name: "hdrs", TypeOID: oidJSONB},
 		wal.Column{Name: "amount", TypeOID: oidNumeric},
+		wal.Column{Name: "day", TypeOID: oidDate},
 	)
 }
 
@@ -83,99 +88,122 @@ func TestRouteOptionsGolden(t *testing.T) {
 	}
 	partition := config.Field{Column: "shard", Placement: "partition"}
 
+	stringKey := func(col string) config.Router {
+		return cfg(func(c *config.Router) { c.KeyEncoding, c.KeyColumn = "string", col })
+	}
+	scaled := router.KeyColumn{TypeMod: numeric10x8}
 	tests := []struct {
 		name string
 		cfg  config.Router
 		row  row
+		key  router.KeyColumn // what the start-up check read of the key column
 	}{
-		{"preset_debezium", deb.Router, nil},
+		{"preset_debezium", deb.Router, nil, router.KeyColumn{}},
 		{"preset_debezium_json_key_outbox_prefix", func() config.Router {
 			r := deb.Router
 			r.KeyEncoding, r.TopicTemplate = "json", "outbox.event.${routedByValue}"
 			return r
-		}(), nil},
+		}(), nil, router.KeyColumn{}},
 		{"regex_group", cfg(func(c *config.Router) {
 			c.TopicRegex, c.TopicTemplate = `^(?P<routedByValue>[a-z]+)_v\d+$`, "${routedByValue}-events"
-		}), with(wideRow(), "aggregate_type", s("order_v2"))},
+		}), with(wideRow(), "aggregate_type", s("order_v2")), router.KeyColumn{}},
 		{"regex_numbered_group_java_style", cfg(func(c *config.Router) {
 			c.TopicRegex, c.TopicTemplate = `(.*)Aggregate`, "outbox.$1"
-		}), with(wideRow(), "aggregate_type", s("OrderAggregate"))},
+		}), with(wideRow(), "aggregate_type", s("OrderAggregate")), router.KeyColumn{}},
 		{"regex_default_debezium", cfg(func(c *config.Router) {
 			c.TopicRegex, c.TopicTemplate = `(?<routedByValue>.*)`, "outbox.event.${routedByValue}"
-		}), wideRow()},
-		{"error_regex_no_match", cfg(func(c *config.Router) { c.TopicRegex = `^x` }), wideRow()},
-		{"topic_column_overrides", cfg(func(c *config.Router) { c.TopicColumn = "topic" }), with(wideRow(), "topic", s("special.topic"))},
-		{"topic_column_null_falls_back", cfg(func(c *config.Router) { c.TopicColumn = "topic" }), wideRow()},
-		{"error_topic_column_invalid", cfg(func(c *config.Router) { c.TopicColumn = "topic" }), with(wideRow(), "topic", s("bad topic"))},
+		}), wideRow(), router.KeyColumn{}},
+		{"error_regex_no_match", cfg(func(c *config.Router) { c.TopicRegex = `^x` }), wideRow(), router.KeyColumn{}},
+		{"topic_column_overrides", cfg(func(c *config.Router) { c.TopicColumn = "topic" }), with(wideRow(), "topic", s("special.topic")), router.KeyColumn{}},
+		{"topic_column_null_falls_back", cfg(func(c *config.Router) { c.TopicColumn = "topic" }), wideRow(), router.KeyColumn{}},
+		{"error_topic_column_invalid", cfg(func(c *config.Router) { c.TopicColumn = "topic" }), with(wideRow(), "topic", s("bad topic")), router.KeyColumn{}},
 		{"header_placement_with_alias", cfg(func(c *config.Router) {
 			c.AdditionalFields = []config.Field{header("tenant", "tenantId"), header("seq", "")}
-		}), wideRow()},
-		{"header_placement_null_no_value", cfg(func(c *config.Router) { c.AdditionalFields = []config.Field{header("tenant", "")} }), with(wideRow(), "tenant", nil)},
-		{"header_placement_bool", cfg(func(c *config.Router) { c.AdditionalFields = []config.Field{header("urgent", "")} }), wideRow()},
+		}), wideRow(), router.KeyColumn{}},
+		{"header_placement_null_no_value", cfg(func(c *config.Router) { c.AdditionalFields = []config.Field{header("tenant", "")} }), with(wideRow(), "tenant", nil), router.KeyColumn{}},
+		{"header_placement_bool", cfg(func(c *config.Router) { c.AdditionalFields = []config.Field{header("urgent", "")} }), wideRow(), router.KeyColumn{}},
 		{"error_regex_must_match_whole_value", cfg(func(c *config.Router) {
 			c.TopicRegex, c.TopicTemplate = `(.*)Aggregate`, "outbox.$1"
-		}), with(wideRow(), "aggregate_type", s("OrderAggregateV2"))},
+		}), with(wideRow(), "aggregate_type", s("OrderAggregateV2")), router.KeyColumn{}},
 		{"headers_column", cfg(func(c *config.Router) { c.HeadersColumn = "hdrs" }),
-			with(wideRow(), "hdrs", s(`{"a": "x", "n": 1, "z": null, "obj": {"k": [1]}, "tenant": "acme"}`))},
-		{"headers_column_null", cfg(func(c *config.Router) { c.HeadersColumn = "hdrs" }), wideRow()},
-		{"error_headers_column_not_object", cfg(func(c *config.Router) { c.HeadersColumn = "hdrs" }), with(wideRow(), "hdrs", s(`["a"]`))},
-		{"error_headers_column_sets_id", cfg(func(c *config.Router) { c.HeadersColumn = "hdrs" }), with(wideRow(), "hdrs", s(`{"id": "other"}`))},
-		{"headers_column_not_json", cfg(func(c *config.Router) { c.HeadersColumn = "tenant" }), wideRow()},
-		{"key_encoding_json_jackson_escapes", cfg(func(c *config.Router) { c.KeyEncoding = "json" }), with(wideRow(), "aggregate_id", s("a&b<c>\u2028\x1f\t/é"))},
-		{"key_encoding_json_short_escapes", cfg(func(c *config.Router) { c.KeyEncoding = "json" }), with(wideRow(), "aggregate_id", s("a\"b\\c\b\f\n\r"))},
-		{"key_encoding_json_schema", cfg(func(c *config.Router) { c.KeyEncoding = "json_schema" }), with(wideRow(), "aggregate_id", s(`o-"42"`))},
-		{"key_encoding_json_schema_int8", cfg(func(c *config.Router) { c.KeyEncoding, c.KeyColumn = "json_schema", "seq" }), wideRow()},
-		{"key_encoding_json_schema_uuid", cfg(func(c *config.Router) { c.KeyEncoding, c.KeyColumn = "json_schema", "id" }), wideRow()},
-		{"key_encoding_json_schema_null_key", cfg(func(c *config.Router) { c.KeyEncoding, c.RequireKey = "json_schema", false }), with(wideRow(), "aggregate_id", nil)},
-		{"key_encoding_json_null_key", cfg(func(c *config.Router) { c.KeyEncoding, c.RequireKey = "json", false }), with(wideRow(), "aggregate_id", nil)},
-		{"key_encoding_json_schema_timestamp_refused", cfg(func(c *config.Router) { c.KeyEncoding, c.KeyColumn = "json_schema", "occurred_at" }), wideRow()},
-		{"key_encoding_json_schema_numeric_refused", cfg(func(c *config.Router) { c.KeyEncoding, c.KeyColumn = "json_schema", "amount" }), wideRow()},
-		{"key_encoding_json_integer_key", cfg(func(c *config.Router) { c.KeyEncoding, c.KeyColumn = "json", "seq" }), wideRow()},
-		{"key_encoding_json_jsonb_key_quoted", cfg(func(c *config.Router) { c.KeyEncoding, c.KeyColumn = "json", "hdrs" }), with(wideRow(), "hdrs", s(`{"a": 1}`))},
-		{"error_headers_column_sets_event_type", cfg(func(c *config.Router) { c.HeadersColumn = "hdrs" }), with(wideRow(), "hdrs", s(`{"eventType": "other"}`))},
-		{"key_encoding_json_numeric_key", cfg(func(c *config.Router) { c.KeyEncoding, c.KeyColumn = "json", "amount" }), wideRow()},
-		{"envelope_null_payload_is_null", cfg(func(c *config.Router) { c.AdditionalFields = []config.Field{envelope("event_type", "type")} }), with(wideRow(), "payload", nil)},
+			with(wideRow(), "hdrs", s(`{"a": "x", "n": 1, "z": null, "obj": {"k": [1]}, "tenant": "acme"}`)), router.KeyColumn{}},
+		{"headers_column_null", cfg(func(c *config.Router) { c.HeadersColumn = "hdrs" }), wideRow(), router.KeyColumn{}},
+		{"error_headers_column_not_object", cfg(func(c *config.Router) { c.HeadersColumn = "hdrs" }), with(wideRow(), "hdrs", s(`["a"]`)), router.KeyColumn{}},
+		{"error_headers_column_sets_id", cfg(func(c *config.Router) { c.HeadersColumn = "hdrs" }), with(wideRow(), "hdrs", s(`{"id": "other"}`)), router.KeyColumn{}},
+		{"headers_column_not_json", cfg(func(c *config.Router) { c.HeadersColumn = "tenant" }), wideRow(), router.KeyColumn{}},
+		{"key_encoding_json_jackson_escapes", cfg(func(c *config.Router) { c.KeyEncoding = "json" }), with(wideRow(), "aggregate_id", s("a&b<c>\u2028\x1f\t/é")), router.KeyColumn{}},
+		{"key_encoding_json_short_escapes", cfg(func(c *config.Router) { c.KeyEncoding = "json" }), with(wideRow(), "aggregate_id", s("a\"b\\c\b\f\n\r")), router.KeyColumn{}},
+		{"key_encoding_json_schema", cfg(func(c *config.Router) { c.KeyEncoding = "json_schema" }), with(wideRow(), "aggregate_id", s(`o-"42"`)), router.KeyColumn{}},
+		{"key_encoding_json_schema_int8", cfg(func(c *config.Router) { c.KeyEncoding, c.KeyColumn = "json_schema", "seq" }), wideRow(), router.KeyColumn{}},
+		{"key_encoding_json_schema_uuid", cfg(func(c *config.Router) { c.KeyEncoding, c.KeyColumn = "json_schema", "id" }), wideRow(), router.KeyColumn{}},
+		{"key_encoding_json_schema_null_key", cfg(func(c *config.Router) { c.KeyEncoding, c.RequireKey = "json_schema", false }), with(wideRow(), "aggregate_id", nil), router.KeyColumn{}},
+		{"key_encoding_json_null_key", cfg(func(c *config.Router) { c.KeyEncoding, c.RequireKey = "json", false }), with(wideRow(), "aggregate_id", nil), router.KeyColumn{}},
+		{"key_encoding_json_schema_timestamp_refused", cfg(func(c *config.Router) { c.KeyEncoding, c.KeyColumn = "json_schema", "occurred_at" }), wideRow(), router.KeyColumn{}},
+		{"key_encoding_json_schema_numeric_refused", cfg(func(c *config.Router) { c.KeyEncoding, c.KeyColumn = "json_schema", "amount" }), wideRow(), router.KeyColumn{}},
+		{"key_encoding_json_integer_key", cfg(func(c *config.Router) { c.KeyEncoding, c.KeyColumn = "json", "seq" }), wideRow(), router.KeyColumn{}},
+		{"key_encoding_json_jsonb_key_quoted", cfg(func(c *config.Router) { c.KeyEncoding, c.KeyColumn = "json", "hdrs" }), with(wideRow(), "hdrs", s(`{"a": 1}`)), router.KeyColumn{}},
+		{"error_headers_column_sets_event_type", cfg(func(c *config.Router) { c.HeadersColumn = "hdrs" }), with(wideRow(), "hdrs", s(`{"eventType": "other"}`)), router.KeyColumn{}},
+		{"key_encoding_json_numeric_key", cfg(func(c *config.Router) { c.KeyEncoding, c.KeyColumn = "json", "amount" }), wideRow(), router.KeyColumn{}},
+		{"key_encoding_json_non_bmp", cfg(func(c *config.Router) { c.KeyEncoding = "json" }), with(wideRow(), "aggregate_id", s("k\U0001F642\U00010000")), router.KeyColumn{}},
+		{"key_encoding_json_schema_non_bmp", cfg(func(c *config.Router) { c.KeyEncoding = "json_schema" }), with(wideRow(), "aggregate_id", s("k\U0001F642")), router.KeyColumn{}},
+		{"key_encoding_string_text_non_bmp", stringKey("aggregate_id"), with(wideRow(), "aggregate_id", s("k\U0001F642é")), router.KeyColumn{}},
+		{"key_encoding_string_numeric", stringKey("amount"), with(wideRow(), "amount", s("-0.00000050")), scaled},
+		{"key_encoding_string_numeric_zero", stringKey("amount"), with(wideRow(), "amount", s("0.00000000")), scaled},
+		{"key_encoding_string_numeric_plain", stringKey("amount"), with(wideRow(), "amount", s("12.34000000")), scaled},
+		{"error_key_encoding_string_numeric_nan", stringKey("amount"), with(wideRow(), "amount", s("NaN")), scaled},
+		{"key_encoding_string_numeric_unconstrained_refused", stringKey("amount"), with(wideRow(), "amount", s("1.5")), router.KeyColumn{TypeMod: -1}},
+		{"key_encoding_string_bool", stringKey("urgent"), wideRow(), router.KeyColumn{}},
+		{"key_encoding_string_date", stringKey("day"), with(wideRow(), "day", s("2024-02-29")), router.KeyColumn{}},
+		{"error_key_encoding_string_date_infinity", stringKey("day"), with(wideRow(), "day", s("infinity")), router.KeyColumn{}},
+		{"key_encoding_string_timestamptz_refused", stringKey("occurred_at"), wideRow(), router.KeyColumn{}},
+		{"envelope_jackson_escapes", cfg(func(c *config.Router) {
+			c.PayloadColumn, c.AdditionalFields = "text_payload", []config.Field{envelope("tenant", "t<&>")}
+		}), with(wideRow(), "text_payload", s("<&>\u2028\u2029\x1f\x7f\U0001F642\"\\/"), "tenant", s("a\x01b")), router.KeyColumn{}},
+		{"envelope_bytea_payload", cfg(func(c *config.Router) {
+			c.PayloadColumn, c.AdditionalFields = "bin_payload", []config.Field{envelope("event_type", "type")}
+		}), with(wideRow(), "bin_payload", s(`\x00fffe6162`)), router.KeyColumn{}},
+		{"envelope_null_payload_is_null", cfg(func(c *config.Router) { c.AdditionalFields = []config.Field{envelope("event_type", "type")} }), with(wideRow(), "payload", nil), router.KeyColumn{}},
 		{"envelope_null_payload_tombstone_on_empty", cfg(func(c *config.Router) {
 			c.TombstoneOnEmptyPayload, c.AdditionalFields = true, []config.Field{envelope("event_type", "type")}
-		}), with(wideRow(), "payload", nil)},
-		{"tombstone_on_blank_bytea_payload_kept", cfg(func(c *config.Router) { c.TombstoneOnEmptyPayload, c.PayloadColumn = true, "bin_payload" }), with(wideRow(), "bin_payload", s(`\x0a`))},
-		{"tombstone_on_control_characters", cfg(func(c *config.Router) { c.TombstoneOnEmptyPayload, c.PayloadColumn = true, "text_payload" }), with(wideRow(), "text_payload", s("\x00\x1f "))},
-		{"no_tombstone_on_no_break_space", cfg(func(c *config.Router) { c.TombstoneOnEmptyPayload, c.PayloadColumn = true, "text_payload" }), with(wideRow(), "text_payload", s("\u00a0"))},
+		}), with(wideRow(), "payload", nil), router.KeyColumn{}},
+		{"tombstone_on_blank_bytea_payload_kept", cfg(func(c *config.Router) { c.TombstoneOnEmptyPayload, c.PayloadColumn = true, "bin_payload" }), with(wideRow(), "bin_payload", s(`\x0a`)), router.KeyColumn{}},
+		{"tombstone_on_control_characters", cfg(func(c *config.Router) { c.TombstoneOnEmptyPayload, c.PayloadColumn = true, "text_payload" }), with(wideRow(), "text_payload", s("\x00\x1f ")), router.KeyColumn{}},
+		{"no_tombstone_on_no_break_space", cfg(func(c *config.Router) { c.TombstoneOnEmptyPayload, c.PayloadColumn = true, "text_payload" }), with(wideRow(), "text_payload", s("\u00a0")), router.KeyColumn{}},
 		{"envelope_placement", cfg(func(c *config.Router) {
 			c.AdditionalFields = []config.Field{envelope("event_type", "eventType"), envelope("seq", ""), envelope("urgent", ""), envelope("tenant", ""), envelope("occurred_at", "")}
-		}), wideRow()},
-		{"envelope_null_field", cfg(func(c *config.Router) { c.AdditionalFields = []config.Field{envelope("tenant", "")} }), with(wideRow(), "tenant", nil)},
+		}), wideRow(), router.KeyColumn{}},
+		{"envelope_null_field", cfg(func(c *config.Router) { c.AdditionalFields = []config.Field{envelope("tenant", "")} }), with(wideRow(), "tenant", nil), router.KeyColumn{}},
 		{"envelope_text_payload_as_string", cfg(func(c *config.Router) {
 			c.PayloadColumn, c.AdditionalFields = "text_payload", []config.Field{envelope("event_type", "type")}
-		}), wideRow()},
+		}), wideRow(), router.KeyColumn{}},
 		{"envelope_text_payload_expanded", cfg(func(c *config.Router) {
 			c.PayloadColumn, c.ExpandJSONPayload, c.AdditionalFields = "text_payload", true, []config.Field{envelope("event_type", "type")}
-		}), wideRow()},
+		}), wideRow(), router.KeyColumn{}},
 		{"envelope_and_header_same_column", cfg(func(c *config.Router) {
 			c.AdditionalFields = []config.Field{envelope("tenant", ""), header("tenant", "")}
-		}), wideRow()},
-		{"partition_placement", cfg(func(c *config.Router) { c.AdditionalFields = []config.Field{partition} }), wideRow()},
-		{"partition_null_uses_key", cfg(func(c *config.Router) { c.AdditionalFields = []config.Field{partition} }), with(wideRow(), "shard", nil)},
-		{"error_partition_negative", cfg(func(c *config.Router) { c.AdditionalFields = []config.Field{partition} }), with(wideRow(), "shard", s("-1"))},
+		}), wideRow(), router.KeyColumn{}},
+		{"partition_placement", cfg(func(c *config.Router) { c.AdditionalFields = []config.Field{partition} }), wideRow(), router.KeyColumn{}},
+		{"partition_null_uses_key", cfg(func(c *config.Router) { c.AdditionalFields = []config.Field{partition} }), with(wideRow(), "shard", nil), router.KeyColumn{}},
+		{"error_partition_negative", cfg(func(c *config.Router) { c.AdditionalFields = []config.Field{partition} }), with(wideRow(), "shard", s("-1")), router.KeyColumn{}},
 		{"error_partition_not_a_number", cfg(func(c *config.Router) {
 			c.AdditionalFields = []config.Field{{Column: "tenant", Placement: "partition"}}
-		}), wideRow()},
+		}), wideRow(), router.KeyColumn{}},
 		{"additional_missing_ignore", cfg(func(c *config.Router) {
 			c.AdditionalMissing, c.AdditionalFields = "ignore", []config.Field{header("region", ""), envelope("nope", "")}
-		}), wideRow()},
-		{"error_missing_additional_column", cfg(func(c *config.Router) { c.AdditionalFields = []config.Field{header("region", "")} }), wideRow()},
-		{"timestamp_column_timestamptz", cfg(func(c *config.Router) { c.TimestampColumn = "occurred_at" }), wideRow()},
-		{"timestamp_column_epoch_millis", cfg(func(c *config.Router) { c.TimestampColumn = "occurred_ms" }), wideRow()},
-		{"timestamp_column_null_uses_commit_time", cfg(func(c *config.Router) { c.TimestampColumn = "occurred_at" }), with(wideRow(), "occurred_at", nil)},
-		{"error_timestamp_column_garbage", cfg(func(c *config.Router) { c.TimestampColumn = "tenant" }), wideRow()},
-		{"key_encoding_json", cfg(func(c *config.Router) { c.KeyEncoding = "json" }), with(wideRow(), "aggregate_id", s(`o-"42"`))},
-		{"expand_json_valid", cfg(func(c *config.Router) { c.ExpandJSONPayload, c.PayloadColumn = true, "text_payload" }), wideRow()},
-		{"error_expand_json_invalid", cfg(func(c *config.Router) { c.ExpandJSONPayload, c.PayloadColumn = true, "text_payload" }), with(wideRow(), "text_payload", s("{not json"))},
-		{"tombstone_on_blank_payload", cfg(func(c *config.Router) { c.TombstoneOnEmptyPayload, c.PayloadColumn = true, "text_payload" }), with(wideRow(), "text_payload", s("  "))},
-		{"blank_payload_kept_without_tombstones", cfg(func(c *config.Router) { c.PayloadColumn = "text_payload" }), with(wideRow(), "text_payload", s("  "))},
-		{"null_payload_is_tombstone", base, with(wideRow(), "payload", nil)},
-		{"traceparent_header", cfg(func(c *config.Router) { c.TraceparentColumn = "traceparent" }), wideRow()},
-		{"event_type_disabled_with_dash", cfg(func(c *config.Router) { c.EventTypeColumn = "-" }), wideRow()},
+		}), wideRow(), router.KeyColumn{}},
+		{"error_missing_additional_column", cfg(func(c *config.Router) { c.AdditionalFields = []config.Field{header("region", "")} }), wideRow(), router.KeyColumn{}},
+		{"timestamp_column_timestamptz", cfg(func(c *config.Router) { c.TimestampColumn = "occurred_at" }), wideRow(), router.KeyColumn{}},
+		{"timestamp_column_epoch_millis", cfg(func(c *config.Router) { c.TimestampColumn = "occurred_ms" }), wideRow(), router.KeyColumn{}},
+		{"timestamp_column_null_uses_commit_time", cfg(func(c *config.Router) { c.TimestampColumn = "occurred_at" }), with(wideRow(), "occurred_at", nil), router.KeyColumn{}},
+		{"error_timestamp_column_garbage", cfg(func(c *config.Router) { c.TimestampColumn = "tenant" }), wideRow(), router.KeyColumn{}},
+		{"key_encoding_json", cfg(func(c *config.Router) { c.KeyEncoding = "json" }), with(wideRow(), "aggregate_id", s(`o-"42"`)), router.KeyColumn{}},
+		{"expand_json_valid", cfg(func(c *config.Router) { c.ExpandJSONPayload, c.PayloadColumn = true, "text_payload" }), wideRow(), router.KeyColumn{}},
+		{"error_expand_json_invalid", cfg(func(c *config.Router) { c.ExpandJSONPayload, c.PayloadColumn = true, "text_payload" }), with(wideRow(), "text_payload", s("{not json")), router.KeyColumn{}},
+		{"tombstone_on_blank_payload", cfg(func(c *config.Router) { c.TombstoneOnEmptyPayload, c.PayloadColumn = true, "text_payload" }), with(wideRow(), "text_payload", s("  ")), router.KeyColumn{}},
+		{"blank_payload_kept_without_tombstones", cfg(func(c *config.Router) { c.PayloadColumn = "text_payload" }), with(wideRow(), "text_payload", s("  ")), router.KeyColumn{}},
+		{"null_payload_is_tombstone", base, with(wideRow(), "payload", nil), router.KeyColumn{}},
+		{"traceparent_header", cfg(func(c *config.Router) { c.TraceparentColumn = "traceparent" }), wideRow(), router.KeyColumn{}},
+		{"event_type_disabled_with_dash", cfg(func(c *config.Router) { c.EventTypeColumn = "-" }), wideRow(), router.KeyColumn{}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -183,6 +211,7 @@ func TestRouteOptionsGolden(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			r.SetKeyColumn(tt.key)
 			ch := wide().change(0x3000, tt.row)
 			if strings.HasPrefix(tt.name, "preset_debezium") {
 				ch = debTable.change(0x3000, debRow)

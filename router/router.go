@@ -128,10 +128,8 @@ type Router struct {
 	types    []uint32          // field -> the base type of its column in rel
 	bases    map[uint32]uint32 // domain type OID -> its base type
 	cells    []cell
-	// keyOptional says the key column may be NULL: Debezium's key schema
-	// is optional then (key_encoding json_schema).
-	keyOptional bool
-	topics      map[string]string // route-by value -> checked topic, bounded by maxTopicCache
+	key      KeyColumn         // what the start-up check read of the key column
+	topics   map[string]string // route-by value -> checked topic, bounded by maxTopicCache
 }
 
 // maxTopicCache bounds the route-by value -> topic cache; past it the cache
@@ -230,12 +228,27 @@ func (r *Router) checkTypes(table string, typeOf func(field int) uint32) error {
 			"column %s (router.headers_column) must be of type json or jsonb, holding an object whose members become headers", r.names[fHeaders])}
 	}
 	enc := r.cfg.KeyEncoding
+	if t := typeOf(fKey); enc == config.KeyEncodingString {
+		if reason := r.stringKeyRefusal(t); reason != "" {
+			return &LayoutError{Table: table, Reason: fmt.Sprintf(
+				"key column %s: %s; router.key_encoding string cannot write the key Kafka Connect's StringConverter wrote. "+
+					"Use a text, uuid, integer, boolean, date or numeric(p,s) key column, or key_encoding raw (keys then move to other partitions)",
+				r.names[fKey], reason)}
+		}
+	}
 	if enc == config.KeyEncodingJSON || enc == config.KeyEncodingJSONSchema {
 		if name, ok := jsonKeyRefused[typeOf(fKey)]; ok {
 			return &LayoutError{Table: table, Reason: fmt.Sprintf(
 				"key column %s is %s, which router.key_encoding %s cannot encode as Debezium would; use a text, uuid or integer key column, or key_encoding raw",
 				r.names[fKey], name, enc)}
 		}
+	}
+	if enc == config.KeyEncodingJSONSchema && r.key.Default != "" {
+		return &LayoutError{Table: table, Reason: fmt.Sprintf(
+			"key column %s has a DEFAULT, which Debezium put into the key's schema (\"default\":..., for a function a placeholder), "+
+				"and router.key_encoding json_schema does not reproduce it, so keys would land on other partitions; "+
+				"drop the default (ALTER TABLE %s ALTER COLUMN %s DROP DEFAULT) or use key_encoding json or raw",
+			r.names[fKey], table, r.names[fKey])}
 	}
 	if t := typeOf(fKey); enc == config.KeyEncodingJSONSchema && !jsonSchemaKeyTypes[t] {
 		return &LayoutError{Table: table, Reason: fmt.Sprintf(
@@ -259,9 +272,51 @@ var jsonSchemaKeyTypes = map[uint32]bool{
 	oidBool: true, oidJSON: true, oidJSONB: true,
 }
 
-// SetKeyOptional tells the router whether the key column may be NULL,
-// which makes Debezium's key schema optional (key_encoding json_schema).
-func (r *Router) SetKeyOptional(optional bool) { r.keyOptional = optional }
+// KeyColumn is what the catalog says of the key column beyond its type,
+// which Debezium's key depends on.
+type KeyColumn struct {
+	// Optional says the column may be NULL: Debezium's key schema is
+	// optional then (key_encoding json_schema).
+	Optional bool
+	// TypeMod is the column's type modifier (through domains): a numeric's
+	// declared precision and scale. 0 or -1 when it has none.
+	TypeMod int32
+	// Default is the column's DEFAULT expression as Postgres prints it
+	// (pg_get_expr), "" when it has none.
+	Default string
+}
+
+// SetKeyColumn tells the router what the catalog says of the key column.
+func (r *Router) SetKeyColumn(k KeyColumn) {
+	r.key = k
+	r.rel = nil // the cached layout was checked without it
+}
+
+// stringKeyRefusal says why key_encoding string cannot reproduce
+// StringConverter's bytes for a key column of type oid, or "" when it can:
+// Java's toString of the value Debezium (with its default
+// decimal.handling.mode, time.precision.mode and binary.handling.mode)
+// made of the column.
+func (r *Router) stringKeyRefusal(oid uint32) string {
+	switch oid {
+	case oidText, oidVarchar, oidBpchar, oidUUID, oidInt2, oidInt4, oidInt8, oidBool, oidJSON, oidJSONB, oidDate:
+		return ""
+	case oidNumeric:
+		if r.key.TypeMod > 0 {
+			return ""
+		}
+		return "it is a numeric without a declared scale, which Debezium sends as a VariableScaleDecimal struct whose toString holds a Java object hash; declare it numeric(p,s)"
+	case oidFloat4, oidFloat8:
+		return "it is floating point, whose Java toString changed with the JVM (JDK 19)"
+	case oidTime, oidTimetz, oidTimestamp, oidTimestamptz, oidInterval:
+		return "it is a time type, whose Debezium form depends on time.precision.mode and interval.handling.mode"
+	case oidBytea:
+		return "it is bytea, which Debezium sends as bytes whose toString is a Java object reference"
+	case oidMoney:
+		return "it is money, whose text depends on the server's lc_monetary"
+	}
+	return fmt.Sprintf("its type (OID %d) has no Debezium toString that outboxd reproduces", oid)
+}
 
 // SetBaseType tells the router that type OID domain is a domain over base,
 // so that a column of it is read as base: pgoutput names the domain.
@@ -402,6 +457,13 @@ func (r *Router) build(rec *Record, lsn wal.LSN, source string, commitTime time.
 		rec.Key = appendJSONKey(nil, key)
 	case r.cfg.KeyEncoding == config.KeyEncodingJSONSchema:
 		rec.Key = r.appendJSONSchemaKey(nil, key)
+	case r.cfg.KeyEncoding == config.KeyEncodingString:
+		k, ok := appendStringKey(nil, key)
+		if !ok {
+			return fail(rec.Topic, "column %s holds %q, which Debezium does not send as a %s; key_encoding string cannot write the key StringConverter wrote",
+				r.cfg.KeyColumn, key.data, typeName(key.oid))
+		}
+		rec.Key = k
 	default:
 		rec.Key = key.data
 	}
@@ -477,21 +539,18 @@ func alias(f config.Field) string {
 // envelopeOf wraps the payload in an object with the envelope fields, as
 // Kafka Connect's JsonConverter (schemas off) writes Debezium's envelope.
 func (r *Router) envelopeOf(payload cell) []byte {
-	var b bytes.Buffer
-	b.WriteString(`{"payload":`)
-	writeJSON(&b, payload, r.cfg.ExpandJSONPayload)
+	dst := append([]byte(nil), `{"payload":`...)
+	dst = appendJSONValue(dst, payload, r.cfg.ExpandJSONPayload)
 	for i, f := range r.cfg.AdditionalFields {
 		if f.Placement != config.PlacementEnvelope || r.cells[nFixed+i].missing {
 			continue
 		}
-		b.WriteByte(',')
-		name, _ := json.Marshal(alias(f))
-		b.Write(name)
-		b.WriteByte(':')
-		writeJSON(&b, r.cells[nFixed+i], false)
+		dst = append(dst, ',')
+		dst = appendJacksonString(dst, []byte(alias(f)))
+		dst = append(dst, ':')
+		dst = appendJSONValue(dst, r.cells[nFixed+i], false)
 	}
-	b.WriteByte('}')
-	return b.Bytes()
+	return append(dst, '}')
 }
 
 // Type OIDs the router converts.
@@ -519,24 +578,25 @@ const (
 	oidVarchar     = 1043
 )
 
-func writeJSON(b *bytes.Buffer, c cell, expand bool) {
+// appendJSONValue appends a field of Debezium's envelope as JsonConverter
+// (schemas off) writes the value Debezium made of the column: integers
+// and booleans bare, bytea as base64, json and jsonb (Debezium's Json is a
+// string) and text as strings escaped as Jackson escapes them. A
+// message's non-string field is JSON already.
+func appendJSONValue(dst []byte, c cell, expand bool) []byte {
 	switch {
 	case c.null:
-		b.WriteString("null")
-	case c.json || expand:
-		b.Write(c.data)
+		return append(dst, "null"...)
+	case expand || c.json && c.oid == 0:
+		return append(dst, c.data...)
 	case c.oid == oidInt2 || c.oid == oidInt4 || c.oid == oidInt8 || c.oid == oidFloat4 || c.oid == oidFloat8 || c.oid == oidNumeric:
-		b.Write(c.data)
+		return append(dst, c.data...)
 	case c.oid == oidBool:
-		if string(c.data) == "t" {
-			b.WriteString("true")
-		} else {
-			b.WriteString("false")
-		}
-	default:
-		s, _ := json.Marshal(string(c.data))
-		b.Write(s)
+		return strconv.AppendBool(dst, string(c.data) == "t")
+	case c.oid == oidBytea:
+		return appendJacksonBinary(dst, c.data)
 	}
+	return appendJacksonString(dst, c.data)
 }
 
 // headerValue is a column's header value: nil for NULL (a header without a
@@ -618,29 +678,32 @@ func appendJSONKey(dst []byte, c cell) []byte {
 		}
 		return append(dst, "false"...)
 	}
-	const hex = "0123456789ABCDEF"
-	dst = append(dst, '"')
-	for _, b := range c.data {
-		switch {
-		case b == '"' || b == '\\':
-			dst = append(dst, '\\', b)
-		case b == '\b':
-			dst = append(dst, '\\', 'b')
-		case b == '\t':
-			dst = append(dst, '\\', 't')
-		case b == '\n':
-			dst = append(dst, '\\', 'n')
-		case b == '\f':
-			dst = append(dst, '\\', 'f')
-		case b == '\r':
-			dst = append(dst, '\\', 'r')
-		case b < 0x20:
-			dst = append(dst, '\\', 'u', '0', '0', hex[b>>4], hex[b&0xF])
-		default:
-			dst = append(dst, b)
-		}
+	return appendJacksonString(dst, c.data)
+}
+
+// appendStringKey appends the key as Kafka Connect's StringConverter wrote
+// Debezium's: Java's toString of the value Debezium made of the column
+// (booleans true and false, a numeric's BigDecimal, a date's days since
+// 1970); a message's field as its text. It reports false for a value
+// Debezium does not send as such (NaN, infinity).
+func appendStringKey(dst []byte, c cell) ([]byte, bool) {
+	switch c.oid {
+	case oidBool:
+		return strconv.AppendBool(dst, string(c.data) == "t"), true
+	case oidNumeric:
+		return appendBigDecimal(dst, c.data)
+	case oidDate:
+		return appendEpochDay(dst, c.data)
 	}
-	return append(dst, '"')
+	return append(dst, c.data...), true
+}
+
+// typeName names the types whose values appendStringKey can refuse.
+func typeName(oid uint32) string {
+	if oid == oidDate {
+		return "date"
+	}
+	return "number"
 }
 
 // appendJSONSchemaKey appends the key as Kafka Connect's JsonConverter with
@@ -666,7 +729,7 @@ func (r *Router) appendJSONSchemaKey(dst []byte, c cell) []byte {
 	dst = append(dst, `{"schema":{"type":"`...)
 	dst = append(dst, typ...)
 	dst = append(dst, `","optional":`...)
-	dst = strconv.AppendBool(dst, r.keyOptional)
+	dst = strconv.AppendBool(dst, r.key.Optional)
 	if name != "" {
 		dst = append(dst, `,"name":"`...)
 		dst = append(dst, name...)
