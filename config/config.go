@@ -199,6 +199,26 @@ type Router struct {
 	OnUpdate OnUpdate `yaml:"on_update"`
 	Messages Messages `yaml:"messages"`
 	Poison   Poison   `yaml:"poison"`
+	// DebeziumHeaders writes the context headers Debezium 3.2.1 and later
+	// adds to every record, for readers that depend on them.
+	DebeziumHeaders DebeziumHeaders `yaml:"debezium_headers"`
+}
+
+// DebeziumHeaders are the four __debezium.context.* headers Debezium 3.2.1
+// and later writes before the id header unless extended.headers.enabled is
+// false. With Enabled, outboxd writes them with these values.
+type DebeziumHeaders struct {
+	Enabled bool `yaml:"enabled"`
+	// ConnectorLogicalName is __debezium.context.connectorLogicalName,
+	// Debezium's topic.prefix; required when Enabled.
+	ConnectorLogicalName string `yaml:"connector_logical_name"`
+	// TaskID is __debezium.context.taskId, "0" for a one-task connector.
+	TaskID string `yaml:"task_id"`
+	// ConnectorName is __debezium.context.connectorName: "postgresql".
+	ConnectorName string `yaml:"connector_name"`
+	// RunID is __debezium.context.runId; "" is a random UUID chosen at
+	// each start, as Debezium's task chooses one.
+	RunID string `yaml:"run_id"`
 }
 
 // Field places one additional column.
@@ -339,6 +359,7 @@ func base() Config {
 			RequireKey:        true,
 			OnUpdate:          OnUpdateWarn,
 			Messages:          Messages{Prefix: "outbox"},
+			DebeziumHeaders:   DebeziumHeaders{TaskID: "0", ConnectorName: "postgresql"},
 			Poison:            Poison{Policy: PoisonHalt},
 		},
 		HTTP:            HTTP{Listen: ":8080"},
@@ -726,6 +747,9 @@ func (r Router) validate() []error {
 	}
 	if r.Poison.Policy == PoisonDLQ && r.Poison.DLQTopic == "" {
 		bad("poison.dlq_topic", "must name a topic when router.poison.policy is dlq")
+	}
+	if h := r.DebeziumHeaders; h.Enabled && h.ConnectorLogicalName == "" {
+		bad("debezium_headers.connector_logical_name", "must be set when router.debezium_headers.enabled is true: the connector's topic.prefix")
 	}
 	return errs
 }

@@ -22,6 +22,9 @@ import (
 const (
 	PostgresConnector = "io.debezium.connector.postgresql.PostgresConnector"
 	EventRouter       = "io.debezium.transforms.outbox.EventRouter"
+	// MessageDecoder turns a logical decoding message's JSON content into
+	// an insert-like record, which an EventRouter after it routes.
+	MessageDecoder = "io.debezium.connector.postgresql.transforms.DecodeLogicalDecodingMessageContent"
 )
 
 // Debezium's defaults for the settings Convert maps.
@@ -64,7 +67,7 @@ func Convert(c Connector, opts Options) (Result, error) {
 	if err := v.check(v.connector()); err != nil {
 		return Result{}, err
 	}
-	er, err := v.transforms()
+	ch, err := v.transforms()
 	if err := v.check(err); err != nil {
 		return Result{}, err
 	}
@@ -72,7 +75,7 @@ func Convert(c Connector, opts Options) (Result, error) {
 	if err := v.check(err); err != nil {
 		return Result{}, err
 	}
-	rt, err := v.router("transforms." + er + ".")
+	rt, err := v.router("transforms."+ch.router+".", ch)
 	if err := v.check(err); err != nil {
 		return Result{}, err
 	}
@@ -188,27 +191,41 @@ func (v *conv) connector() error {
 	return nil
 }
 
-// transforms finds the one EventRouter and reports the other transforms.
-func (v *conv) transforms() (string, error) {
+// chain is what the transform chain does that outboxd reproduces.
+type chain struct {
+	router string // the EventRouter's name
+	// decoder is the name of a DecodeLogicalDecodingMessageContent before
+	// the EventRouter, which made it route logical decoding messages; "".
+	decoder string
+}
+
+// transforms finds the one EventRouter, and a message decoder before it,
+// and reports the other transforms.
+func (v *conv) transforms() (chain, error) {
 	list, _ := v.get("transforms")
 	var routers, others []string
+	var ch chain
 	listed := map[string]bool{}
 	for _, name := range strings.Split(list, ",") {
 		if name = strings.TrimSpace(name); name == "" {
 			continue
 		}
 		listed[name] = true
-		if t, _ := v.get("transforms." + name + ".type"); t == EventRouter {
+		switch t, _ := v.get("transforms." + name + ".type"); {
+		case t == EventRouter:
 			routers = append(routers, name)
-		} else {
+		case t == MessageDecoder && len(routers) == 0 && ch.decoder == "":
+			ch.decoder = name
+			v.consumePrefix("transforms." + name + ".")
+		default:
 			others = append(others, name)
 		}
 	}
 	switch {
 	case len(routers) == 0:
-		return "", fmt.Errorf("no Outbox EventRouter: transforms lists no transform of type %s; outboxd replaces a connector that routes an outbox table with it", EventRouter)
+		return ch, fmt.Errorf("no Outbox EventRouter: transforms lists no transform of type %s; outboxd replaces a connector that routes an outbox table with it", EventRouter)
 	case len(routers) > 1:
-		return "", fmt.Errorf("transforms lists %d EventRouters (%s); outboxd routes one outbox table, convert one connector per table", len(routers), strings.Join(routers, ", "))
+		return ch, fmt.Errorf("transforms lists %d EventRouters (%s); outboxd routes one outbox table, convert one connector per table", len(routers), strings.Join(routers, ", "))
 	}
 	for _, name := range others {
 		t, _ := v.get("transforms." + name + ".type")
@@ -221,7 +238,8 @@ func (v *conv) transforms() (string, error) {
 			v.warn(k, "transform %s is not listed in transforms; Kafka Connect ignored it and so does outboxd", name)
 		}
 	}
-	return routers[0], nil
+	ch.router = routers[0]
+	return ch, nil
 }
 
 func (v *conv) consumePrefix(prefix string) {
@@ -429,7 +447,7 @@ type field struct {
 	Alias     string `yaml:"alias,omitempty"`
 }
 
-func (v *conv) router(p string) (section, error) {
+func (v *conv) router(p string, ch chain) (section, error) {
 	s := section{name: "router"}
 	v.used[p+"type"] = true
 	s.add("preset", "debezium", "Debezium's column names: id, aggregatetype, aggregateid, type, payload")
@@ -563,6 +581,12 @@ func (v *conv) router(p string) (section, error) {
 		return s, fmt.Errorf("%stable.op.invalid.behavior %q is not warn, error or fatal", p, behavior)
 	}
 
+	msgs, how := v.messages(ch)
+	s.add("messages", msgs, how)
+	if h, ok := v.contextHeaders(); ok {
+		s.add("debezium_headers", h, "extended.headers.enabled: Debezium 3.2.1 and later wrote these headers; set enabled: true to write them too")
+	}
+
 	if f, ok := v.get(p + "table.field.event.schema.version"); ok {
 		v.warn(p+"table.field.event.schema.version", "outboxd writes no Connect schemas, so column %s does not version anything; it is ignored", f)
 	}
@@ -578,6 +602,67 @@ func (v *conv) router(p string) (section, error) {
 		}
 	}
 	return s, nil
+}
+
+type messages struct {
+	Prefix string `yaml:"prefix"`
+}
+
+// messages maps what the connector did with logical decoding messages. An
+// EventRouter routes them only after a DecodeLogicalDecodingMessageContent;
+// otherwise they passed it unrouted, so outboxd's message routing is
+// turned off.
+func (v *conv) messages(ch chain) (messages, string) {
+	include, incl := v.get("message.prefix.include.list")
+	exclude, excl := v.get("message.prefix.exclude.list")
+	if ch.decoder == "" {
+		if incl || excl {
+			v.warn("message.prefix.include.list", "the EventRouter did not route logical decoding messages (no %s before it in transforms): "+
+				"Kafka Connect sent them unrouted to the topic <topic.prefix>.message; outboxd does not deliver them (router.messages.prefix is empty)", MessageDecoder)
+		}
+		return messages{}, "off: no DecodeLogicalDecodingMessageContent before the EventRouter, so Debezium did not route pg_logical_emit_message events"
+	}
+	d := "transforms." + ch.decoder
+	v.warn(d, "outboxd routes transactional messages only (pg_logical_emit_message(true, ...)); Debezium also routed non-transactional ones, "+
+		"which may come from transactions that rolled back. A message's JSON content holds the fields named like the columns")
+	how := "transforms." + ch.decoder + " (DecodeLogicalDecodingMessageContent) made the EventRouter route pg_logical_emit_message events"
+	switch {
+	case incl && !strings.Contains(include, ",") && !javaRegexMeta(include) && !excl:
+		return messages{Prefix: include}, how + " with the prefix in message.prefix.include.list"
+	case incl || excl:
+		v.warn(d, "Debezium routed the logical decoding messages whose prefix message.prefix.include.list / exclude.list (%q / %q) allow; "+
+			"outboxd routes the messages of one prefix, router.messages.prefix, set to outbox: set it to the prefix your application writes", include, exclude)
+	default:
+		v.warn(d, "Debezium routed logical decoding messages of every prefix; outboxd routes the messages of one prefix, "+
+			"router.messages.prefix, set to outbox: set it to the prefix your application writes")
+	}
+	return messages{Prefix: "outbox"}, how + "; see the warning"
+}
+
+// javaRegexMeta reports whether s holds a character with a meaning in a
+// Java regular expression, so that it is not one literal prefix.
+func javaRegexMeta(s string) bool { return strings.ContainsAny(s, `\^$.|?*+()[]{}`) }
+
+type contextHeaders struct {
+	Enabled              bool   `yaml:"enabled"`
+	ConnectorLogicalName string `yaml:"connector_logical_name"`
+	TaskID               string `yaml:"task_id"`
+	ConnectorName        string `yaml:"connector_name"`
+}
+
+// contextHeaders warns of the four headers Debezium 3.2.1 and later adds to
+// every record unless extended.headers.enabled is false, and returns the
+// setting that writes them, off.
+func (v *conv) contextHeaders() (contextHeaders, bool) {
+	if on, _ := v.boolean("extended.headers.enabled", true); !on {
+		return contextHeaders{}, false
+	}
+	name := v.or("topic.prefix", v.or("database.server.name", ""))
+	v.warn("extended.headers.enabled", "is true (its default): Debezium 3.2.1 and later added the headers __debezium.context.connectorLogicalName (%s), "+
+		"__debezium.context.taskId, __debezium.context.connectorName and __debezium.context.runId to every record. outboxd does not by default, "+
+		"so consumers that read them (lineage tools, filters by connector) lose them; set router.debezium_headers.enabled: true to write them "+
+		"with the values in the file (runId: a random UUID at each start, as Debezium's task chooses one)", name)
+	return contextHeaders{ConnectorLogicalName: name, TaskID: "0", ConnectorName: "postgresql"}, true
 }
 
 // expandedJSON warns of what Debezium dropped from an expanded payload.
@@ -794,7 +879,6 @@ var unsupported = []struct{ key, why string }{
 	{"poll.interval.ms", "outboxd does not poll; rows are produced as they arrive"},
 	{"skipped.operations", "outboxd delivers INSERTs only, counts DELETEs and handles UPDATEs per router.on_update"},
 	{"provide.transaction.metadata", "outboxd writes no transaction topic"},
-	{"message.prefix.", "outboxd routes pg_logical_emit_message events only with router.messages.prefix, in its own format (see the README)"},
 	{"errors.", "Kafka Connect's error handling; outboxd never skips a row: one it cannot route stops it (or goes to router.poison.dlq_topic)"},
 	{"exactly.once.", "only exactly.once.support is mapped (required: kafka.delivery: exactly_once)"},
 	{"transaction.boundary", "in exactly_once mode outboxd's Kafka transactions hold whole Postgres transactions, committed after kafka.transaction_interval"},

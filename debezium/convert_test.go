@@ -29,6 +29,9 @@ func TestConvertGolden(t *testing.T) {
 		{"router-options.json", ""}, // from producer.override.bootstrap.servers
 		{"op-error.json", "kafka:9092"},
 		{"warnings.json", "kafka:9092"},
+		{"messages-routed.json", "kafka:9092"},       // a message decoder before the EventRouter, one prefix; extended headers off
+		{"messages-every-prefix.json", "kafka:9092"}, // a message decoder, no prefix list
+		{"messages-unrouted.json", "kafka:9092"},     // the decoder after the EventRouter: messages passed unrouted
 		{"err-not-postgres.json", ""},
 		{"err-no-eventrouter.json", ""},
 		{"err-bad-json.json", ""},

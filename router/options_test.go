@@ -159,6 +159,10 @@ func TestRouteOptionsGolden(t *testing.T) {
 		{"envelope_jackson_escapes", cfg(func(c *config.Router) {
 			c.PayloadColumn, c.AdditionalFields = "text_payload", []config.Field{envelope("tenant", "t<&>")}
 		}), with(wideRow(), "text_payload", s("<&>\u2028\u2029\x1f\x7f\U0001F642\"\\/"), "tenant", s("a\x01b")), router.KeyColumn{}},
+		{"debezium_context_headers", cfg(func(c *config.Router) {
+			c.DebeziumHeaders = config.DebeziumHeaders{Enabled: true, ConnectorLogicalName: "shop", TaskID: "0", ConnectorName: "postgresql", RunID: "run-7"}
+			c.AdditionalFields = []config.Field{header("tenant", "")}
+		}), wideRow(), router.KeyColumn{}},
 		{"envelope_bytea_payload", cfg(func(c *config.Router) {
 			c.PayloadColumn, c.AdditionalFields = "bin_payload", []config.Field{envelope("event_type", "type")}
 		}), with(wideRow(), "bin_payload", s(`\x00fffe6162`)), router.KeyColumn{}},

@@ -2,6 +2,7 @@ package router
 
 import (
 	"bytes"
+	"crypto/rand"
 	"encoding/json"
 	"fmt"
 	"regexp"
@@ -129,6 +130,7 @@ type Router struct {
 	bases    map[uint32]uint32 // domain type OID -> its base type
 	cells    []cell
 	key      KeyColumn         // what the start-up check read of the key column
+	context  []Header          // Debezium's context headers (router.debezium_headers), first on every record
 	topics   map[string]string // route-by value -> checked topic, bounded by maxTopicCache
 }
 
@@ -165,7 +167,28 @@ func New(cfg config.Router) (*Router, error) {
 	}
 	r.cells = make([]cell, len(r.names))
 	r.topics = make(map[string]string)
+	if h := cfg.DebeziumHeaders; h.Enabled {
+		runID := h.RunID
+		if runID == "" {
+			runID = randomUUID()
+		}
+		r.context = []Header{
+			{Key: "__debezium.context.connectorLogicalName", Value: []byte(h.ConnectorLogicalName)},
+			{Key: "__debezium.context.taskId", Value: []byte(h.TaskID)},
+			{Key: "__debezium.context.connectorName", Value: []byte(h.ConnectorName)},
+			{Key: "__debezium.context.runId", Value: []byte(runID)},
+		}
+	}
 	return r, nil
+}
+
+// randomUUID returns a random (version 4) UUID in its text form.
+func randomUUID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	b[6] = b[6]&0x0F | 0x40
+	b[8] = b[8]&0x3F | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
 }
 
 // Columns returns the columns a table must have for r to route its rows.
@@ -486,6 +509,9 @@ func (r *Router) build(rec *Record, lsn wal.LSN, source string, commitTime time.
 	}
 
 	rec.Headers = rec.hdrs[:0]
+	// Debezium's context headers came with the change record, before the
+	// EventRouter added its own.
+	rec.Headers = append(rec.Headers, r.context...)
 	rec.Headers = append(rec.Headers, Header{Key: r.cfg.IDHeader, Value: cells[fID].data})
 	// The event type is a header placement in Debezium, which sends a
 	// NULL column as a header without a value.
