@@ -294,16 +294,16 @@ func checkServer(ctx context.Context, conn *pgx.Conn, cfg config.Postgres, colum
 // decides its form.
 func (r *Relay) checkColumnTypes(ctx context.Context, conn *pgx.Conn) error {
 	schema, table := r.cfg.Postgres.TableName()
-	rows, err := conn.Query(ctx, `WITH RECURSIVE b(name, oid, typmod, not_null, def) AS (
+	rows, err := conn.Query(ctx, `WITH RECURSIVE b(name, oid, typmod, not_null, def, domain) AS (
 			SELECT a.attname::text, a.atttypid, a.atttypmod, a.attnotnull OR (t.typtype = 'd' AND t.typnotnull),
-				coalesce(pg_get_expr(d.adbin, d.adrelid), '')
+				coalesce(pg_get_expr(d.adbin, d.adrelid), ''), t.typtype = 'd'
 			FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
 			LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
 			WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped
 			UNION ALL
-			SELECT b.name, t.typbasetype, CASE WHEN b.typmod = -1 THEN t.typtypmod ELSE b.typmod END, b.not_null, b.def
+			SELECT b.name, t.typbasetype, CASE WHEN b.typmod = -1 THEN t.typtypmod ELSE b.typmod END, b.not_null, b.def, b.domain
 			FROM b JOIN pg_type t ON t.oid = b.oid WHERE t.typtype = 'd')
-		SELECT b.name, b.oid, b.typmod, b.not_null, b.def FROM b JOIN pg_type t ON t.oid = b.oid WHERE t.typtype <> 'd'`,
+		SELECT b.name, b.oid, b.typmod, b.not_null, b.def, b.domain FROM b JOIN pg_type t ON t.oid = b.oid WHERE t.typtype <> 'd'`,
 		pgx.Identifier{schema, table}.Sanitize())
 	if err != nil {
 		return fmt.Errorf("reading the column types of %s: %w", r.cfg.Postgres.Table, err)
@@ -312,12 +312,12 @@ func (r *Relay) checkColumnTypes(ctx context.Context, conn *pgx.Conn) error {
 	var name, def string
 	var oid uint32
 	var typmod int32
-	var notNull bool
+	var notNull, domain bool
 	key := router.KeyColumn{}
-	_, err = pgx.ForEachRow(rows, []any{&name, &oid, &typmod, &notNull, &def}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&name, &oid, &typmod, &notNull, &def, &domain}, func() error {
 		types[name] = oid
 		if name == r.cfg.Router.KeyColumn {
-			key = router.KeyColumn{Optional: !notNull, TypeMod: typmod, Default: def}
+			key = router.KeyColumn{Optional: !notNull, TypeMod: typmod, Default: def, Domain: domain}
 		}
 		return nil
 	})

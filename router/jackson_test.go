@@ -92,3 +92,42 @@ func TestEpochDay(t *testing.T) {
 		}
 	}
 }
+
+// TestKeyDefault follows PostgresDefaultValueConverter on the expressions
+// pg_get_expr prints for the usual defaults.
+func TestKeyDefault(t *testing.T) {
+	for _, tc := range []struct {
+		expr   string
+		oid    uint32
+		domain bool
+		want   string // "" for no default; "error" for a refusal
+	}{
+		{"gen_random_uuid()", oidUUID, false, `"00000000-0000-0000-0000-000000000000"`},
+		{"uuid_generate_v4()", oidUUID, false, `"00000000-0000-0000-0000-000000000000"`},
+		{"'76019D1A-AD2E-4B22-96E9-1A6D6543C818'::uuid", oidUUID, false, `"76019d1a-ad2e-4b22-96e9-1a6d6543c818"`},
+		{"'1-2-3-4-5'::uuid", oidUUID, false, "error"},
+		{"NULL::uuid", oidUUID, false, ""},
+		{"nextval('outbox_id_seq'::regclass)", oidInt8, false, "0"},
+		{"42", oidInt4, false, "42"},
+		{"'-7'::integer", oidInt4, false, "-7"},
+		{"'99999'::integer", oidInt2, false, ""}, // Short.parseShort fails: no default
+		{"(1 + 2)", oidInt4, false, ""},
+		{"NULL::bigint", oidInt8, false, ""},
+		{"true", oidBool, false, "true"},
+		{"'o''brien'::text", oidText, false, `"o'brien"`},
+		{"'abc'::character varying", oidVarchar, false, `"abc"`},
+		{"(md5((random())::text))", oidText, false, `""`},
+		{"CURRENT_USER", oidText, false, `"CURRENT_USER"`},
+		{"'{}'::jsonb", oidJSONB, false, `"{}"`},
+		{"gen_random_uuid()", oidUUID, true, "error"},
+		{"", oidUUID, true, ""},
+	} {
+		got, err := keyDefault(tc.expr, tc.oid, tc.domain)
+		switch {
+		case tc.want == "error" && err == nil:
+			t.Errorf("%s: got %s, want a refusal", tc.expr, got)
+		case tc.want != "error" && (err != nil || string(got) != tc.want):
+			t.Errorf("%s (OID %d): got %s (%v), want %s", tc.expr, tc.oid, got, err, tc.want)
+		}
+	}
+}

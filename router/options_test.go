@@ -159,6 +159,14 @@ func TestRouteOptionsGolden(t *testing.T) {
 		{"envelope_jackson_escapes", cfg(func(c *config.Router) {
 			c.PayloadColumn, c.AdditionalFields = "text_payload", []config.Field{envelope("tenant", "t<&>")}
 		}), with(wideRow(), "text_payload", s("<&>\u2028\u2029\x1f\x7f\U0001F642\"\\/"), "tenant", s("a\x01b")), router.KeyColumn{}},
+		{"key_encoding_json_schema_uuid_default", cfg(func(c *config.Router) { c.KeyEncoding, c.KeyColumn = "json_schema", "id" }), wideRow(),
+			router.KeyColumn{Default: "gen_random_uuid()"}},
+		{"key_encoding_json_schema_int8_default_optional", cfg(func(c *config.Router) { c.KeyEncoding, c.KeyColumn = "json_schema", "seq" }), wideRow(),
+			router.KeyColumn{Optional: true, Default: "nextval('outbox_seq_seq'::regclass)"}},
+		{"key_encoding_json_schema_text_default", cfg(func(c *config.Router) { c.KeyEncoding = "json_schema" }), wideRow(),
+			router.KeyColumn{Default: "'a\x01\U0001F642'::text"}},
+		{"key_encoding_json_schema_domain_default_refused", cfg(func(c *config.Router) { c.KeyEncoding, c.KeyColumn = "json_schema", "id" }), wideRow(),
+			router.KeyColumn{Default: "gen_random_uuid()", Domain: true}},
 		{"debezium_context_headers", cfg(func(c *config.Router) {
 			c.DebeziumHeaders = config.DebeziumHeaders{Enabled: true, ConnectorLogicalName: "shop", TaskID: "0", ConnectorName: "postgresql", RunID: "run-7"}
 			c.AdditionalFields = []config.Field{header("tenant", "")}

@@ -129,9 +129,12 @@ type Router struct {
 	types    []uint32          // field -> the base type of its column in rel
 	bases    map[uint32]uint32 // domain type OID -> its base type
 	cells    []cell
-	key      KeyColumn         // what the start-up check read of the key column
-	context  []Header          // Debezium's context headers (router.debezium_headers), first on every record
-	topics   map[string]string // route-by value -> checked topic, bounded by maxTopicCache
+	key      KeyColumn // what the start-up check read of the key column
+	// keyDefault is the "default" of Debezium's key schema (JSON), nil for
+	// none; set by checkTypes under key_encoding json_schema.
+	keyDefault []byte
+	context    []Header          // Debezium's context headers (router.debezium_headers), first on every record
+	topics     map[string]string // route-by value -> checked topic, bounded by maxTopicCache
 }
 
 // maxTopicCache bounds the route-by value -> topic cache; past it the cache
@@ -266,17 +269,19 @@ func (r *Router) checkTypes(table string, typeOf func(field int) uint32) error {
 				r.names[fKey], name, enc)}
 		}
 	}
-	if enc == config.KeyEncodingJSONSchema && r.key.Default != "" {
-		return &LayoutError{Table: table, Reason: fmt.Sprintf(
-			"key column %s has a DEFAULT, which Debezium put into the key's schema (\"default\":..., for a function a placeholder), "+
-				"and router.key_encoding json_schema does not reproduce it, so keys would land on other partitions; "+
-				"drop the default (ALTER TABLE %s ALTER COLUMN %s DROP DEFAULT) or use key_encoding json or raw",
-			r.names[fKey], table, r.names[fKey])}
-	}
 	if t := typeOf(fKey); enc == config.KeyEncodingJSONSchema && !jsonSchemaKeyTypes[t] {
 		return &LayoutError{Table: table, Reason: fmt.Sprintf(
 			"key column %s has a type (OID %d) without a Connect schema for router.key_encoding json_schema; "+
 				"use a text, varchar, char, uuid, integer, boolean, json or jsonb key column, or key_encoding json or raw", r.names[fKey], t)}
+	}
+	if enc == config.KeyEncodingJSONSchema {
+		def, err := keyDefault(r.key.Default, typeOf(fKey), r.key.Domain)
+		if err != nil {
+			return &LayoutError{Table: table, Reason: fmt.Sprintf(
+				"key column %s has a DEFAULT, which Debezium put into the key's schema, and %v, so keys would land on other partitions; "+
+					"drop the default or use key_encoding json or raw", r.names[fKey], err)}
+		}
+		r.keyDefault = def
 	}
 	return nil
 }
@@ -307,6 +312,8 @@ type KeyColumn struct {
 	// Default is the column's DEFAULT expression as Postgres prints it
 	// (pg_get_expr), "" when it has none.
 	Default string
+	// Domain says the column's declared type is a domain.
+	Domain bool
 }
 
 // SetKeyColumn tells the router what the catalog says of the key column.
@@ -760,6 +767,10 @@ func (r *Router) appendJSONSchemaKey(dst []byte, c cell) []byte {
 		dst = append(dst, `,"name":"`...)
 		dst = append(dst, name...)
 		dst = append(dst, `","version":1`...)
+	}
+	if r.keyDefault != nil && c.oid != 0 { // a message's field has no column default
+		dst = append(dst, `,"default":`...)
+		dst = append(dst, r.keyDefault...)
 	}
 	dst = append(dst, `},"payload":`...)
 	if c.null {
