@@ -184,8 +184,11 @@ type Router struct {
 	// string (as StringConverter wrote it: Java's toString of the value
 	// Debezium made of the column, such as a numeric's BigDecimal).
 	KeyEncoding KeyEncoding `yaml:"key_encoding"`
-	// ExpandJSONPayload requires the payload to be JSON and embeds it as JSON
-	// (not as a string) in an envelope.
+	// ExpandJSONPayload writes the payload as Debezium's
+	// table.expand.json.payload under JsonConverter (schemas off) wrote it:
+	// parsed, rebuilt with an inferred schema and written compactly (null
+	// fields and empty arrays dropped, numbers as Java int, long or double);
+	// a payload Debezium declines to expand as a JSON string, NULL as null.
 	ExpandJSONPayload bool `yaml:"expand_json_payload"`
 	// TombstoneOnEmptyPayload sends a NULL or blank payload (nothing but
 	// characters up to U+0020; never a bytea one) as a tombstone: key kept,

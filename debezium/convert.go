@@ -555,7 +555,8 @@ func (v *conv) router(p string, ch chain) (section, error) {
 	}
 	s.add("expand_json_payload", expand, "table.expand.json.payload")
 	if expand {
-		v.warn(p+"table.expand.json.payload", "a payload that is not JSON: Debezium logs a warning and sends it unexpanded, outboxd stops with a poison row (or dead-letters it)")
+		v.warn(p+"table.expand.json.payload", "a payload on which Debezium's task fails (a top-level JSON array, an integer beyond int64, one field holding values of different types) "+
+			"stops outboxd with a poison row naming the event (or dead-letters it, router.poison.policy: dlq)")
 	}
 	if err := v.expandedJSON(p, expand); err != nil {
 		return s, err
@@ -678,17 +679,11 @@ func (v *conv) expandedJSON(p string, expand bool) error {
 		val, set := v.get(p + o.key)
 		switch b := strings.ToLower(val); {
 		case !set || b == "ignore":
-			if !expand {
-				continue // Debezium applies it only to an expanded payload
-			}
-			how := "is ignore"
-			if !set {
-				how = "is not set, so ignore (Debezium's default)"
-			}
-			v.warn(p+o.key, "%s: with table.expand.json.payload, Debezium dropped %s from the payload (%s); outboxd sends Postgres' jsonb text byte for byte and keeps them. "+
-				"Consumers that tell a missing field from this value see the difference", how, o.dropped, o.example)
+			// Debezium's default, which outboxd's expansion reproduces
 		case b != o.keep:
 			return fmt.Errorf("%s%s %q is not ignore or %s", p, o.key, val, o.keep)
+		case expand:
+			v.warn(p+o.key, "is %s: Debezium kept %s in the expanded payload; outboxd's expansion drops them as Debezium's default, ignore, does (%s)", val, o.dropped, o.example)
 		}
 	}
 	return nil
@@ -758,16 +753,14 @@ func (v *conv) valueConverter(envelope, expand bool) {
 	case !ok:
 		v.warn("value.converter", "not set, so Kafka Connect used the worker's value.converter; outboxd writes the payload column's text as StringConverter does (bytea: its bytes, as ByteArrayConverter does)")
 	case conv == stringConverter || byteConverters[conv]:
-		if envelope {
-			v.warn("value.converter", "%s wrote the envelope (envelope placements) as a Java Struct string; outboxd writes it as a JSON object", conv)
+		if envelope || expand {
+			v.warn("value.converter", "%s wrote the envelope (envelope placements) or the expanded payload as a Java Struct string; outboxd writes JSON as JsonConverter (schemas off) does", conv)
 		}
 	case conv == jsonConverter && schemas:
 		v.warn("value.converter.schemas.enable", "is true (JsonConverter's default): Debezium's values were {\"schema\":...,\"payload\":...} envelopes; outboxd writes the payload alone, so consumers must read it directly")
 	case conv == jsonConverter && !envelope && !expand:
 		v.warn("value.converter", "JsonConverter (schemas off) wrote the payload as a JSON string literal (quoted, escaped); outboxd writes the payload's text itself, so consumers that decode a JSON string must parse the value directly")
-	case conv == jsonConverter:
-		v.warn("value.converter", "JsonConverter serialized the expanded payload compactly from the Connect Struct Debezium built of it; outboxd writes Postgres' jsonb text as it is. "+
-			"The bytes differ (jsonb's text has a space after ':' and ','), and so can the JSON: numbers went through Java int, long or double (1.10 became 1.1, 1e2 100.0)")
+	case conv == jsonConverter: // envelope or expansion: outboxd writes what JsonConverter wrote
 	default:
 		v.warn("value.converter", "%s is not supported; outboxd writes the payload column's text (bytea: its bytes)", conv)
 	}

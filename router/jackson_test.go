@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"os"
 	"strconv"
 	"strings"
@@ -128,6 +129,37 @@ func TestKeyDefault(t *testing.T) {
 			t.Errorf("%s: got %s, want a refusal", tc.expr, got)
 		case tc.want != "error" && (err != nil || string(got) != tc.want):
 			t.Errorf("%s (OID %d): got %s (%v), want %s", tc.expr, tc.oid, got, err, tc.want)
+		}
+	}
+}
+
+// TestExpandGolden compares expand_json_payload with what Debezium's own
+// classes sent (testdata/java/Expand.java): expanded, declined (the payload
+// as a JSON string), or a failed task (a poison row for outboxd).
+func TestExpandGolden(t *testing.T) {
+	for _, l := range goldenLines(t, "expand.golden") {
+		in, _ := hex.DecodeString(l[0])
+		got, err := appendExpanded(nil, in)
+		if l[1] == "DIES" {
+			if !errors.Is(err, errDebeziumDies) {
+				t.Errorf("%s: got %s (%v), Debezium's task dies", in, got, err)
+			}
+			continue
+		}
+		want, _ := hex.DecodeString(l[1])
+		if err != nil || string(got) != string(want) {
+			t.Errorf("%s: got %s (%v), Debezium sent %s", in, got, err, want)
+		}
+	}
+}
+
+func TestJavaDouble(t *testing.T) {
+	for f, want := range map[float64]string{
+		1.1: "1.1", 1.5e-7: "1.5E-7", 100: "100.0", 1e7: "1.0E7", 9999999: "9999999.0", 0.001: "0.001", 0.0001: "1.0E-4",
+		-2.5: "-2.5", 4.9e-324: "4.9E-324", 1.7976931348623157e308: "1.7976931348623157E308", 123456789: "1.23456789E8", 2e-3: "0.002",
+	} {
+		if got := string(appendJavaDouble(nil, f)); got != want {
+			t.Errorf("%v: got %s, want %s", f, got, want)
 		}
 	}
 }

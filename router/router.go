@@ -502,17 +502,24 @@ func (r *Router) build(rec *Record, lsn wal.LSN, source string, commitTime time.
 	// with route.tombstone.on.empty.payload; otherwise a NULL payload is a
 	// null value, or null in the envelope. Blank is Java's trim() of the
 	// string: nothing above U+0020. A bytea payload is never blank.
+	// With expand_json_payload (whose values JsonConverter wrote), a NULL
+	// payload is the JSON null, not a tombstone.
 	payload := cells[fPayload]
 	blank := !payload.null && payload.oid != oidBytea && javaBlank(payload.data)
-	tombstone := (payload.null || blank) && r.cfg.TombstoneOnEmptyPayload || payload.null && !r.envelope
-	if r.cfg.ExpandJSONPayload && !payload.null && !tombstone && !json.Valid(payload.data) {
-		return fail(rec.Topic, "column %s is not valid JSON (router.expand_json_payload is on)", r.cfg.PayloadColumn)
-	}
-	if !tombstone {
-		rec.Value = payload.data
-		if r.envelope {
-			rec.Value = r.envelopeOf(payload)
+	expand := r.cfg.ExpandJSONPayload && payload.oid != 0 // a message's payload field is JSON already
+	tombstone := (payload.null || blank) && r.cfg.TombstoneOnEmptyPayload || payload.null && !r.envelope && !expand
+	switch {
+	case tombstone:
+	case expand:
+		v, err := r.expandedValue(payload)
+		if err != nil {
+			return fail(rec.Topic, "column %s with router.expand_json_payload: %v", r.cfg.PayloadColumn, err)
 		}
+		rec.Value = v
+	case r.envelope:
+		rec.Value = r.envelopeOf(payload, nil)
+	default:
+		rec.Value = payload.data
 	}
 
 	rec.Headers = rec.hdrs[:0]
@@ -569,11 +576,37 @@ func alias(f config.Field) string {
 	return f.Column
 }
 
+// expandedValue is the value Debezium's expansion of the payload made, as
+// JsonConverter (schemas off) wrote it, in the envelope if there is one.
+func (r *Router) expandedValue(payload cell) ([]byte, error) {
+	var v []byte
+	switch {
+	case payload.null:
+		v = []byte("null")
+	case payload.oid == oidBytea: // not a string: Debezium does not expand it
+		v = appendJacksonBinary(nil, payload.data)
+	default:
+		var err error
+		if v, err = appendExpanded(nil, payload.data); err != nil {
+			return nil, err
+		}
+	}
+	if r.envelope {
+		return r.envelopeOf(payload, v), nil
+	}
+	return v, nil
+}
+
 // envelopeOf wraps the payload in an object with the envelope fields, as
-// Kafka Connect's JsonConverter (schemas off) writes Debezium's envelope.
-func (r *Router) envelopeOf(payload cell) []byte {
+// Kafka Connect's JsonConverter (schemas off) writes Debezium's envelope;
+// expanded, when not nil, is the payload's JSON.
+func (r *Router) envelopeOf(payload cell, expanded []byte) []byte {
 	dst := append([]byte(nil), `{"payload":`...)
-	dst = appendJSONValue(dst, payload, r.cfg.ExpandJSONPayload)
+	if expanded != nil {
+		dst = append(dst, expanded...)
+	} else {
+		dst = appendJSONValue(dst, payload)
+	}
 	for i, f := range r.cfg.AdditionalFields {
 		if f.Placement != config.PlacementEnvelope || r.cells[nFixed+i].missing {
 			continue
@@ -581,7 +614,7 @@ func (r *Router) envelopeOf(payload cell) []byte {
 		dst = append(dst, ',')
 		dst = appendJacksonString(dst, []byte(alias(f)))
 		dst = append(dst, ':')
-		dst = appendJSONValue(dst, r.cells[nFixed+i], false)
+		dst = appendJSONValue(dst, r.cells[nFixed+i])
 	}
 	return append(dst, '}')
 }
@@ -616,11 +649,11 @@ const (
 // and booleans bare, bytea as base64, json and jsonb (Debezium's Json is a
 // string) and text as strings escaped as Jackson escapes them. A
 // message's non-string field is JSON already.
-func appendJSONValue(dst []byte, c cell, expand bool) []byte {
+func appendJSONValue(dst []byte, c cell) []byte {
 	switch {
 	case c.null:
 		return append(dst, "null"...)
-	case expand || c.json && c.oid == 0:
+	case c.json && c.oid == 0:
 		return append(dst, c.data...)
 	case c.oid == oidInt2 || c.oid == oidInt4 || c.oid == oidInt8 || c.oid == oidFloat4 || c.oid == oidFloat8 || c.oid == oidNumeric:
 		return append(dst, c.data...)
