@@ -78,6 +78,24 @@ var parityConfigs = []parityConfig{
 		"transforms.outbox.table.field.event.key": "id", // uuid DEFAULT gen_random_uuid()
 		"extended.headers.enabled":                "true",
 	}, env: []string{"OUTBOXD_ROUTER_DEBEZIUM_HEADERS_ENABLED=true"}},
+	{name: "logical-messages", settings: map[string]string{
+		"key.converter": stringConv, "value.converter": stringConv,
+		"transforms":                  "decode,outbox",
+		"transforms.decode.type":      "io.debezium.connector.postgresql.transforms.DecodeLogicalDecodingMessageContent",
+		"message.prefix.include.list": parityPrefix,
+		"transforms.outbox.table.fields.additional.placement": "type:header:eventType",
+	}},
+}
+
+// parityPrefix is the prefix of the logical decoding messages the parity
+// test emits, one transactional and one not.
+const parityPrefix = "paritymsg"
+
+// parityMessages are the contents of the messages, by whether they are
+// transactional.
+var parityMessages = map[bool]string{
+	true:  `{"id": "msg-tx", "aggregatetype": "order_v1", "aggregateid": "m-1", "type": "MessageSent", "payload": "hello <&>\u2028"}`,
+	false: `{"id": "msg-nontx", "aggregatetype": "order_v1", "aggregateid": "m-1", "type": "MessageSent", "payload": "not in a transaction"}`,
 }
 
 // parityRow is one outbox row; nil fields are NULL.
@@ -169,6 +187,9 @@ func TestDebeziumParity(t *testing.T) {
 		if err := tx.Commit(ctx); err != nil {
 			t.Fatal(err)
 		}
+	}
+	for _, transactional := range []bool{true, false} {
+		d.exec(t, `SELECT pg_logical_emit_message($1, $2, $3)`, transactional, parityPrefix, parityMessages[transactional])
 	}
 
 	u, err := url.Parse(d.dsn)
@@ -267,13 +288,15 @@ func TestDebeziumParity(t *testing.T) {
 		start(t, env, "-config", out)
 	}
 
+	// Every row in every configuration, and the messages: both from
+	// Debezium, the transactional one from outboxd.
 	perSide := len(ids) * len(parityConfigs)
 	recs := readUntil(t, topics, 150*time.Second, 2*time.Second, func(recs []*kgo.Record) bool {
 		n := map[byte]int{}
 		for _, r := range recs {
 			n[r.Topic[0]]++
 		}
-		return n['d'] >= perSide && n['o'] >= perSide
+		return n['d'] >= perSide+2 && n['o'] >= perSide+1
 	})
 	diffs := parityDiff(recs)
 	for _, diff := range diffs {
@@ -289,8 +312,9 @@ func TestDebeziumParity(t *testing.T) {
 // parityDifferences are the kinds of difference the migration guide lists
 // under "Behaviour that differs" that these rows can show: the partition
 // of a record with a null key, which each producer's sticky partitioner
-// picks by itself.
-var parityDifferences = map[string]bool{"partition of a null key": true}
+// picks by itself, and a non-transactional message, which outboxd never
+// delivers.
+var parityDifferences = map[string]bool{"partition of a null key": true, "delivery of a non-transactional message": true}
 
 type parityDifference struct {
 	kind, config, id, detail string
@@ -324,7 +348,7 @@ func parityDiff(recs []*kgo.Record) []parityDifference {
 		s := get(m[1] + m[2])
 		id := header(r, "id")
 		s.byID[id] = r
-		if r.Key != nil { // per-key order; a null key has none
+		if r.Key != nil && id != "msg-nontx" { // per-key order; a null key has none, outboxd never sends msg-nontx
 			tp := fmt.Sprintf("%s/%d", strings.TrimPrefix(r.Topic, m[0]), r.Partition)
 			s.order[tp] = append(s.order[tp], id)
 		}
@@ -348,6 +372,9 @@ func parityDiff(recs []*kgo.Record) []parityDifference {
 		for _, id := range idList {
 			a, b := dbz.byID[id], obx.byID[id]
 			switch {
+			case b == nil && id == "msg-nontx":
+				add("delivery of a non-transactional message", id, "Debezium sent it to %s, outboxd did not send it", a.Topic)
+				continue
 			case b == nil:
 				add("delivery", id, "Debezium sent it to %s, outboxd did not send it", a.Topic)
 				continue
