@@ -23,7 +23,7 @@ import (
 
 // errDebeziumDies marks a payload on which Debezium's task fails: there is
 // no record of Debezium's to reproduce, so the row is a poison row.
-var errDebeziumDies = errors.New("Debezium's EventRouter fails on it (its Kafka Connect task dies)")
+var errDebeziumDies = errors.New("the EventRouter of Debezium fails on it (its Kafka Connect task dies)")
 
 // kind is a Jackson node type, with NUMBER split as JsonSchemaData splits it.
 type kind int

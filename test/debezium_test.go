@@ -42,23 +42,13 @@ func TestDebeziumConvertedConfigReproducesEventRouter(t *testing.T) {
 	d.exec(t, `CREATE PUBLICATION dbz_publication FOR ALL TABLES`)
 	d.exec(t, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, d.slot)
 
-	u, err := url.Parse(svc.pgDSN)
-	if err != nil {
-		t.Fatalf("OUTBOXD_TEST_PG_DSN is not a URL: %v", err)
-	}
-	host, port, err := net.SplitHostPort(u.Host)
-	if err != nil {
-		host, port = u.Host, "5432"
-	}
+	pc := connectorParams(t, svc.pgDSN)
+	host, port, user, sslmode := pc.host, pc.port, pc.user, pc.sslmode
 	// The test server may trust local connections; the password must reach
 	// outboxd through PGPASSWORD either way, and never through the file.
-	password, ok := u.User.Password()
-	if !ok {
+	password := pc.password
+	if password == "" {
 		password = "dbz-pw-" + randomSuffix()
-	}
-	sslmode := u.Query().Get("sslmode")
-	if sslmode == "" {
-		sslmode = "prefer"
 	}
 	connector := map[string]any{
 		"name": "outbox-connector",
@@ -67,7 +57,7 @@ func TestDebeziumConvertedConfigReproducesEventRouter(t *testing.T) {
 			"tasks.max":                         "1",
 			"database.hostname":                 host,
 			"database.port":                     port,
-			"database.user":                     u.User.Username(),
+			"database.user":                     user,
 			"database.password":                 password,
 			"database.dbname":                   d.name,
 			"database.sslmode":                  sslmode,
@@ -265,4 +255,27 @@ func TestDebeziumConvertedConfigReproducesEventRouter(t *testing.T) {
 	if got := d.confirmedFlush(t); got < target {
 		t.Errorf("slot %s confirmed %X, want at least %X after every event was delivered", d.slot, got, target)
 	}
+}
+
+// pgParams are a DSN's parts as a Debezium connector configuration names
+// them.
+type pgParams struct {
+	host, port, user, password, sslmode string
+}
+
+func connectorParams(t *testing.T, dsn string) pgParams {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatalf("the test DSN is not a URL: %v", err)
+	}
+	p := pgParams{user: u.User.Username(), sslmode: u.Query().Get("sslmode")}
+	if p.host, p.port, err = net.SplitHostPort(u.Host); err != nil {
+		p.host, p.port = u.Host, "5432"
+	}
+	p.password, _ = u.User.Password()
+	if p.sslmode == "" {
+		p.sslmode = "prefer"
+	}
+	return p
 }

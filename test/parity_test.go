@@ -5,8 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -192,30 +190,18 @@ func TestDebeziumParity(t *testing.T) {
 		d.exec(t, `SELECT pg_logical_emit_message($1, $2, $3)`, transactional, parityPrefix, parityMessages[transactional])
 	}
 
-	u, err := url.Parse(d.dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	host, port, err := net.SplitHostPort(u.Host)
-	if err != nil {
-		host, port = u.Host, "5432"
-	}
-	password, _ := u.User.Password()
-	sslmode := u.Query().Get("sslmode")
-	if sslmode == "" {
-		sslmode = "prefer"
-	}
+	pg := connectorParams(t, d.dsn)
 	connector := func(i int, side string) map[string]string {
 		c := map[string]string{
 			"connector.class":             "io.debezium.connector.postgresql.PostgresConnector",
 			"tasks.max":                   "1",
 			"plugin.name":                 "pgoutput",
-			"database.hostname":           host,
-			"database.port":               port,
-			"database.user":               u.User.Username(),
-			"database.password":           password,
+			"database.hostname":           pg.host,
+			"database.port":               pg.port,
+			"database.user":               pg.user,
+			"database.password":           pg.password,
 			"database.dbname":             d.name,
-			"database.sslmode":            sslmode,
+			"database.sslmode":            pg.sslmode,
 			"topic.prefix":                fmt.Sprintf("parity%d", i),
 			"slot.name":                   fmt.Sprintf("%s_%d_%s", side, i, d.name),
 			"publication.name":            "parity",
@@ -283,7 +269,7 @@ func TestDebeziumParity(t *testing.T) {
 		if err := conv.Run(); err != nil {
 			t.Fatalf("%s: outboxd debezium convert: %v\n%s", pc.name, err, stderr.String())
 		}
-		env := append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "PGPASSWORD=" + password,
+		env := append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "PGPASSWORD=" + pg.password,
 			"OUTBOXD_HTTP_LISTEN=127.0.0.1:0", "OUTBOXD_POSTGRES_STATUS_INTERVAL=200ms"}, pc.env...)
 		start(t, env, "-config", out)
 	}
