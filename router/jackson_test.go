@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"os"
 	"strconv"
@@ -162,4 +163,25 @@ func TestJavaDouble(t *testing.T) {
 			t.Errorf("%v: got %s, want %s", f, got, want)
 		}
 	}
+}
+
+// FuzzExpand: any payload expands, is declined as a JSON string, or is
+// refused where Debezium dies; what is written is always valid JSON.
+func FuzzExpand(f *testing.F) {
+	for _, l := range goldenLines(&testing.T{}, "expand.golden") {
+		in, _ := hex.DecodeString(l[0])
+		f.Add(in)
+	}
+	f.Fuzz(func(t *testing.T, p []byte) {
+		out, err := appendExpanded(nil, p)
+		if err != nil {
+			if !errors.Is(err, errDebeziumDies) {
+				t.Fatalf("%q: %v", p, err)
+			}
+			return
+		}
+		if !json.Valid(out) && utf8.Valid(p) {
+			t.Fatalf("%q expanded to invalid JSON %q", p, out)
+		}
+	})
 }
