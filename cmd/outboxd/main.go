@@ -188,6 +188,14 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	if err := r.Start(ctx); err != nil {
 		endAll()
 		_ = g.Wait()
+		if ctx.Err() != nil && !relay.IsPermanent(err) {
+			// SIGTERM or SIGINT during the start-up checks, which then fail
+			// on the cancellation (a connection cut short, blamed on
+			// postgres.dsn): nothing was read yet, so this is a clean stop,
+			// as one while streaming is.
+			log.Info("stopped during the start-up checks", "slot", cfg.Postgres.Slot)
+			return nil
+		}
 		return err
 	}
 	g.Go(func() error { defer endAll(); return r.Run(runCtx) })
