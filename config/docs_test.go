@@ -379,7 +379,7 @@ func TestDocOutboxdCommands(t *testing.T) {
 		return b.String()
 	}
 	main, dbz := source("../cmd/outboxd/*.go"), source("../debezium/*.go")
-	flagDef := regexp.MustCompile(`fs\.(?:Bool|String|Int|Duration)\("([a-z-]+)"`)
+	flagDef := regexp.MustCompile(`fs\.(?:Bool|String|Int|Duration)(?:Var)?\((?:&[\w.]+, )?"([a-z-]+)"`)
 	flags := func(src string) map[string]bool {
 		out := map[string]bool{}
 		for _, m := range flagDef.FindAllStringSubmatch(src, -1) {
@@ -389,7 +389,8 @@ func TestDocOutboxdCommands(t *testing.T) {
 	}
 	mainFlags, dbzFlags := flags(main), flags(dbz)
 	subs := map[string]bool{"debezium": true}
-	for _, m := range regexp.MustCompile(`case ((?:"[a-z]+",? ?)+):`).FindAllStringSubmatch(main, -1) {
+	for _, m := range regexp.MustCompile(`case ((?:"[a-z]+",? ?)+):|\{("[a-z]+"), "outboxd`).FindAllStringSubmatch(main, -1) {
+		m[1] += m[2] // a case of the dispatch, or an entry of cmd/outboxd's subcommands
 		for _, s := range regexp.MustCompile(`"([a-z]+)"`).FindAllStringSubmatch(m[1], -1) {
 			subs[s[1]] = true
 		}

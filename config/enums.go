@@ -74,6 +74,15 @@ const (
 	OnUpdateError  OnUpdate = "error" // outboxd stops
 )
 
+// Unowned is router.messages.unowned: what a logical message that names no
+// outbox table does.
+type Unowned string
+
+const (
+	UnownedDeliver Unowned = "deliver" // this outboxd delivers it
+	UnownedIgnore  Unowned = "ignore"  // another outboxd on the database does
+)
+
 // PoisonPolicy is router.poison.policy: what a row that cannot be routed
 // does.
 type PoisonPolicy string
@@ -119,6 +128,8 @@ func (c Config) validateEnums() []error {
 		oneOf("router.additional_missing", c.Router.AdditionalMissing, AdditionalMissingError, AdditionalMissingIgnore),
 		oneOf("router.key_encoding", c.Router.KeyEncoding, KeyEncodingRaw, KeyEncodingJSON, KeyEncodingJSONSchema, KeyEncodingString),
 		oneOf("router.on_update", c.Router.OnUpdate, OnUpdateIgnore, OnUpdateWarn, OnUpdateError),
+		explain(oneOf("router.messages.unowned", c.Router.Messages.Unowned, UnownedDeliver, UnownedIgnore),
+			"what a logical message that names no outbox table does; one outboxd on the database should deliver them"),
 		oneOf("router.poison.policy", c.Router.Poison.Policy, PoisonHalt, PoisonDLQ),
 		oneOf("log.level", c.Log.Level, LogDebug, LogInfo, LogWarn, LogError),
 		oneOf("log.format", c.Log.Format, LogText, LogJSON),

@@ -27,7 +27,9 @@
 //     traceparent_column, Headers headers_column, Partition the column of
 //     additional_fields placed as partition, IDHeader id_header and
 //     EventTypeHeader event_type_header. In Message mode, keep
-//     Config.MessagePrefix equal to router.messages.prefix.
+//     Config.MessagePrefix equal to router.messages.prefix, and Config.Table
+//     equal to the postgres.table of the outboxd that is to deliver the
+//     events (see Owner below).
 //
 // # Event ids
 //
@@ -68,7 +70,21 @@
 // is then the header "traceparent"). As in the table modes, an event with a
 // Type, Headers or a Traceparent that no field is named for is an error.
 // Partition and IdempotencyKey cannot be expressed in a message and are
-// errors in this mode.
+// errors in this mode. Last comes OwnerField, "__outbox_table", with
+// Config.Table, schema-qualified:
+//
+//	{…, "__outbox_table": "public.outbox"}
+//
+// # Owner
+//
+// Every replication slot on a database receives every logical message, so
+// without an owner every outboxd on the database would deliver each one.
+// OwnerField names the outbox the message belongs to: only the outboxd whose
+// postgres.table it names delivers it; the others leave it. A message that
+// names none (written by hand or by an older version of this package), or a
+// table that no outboxd streams (no other publication lists it), goes to
+// the outboxd with router.messages.unowned: deliver, the default. An outboxd
+// that predates the field ignores it and delivers the message, as it did.
 //
 // # Optional columns
 //

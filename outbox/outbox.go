@@ -119,7 +119,11 @@ func (m Mode) String() string {
 // Config describes the outbox a Writer writes to. The zero value is
 // outboxd's default table, public.outbox, in Insert mode.
 type Config struct {
-	Table   string  // schema-qualified; "" is public.outbox
+	// Table is the outbox table, schema-qualified; "" is public.outbox. In
+	// Message mode no row is written, but each message names Table as the
+	// outbox it belongs to (OwnerField): keep it equal to the
+	// postgres.table of the outboxd that is to deliver the messages.
+	Table   string
 	Columns Columns // zero value: DefaultColumns()
 	Mode    Mode
 	// MessagePrefix is the prefix of logical messages in Message mode; it
@@ -127,6 +131,13 @@ type Config struct {
 	// with any other prefix. "" is DefaultMessagePrefix.
 	MessagePrefix string
 }
+
+// OwnerField is the field of a logical message that names the outbox table
+// the message belongs to (Config.Table, schema-qualified): only the outboxd
+// whose postgres.table it names delivers it, so that two deployments on one
+// database do not both deliver each other's messages. It is outboxd's
+// router.OwnerField, and is not delivered itself.
+const OwnerField = "__outbox_table"
 
 // DefaultMessagePrefix is the logical message prefix used when
 // Config.MessagePrefix is empty; it is also outboxd's default
@@ -145,6 +156,7 @@ const maxParams = 65535
 type Writer struct {
 	cfg     Config
 	table   string   // quoted
+	owner   string   // the table, schema-qualified, unquoted: a message's OwnerField
 	cols    []string // quoted, in insert order
 	idCol   string   // quoted
 	perRow  int
@@ -182,6 +194,9 @@ func New(cfg Config) (*Writer, error) {
 		if other, ok := named[f.name]; ok {
 			return nil, fmt.Errorf("outbox: Columns.%s and Columns.%s both name %q; each names its own column", other, f.field, f.name)
 		}
+		if f.name == OwnerField && cfg.Mode == Message {
+			return nil, fmt.Errorf("outbox: Columns.%s names %q, the field a logical message names its outbox table in; rename it", f.field, f.name)
+		}
 		named[f.name] = f.field
 	}
 	switch cfg.Mode {
@@ -197,7 +212,7 @@ func New(cfg Config) (*Writer, error) {
 	if !ok {
 		schema, table = "public", cfg.Table
 	}
-	w := &Writer{cfg: cfg, table: pgx.Identifier{schema, table}.Sanitize(), idCol: quote(c.ID)}
+	w := &Writer{cfg: cfg, table: pgx.Identifier{schema, table}.Sanitize(), owner: schema + "." + table, idCol: quote(c.ID)}
 	for _, name := range []string{c.ID, c.AggregateType, c.AggregateID, c.EventType, c.Payload, c.Traceparent, c.Partition, c.Headers, c.IdempotencyKey} {
 		if name != "" {
 			w.cols = append(w.cols, quote(name))
@@ -495,6 +510,7 @@ func (w *Writer) message(e Event, id uuid.UUID, n int) ([]byte, error) {
 	if len(headers) > 0 {
 		fields = append(fields, field{c.Headers, headers})
 	}
+	fields = append(fields, field{OwnerField, w.owner})
 	b := []byte{'{'}
 	for i, f := range fields {
 		if i > 0 {

@@ -29,6 +29,8 @@ func TestNewRejects(t *testing.T) {
 		{"unknown mode", outbox.Config{Mode: 7}, "unknown Mode 7"},
 		{"two fields, one column", outbox.Config{Columns: outbox.Columns{ID: "id", AggregateType: "a", AggregateID: "b", Payload: "p", Headers: "p"}},
 			`Columns.Payload and Columns.Headers both name "p"`},
+		{"a field named like the owner", outbox.Config{Mode: outbox.Message, Columns: outbox.Columns{ID: "id", AggregateType: "a", AggregateID: "b", Payload: "p", Headers: "__outbox_table"}},
+			`Columns.Headers names "__outbox_table", the field a logical message names its outbox table in`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			_, err := outbox.New(c.cfg)
@@ -201,14 +203,18 @@ func TestMessageFields(t *testing.T) {
 		want  string
 	}{
 		{"debezium with traceparent field", debezium, full,
-			`{"id":"` + id.String() + `","aggregatetype":"order","aggregateid":"42","type":"OrderPlaced","payload":{"n":1},"tracingspancontext":"` + tp + `","hdrs":{"tenant":"t1"}}`},
+			`{"id":"` + id.String() + `","aggregatetype":"order","aggregateid":"42","type":"OrderPlaced","payload":{"n":1},"tracingspancontext":"` + tp + `","hdrs":{"tenant":"t1"},"__outbox_table":"public.outbox"}`},
 		{"traceparent into headers", headersOnly, full,
-			`{"id":"` + id.String() + `","aggregate_type":"order","aggregate_id":"42","event_type":"OrderPlaced","payload":{"n":1},"headers":{"tenant":"t1","traceparent":"` + tp + `"}}`},
+			`{"id":"` + id.String() + `","aggregate_type":"order","aggregate_id":"42","event_type":"OrderPlaced","payload":{"n":1},"headers":{"tenant":"t1","traceparent":"` + tp + `"},"__outbox_table":"public.outbox"}`},
 		{"no event type field, nil payload, no headers", custom, outbox.Event{ID: id, AggregateType: "order", AggregateID: "42"},
-			`{"event_id":"` + id.String() + `","topic_of":"order","key":"42","body":null}`},
+			`{"event_id":"` + id.String() + `","topic_of":"order","key":"42","body":null,"__outbox_table":"app.events"}`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			w, err := outbox.New(outbox.Config{Columns: c.cols, Mode: outbox.Message})
+			table := ""
+			if c.name == "no event type field, nil payload, no headers" {
+				table = "app.events" // the owner is the table, "" public.outbox
+			}
+			w, err := outbox.New(outbox.Config{Table: table, Columns: c.cols, Mode: outbox.Message})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -408,6 +414,7 @@ func TestWriteMessages(t *testing.T) {
 		t.Fatal(err)
 	}
 	type message struct {
+		Owner         string            `json:"__outbox_table"`
 		ID            string            `json:"id"`
 		AggregateType string            `json:"aggregate_type"`
 		AggregateID   string            `json:"aggregate_id"`
@@ -434,9 +441,9 @@ func TestWriteMessages(t *testing.T) {
 	if len(got) != 2 {
 		t.Fatalf("decoded %d messages, want 2 (the rolled-back one must not appear):\n%s", len(got), strings.Join(lines, "\n"))
 	}
-	want0 := message{ID: ids[0].String(), AggregateType: "order", AggregateID: "1", EventType: "OrderPlaced",
+	want0 := message{Owner: "public.outbox", ID: ids[0].String(), AggregateType: "order", AggregateID: "1", EventType: "OrderPlaced",
 		Payload: json.RawMessage(`{"id":1,"items":[1,2]}`), Headers: map[string]string{"tenant": "t1", "traceparent": events[0].Traceparent}}
-	if g := got[0]; g.ID != want0.ID || g.AggregateType != want0.AggregateType || g.AggregateID != want0.AggregateID ||
+	if g := got[0]; g.Owner != want0.Owner || g.ID != want0.ID || g.AggregateType != want0.AggregateType || g.AggregateID != want0.AggregateID ||
 		g.EventType != want0.EventType || string(g.Payload) != string(want0.Payload) || len(g.Headers) != 2 ||
 		g.Headers["tenant"] != "t1" || g.Headers["traceparent"] != events[0].Traceparent {
 		t.Errorf("message 0 = %+v; want %+v", g, want0)

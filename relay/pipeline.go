@@ -3,14 +3,18 @@ package relay
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
+	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxd/outboxd/checkpoint"
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/internal/pg"
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/shard"
 	"github.com/outboxd/outboxd/sink"
@@ -45,10 +49,12 @@ type Producer interface {
 // the outbox table's relation ID when the run started (0: not known). Only
 // the goroutine that calls Run or Handle may use it; Close it after.
 func (r *Relay) NewPipeline(ctx context.Context, tracker *checkpoint.Tracker, producer Producer, fail context.CancelCauseFunc, outboxID uint32) *Pipeline {
+	tables := newOutboxTables(r.cfg.Postgres, r.log, outboxID, r.router.SetBaseType)
 	return &Pipeline{r: r, ctx: ctx, tracker: tracker, producer: producer, fail: fail,
-		tables:  newOutboxTables(r.cfg.Postgres, r.log, outboxID, r.router.SetBaseType),
+		tables: tables, owners: newMessageOwners(r.cfg, &tables.db, r.log),
 		inserts: r.m.changes.WithLabelValues("insert"), updates: r.m.changes.WithLabelValues("update"),
-		deletes: r.m.changes.WithLabelValues("delete"), messages: r.m.changes.WithLabelValues("message"), nontx: r.m.changes.WithLabelValues("message_nontransactional")}
+		deletes: r.m.changes.WithLabelValues("delete"), messages: r.m.changes.WithLabelValues("message"), nontx: r.m.changes.WithLabelValues("message_nontransactional"),
+		others: r.m.changes.WithLabelValues("message_other_outbox")}
 }
 
 // Run handles every item of batches in order until the channel is closed
@@ -75,6 +81,7 @@ type Pipeline struct {
 	producer Producer
 	fail     context.CancelCauseFunc
 	tables   *outboxTables
+	owners   *messageOwners
 	eos      *eos // exactly_once only (eos.go)
 
 	txn          *checkpoint.Txn
@@ -89,6 +96,7 @@ type Pipeline struct {
 	stopReading func()
 
 	inserts, updates, deletes, messages, nontx prometheus.Counter
+	others                                     prometheus.Counter // another deployment's messages
 }
 
 // Handle routes one item of the stream: a Begin registers a transaction
@@ -178,16 +186,29 @@ func (p *Pipeline) Handle(item wal.Item) error {
 			p.nontx.Inc()
 			return nil
 		}
+		// Content that is not a JSON object (err) names no owner and no
+		// key: it is delivered, as a poison row, once, by the deployment
+		// and shard that take messages without either.
+		fields, err := router.ParseMessage(m)
+		if ours, lookupErr := p.owners.delivers(p.ctx, fields.Owner()); !ours || lookupErr != nil {
+			if lookupErr == nil {
+				p.others.Inc()
+			}
+			return lookupErr // nil: another deployment's message
+		}
 		if sh := p.r.shard; sh.Count > 1 {
 			// Every shard's slot receives every message: deliver only
 			// this shard's.
-			key, keyed := messageKey(m.Content, rcfg.KeyColumn)
+			key, keyed := fields.Text(rcfg.KeyColumn)
 			if shard.MessageOwner(key, keyed, sh.Count) != sh.Index {
 				return nil
 			}
 		}
 		p.messages.Inc()
-		rec, err := p.r.router.RouteMessage(m, p.commitTime)
+		var rec *router.Record
+		if err == nil {
+			rec, err = p.r.router.RouteFields(m, fields, p.commitTime)
+		}
 		return p.deliver(rec, err, m.LSN, func() string { return "message " + m.Prefix })
 	case *wal.Commit:
 		if w := p.r.window; w.Upto != 0 && !w.Delivers(m.EndLSN) {
@@ -227,26 +248,101 @@ func (p *Pipeline) pastWindow() {
 }
 
 // messageKey returns a logical message's key field, named as the key
-// column, as the router reads it before router.key_encoding: a JSON
-// string's text, or any other JSON value's own text. keyed is false when
-// the content is not a JSON object or the field is missing or null.
+// column, as the router reads it before router.key_encoding
+// (router.MessageFields.Text). keyed is false when the content is not a JSON
+// object or the field is missing or null.
 func messageKey(content []byte, field string) (key []byte, keyed bool) {
-	var fields map[string]json.RawMessage
-	if json.Unmarshal(content, &fields) != nil {
+	fields, err := router.ParseMessage(&wal.Message{Content: content})
+	if err != nil {
 		return nil, false
 	}
-	raw, ok := fields[field]
-	if !ok || len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
-		return nil, false
+	return fields.Text(field)
+}
+
+// messageOwners decides which logical messages a deployment delivers: a
+// message that names an outbox table (router.OwnerField) belongs to the
+// outboxd whose postgres.table it is, and one that names none to the
+// deployment with router.messages.unowned: deliver.
+//
+// A message that names another table is left to that table's outboxd only
+// when one is there to take it: when a publication other than this
+// deployment's lists the table (FOR TABLE, as outboxd creates its own).
+// Otherwise (a table the database lacks, or one nothing streams: a writer
+// whose outbox.Config.Table is not its outboxd's postgres.table, which
+// Message mode did not need before the owner) it is taken as naming none,
+// so that a mistaken owner repeats a message rather than loses it. The
+// catalog is read once per table named and again after ownerRecheck, so
+// that a deployment added or removed is seen while this one runs.
+type messageOwners struct {
+	table       string // this deployment's postgres.table
+	publication string // this deployment's (this shard's) publication
+	unowned     bool   // deliver the messages that name no table
+	db          *pg.Lazy
+	log         *slog.Logger
+	others      map[string]otherOwner // other tables named, by name
+}
+
+// otherOwner is what the catalog said of another table a message named.
+type otherOwner struct {
+	streamed bool // another publication lists it: another outboxd's
+	at       time.Time
+}
+
+const (
+	// maxOwners bounds messageOwners.others; past it the cache starts
+	// afresh.
+	maxOwners = 1024
+	// ownerRecheck is how long the catalog's answer for a table is used.
+	ownerRecheck = time.Minute
+)
+
+func newMessageOwners(cfg config.Config, db *pg.Lazy, log *slog.Logger) *messageOwners {
+	return &messageOwners{table: cfg.Postgres.Table, publication: cfg.Postgres.Publication,
+		unowned: cfg.Router.Messages.Unowned != config.UnownedIgnore, db: db, log: log, others: map[string]otherOwner{}}
+}
+
+// delivers reports whether this deployment delivers a message that names
+// owner ("" for none).
+func (o *messageOwners) delivers(ctx context.Context, owner string) (bool, error) {
+	if owner == "" || owner == o.table {
+		return owner != "" || o.unowned, nil
 	}
-	if raw[0] == '"' {
-		var s string
-		if json.Unmarshal(raw, &s) != nil {
-			return nil, false
+	prev, ok := o.others[owner]
+	if !ok || time.Since(prev.at) > ownerRecheck {
+		streamed, err := o.streamed(ctx, owner)
+		if err != nil {
+			return false, fmt.Errorf("looking up outbox table %s, which a logical message names, to tell whether another outboxd delivers it: %w", owner, err)
 		}
-		return []byte(s), true
+		if len(o.others) >= maxOwners {
+			clear(o.others)
+		}
+		o.others[owner] = otherOwner{streamed: streamed, at: time.Now()}
+		switch {
+		case ok && prev.streamed == streamed:
+		case streamed:
+			o.log.Info("leaving the logical messages of outbox table "+owner+" to the outboxd that streams it (another publication lists it); this one delivers those of "+o.table+
+				" (counted in outboxd_wal_changes_total{op=\"message_other_outbox\"})", "owner", owner)
+		default:
+			o.log.Warn("a logical message names outbox table "+owner+", which no other publication lists, so no other outboxd streams it: it is taken as naming none (router.messages.unowned). "+
+				"Set the writer's outbox.Config.Table to the postgres.table of the outboxd that is to deliver it", "owner", owner, "unowned", o.unowned)
+		}
+		prev.streamed = streamed
 	}
-	return raw, true
+	return !prev.streamed && o.unowned, nil
+}
+
+// streamed reports whether a publication other than this deployment's lists
+// table (schema.table) by name.
+func (o *messageOwners) streamed(ctx context.Context, table string) (bool, error) {
+	conn, err := o.db.Get(ctx)
+	if err != nil {
+		return false, err
+	}
+	schema, name, _ := strings.Cut(table, ".")
+	var streamed bool
+	err = conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_publication_rel r JOIN pg_publication p ON p.oid = r.prpubid
+		WHERE r.prrelid = to_regclass($1) AND p.pubname <> $2)`, pgx.Identifier{schema, name}.Sanitize(), o.publication).Scan(&streamed)
+	return streamed, err
 }
 
 // errUpdate marks an UPDATE refused by router.on_update: error.

@@ -15,6 +15,7 @@ import (
 
 	"github.com/outboxd/outboxd/checkpoint"
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/wal"
 )
@@ -326,5 +327,98 @@ func TestPipelineUnknownItem(t *testing.T) {
 	}
 	if got := tp.tracker.Confirmed(); got != 0x100 {
 		t.Errorf("confirmed %s after an unknown item, want 0/100", got)
+	}
+}
+
+// A logical message is delivered by the deployment whose outbox table it
+// names (router.OwnerField), and one that names none by the deployment with
+// router.messages.unowned: deliver only; one that names a table no other
+// publication lists (one the database lacks, say) is taken as naming none
+// (issue 32 item 12).
+func TestPipelineDeliversOnlyItsOwnMessages(t *testing.T) {
+	msg := func(owner string) *wal.Message {
+		field := ""
+		if owner != "" {
+			field = `, "__outbox_table": ` + owner
+		}
+		return &wal.Message{XID: 7, LSN: 0x200, Transactional: true, Prefix: "outbox",
+			Content: []byte(`{"id": "m", "aggregate_type": "order", "aggregate_id": "k", "payload": {}` + field + `}`)}
+	}
+	for _, tc := range []struct {
+		name    string
+		unowned config.Unowned
+		owner   string // the field's JSON value, "" for no field
+		want    bool
+	}{
+		{"its own", config.UnownedIgnore, `"public.outbox"`, true},
+		{"its own, unqualified", config.UnownedIgnore, `"outbox"`, true},
+		{"its own, taking the unowned", config.UnownedDeliver, `"public.outbox"`, true},
+		{"another deployment's", config.UnownedDeliver, `"public.orders_outbox"`, false},
+		{"another deployment's, unqualified", config.UnownedDeliver, `"orders_outbox"`, false},
+		{"unowned, taken", config.UnownedDeliver, "", true},
+		{"unowned, left", config.UnownedIgnore, "", false},
+		{"owner null, taken", config.UnownedDeliver, "null", true},
+		{"owner null, left", config.UnownedIgnore, "null", false},
+		{"a table nothing else streams, taken", config.UnownedDeliver, `"public.no_such_table"`, true},
+		{"a table nothing else streams, left", config.UnownedIgnore, `"public.no_such_table"`, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tp := newTestPipeline(t, func(c *config.Config) { c.Router.Messages.Unowned = tc.unowned })
+			// What the catalog lookup would have found.
+			tp.owners.others["public.orders_outbox"] = otherOwner{streamed: true, at: time.Now()}
+			tp.owners.others["public.no_such_table"] = otherOwner{streamed: false, at: time.Now()}
+			tp.handle(t, begin(0x300), msg(tc.owner), commit(0x310))
+			if got := len(tp.prod.recs) == 1; got != tc.want {
+				t.Fatalf("delivered %v, want %v", got, tc.want)
+			}
+			if tc.want && header(tp.prod.recs[0], "id") != "m" {
+				t.Errorf("delivered %+v", tp.prod.recs[0])
+			}
+			tp.prod.ackAll(nil)
+			if got := tp.tracker.Confirmed(); got != 0x310 {
+				t.Errorf("confirmed %s, want 0/310: a message left to another deployment is confirmed past", got)
+			}
+			left := testutil.ToFloat64(tp.r.m.changes.WithLabelValues("message_other_outbox"))
+			if want := map[bool]float64{true: 0, false: 1}[tc.want]; left != want {
+				t.Errorf("outboxd_wal_changes_total{op=\"message_other_outbox\"} = %v, want %v", left, want)
+			}
+		})
+	}
+	// Content that is not a JSON object names no owner: the deployment that
+	// takes unowned messages halts on it, the others leave it.
+	for _, unowned := range []config.Unowned{config.UnownedDeliver, config.UnownedIgnore} {
+		tp := newTestPipeline(t, func(c *config.Config) { c.Router.Messages.Unowned = unowned })
+		tp.handle(t, begin(0x300))
+		err := tp.Handle(&wal.Message{XID: 7, LSN: 0x200, Transactional: true, Prefix: "outbox", Content: []byte("not json")})
+		var poison *router.RowError
+		if halted := errors.As(err, &poison); halted != (unowned == config.UnownedDeliver) {
+			t.Errorf("unowned %s: content not JSON: %v", unowned, err)
+		}
+	}
+}
+
+// The owner package outbox writes is the one the pipeline checks: the
+// messages of a Writer for public.orders_outbox are delivered by the outboxd
+// of that table and left by the one of public.outbox.
+func TestPipelineOwnerOfWriterMessages(t *testing.T) {
+	if outbox.OwnerField != router.OwnerField {
+		t.Fatalf("outbox.OwnerField %q, router.OwnerField %q: the writer and outboxd must agree", outbox.OwnerField, router.OwnerField)
+	}
+	w, err := outbox.New(outbox.Config{Table: "public.orders_outbox", Mode: outbox.Message})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stmts, _, err := w.Statements(outbox.Event{AggregateType: "order", AggregateID: "42", Type: "OrderPlaced", Payload: []byte(`{}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := &wal.Message{XID: 7, LSN: 0x200, Transactional: true, Prefix: "outbox", Content: []byte(stmts[0].Args[0].(string))}
+	for table, want := range map[string]int{"public.orders_outbox": 1, "public.outbox": 0} {
+		tp := newTestPipeline(t, func(c *config.Config) { c.Postgres.Table = table })
+		tp.owners.others["public.orders_outbox"] = otherOwner{streamed: true, at: time.Now()} // what the catalog lookup finds
+		tp.handle(t, begin(0x300), msg, commit(0x310))
+		if got := len(tp.prod.recs); got != want {
+			t.Errorf("the outboxd of %s delivered %d of the writer's messages, want %d", table, got, want)
+		}
 	}
 }

@@ -399,11 +399,69 @@ func (r *Router) RouteInto(c *wal.Change, rec *Record) error {
 // RouteMessage maps a logical decoding message to a record. Its content is a
 // JSON object whose fields are named like the configured columns.
 func (r *Router) RouteMessage(m *wal.Message, commitTime time.Time) (*Record, error) {
-	source := "message " + strconv.Quote(m.Prefix)
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(m.Content, &fields); err != nil {
-		return nil, &RowError{LSN: m.LSN, Table: source, Reason: "content is not a JSON object: " + err.Error(), Value: m.Content}
+	fields, err := ParseMessage(m)
+	if err != nil {
+		return nil, err
 	}
+	return r.RouteFields(m, fields, commitTime)
+}
+
+// OwnerField is the field of a logical message's content that names the
+// outbox table the message belongs to, schema-qualified (package outbox
+// writes it, as "public.outbox"): only the outboxd whose postgres.table it
+// names delivers the message. It is not delivered itself.
+const OwnerField = "__outbox_table"
+
+// MessageFields is a logical message's content: a JSON object's fields by
+// name, parsed once for its owner, its key and its routing.
+type MessageFields map[string]json.RawMessage
+
+// ParseMessage parses m's content. Content that is not a JSON object is a
+// *RowError, a poison row.
+func ParseMessage(m *wal.Message) (MessageFields, error) {
+	var fields MessageFields
+	if err := json.Unmarshal(m.Content, &fields); err != nil {
+		return nil, &RowError{LSN: m.LSN, Table: "message " + strconv.Quote(m.Prefix), Reason: "content is not a JSON object: " + err.Error(), Value: m.Content}
+	}
+	return fields, nil
+}
+
+// Text returns field name as the router reads it before key_encoding: a JSON
+// string's text, or any other JSON value's own text. ok is false when the
+// field is missing or null, or a string that does not decode.
+func (f MessageFields) Text(name string) (text []byte, ok bool) {
+	raw, ok := f[name]
+	if !ok || len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
+		return nil, false
+	}
+	if raw[0] == '"' {
+		var s string
+		if json.Unmarshal(raw, &s) != nil {
+			return nil, false
+		}
+		return []byte(s), true
+	}
+	return raw, true
+}
+
+// Owner returns the outbox table the message names (OwnerField),
+// schema-qualified ("public." is added to a name without a schema), or ""
+// when it names none.
+func (f MessageFields) Owner() string {
+	owner, ok := f.Text(OwnerField)
+	if !ok || len(owner) == 0 {
+		return ""
+	}
+	if !bytes.ContainsRune(owner, '.') {
+		return "public." + string(owner)
+	}
+	return string(owner)
+}
+
+// RouteFields routes a logical message whose content ParseMessage parsed
+// into fields.
+func (r *Router) RouteFields(m *wal.Message, fields MessageFields, commitTime time.Time) (*Record, error) {
+	source := "message " + strconv.Quote(m.Prefix)
 	for i, n := range r.names {
 		raw, ok := fields[n]
 		switch {

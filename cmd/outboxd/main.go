@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -47,22 +46,6 @@ func init() {
 	}
 }
 
-const usage = `Usage:
-  outboxd [-config FILE] [-check-config]   stream the outbox to Kafka
-  outboxd migrate [-config FILE]           create the outbox table
-  outboxd status [-config FILE] [-json]    show the slot, its lag and the running outboxd
-  outboxd reshard [-config FILE] [-to N]   change the shard count to N (default
-                                           postgres.shards) and exit; stop the
-                                           running outboxd first
-  outboxd healthcheck [-config FILE] [-url URL]
-                                           exit 0 if the running outboxd answers /healthz
-  outboxd version                          print the version
-  outboxd debezium convert FILE            convert a Debezium connector config
-
-Settings come from defaults, then FILE (YAML), then OUTBOXD_* environment
-variables (OUTBOXD_POSTGRES_DSN, OUTBOXD_KAFKA_BROKERS, ...).
-`
-
 func main() {
 	defaultProcs(os.Getenv("GOMAXPROCS"), 1, runtimeProcs) // one shard until the configuration says more
 	defaultGC(os.Getenv("GOGC"))
@@ -74,10 +57,14 @@ func main() {
 	}
 }
 
-// exitCode is 1 for an error, relay.ExitSlotGone for a missing or
-// invalidated slot, which a restart must not "fix" by creating a new one.
+// exitCode is 1 for an error, 2 for a wrong command line (as Go's flag
+// package), relay.ExitSlotGone for a missing or invalidated slot, which a
+// restart must not "fix" by creating a new one.
 func exitCode(err error) int {
-	if relay.SlotGone(err) {
+	switch {
+	case errors.Is(err, errUsage):
+		return 2
+	case relay.SlotGone(err):
 		return relay.ExitSlotGone
 	}
 	return 1
@@ -90,43 +77,30 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if len(args) > 0 && args[0] == "debezium" {
 		return debezium.Command(args[1:], os.Stdin, stdout, stderr)
 	}
-	cmd := "run"
-	if len(args) > 0 {
-		switch args[0] {
-		case "migrate", "version", "status", "healthcheck", "reshard":
-			cmd, args = args[0], args[1:]
-		}
-	}
-	fs := flag.NewFlagSet("outboxd", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, usage); fs.PrintDefaults() }
-	path := fs.String("config", "", "YAML configuration `file`")
-	check := fs.Bool("check-config", false, "validate the configuration, print it with secrets hidden, and exit")
-	asJSON := fs.Bool("json", false, "status: print JSON")
-	to := fs.Int("to", 0, "reshard: the shard count to change to (default postgres.shards)")
-	url := fs.String("url", "", "status, healthcheck: the running outboxd's base URL (default from http.listen)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
+	inv, err := parseArgs(args, stderr)
+	if err != nil {
+		if errors.Is(err, errHelp) {
 			return nil
 		}
-		return errReported
+		return err
 	}
+	cmd := inv.cmd
 	if cmd == "version" {
 		fmt.Fprintf(stdout, "outboxd %s (commit %s, %s)\n", version, buildCommit(), runtime.Version())
 		return nil
 	}
-	cfg, err := config.Load(*path, os.Environ())
+	cfg, err := config.Load(inv.config, os.Environ())
 	if err != nil {
 		return err
 	}
-	if cmd == "reshard" && *to != 0 {
-		cfg.Postgres.Shards = *to
+	if cmd == "reshard" && inv.to != 0 {
+		cfg.Postgres.Shards = inv.to
 	}
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("invalid configuration:\n%w", err)
 	}
 	defaultProcs(os.Getenv("GOMAXPROCS"), cfg.Postgres.Shards, runtimeProcs)
-	if *check {
+	if inv.check {
 		out, _ := yaml.Marshal(cfg.Redacted())
 		fmt.Fprintf(stdout, "configuration is valid\n%s", out)
 		return nil
@@ -134,7 +108,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	log := newLogger(cfg.Log, stderr)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	base := *url
+	base := inv.url
 	if base == "" && cfg.HTTP.Listen != "" {
 		base = metrics.LocalURL(cfg.HTTP.Listen, "")
 	}
@@ -167,7 +141,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
-		if *asJSON {
+		if inv.asJSON {
 			enc := json.NewEncoder(stdout)
 			enc.SetIndent("", "  ")
 			return enc.Encode(rep)
@@ -214,6 +188,14 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	if err := r.Start(ctx); err != nil {
 		endAll()
 		_ = g.Wait()
+		if ctx.Err() != nil && !relay.IsPermanent(err) {
+			// SIGTERM or SIGINT during the start-up checks, which then fail
+			// on the cancellation (a connection cut short, blamed on
+			// postgres.dsn): nothing was read yet, so this is a clean stop,
+			// as one while streaming is.
+			log.Info("stopped during the start-up checks", "slot", cfg.Postgres.Slot)
+			return nil
+		}
 		return err
 	}
 	g.Go(func() error { defer endAll(); return r.Run(runCtx) })
