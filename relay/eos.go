@@ -423,13 +423,30 @@ func (r *Relay) onThisTimeline(ctx context.Context, pos position) (position, err
 		return pos, fmt.Errorf("the position in %s was written on timeline %d, which is not in the history of this server's timeline %d; "+
 			"it belongs to another server: delete it from %[1]s, or set another kafka.transactional_id", r.cfg.Kafka.PositionsTopic, pos.Timeline, tli)
 	}
-	if pos.LSN <= end {
-		return pos, nil
+	on, moved := rewind(pos, end, tli)
+	if moved {
+		r.log.Warn("exactly-once: the position in Kafka lies past where this server's timeline began; the events between them are in Kafka "+
+			"but were lost in the promotion, and delivery resumes from the switch point", "position", pos.LSN.String(), "position_timeline", pos.Timeline,
+			"switch_lsn", end.String(), "timeline", tli, "slot", r.cfg.Postgres.Slot)
 	}
-	r.log.Warn("exactly-once: the position in Kafka lies past where this server's timeline began; the events between them are in Kafka "+
-		"but were lost in the promotion, and delivery resumes from the switch point", "position", pos.LSN.String(), "position_timeline", pos.Timeline,
-		"switch_lsn", end.String(), "timeline", tli, "slot", r.cfg.Postgres.Slot)
-	return position{LSN: end, Timeline: tli}, nil
+	return on, nil
+}
+
+// rewind returns pos, written on an earlier timeline, as it applies to
+// timeline tli, which branched off at end: moved back to end when it lies
+// past it (moved). A split-transaction marker applies only to a transaction
+// whose commit record begins before end, the WAL both timelines share: a
+// commit at or after end was on the old timeline only, and a transaction of
+// the new one that commits at that LSN is another, none of whose rows are
+// in Kafka.
+func rewind(pos position, end wal.LSN, tli int) (on position, moved bool) {
+	if pos.LSN > end {
+		return position{LSN: end, Timeline: tli}, true
+	}
+	if pos.Txn >= end {
+		pos.Txn, pos.Rows = 0, 0
+	}
+	return pos, false
 }
 
 // checkPosition judges a position against the server's timeline tli and WAL

@@ -52,3 +52,34 @@ func TestCheckPosition(t *testing.T) {
 		}
 	}
 }
+
+// A position from an earlier timeline is moved back to the switch point
+// when it lies past it, and keeps a split-transaction marker only for a
+// transaction that committed before the switch point: one that commits at
+// or after it on the new timeline is another transaction, and must not lose
+// its first rows (issue 32 item 4).
+func TestRewind(t *testing.T) {
+	const end = wal.LSN(0x1000)
+	for _, c := range []struct {
+		name  string
+		pos   position
+		want  position
+		moved bool
+	}{
+		{"before the switch point", position{LSN: 0x800, Timeline: 1}, position{LSN: 0x800, Timeline: 1}, false},
+		{"split transaction committed before it", position{LSN: 0x800, Txn: 0x900, Rows: 7, Timeline: 1},
+			position{LSN: 0x800, Txn: 0x900, Rows: 7, Timeline: 1}, false},
+		{"split transaction committing at it", position{LSN: 0x800, Txn: end, Rows: 7, Timeline: 1}, position{LSN: 0x800, Timeline: 1}, false},
+		{"split transaction committing after it", position{LSN: 0x800, Txn: 0x1200, Rows: 7, Timeline: 1}, position{LSN: 0x800, Timeline: 1}, false},
+		{"at the switch point, split after it", position{LSN: end, Txn: 0x1100, Rows: 3, Timeline: 1}, position{LSN: end, Timeline: 1}, false},
+		{"past the switch point", position{LSN: 0x2000, Timeline: 1}, position{LSN: end, Timeline: 2}, true},
+		{"past it, split", position{LSN: 0x2000, Txn: 0x2100, Rows: 5, Timeline: 1}, position{LSN: end, Timeline: 2}, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got, moved := rewind(c.pos, end, 2)
+			if got != c.want || moved != c.moved {
+				t.Errorf("rewind(%+v, %s, 2) = %+v, %v; want %+v, %v", c.pos, end, got, moved, c.want, c.moved)
+			}
+		})
+	}
+}
