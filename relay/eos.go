@@ -67,6 +67,10 @@ type position struct {
 	// not known). After a promotion the new timeline may have begun before
 	// LSN, and its transactions between the two would be skipped.
 	Timeline int
+	// Slot and System name the slot and the database (its IDENTIFY_SYSTEM
+	// identifier; "" in positions of outboxd before 0.x: not known) whose
+	// stream the position is in. Its LSNs mean nothing in another's.
+	Slot, System string
 }
 
 type positionJSON struct {
@@ -75,11 +79,13 @@ type positionJSON struct {
 	Rows     int    `json:"rows,omitempty"`
 	Timeline int    `json:"timeline,omitempty"`
 	Slot     string `json:"slot"`
+	System   string `json:"system,omitempty"`
 	At       string `json:"at"`
 }
 
-func (p position) encode(slot string) []byte {
-	j := positionJSON{LSN: p.LSN.String(), Rows: p.Rows, Timeline: p.Timeline, Slot: slot, At: time.Now().UTC().Format(time.RFC3339Nano)}
+func (p position) encode() []byte {
+	j := positionJSON{LSN: p.LSN.String(), Rows: p.Rows, Timeline: p.Timeline, Slot: p.Slot, System: p.System,
+		At: time.Now().UTC().Format(time.RFC3339Nano)}
 	if p.Txn != 0 {
 		j.Txn = p.Txn.String()
 	}
@@ -92,7 +98,7 @@ func decodePosition(b []byte) (position, error) {
 	if err := json.Unmarshal(b, &j); err != nil {
 		return position{}, err
 	}
-	p := position{Timeline: j.Timeline}
+	p := position{Timeline: j.Timeline, Slot: j.Slot, System: j.System}
 	var err error
 	if p.LSN, err = pglogrepl.ParseLSN(j.LSN); err != nil {
 		return position{}, err
@@ -114,6 +120,7 @@ type eos struct {
 	tracker  *checkpoint.Tracker
 	fail     context.CancelCauseFunc
 	pos      position // read at the run's start
+	system   string   // the server's system identifier, written with each position
 	// last is the end LSN of the last Postgres transaction committed to the
 	// tracker, or the start position.
 	last wal.LSN
@@ -144,13 +151,14 @@ func (r *Relay) startEOS(ctx context.Context, p *Pipeline, producer *sink.Produc
 	if err != nil {
 		return nil, err
 	}
-	if ok && len(v) > 0 { // a tombstone (an operator's) is no position
+	found := ok && len(v) > 0 // a tombstone (an operator's) is no position
+	if found {
 		if e.pos, err = decodePosition(v); err != nil {
 			return nil, fmt.Errorf("the position of %q in %s is not outboxd's (%q): %w; delete it, or set another kafka.transactional_id",
 				e.producer.TransactionalID(), r.cfg.Kafka.PositionsTopic, v, err)
 		}
 	}
-	if e.pos, err = r.onThisTimeline(ctx, e.pos); err != nil {
+	if e.pos, e.system, err = r.resumeAt(ctx, e.pos, found, e.producer.TransactionalID()); err != nil {
 		return nil, err
 	}
 	r.txnM.SetPositionRead(uint64(e.pos.LSN))
@@ -316,11 +324,11 @@ func (e *eos) commit(ctx context.Context) error {
 		e.release()
 		return nil
 	}
-	pos := position{LSN: e.last, Timeline: e.r.timeline}
+	pos := position{LSN: e.last, Timeline: e.r.timeline, Slot: e.r.cfg.Postgres.Slot, System: e.system}
 	if e.inTxn && e.rows > 0 {
 		pos.Txn, pos.Rows = e.final, e.rows
 	}
-	if err := e.producer.Commit(ctx, pos.encode(e.r.cfg.Postgres.Slot)); err != nil {
+	if err := e.producer.Commit(ctx, pos.encode()); err != nil {
 		return err
 	}
 	e.records, e.bytes = 0, 0
@@ -387,8 +395,10 @@ func (e *eos) end(ctx context.Context, err error) error {
 	return err
 }
 
-// onThisTimeline returns pos as it applies to the server (IDENTIFY_SYSTEM
-// gives its timeline and WAL end). A position written on an earlier
+// resumeAt returns where a run resumes: pos (found: read from Kafka) as it
+// applies to the server, and the server's system identifier. A position
+// written for another slot or database is refused (ownPosition). A
+// position written on an earlier
 // timeline may lie past the point where the current one began (a promoted
 // standby that had not received everything): the events between the two
 // are in Kafka but not on this server, and the new timeline's transactions
@@ -397,21 +407,32 @@ func (e *eos) end(ctx context.Context, err error) error {
 // timeline than the server's (an old primary), or past the server's WAL (a
 // database restored from a backup that kept its system identifier), is
 // refused: applying it would skip what the server commits up to it.
-func (r *Relay) onThisTimeline(ctx context.Context, pos position) (position, error) {
-	if pos.LSN == 0 {
-		return pos, nil
-	}
+func (r *Relay) resumeAt(ctx context.Context, pos position, found bool, id string) (position, string, error) {
 	repl, err := r.connectReplication(ctx)
 	if err != nil {
-		return pos, err
+		return pos, "", err
 	}
 	defer repl.Close(context.WithoutCancel(ctx))
 	sys, err := pglogrepl.IdentifySystem(ctx, repl)
 	if err != nil {
-		return pos, fmt.Errorf("identifying the server for the exactly-once position: %w", err)
+		return pos, "", fmt.Errorf("identifying the server for the exactly-once position: %w", err)
 	}
-	tli := int(sys.Timeline)
-	history, err := checkPosition(pos, tli, sys.XLogPos, r.cfg.Kafka.PositionsTopic)
+	if found {
+		if err := ownPosition(pos, r.cfg.Postgres.Slot, sys.SystemID, id, r.cfg.Kafka.PositionsTopic); err != nil {
+			return pos, "", err
+		}
+	}
+	pos, err = r.onThisTimeline(ctx, repl, int(sys.Timeline), sys.XLogPos, pos)
+	return pos, sys.SystemID, err
+}
+
+// onThisTimeline returns pos as it applies to the server on repl, on
+// timeline tli with its WAL at walEnd.
+func (r *Relay) onThisTimeline(ctx context.Context, repl *pgconn.PgConn, tli int, walEnd wal.LSN, pos position) (position, error) {
+	if pos.LSN == 0 {
+		return pos, nil
+	}
+	history, err := checkPosition(pos, tli, walEnd, r.cfg.Kafka.PositionsTopic)
 	if err != nil || !history {
 		return pos, err
 	}
@@ -466,3 +487,39 @@ func checkPosition(pos position, tli int, walEnd wal.LSN, topic string) (history
 	}
 	return false, nil
 }
+
+// ownPosition refuses a position found under transactional id id that was
+// written for another slot than slot, or another database than the one
+// with system identifier system: two deployments given the same
+// kafka.transactional_id. Its LSN says nothing about this slot's stream;
+// applying it would skip this slot's transactions up to it and confirm the
+// slot there. Each shard has its own slot and id (a reshard changes both),
+// so a shard's position names its own slot.
+func ownPosition(pos position, slot, system, id, topic string) error {
+	var other string
+	switch {
+	case pos.Slot != slot:
+		other = fmt.Sprintf("slot %q", pos.Slot)
+		if pos.System != "" && pos.System != system {
+			other += fmt.Sprintf(" of the database with system identifier %s", pos.System)
+		}
+	case pos.System != "" && pos.System != system:
+		other = fmt.Sprintf("slot %q of the database with system identifier %s (this one's is %s)", pos.Slot, pos.System, system)
+	default:
+		return nil
+	}
+	return &refusedError{fmt.Errorf("the position of transactional id %q in %s (LSN %s) was written for %s, and this outboxd streams slot %q: "+
+		"another deployment uses the same kafka.transactional_id, and applying its position would skip this slot's events. "+
+		"Give each deployment its own kafka.transactional_id (or leave it empty: the default, outboxd-<system identifier>-<slot>, "+
+		"differs per slot and database). If this deployment's slot or database was replaced, and the old one's events were all delivered, "+
+		"write a tombstone for key %[1]q to %[2]s instead", id, topic, pos.LSN, other, slot)}
+}
+
+// refusedError is an error that a pipeline restart cannot fix: outboxd
+// stops (IsPermanent) rather than try again, and, in exactly-once mode,
+// fence the other holder of the transactional id again.
+type refusedError struct{ err error }
+
+func (e *refusedError) Error() string   { return e.err.Error() }
+func (e *refusedError) Unwrap() error   { return e.err }
+func (e *refusedError) Permanent() bool { return true }

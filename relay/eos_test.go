@@ -9,12 +9,12 @@ import (
 
 func TestPositionRoundTrip(t *testing.T) {
 	for _, p := range []position{
-		{LSN: 0x16B3748},
-		{LSN: 0x1_0000_0010, Txn: 0x1_0000_2000, Rows: 1234},
-		{LSN: 0x20, Timeline: 3},
+		{LSN: 0x16B3748, Slot: "outboxd"},
+		{LSN: 0x1_0000_0010, Txn: 0x1_0000_2000, Rows: 1234, Slot: "outboxd_1of4", System: "7441234567890123456"},
+		{LSN: 0x20, Timeline: 3, Slot: "outboxd"},
 		{},
 	} {
-		got, err := decodePosition(p.encode("outboxd"))
+		got, err := decodePosition(p.encode())
 		if err != nil || got != p {
 			t.Errorf("decode(encode(%+v)) = %+v, %v", p, got, err)
 		}
@@ -24,8 +24,55 @@ func TestPositionRoundTrip(t *testing.T) {
 			t.Errorf("decodePosition(%s) accepted it", bad)
 		}
 	}
-	if p, _ := decodePosition([]byte(`{"lsn":"0/20","slot":"s","at":"x"}`)); p.LSN != wal.LSN(0x20) {
-		t.Errorf("lsn 0/20 decoded as %s", p.LSN)
+	if p, _ := decodePosition([]byte(`{"lsn":"0/20","slot":"s","at":"x"}`)); p != (position{LSN: 0x20, Slot: "s"}) {
+		t.Errorf("a position without a system identifier decoded as %+v", p)
+	}
+}
+
+// A position is applied only by the slot and database it was written for:
+// two deployments given one kafka.transactional_id must not skip each
+// other's events (issue 32 item 2). Shards and reshards are not refused:
+// each shard's slot and id differ, so its position names its own slot; a
+// position without a system identifier (an older outboxd's) is judged by
+// its slot.
+func TestOwnPosition(t *testing.T) {
+	const sys, other = "7441234567890123456", "7449999999999999999"
+	for _, c := range []struct {
+		name string
+		pos  position
+		slot string
+		err  string
+	}{
+		{name: "this slot", pos: position{LSN: 0x100, Slot: "outboxd", System: sys}, slot: "outboxd"},
+		{name: "this slot, no system identifier", pos: position{LSN: 0x100, Slot: "outboxd"}, slot: "outboxd"},
+		{name: "this shard", pos: position{LSN: 0x100, Slot: "outboxd_1of4", System: sys}, slot: "outboxd_1of4"},
+		{name: "another slot", pos: position{LSN: 0x100, Slot: "billing", System: sys}, slot: "orders",
+			err: `the position of transactional id "shared" in outboxd-positions (LSN 0/100) was written for slot "billing", and this outboxd streams slot "orders": ` +
+				`another deployment uses the same kafka.transactional_id`},
+		{name: "another shard", pos: position{LSN: 0x100, Slot: "outboxd_0of4", System: sys}, slot: "outboxd_1of4",
+			err: `written for slot "outboxd_0of4", and this outboxd streams slot "outboxd_1of4"`},
+		{name: "another shard count", pos: position{LSN: 0x100, Slot: "outboxd_0of2", System: sys}, slot: "outboxd_0of4",
+			err: `written for slot "outboxd_0of2"`},
+		{name: "no slot named", pos: position{LSN: 0x100}, slot: "outboxd", err: `written for slot ""`},
+		{name: "another database", pos: position{LSN: 0x100, Slot: "outboxd", System: other}, slot: "outboxd",
+			err: `written for slot "outboxd" of the database with system identifier 7449999999999999999 (this one's is 7441234567890123456)`},
+		{name: "another slot and database", pos: position{LSN: 0x100, Slot: "billing", System: other}, slot: "orders",
+			err: `written for slot "billing" of the database with system identifier 7449999999999999999, and this outboxd streams slot "orders"`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			err := ownPosition(c.pos, c.slot, sys, "shared", "outboxd-positions")
+			if (err == nil) != (c.err == "") || (err != nil && !strings.Contains(err.Error(), c.err)) {
+				t.Fatalf("ownPosition(%+v, %q) = %v; want %q", c.pos, c.slot, err, c.err)
+			}
+			if err != nil {
+				if !IsPermanent(err) {
+					t.Errorf("IsPermanent(%v) = false: the run would restart and fence the other deployment again", err)
+				}
+				if msg := err.Error(); !strings.Contains(msg, "Give each deployment its own kafka.transactional_id") {
+					t.Errorf("the refusal does not say what to do: %s", msg)
+				}
+			}
+		})
 	}
 }
 
