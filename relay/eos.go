@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxd/outboxd/checkpoint"
+	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/sink"
 	"github.com/outboxd/outboxd/wal"
@@ -19,8 +20,9 @@ import (
 // This file is kafka.delivery: exactly_once (DESIGN.md, "Exactly-once
 // mode"). The pipeline goroutine owns one Kafka transaction at a time. It
 // holds whole Postgres transactions in commit order and is committed at a
-// Postgres transaction boundary once it is kafka.transaction_interval old or
-// holds max_buffered_records records, with the position (the end LSN of the
+// Postgres transaction boundary when no complete Postgres transaction is
+// waiting behind it, or once it is kafka.transaction_interval old or holds
+// max_buffered_records records (commitDue), with the position (the end LSN of the
 // last Postgres transaction it holds) written to kafka.positions_topic in
 // the same transaction. Each Postgres transaction holds one extra record in
 // the tracker (a hold) from its Begin until the Kafka transaction holding
@@ -191,10 +193,22 @@ func (r *Relay) pipeEOS(ctx context.Context, batches <-chan []wal.Item, p *Pipel
 			if !ok {
 				return e.finish(ctx)
 			}
-			for _, item := range batch {
+			last := lastCommit(batch)
+			for i, item := range batch {
 				if err := p.Handle(item); err != nil {
 					return err
 				}
+				if _, ok := item.(*wal.Commit); ok {
+					// A complete transaction waits behind this one if a
+					// later Commit is in the batch, or may if another
+					// batch is queued.
+					if err := e.boundary(ctx, i < last || len(batches) > 0); err != nil {
+						return err
+					}
+				}
+			}
+			if err := e.boundary(ctx, len(batches) > 0); err != nil {
+				return err
 			}
 		case <-wake:
 			if err := e.tick(ctx); err != nil {
@@ -202,6 +216,16 @@ func (r *Relay) pipeEOS(ctx context.Context, batches <-chan []wal.Item, p *Pipel
 			}
 		}
 	}
+}
+
+// lastCommit returns the index of batch's last Commit, or -1.
+func lastCommit(batch []wal.Item) int {
+	for i := len(batch) - 1; i >= 0; i-- {
+		if _, ok := batch[i].(*wal.Commit); ok {
+			return i
+		}
+	}
+	return -1
 }
 
 // skip handles an item of a transaction skipped whole.
@@ -269,21 +293,42 @@ func (e *eos) row(ctx context.Context, rec *router.Record) (skip bool, err error
 	return false, nil
 }
 
-// committed ends the Postgres transaction x (committed to the tracker) and
-// commits the Kafka transaction when it is due.
-func (e *eos) committed(ctx context.Context, x *checkpoint.Txn, end wal.LSN) error {
+// committed ends the Postgres transaction x (committed to the tracker);
+// pipeEOS then asks boundary whether to commit the Kafka transaction.
+func (e *eos) committed(_ context.Context, x *checkpoint.Txn, end wal.LSN) error {
 	e.inTxn, e.skipRows = false, 0
 	e.last = end
 	e.held = append(e.held, x)
 	if !e.producer.InTransaction() {
 		e.release() // no record since the last commit: nothing to write
-		return nil
-	}
-	k := e.r.cfg.Kafka
-	if e.records >= k.MaxBufferedRecords || time.Since(e.producer.Began()) >= k.TransactionInterval {
-		return e.commit(ctx)
 	}
 	return nil
+}
+
+// boundary commits the open Kafka transaction at a Postgres transaction
+// boundary when commitDue says so; waiting tells whether a complete
+// Postgres transaction may be waiting behind it.
+func (e *eos) boundary(ctx context.Context, waiting bool) error {
+	if e.inTxn || !e.producer.InTransaction() {
+		return nil
+	}
+	if !commitDue(e.records, time.Since(e.producer.Began()), waiting, e.r.cfg.Kafka) {
+		return nil
+	}
+	return e.commit(ctx)
+}
+
+// commitDue decides whether a Kafka transaction of records records, open
+// for age, commits at a Postgres transaction boundary. With no complete
+// Postgres transaction waiting behind it, it commits at once: a quiet
+// stream's events become visible a commit's round trip after they arrive,
+// not kafka.transaction_interval later. Under load (transactions waiting)
+// it keeps batching until it is kafka.transaction_interval old or holds
+// kafka.max_buffered_records records, which holds the throughput: each
+// commit then carries what arrived while the previous one was made, up to
+// those limits.
+func commitDue(records int, age time.Duration, waiting bool, k config.Kafka) bool {
+	return !waiting || records >= k.MaxBufferedRecords || age >= k.TransactionInterval
 }
 
 // due returns when the pipeline must wake up to commit (or split) the open

@@ -3,7 +3,9 @@ package relay
 import (
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/wal"
 )
 
@@ -128,5 +130,53 @@ func TestRewind(t *testing.T) {
 				t.Errorf("rewind(%+v, %s, 2) = %+v, %v; want %+v, %v", c.pos, end, got, moved, c.want, c.moved)
 			}
 		})
+	}
+}
+
+// A Kafka transaction commits at a Postgres transaction boundary at once
+// when no complete Postgres transaction waits behind it (a quiet stream),
+// and under load only once it is transaction_interval old or holds
+// max_buffered_records records (issue 36 section 2).
+func TestCommitDue(t *testing.T) {
+	k := config.Default().Kafka
+	k.TransactionInterval, k.MaxBufferedRecords = 100*time.Millisecond, 1000
+	for _, c := range []struct {
+		name    string
+		records int
+		age     time.Duration
+		waiting bool
+		want    bool
+	}{
+		{"quiet: one record, just opened", 1, 0, false, true},
+		{"quiet: old and full", 1000, time.Second, false, true},
+		{"load: young and small", 10, 5 * time.Millisecond, true, false},
+		{"load: just under the interval", 999, 99 * time.Millisecond, true, false},
+		{"load: the interval", 10, 100 * time.Millisecond, true, true},
+		{"load: full", 1000, time.Millisecond, true, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if got := commitDue(c.records, c.age, c.waiting, k); got != c.want {
+				t.Errorf("commitDue(%d records, %s old, waiting %v) = %v, want %v", c.records, c.age, c.waiting, got, c.want)
+			}
+		})
+	}
+}
+
+// A complete transaction waits behind a Commit when a later Commit is in
+// its batch.
+func TestLastCommit(t *testing.T) {
+	b, c := &wal.Begin{}, &wal.Commit{}
+	for _, tc := range []struct {
+		batch []wal.Item
+		want  int
+	}{
+		{nil, -1},
+		{[]wal.Item{b}, -1},
+		{[]wal.Item{b, c}, 1},
+		{[]wal.Item{b, c, b, c, b}, 3},
+	} {
+		if got := lastCommit(tc.batch); got != tc.want {
+			t.Errorf("lastCommit(%d items) = %d, want %d", len(tc.batch), got, tc.want)
+		}
 	}
 }
