@@ -140,35 +140,77 @@ type eos struct {
 
 // startEOS initialises the transactional producer (fencing the previous
 // holder of the id, whose open transaction Kafka aborts), reads the last
-// committed position and confirms it.
+// committed position and confirms it. Before it fences anyone it looks at
+// the id's last position, committed or not: when another deployment's id
+// it is, it refuses without disturbing that deployment.
 func (r *Relay) startEOS(ctx context.Context, p *Pipeline, producer *sink.Producer) (*eos, error) {
 	e := &eos{r: r, producer: producer, tracker: p.tracker, fail: p.fail}
-	if err := e.producer.Init(ctx); err != nil {
-		return nil, err
-	}
-	if err := e.producer.EnsurePositionsTopic(ctx); err != nil {
-		return nil, err
-	}
-	v, ok, err := e.producer.ReadPosition(ctx)
+	repl, err := r.connectReplication(ctx)
 	if err != nil {
 		return nil, err
 	}
-	found := ok && len(v) > 0 // a tombstone (an operator's) is no position
-	if found {
-		if e.pos, err = decodePosition(v); err != nil {
-			return nil, fmt.Errorf("the position of %q in %s is not outboxd's (%q): %w; delete it, or set another kafka.transactional_id",
-				e.producer.TransactionalID(), r.cfg.Kafka.PositionsTopic, v, err)
-		}
+	defer repl.Close(context.WithoutCancel(ctx))
+	sys, err := identify(ctx, repl)
+	if err != nil {
+		return nil, err
 	}
-	if e.pos, e.system, err = r.resumeAt(ctx, e.pos, found, e.producer.TransactionalID()); err != nil {
+	e.system = sys.SystemID
+	if err := e.producer.EnsurePositionsTopic(ctx); err != nil {
+		return nil, err
+	}
+	if _, _, err := e.position(ctx, e.producer.PeekPosition); err != nil {
+		var refused *refusedError
+		if errors.As(err, &refused) {
+			return nil, err
+		}
+		// Not outboxd's, or unreadable: the committed one decides.
+	}
+	if err := e.producer.Init(ctx); err != nil {
+		return nil, err
+	}
+	pos, found, err := e.position(ctx, e.producer.ReadPosition)
+	if err != nil {
+		return nil, err
+	}
+	// The timeline and WAL end now: the previous holder committed
+	// positions until Init fenced it.
+	if sys, err = identify(ctx, repl); err != nil {
+		return nil, err
+	}
+	if e.pos, err = r.onThisTimeline(ctx, repl, int(sys.Timeline), sys.XLogPos, pos); err != nil {
 		return nil, err
 	}
 	r.txnM.SetPositionRead(uint64(e.pos.LSN))
 	e.tracker.Idle(e.pos.LSN) // nothing is registered yet: confirms it when it is past the slot
 	e.last = e.tracker.Confirmed()
 	r.log.Info("exactly-once: resuming after the position committed in Kafka", "transactional_id", e.producer.TransactionalID(),
-		"lsn", e.pos.LSN.String(), "split_txn", e.pos.Txn.String(), "split_rows", e.pos.Rows, "found", ok && len(v) > 0, "slot", r.cfg.Postgres.Slot)
+		"lsn", e.pos.LSN.String(), "split_txn", e.pos.Txn.String(), "split_rows", e.pos.Rows, "found", found, "slot", r.cfg.Postgres.Slot)
 	return e, nil
+}
+
+func identify(ctx context.Context, repl *pgconn.PgConn) (pglogrepl.IdentifySystemResult, error) {
+	sys, err := pglogrepl.IdentifySystem(ctx, repl)
+	if err != nil {
+		return sys, fmt.Errorf("identifying the server for the exactly-once position: %w", err)
+	}
+	return sys, nil
+}
+
+// position reads the id's position with read (the producer's ReadPosition
+// or PeekPosition). It refuses one that is not outboxd's, and one written
+// for another slot or database (ownPosition); found is false when there is
+// none.
+func (e *eos) position(ctx context.Context, read func(context.Context) ([]byte, bool, error)) (pos position, found bool, err error) {
+	v, ok, err := read(ctx)
+	if err != nil || !ok || len(v) == 0 { // a tombstone (an operator's) is no position
+		return position{}, false, err
+	}
+	id, topic := e.producer.TransactionalID(), e.r.cfg.Kafka.PositionsTopic
+	if pos, err = decodePosition(v); err != nil {
+		return position{}, false, fmt.Errorf("the position of %q in %s is not outboxd's (%q): %w; delete it, or set another kafka.transactional_id",
+			id, topic, v, err)
+	}
+	return pos, true, ownPosition(pos, e.r.cfg.Postgres.Slot, e.system, id, topic)
 }
 
 // pipeEOS is pipe in exactly-once mode: besides the batches it wakes up to
@@ -440,10 +482,8 @@ func (e *eos) end(ctx context.Context, err error) error {
 	return err
 }
 
-// resumeAt returns where a run resumes: pos (found: read from Kafka) as it
-// applies to the server, and the server's system identifier. A position
-// written for another slot or database is refused (ownPosition). A
-// position written on an earlier
+// onThisTimeline returns pos as it applies to the server on repl, on
+// timeline tli with its WAL at walEnd. A position written on an earlier
 // timeline may lie past the point where the current one began (a promoted
 // standby that had not received everything): the events between the two
 // are in Kafka but not on this server, and the new timeline's transactions
@@ -452,27 +492,6 @@ func (e *eos) end(ctx context.Context, err error) error {
 // timeline than the server's (an old primary), or past the server's WAL (a
 // database restored from a backup that kept its system identifier), is
 // refused: applying it would skip what the server commits up to it.
-func (r *Relay) resumeAt(ctx context.Context, pos position, found bool, id string) (position, string, error) {
-	repl, err := r.connectReplication(ctx)
-	if err != nil {
-		return pos, "", err
-	}
-	defer repl.Close(context.WithoutCancel(ctx))
-	sys, err := pglogrepl.IdentifySystem(ctx, repl)
-	if err != nil {
-		return pos, "", fmt.Errorf("identifying the server for the exactly-once position: %w", err)
-	}
-	if found {
-		if err := ownPosition(pos, r.cfg.Postgres.Slot, sys.SystemID, id, r.cfg.Kafka.PositionsTopic); err != nil {
-			return pos, "", err
-		}
-	}
-	pos, err = r.onThisTimeline(ctx, repl, int(sys.Timeline), sys.XLogPos, pos)
-	return pos, sys.SystemID, err
-}
-
-// onThisTimeline returns pos as it applies to the server on repl, on
-// timeline tli with its WAL at walEnd.
 func (r *Relay) onThisTimeline(ctx context.Context, repl *pgconn.PgConn, tli int, walEnd wal.LSN, pos position) (position, error) {
 	if pos.LSN == 0 {
 		return pos, nil

@@ -321,6 +321,19 @@ func (p *Producer) EnsurePositionsTopic(ctx context.Context) error {
 // write committed transactions again. Call it after Init, which settles the
 // previous holder's last transaction.
 func (p *Producer) ReadPosition(ctx context.Context) (value []byte, ok bool, err error) {
+	return p.readPosition(ctx, kgo.ReadCommitted())
+}
+
+// PeekPosition is ReadPosition with isolation.level=read_uncommitted: the
+// value of the key's last record, whether its transaction committed,
+// aborted or is still open. It needs no Init, and so fences nobody: a
+// caller can tell from it, before fencing the id's holder, whether the id
+// is another deployment's.
+func (p *Producer) PeekPosition(ctx context.Context) (value []byte, ok bool, err error) {
+	return p.readPosition(ctx, kgo.ReadUncommitted())
+}
+
+func (p *Producer) readPosition(ctx context.Context, isolation kgo.IsolationLevel) (value []byte, ok bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.DeliveryTimeout)
 	defer cancel()
 	topic, key := p.cfg.PositionsTopic, p.txn.id
@@ -358,7 +371,7 @@ func (p *Producer) ReadPosition(ctx context.Context) (value []byte, ok bool, err
 		end := lo.Offset
 		for window := int64(1000); ; window *= 8 {
 			from := max(start, end-window)
-			v, ok, err := p.readRange(ctx, topic, lo.Partition, from, end, key)
+			v, ok, err := p.readRange(ctx, isolation, topic, lo.Partition, from, end, key)
 			if err != nil {
 				return nil, false, err
 			}
@@ -377,7 +390,7 @@ func (p *Producer) ReadPosition(ctx context.Context) (value []byte, ok bool, err
 	return found.value, found.ok, nil
 }
 
-// readRange reads offsets [from, end) of one partition, read_committed, and
+// readRange reads offsets [from, end) of one partition, at isolation, and
 // returns the value of the last record with key. It returns only once it
 // has received a record at or past end-1: the last offset below the high
 // watermark end is a transaction marker (kept with KeepControlRecords) or a
@@ -385,14 +398,14 @@ func (p *Producer) ReadPosition(ctx context.Context) (value []byte, ok bool, err
 // records of aborted transactions below it are skipped by the client, and
 // a compaction gap further down is passed over. Until then an empty poll
 // is no end: the broker may not be answering.
-func (p *Producer) readRange(ctx context.Context, topic string, partition int32, from, end int64, key string) ([]byte, bool, error) {
+func (p *Producer) readRange(ctx context.Context, isolation kgo.IsolationLevel, topic string, partition int32, from, end int64, key string) ([]byte, bool, error) {
 	if from >= end {
 		return nil, false, nil
 	}
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(p.cfg.Brokers...),
 		kgo.ClientID(p.cfg.ClientID),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.FetchIsolationLevel(isolation),
 		kgo.KeepControlRecords(), // the markers tell where the stable end is
 		kgo.FetchMaxWait(100 * time.Millisecond),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {partition: kgo.NewOffset().At(from)}}),

@@ -245,3 +245,49 @@ func TestReadPositionWhileFetchesFail(t *testing.T) {
 		})
 	}
 }
+
+// PeekPosition returns the key's last position whether or not its
+// transaction committed, without initialising the producer: nothing is
+// fenced, and a transaction still open elsewhere on the positions
+// partition does not hold it back.
+func TestPeekPositionFencesNobody(t *testing.T) {
+	c := newCluster(t, 1)
+	p, ctx := txnProducer(t, c, "outboxd-peek")
+	if err := p.Begin(); err != nil {
+		t.Fatal(err)
+	}
+	produceN(t, ctx, p, 0, 1)
+	if err := p.Commit(ctx, []byte("p1")); err != nil {
+		t.Fatal(err)
+	}
+	// Another writer's transaction holds a newer record of the key, open.
+	other, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.TransactionalID("another-writer"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if err := other.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	positions := config.Default().Kafka.PositionsTopic
+	if err := other.ProduceSync(ctx, &kgo.Record{Topic: positions, Key: []byte("outboxd-peek"), Value: []byte("p2")}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	cfg := config.Default().Kafka
+	cfg.Brokers = c.ListenAddrs()
+	cfg.Delivery = config.ExactlyOnce
+	cfg.DeliveryTimeout = 5 * time.Second
+	q, err := sink.NewTransactional(cfg, sink.NewMetrics(prometheus.NewRegistry()), sink.NewTxnMetrics(prometheus.NewRegistry()),
+		slog.New(slog.DiscardHandler), "outboxd-peek")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	v, ok, err := q.PeekPosition(ctx)
+	if err != nil || !ok || string(v) != "p2" {
+		t.Errorf("PeekPosition = %q, %v, %v; want the open transaction's p2", v, ok, err)
+	}
+	if f, err := p.Fenced(ctx); err != nil || f {
+		t.Errorf("the id's holder is fenced after a peek: %v, %v", f, err)
+	}
+}

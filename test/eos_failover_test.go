@@ -127,11 +127,11 @@ func TestExactlyOncePositionPastTheWALIsRefused(t *testing.T) {
 
 // Two deployments on one Postgres cluster, on different slots, given the
 // same kafka.transactional_id (issue 32 item 2). The second one to start
-// fences the first and finds the first's position; it must refuse it,
-// naming both slots, and stop without confirming anything on its own slot
-// (applying it would skip its own events up to the other slot's LSN). The
-// first goes on after the fence; the second, given its own id, then
-// delivers everything: nothing lost on either, nothing twice.
+// finds the first's position; it must refuse it, naming both slots, and
+// stop without confirming anything on its own slot (applying it would skip
+// its own events up to the other slot's LSN), and without fencing the first
+// (it looks before it initialises the id). The second, given its own id,
+// then delivers everything: nothing lost on either, nothing twice.
 func TestExactlyOnceSharedTransactionalIDIsRefused(t *testing.T) {
 	dA, dB := newDB(t), newDB(t)
 	shared := dA.name + "-shared"
@@ -173,11 +173,14 @@ func TestExactlyOnceSharedTransactionalIDIsRefused(t *testing.T) {
 	if lsn := dB.confirmedFlush(t); lsn != bConfirmed && !t.Failed() {
 		t.Errorf("B's slot was confirmed from %X to %X by the run that refused the position", bConfirmed, lsn)
 	}
+	if strings.Contains(a.logs.String(), "another outboxd took over") {
+		t.Errorf("B fenced A before refusing A's position")
+	}
 
-	// The operator gives B its own id; A was fenced once and goes on.
+	// The operator gives B its own id.
 	b = start(t, envB(dB.name+"-own"))
 	b.waitStreaming()
-	ra := fa.finish("exactly-once: shared transactional id, first deployment", 1, time.Now(), "fenced once by the second, which refused")
+	ra := fa.finish("exactly-once: shared transactional id, first deployment", 1, time.Now(), "the second refused its position without fencing it")
 	rb := fb.finish("exactly-once: shared transactional id, second deployment", 1, time.Now(), "refused the first's position, restarted with its own id")
 	noDuplicates(t, ra)
 	noDuplicates(t, rb)
