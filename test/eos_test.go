@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"regexp"
-	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -468,20 +467,9 @@ func startTakeover(t *testing.T, d *db, spec loadSpec, kProxy *faultProxy, a, b 
 func regressions(l *ledger, recs []*kgo.Record) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	sorted := append([]*kgo.Record(nil), recs...)
-	sort.SliceStable(sorted, func(i, j int) bool {
-		a, b := sorted[i], sorted[j]
-		if a.Topic != b.Topic {
-			return a.Topic < b.Topic
-		}
-		if a.Partition != b.Partition {
-			return a.Partition < b.Partition
-		}
-		return a.Offset < b.Offset
-	})
 	n := 0
 	top := map[string]int{}
-	for _, rec := range sorted {
+	for _, rec := range inLogOrder(recs) {
 		e, ok := l.committed[header(rec, "id")]
 		if !ok {
 			continue
