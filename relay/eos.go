@@ -70,8 +70,9 @@ type position struct {
 	// LSN, and its transactions between the two would be skipped.
 	Timeline int
 	// Slot and System name the slot and the database (its IDENTIFY_SYSTEM
-	// identifier; "" in positions written before it was recorded: not known) whose
-	// stream the position is in. Its LSNs mean nothing in another's.
+	// identifier; "" in positions written before it was recorded: not
+	// known) whose stream the position is in. Its LSNs mean nothing in
+	// another's.
 	Slot, System string
 }
 
