@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxd/outboxd/checkpoint"
+	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/sink"
 	"github.com/outboxd/outboxd/wal"
@@ -19,8 +20,9 @@ import (
 // This file is kafka.delivery: exactly_once (DESIGN.md, "Exactly-once
 // mode"). The pipeline goroutine owns one Kafka transaction at a time. It
 // holds whole Postgres transactions in commit order and is committed at a
-// Postgres transaction boundary once it is kafka.transaction_interval old or
-// holds max_buffered_records records, with the position (the end LSN of the
+// Postgres transaction boundary when no complete Postgres transaction is
+// waiting behind it, or once it is kafka.transaction_interval old or holds
+// max_buffered_records records (commitDue), with the position (the end LSN of the
 // last Postgres transaction it holds) written to kafka.positions_topic in
 // the same transaction. Each Postgres transaction holds one extra record in
 // the tracker (a hold) from its Begin until the Kafka transaction holding
@@ -67,6 +69,11 @@ type position struct {
 	// not known). After a promotion the new timeline may have begun before
 	// LSN, and its transactions between the two would be skipped.
 	Timeline int
+	// Slot and System name the slot and the database (its IDENTIFY_SYSTEM
+	// identifier; "" in positions written before it was recorded: not
+	// known) whose stream the position is in. Its LSNs mean nothing in
+	// another's.
+	Slot, System string
 }
 
 type positionJSON struct {
@@ -75,11 +82,13 @@ type positionJSON struct {
 	Rows     int    `json:"rows,omitempty"`
 	Timeline int    `json:"timeline,omitempty"`
 	Slot     string `json:"slot"`
+	System   string `json:"system,omitempty"`
 	At       string `json:"at"`
 }
 
-func (p position) encode(slot string) []byte {
-	j := positionJSON{LSN: p.LSN.String(), Rows: p.Rows, Timeline: p.Timeline, Slot: slot, At: time.Now().UTC().Format(time.RFC3339Nano)}
+func (p position) encode() []byte {
+	j := positionJSON{LSN: p.LSN.String(), Rows: p.Rows, Timeline: p.Timeline, Slot: p.Slot, System: p.System,
+		At: time.Now().UTC().Format(time.RFC3339Nano)}
 	if p.Txn != 0 {
 		j.Txn = p.Txn.String()
 	}
@@ -92,7 +101,7 @@ func decodePosition(b []byte) (position, error) {
 	if err := json.Unmarshal(b, &j); err != nil {
 		return position{}, err
 	}
-	p := position{Timeline: j.Timeline}
+	p := position{Timeline: j.Timeline, Slot: j.Slot, System: j.System}
 	var err error
 	if p.LSN, err = pglogrepl.ParseLSN(j.LSN); err != nil {
 		return position{}, err
@@ -114,6 +123,7 @@ type eos struct {
 	tracker  *checkpoint.Tracker
 	fail     context.CancelCauseFunc
 	pos      position // read at the run's start
+	system   string   // the server's system identifier, written with each position
 	// last is the end LSN of the last Postgres transaction committed to the
 	// tracker, or the start position.
 	last wal.LSN
@@ -131,34 +141,77 @@ type eos struct {
 
 // startEOS initialises the transactional producer (fencing the previous
 // holder of the id, whose open transaction Kafka aborts), reads the last
-// committed position and confirms it.
+// committed position and confirms it. Before it fences anyone it looks at
+// the id's last position, committed or not: when another deployment's id
+// it is, it refuses without disturbing that deployment.
 func (r *Relay) startEOS(ctx context.Context, p *Pipeline, producer *sink.Producer) (*eos, error) {
 	e := &eos{r: r, producer: producer, tracker: p.tracker, fail: p.fail}
-	if err := e.producer.Init(ctx); err != nil {
-		return nil, err
-	}
-	if err := e.producer.EnsurePositionsTopic(ctx); err != nil {
-		return nil, err
-	}
-	v, ok, err := e.producer.ReadPosition(ctx)
+	repl, err := r.connectReplication(ctx)
 	if err != nil {
 		return nil, err
 	}
-	if ok && len(v) > 0 { // a tombstone (an operator's) is no position
-		if e.pos, err = decodePosition(v); err != nil {
-			return nil, fmt.Errorf("the position of %q in %s is not outboxd's (%q): %w; delete it, or set another kafka.transactional_id",
-				e.producer.TransactionalID(), r.cfg.Kafka.PositionsTopic, v, err)
-		}
+	defer repl.Close(context.WithoutCancel(ctx))
+	sys, err := identify(ctx, repl)
+	if err != nil {
+		return nil, err
 	}
-	if e.pos, err = r.onThisTimeline(ctx, e.pos); err != nil {
+	e.system = sys.SystemID
+	if err := e.producer.EnsurePositionsTopic(ctx); err != nil {
+		return nil, err
+	}
+	if _, _, err := e.position(ctx, e.producer.PeekPosition); err != nil {
+		var refused *refusedError
+		if errors.As(err, &refused) {
+			return nil, err
+		}
+		// Not outboxd's, or unreadable: the committed one decides.
+	}
+	if err := e.producer.Init(ctx); err != nil {
+		return nil, err
+	}
+	pos, found, err := e.position(ctx, e.producer.ReadPosition)
+	if err != nil {
+		return nil, err
+	}
+	// The timeline and WAL end now: the previous holder committed
+	// positions until Init fenced it.
+	if sys, err = identify(ctx, repl); err != nil {
+		return nil, err
+	}
+	if e.pos, err = r.onThisTimeline(ctx, repl, int(sys.Timeline), sys.XLogPos, pos); err != nil {
 		return nil, err
 	}
 	r.txnM.SetPositionRead(uint64(e.pos.LSN))
 	e.tracker.Idle(e.pos.LSN) // nothing is registered yet: confirms it when it is past the slot
 	e.last = e.tracker.Confirmed()
 	r.log.Info("exactly-once: resuming after the position committed in Kafka", "transactional_id", e.producer.TransactionalID(),
-		"lsn", e.pos.LSN.String(), "split_txn", e.pos.Txn.String(), "split_rows", e.pos.Rows, "found", ok && len(v) > 0, "slot", r.cfg.Postgres.Slot)
+		"lsn", e.pos.LSN.String(), "split_txn", e.pos.Txn.String(), "split_rows", e.pos.Rows, "found", found, "slot", r.cfg.Postgres.Slot)
 	return e, nil
+}
+
+func identify(ctx context.Context, repl *pgconn.PgConn) (pglogrepl.IdentifySystemResult, error) {
+	sys, err := pglogrepl.IdentifySystem(ctx, repl)
+	if err != nil {
+		return sys, fmt.Errorf("identifying the server for the exactly-once position: %w", err)
+	}
+	return sys, nil
+}
+
+// position reads the id's position with read (the producer's ReadPosition
+// or PeekPosition). It refuses one that is not outboxd's, and one written
+// for another slot or database (ownPosition); found is false when there is
+// none.
+func (e *eos) position(ctx context.Context, read func(context.Context) ([]byte, bool, error)) (pos position, found bool, err error) {
+	v, ok, err := read(ctx)
+	if err != nil || !ok || len(v) == 0 { // a tombstone (an operator's) is no position
+		return position{}, false, err
+	}
+	id, topic := e.producer.TransactionalID(), e.r.cfg.Kafka.PositionsTopic
+	if pos, err = decodePosition(v); err != nil {
+		return position{}, false, fmt.Errorf("the position of %q in %s is not outboxd's (%q): %w; delete it, or set another kafka.transactional_id",
+			id, topic, v, err)
+	}
+	return pos, true, ownPosition(pos, e.r.cfg.Postgres.Slot, e.system, id, topic)
 }
 
 // pipeEOS is pipe in exactly-once mode: besides the batches it wakes up to
@@ -183,10 +236,22 @@ func (r *Relay) pipeEOS(ctx context.Context, batches <-chan []wal.Item, p *Pipel
 			if !ok {
 				return e.finish(ctx)
 			}
-			for _, item := range batch {
+			last := lastCommit(batch)
+			for i, item := range batch {
 				if err := p.Handle(item); err != nil {
 					return err
 				}
+				if _, ok := item.(*wal.Commit); ok {
+					// A complete transaction waits behind this one if a
+					// later Commit is in the batch, or may if another
+					// batch is queued.
+					if err := e.boundary(ctx, i < last || len(batches) > 0); err != nil {
+						return err
+					}
+				}
+			}
+			if err := e.boundary(ctx, len(batches) > 0); err != nil {
+				return err
 			}
 		case <-wake:
 			if err := e.tick(ctx); err != nil {
@@ -194,6 +259,16 @@ func (r *Relay) pipeEOS(ctx context.Context, batches <-chan []wal.Item, p *Pipel
 			}
 		}
 	}
+}
+
+// lastCommit returns the index of batch's last Commit, or -1.
+func lastCommit(batch []wal.Item) int {
+	for i := len(batch) - 1; i >= 0; i-- {
+		if _, ok := batch[i].(*wal.Commit); ok {
+			return i
+		}
+	}
+	return -1
 }
 
 // skip handles an item of a transaction skipped whole.
@@ -261,21 +336,42 @@ func (e *eos) row(ctx context.Context, rec *router.Record) (skip bool, err error
 	return false, nil
 }
 
-// committed ends the Postgres transaction x (committed to the tracker) and
-// commits the Kafka transaction when it is due.
-func (e *eos) committed(ctx context.Context, x *checkpoint.Txn, end wal.LSN) error {
+// committed ends the Postgres transaction x (committed to the tracker);
+// pipeEOS then asks boundary whether to commit the Kafka transaction.
+func (e *eos) committed(_ context.Context, x *checkpoint.Txn, end wal.LSN) error {
 	e.inTxn, e.skipRows = false, 0
 	e.last = end
 	e.held = append(e.held, x)
 	if !e.producer.InTransaction() {
 		e.release() // no record since the last commit: nothing to write
-		return nil
-	}
-	k := e.r.cfg.Kafka
-	if e.records >= k.MaxBufferedRecords || time.Since(e.producer.Began()) >= k.TransactionInterval {
-		return e.commit(ctx)
 	}
 	return nil
+}
+
+// boundary commits the open Kafka transaction at a Postgres transaction
+// boundary when commitDue says so; waiting tells whether a complete
+// Postgres transaction may be waiting behind it.
+func (e *eos) boundary(ctx context.Context, waiting bool) error {
+	if e.inTxn || !e.producer.InTransaction() {
+		return nil
+	}
+	if !commitDue(e.records, time.Since(e.producer.Began()), waiting, e.r.cfg.Kafka) {
+		return nil
+	}
+	return e.commit(ctx)
+}
+
+// commitDue decides whether a Kafka transaction of records records, open
+// for age, commits at a Postgres transaction boundary. With no complete
+// Postgres transaction waiting behind it, it commits at once: a quiet
+// stream's events become visible a commit's round trip after they arrive,
+// not kafka.transaction_interval later. Under load (transactions waiting)
+// it keeps batching until it is kafka.transaction_interval old or holds
+// kafka.max_buffered_records records, which holds the throughput: each
+// commit then carries what arrived while the previous one was made, up to
+// those limits.
+func commitDue(records int, age time.Duration, waiting bool, k config.Kafka) bool {
+	return !waiting || records >= k.MaxBufferedRecords || age >= k.TransactionInterval
 }
 
 // due returns when the pipeline must wake up to commit (or split) the open
@@ -316,11 +412,11 @@ func (e *eos) commit(ctx context.Context) error {
 		e.release()
 		return nil
 	}
-	pos := position{LSN: e.last, Timeline: e.r.timeline}
+	pos := position{LSN: e.last, Timeline: e.r.timeline, Slot: e.r.cfg.Postgres.Slot, System: e.system}
 	if e.inTxn && e.rows > 0 {
 		pos.Txn, pos.Rows = e.final, e.rows
 	}
-	if err := e.producer.Commit(ctx, pos.encode(e.r.cfg.Postgres.Slot)); err != nil {
+	if err := e.producer.Commit(ctx, pos.encode()); err != nil {
 		return err
 	}
 	e.records, e.bytes = 0, 0
@@ -387,8 +483,8 @@ func (e *eos) end(ctx context.Context, err error) error {
 	return err
 }
 
-// onThisTimeline returns pos as it applies to the server (IDENTIFY_SYSTEM
-// gives its timeline and WAL end). A position written on an earlier
+// onThisTimeline returns pos as it applies to the server on repl, on
+// timeline tli with its WAL at walEnd. A position written on an earlier
 // timeline may lie past the point where the current one began (a promoted
 // standby that had not received everything): the events between the two
 // are in Kafka but not on this server, and the new timeline's transactions
@@ -397,21 +493,11 @@ func (e *eos) end(ctx context.Context, err error) error {
 // timeline than the server's (an old primary), or past the server's WAL (a
 // database restored from a backup that kept its system identifier), is
 // refused: applying it would skip what the server commits up to it.
-func (r *Relay) onThisTimeline(ctx context.Context, pos position) (position, error) {
+func (r *Relay) onThisTimeline(ctx context.Context, repl *pgconn.PgConn, tli int, walEnd wal.LSN, pos position) (position, error) {
 	if pos.LSN == 0 {
 		return pos, nil
 	}
-	repl, err := r.connectReplication(ctx)
-	if err != nil {
-		return pos, err
-	}
-	defer repl.Close(context.WithoutCancel(ctx))
-	sys, err := pglogrepl.IdentifySystem(ctx, repl)
-	if err != nil {
-		return pos, fmt.Errorf("identifying the server for the exactly-once position: %w", err)
-	}
-	tli := int(sys.Timeline)
-	history, err := checkPosition(pos, tli, sys.XLogPos, r.cfg.Kafka.PositionsTopic)
+	history, err := checkPosition(pos, tli, walEnd, r.cfg.Kafka.PositionsTopic)
 	if err != nil || !history {
 		return pos, err
 	}
@@ -423,13 +509,30 @@ func (r *Relay) onThisTimeline(ctx context.Context, pos position) (position, err
 		return pos, fmt.Errorf("the position in %s was written on timeline %d, which is not in the history of this server's timeline %d; "+
 			"it belongs to another server: delete it from %[1]s, or set another kafka.transactional_id", r.cfg.Kafka.PositionsTopic, pos.Timeline, tli)
 	}
-	if pos.LSN <= end {
-		return pos, nil
+	on, moved := rewind(pos, end, tli)
+	if moved {
+		r.log.Warn("exactly-once: the position in Kafka lies past where this server's timeline began; the events between them are in Kafka "+
+			"but were lost in the promotion, and delivery resumes from the switch point", "position", pos.LSN.String(), "position_timeline", pos.Timeline,
+			"switch_lsn", end.String(), "timeline", tli, "slot", r.cfg.Postgres.Slot)
 	}
-	r.log.Warn("exactly-once: the position in Kafka lies past where this server's timeline began; the events between them are in Kafka "+
-		"but were lost in the promotion, and delivery resumes from the switch point", "position", pos.LSN.String(), "position_timeline", pos.Timeline,
-		"switch_lsn", end.String(), "timeline", tli, "slot", r.cfg.Postgres.Slot)
-	return position{LSN: end, Timeline: tli}, nil
+	return on, nil
+}
+
+// rewind returns pos, written on an earlier timeline, as it applies to
+// timeline tli, which branched off at end: moved back to end when it lies
+// past it (moved). A split-transaction marker applies only to a transaction
+// whose commit record begins before end, the WAL both timelines share: a
+// commit at or after end was on the old timeline only, and a transaction of
+// the new one that commits at that LSN is another, none of whose rows are
+// in Kafka.
+func rewind(pos position, end wal.LSN, tli int) (on position, moved bool) {
+	if pos.LSN > end {
+		return position{LSN: end, Timeline: tli}, true
+	}
+	if pos.Txn >= end {
+		pos.Txn, pos.Rows = 0, 0
+	}
+	return pos, false
 }
 
 // checkPosition judges a position against the server's timeline tli and WAL
@@ -449,3 +552,39 @@ func checkPosition(pos position, tli int, walEnd wal.LSN, topic string) (history
 	}
 	return false, nil
 }
+
+// ownPosition refuses a position found under transactional id id that was
+// written for another slot than slot, or another database than the one
+// with system identifier system: two deployments given the same
+// kafka.transactional_id. Its LSN says nothing about this slot's stream;
+// applying it would skip this slot's transactions up to it and confirm the
+// slot there. Each shard has its own slot and id (a reshard changes both),
+// so a shard's position names its own slot.
+func ownPosition(pos position, slot, system, id, topic string) error {
+	var other string
+	switch {
+	case pos.Slot != slot:
+		other = fmt.Sprintf("slot %q", pos.Slot)
+		if pos.System != "" && pos.System != system {
+			other += fmt.Sprintf(" of the database with system identifier %s", pos.System)
+		}
+	case pos.System != "" && pos.System != system:
+		other = fmt.Sprintf("slot %q of the database with system identifier %s (this one's is %s)", pos.Slot, pos.System, system)
+	default:
+		return nil
+	}
+	return &refusedError{fmt.Errorf("the position of transactional id %q in %s (LSN %s) was written for %s, and this outboxd streams slot %q: "+
+		"another deployment uses the same kafka.transactional_id, and applying its position would skip this slot's events. "+
+		"Give each deployment its own kafka.transactional_id (or leave it empty: the default, outboxd-<system identifier>-<slot>, "+
+		"differs per slot and database). If this deployment's slot or database was replaced, and the old one's events were all delivered, "+
+		"write a tombstone for key %[1]q to %[2]s instead", id, topic, pos.LSN, other, slot)}
+}
+
+// refusedError is an error that a pipeline restart cannot fix: outboxd
+// stops (IsPermanent) rather than try again, and, in exactly-once mode,
+// fence the other holder of the transactional id again.
+type refusedError struct{ err error }
+
+func (e *refusedError) Error() string   { return e.err.Error() }
+func (e *refusedError) Unwrap() error   { return e.err }
+func (e *refusedError) Permanent() bool { return true }

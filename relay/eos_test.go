@@ -3,18 +3,20 @@ package relay
 import (
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/wal"
 )
 
 func TestPositionRoundTrip(t *testing.T) {
 	for _, p := range []position{
-		{LSN: 0x16B3748},
-		{LSN: 0x1_0000_0010, Txn: 0x1_0000_2000, Rows: 1234},
-		{LSN: 0x20, Timeline: 3},
+		{LSN: 0x16B3748, Slot: "outboxd"},
+		{LSN: 0x1_0000_0010, Txn: 0x1_0000_2000, Rows: 1234, Slot: "outboxd_1of4", System: "7441234567890123456"},
+		{LSN: 0x20, Timeline: 3, Slot: "outboxd"},
 		{},
 	} {
-		got, err := decodePosition(p.encode("outboxd"))
+		got, err := decodePosition(p.encode())
 		if err != nil || got != p {
 			t.Errorf("decode(encode(%+v)) = %+v, %v", p, got, err)
 		}
@@ -24,8 +26,55 @@ func TestPositionRoundTrip(t *testing.T) {
 			t.Errorf("decodePosition(%s) accepted it", bad)
 		}
 	}
-	if p, _ := decodePosition([]byte(`{"lsn":"0/20","slot":"s","at":"x"}`)); p.LSN != wal.LSN(0x20) {
-		t.Errorf("lsn 0/20 decoded as %s", p.LSN)
+	if p, _ := decodePosition([]byte(`{"lsn":"0/20","slot":"s","at":"x"}`)); p != (position{LSN: 0x20, Slot: "s"}) {
+		t.Errorf("a position without a system identifier decoded as %+v", p)
+	}
+}
+
+// A position is applied only by the slot and database it was written for:
+// two deployments given one kafka.transactional_id must not skip each
+// other's events (issue 32 item 2). Shards and reshards are not refused:
+// each shard's slot and id differ, so its position names its own slot; a
+// position without a system identifier (an older outboxd's) is judged by
+// its slot.
+func TestOwnPosition(t *testing.T) {
+	const sys, other = "7441234567890123456", "7449999999999999999"
+	for _, c := range []struct {
+		name string
+		pos  position
+		slot string
+		err  string
+	}{
+		{name: "this slot", pos: position{LSN: 0x100, Slot: "outboxd", System: sys}, slot: "outboxd"},
+		{name: "this slot, no system identifier", pos: position{LSN: 0x100, Slot: "outboxd"}, slot: "outboxd"},
+		{name: "this shard", pos: position{LSN: 0x100, Slot: "outboxd_1of4", System: sys}, slot: "outboxd_1of4"},
+		{name: "another slot", pos: position{LSN: 0x100, Slot: "billing", System: sys}, slot: "orders",
+			err: `the position of transactional id "shared" in outboxd-positions (LSN 0/100) was written for slot "billing", and this outboxd streams slot "orders": ` +
+				`another deployment uses the same kafka.transactional_id`},
+		{name: "another shard", pos: position{LSN: 0x100, Slot: "outboxd_0of4", System: sys}, slot: "outboxd_1of4",
+			err: `written for slot "outboxd_0of4", and this outboxd streams slot "outboxd_1of4"`},
+		{name: "another shard count", pos: position{LSN: 0x100, Slot: "outboxd_0of2", System: sys}, slot: "outboxd_0of4",
+			err: `written for slot "outboxd_0of2"`},
+		{name: "no slot named", pos: position{LSN: 0x100}, slot: "outboxd", err: `written for slot ""`},
+		{name: "another database", pos: position{LSN: 0x100, Slot: "outboxd", System: other}, slot: "outboxd",
+			err: `written for slot "outboxd" of the database with system identifier 7449999999999999999 (this one's is 7441234567890123456)`},
+		{name: "another slot and database", pos: position{LSN: 0x100, Slot: "billing", System: other}, slot: "orders",
+			err: `written for slot "billing" of the database with system identifier 7449999999999999999, and this outboxd streams slot "orders"`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			err := ownPosition(c.pos, c.slot, sys, "shared", "outboxd-positions")
+			if (err == nil) != (c.err == "") || (err != nil && !strings.Contains(err.Error(), c.err)) {
+				t.Fatalf("ownPosition(%+v, %q) = %v; want %q", c.pos, c.slot, err, c.err)
+			}
+			if err != nil {
+				if !IsPermanent(err) {
+					t.Errorf("IsPermanent(%v) = false: the run would restart and fence the other deployment again", err)
+				}
+				if msg := err.Error(); !strings.Contains(msg, "Give each deployment its own kafka.transactional_id") {
+					t.Errorf("the refusal does not say what to do: %s", msg)
+				}
+			}
+		})
 	}
 }
 
@@ -49,6 +98,85 @@ func TestCheckPosition(t *testing.T) {
 		history, err := checkPosition(c.pos, 2, 0x1000, "outboxd-positions")
 		if history != c.history || (err == nil) != (c.err == "") || (err != nil && !strings.Contains(err.Error(), c.err)) {
 			t.Errorf("checkPosition(%+v) on timeline 2, WAL at 0/1000 = %v, %v; want %v, %q", c.pos, history, err, c.history, c.err)
+		}
+	}
+}
+
+// A position from an earlier timeline is moved back to the switch point
+// when it lies past it, and keeps a split-transaction marker only for a
+// transaction that committed before the switch point: one that commits at
+// or after it on the new timeline is another transaction, and must not lose
+// its first rows (issue 32 item 4).
+func TestRewind(t *testing.T) {
+	const end = wal.LSN(0x1000)
+	for _, c := range []struct {
+		name  string
+		pos   position
+		want  position
+		moved bool
+	}{
+		{"before the switch point", position{LSN: 0x800, Timeline: 1}, position{LSN: 0x800, Timeline: 1}, false},
+		{"split transaction committed before it", position{LSN: 0x800, Txn: 0x900, Rows: 7, Timeline: 1},
+			position{LSN: 0x800, Txn: 0x900, Rows: 7, Timeline: 1}, false},
+		{"split transaction committing at it", position{LSN: 0x800, Txn: end, Rows: 7, Timeline: 1}, position{LSN: 0x800, Timeline: 1}, false},
+		{"split transaction committing after it", position{LSN: 0x800, Txn: 0x1200, Rows: 7, Timeline: 1}, position{LSN: 0x800, Timeline: 1}, false},
+		{"at the switch point, split after it", position{LSN: end, Txn: 0x1100, Rows: 3, Timeline: 1}, position{LSN: end, Timeline: 1}, false},
+		{"past the switch point", position{LSN: 0x2000, Timeline: 1}, position{LSN: end, Timeline: 2}, true},
+		{"past it, split", position{LSN: 0x2000, Txn: 0x2100, Rows: 5, Timeline: 1}, position{LSN: end, Timeline: 2}, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got, moved := rewind(c.pos, end, 2)
+			if got != c.want || moved != c.moved {
+				t.Errorf("rewind(%+v, %s, 2) = %+v, %v; want %+v, %v", c.pos, end, got, moved, c.want, c.moved)
+			}
+		})
+	}
+}
+
+// A Kafka transaction commits at a Postgres transaction boundary at once
+// when no complete Postgres transaction waits behind it (a quiet stream),
+// and under load only once it is transaction_interval old or holds
+// max_buffered_records records (issue 36 section 2).
+func TestCommitDue(t *testing.T) {
+	k := config.Default().Kafka
+	k.TransactionInterval, k.MaxBufferedRecords = 100*time.Millisecond, 1000
+	for _, c := range []struct {
+		name    string
+		records int
+		age     time.Duration
+		waiting bool
+		want    bool
+	}{
+		{"quiet: one record, just opened", 1, 0, false, true},
+		{"quiet: old and full", 1000, time.Second, false, true},
+		{"load: young and small", 10, 5 * time.Millisecond, true, false},
+		{"load: just under the interval", 999, 99 * time.Millisecond, true, false},
+		{"load: the interval", 10, 100 * time.Millisecond, true, true},
+		{"load: full", 1000, time.Millisecond, true, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if got := commitDue(c.records, c.age, c.waiting, k); got != c.want {
+				t.Errorf("commitDue(%d records, %s old, waiting %v) = %v, want %v", c.records, c.age, c.waiting, got, c.want)
+			}
+		})
+	}
+}
+
+// A complete transaction waits behind a Commit when a later Commit is in
+// its batch.
+func TestLastCommit(t *testing.T) {
+	b, c := &wal.Begin{}, &wal.Commit{}
+	for _, tc := range []struct {
+		batch []wal.Item
+		want  int
+	}{
+		{nil, -1},
+		{[]wal.Item{b}, -1},
+		{[]wal.Item{b, c}, 1},
+		{[]wal.Item{b, c, b, c, b}, 3},
+	} {
+		if got := lastCommit(tc.batch); got != tc.want {
+			t.Errorf("lastCommit(%d items) = %d, want %d", len(tc.batch), got, tc.want)
 		}
 	}
 }

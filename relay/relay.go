@@ -91,7 +91,10 @@ func IsPermanent(err error) bool {
 	var decErr *wal.DecodeError
 	var delivery *sink.DeliveryError
 	var pgErr *pgconn.PgError
+	var perm interface{ Permanent() bool } // an error that answers for itself
 	switch {
+	case errors.As(err, &perm) && perm.Permanent():
+		return true
 	case errors.As(err, &rowErr), errors.As(err, &layoutErr), errors.As(err, &decErr), errors.Is(err, errUpdate),
 		errors.Is(err, wal.ErrSlotMissing), errors.Is(err, wal.ErrSlotLost), errors.Is(err, wal.ErrPublicationMissing):
 		return true

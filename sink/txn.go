@@ -313,9 +313,27 @@ func (p *Producer) EnsurePositionsTopic(ctx context.Context) error {
 
 // ReadPosition returns the value of the last committed record of
 // kafka.positions_topic keyed by the transactional id, read with
-// isolation.level=read_committed; ok is false when there is none. Call it
-// after Init, which settles the previous holder's last transaction.
+// isolation.level=read_committed up to the high watermark the broker
+// reports when it starts; ok is false when there is none. A read that does
+// not reach the high watermark within kafka.delivery_timeout fails: franz-go
+// answers a partition it cannot fetch (no leader, being moved) with empty
+// polls, which look like the end of the topic, and an older position would
+// write committed transactions again. Call it after Init, which settles the
+// previous holder's last transaction.
 func (p *Producer) ReadPosition(ctx context.Context) (value []byte, ok bool, err error) {
+	return p.readPosition(ctx, kgo.ReadCommitted())
+}
+
+// PeekPosition is ReadPosition with isolation.level=read_uncommitted: the
+// value of the key's last record, whether its transaction committed,
+// aborted or is still open. It needs no Init, and so fences nobody: a
+// caller can tell from it, before fencing the id's holder, whether the id
+// is another deployment's.
+func (p *Producer) PeekPosition(ctx context.Context) (value []byte, ok bool, err error) {
+	return p.readPosition(ctx, kgo.ReadUncommitted())
+}
+
+func (p *Producer) readPosition(ctx context.Context, isolation kgo.IsolationLevel) (value []byte, ok bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.DeliveryTimeout)
 	defer cancel()
 	topic, key := p.cfg.PositionsTopic, p.txn.id
@@ -326,12 +344,17 @@ func (p *Producer) ReadPosition(ctx context.Context) (value []byte, ok bool, err
 	if err != nil {
 		return nil, false, fmt.Errorf("reading the start offsets of %s: %w", topic, err)
 	}
-	stables, err := p.admin.ListCommittedOffsets(ctx, topic) // the last stable offsets
+	// The high watermarks, not the last stable offsets: a transaction of
+	// another id (another shard or deployment) still open in a partition
+	// holds its last stable offset back, and this id's last position may
+	// have been committed after it. Reading committed records up to the
+	// high watermark waits until that transaction ends.
+	ends, err := p.admin.ListEndOffsets(ctx, topic)
 	if err == nil {
-		err = stables.Error()
+		err = ends.Error()
 	}
 	if err != nil {
-		return nil, false, fmt.Errorf("reading the last stable offsets of %s: %w", topic, err)
+		return nil, false, fmt.Errorf("reading the end offsets of %s: %w", topic, err)
 	}
 	var found struct {
 		value []byte
@@ -340,7 +363,7 @@ func (p *Producer) ReadPosition(ctx context.Context) (value []byte, ok bool, err
 	// Read each partition's tail, going further back until the key turns
 	// up: the last record of the key is near the end unless many other
 	// instances share the partition.
-	for _, lo := range stables[topic] {
+	for _, lo := range ends[topic] {
 		start := int64(0)
 		if s, ok := starts.Lookup(topic, lo.Partition); ok {
 			start = s.Offset
@@ -348,7 +371,7 @@ func (p *Producer) ReadPosition(ctx context.Context) (value []byte, ok bool, err
 		end := lo.Offset
 		for window := int64(1000); ; window *= 8 {
 			from := max(start, end-window)
-			v, ok, err := p.readRange(ctx, topic, lo.Partition, from, end, key)
+			v, ok, err := p.readRange(ctx, isolation, topic, lo.Partition, from, end, key)
 			if err != nil {
 				return nil, false, err
 			}
@@ -367,16 +390,22 @@ func (p *Producer) ReadPosition(ctx context.Context) (value []byte, ok bool, err
 	return found.value, found.ok, nil
 }
 
-// readRange reads offsets [from, end) of one partition, read_committed, and
-// returns the value of the last record with key.
-func (p *Producer) readRange(ctx context.Context, topic string, partition int32, from, end int64, key string) ([]byte, bool, error) {
+// readRange reads offsets [from, end) of one partition, at isolation, and
+// returns the value of the last record with key. It returns only once it
+// has received a record at or past end-1: the last offset below the high
+// watermark end is a transaction marker (kept with KeepControlRecords) or a
+// committed record, in the active segment, which compaction never cleans;
+// records of aborted transactions below it are skipped by the client, and
+// a compaction gap further down is passed over. Until then an empty poll
+// is no end: the broker may not be answering.
+func (p *Producer) readRange(ctx context.Context, isolation kgo.IsolationLevel, topic string, partition int32, from, end int64, key string) ([]byte, bool, error) {
 	if from >= end {
 		return nil, false, nil
 	}
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(p.cfg.Brokers...),
 		kgo.ClientID(p.cfg.ClientID),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.FetchIsolationLevel(isolation),
 		kgo.KeepControlRecords(), // the markers tell where the stable end is
 		kgo.FetchMaxWait(100 * time.Millisecond),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {partition: kgo.NewOffset().At(from)}}),
@@ -398,13 +427,16 @@ func (p *Producer) readRange(ctx context.Context, topic string, partition int32,
 	defer cl.Close()
 	var value []byte
 	ok := false
-	quiet := 0
+	last := from - 1 // the highest offset received
 	for {
-		pctx, cancel := context.WithTimeout(ctx, time.Second)
-		fs := cl.PollFetches(pctx)
-		cancel()
-		if ctx.Err() != nil {
-			return nil, false, fmt.Errorf("reading %s[%d] up to offset %d: %w", topic, partition, end, ctx.Err())
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); errors.Is(err, context.DeadlineExceeded) {
+			return nil, false, fmt.Errorf("reading %s[%d]: its high watermark %d was not reached within kafka.delivery_timeout (%s; last offset received: %d): "+
+				"the partition has no leader or is not answering, or another producer's transaction in it is still open; "+
+				"the position is known only once read to the end, so the pipeline restarts and reads again: %w",
+				topic, partition, end, p.cfg.DeliveryTimeout, last, err)
+		} else if err != nil {
+			return nil, false, fmt.Errorf("reading %s[%d]: %w", topic, partition, err)
 		}
 		var ferr error
 		fs.EachError(func(_ string, _ int32, err error) {
@@ -415,7 +447,6 @@ func (p *Producer) readRange(ctx context.Context, topic string, partition int32,
 		if ferr != nil {
 			return nil, false, fmt.Errorf("reading %s[%d]: %w", topic, partition, ferr)
 		}
-		last := int64(-1)
 		fs.EachRecord(func(r *kgo.Record) {
 			last = max(last, r.Offset)
 			if r.Offset < end && !r.Attrs.IsControl() && string(r.Key) == key {
@@ -424,15 +455,6 @@ func (p *Producer) readRange(ctx context.Context, topic string, partition int32,
 		})
 		if last >= end-1 {
 			return value, ok, nil
-		}
-		if last < 0 {
-			// Nothing more is returned: the rest below end was removed
-			// (compaction) or is of aborted transactions.
-			if quiet++; quiet >= 3 {
-				return value, ok, nil
-			}
-		} else {
-			quiet = 0
 		}
 	}
 }

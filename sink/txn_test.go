@@ -5,12 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/router"
@@ -21,11 +25,21 @@ import (
 // its topic and the positions topic created.
 func txnProducer(t *testing.T, c *kfake.Cluster, id string) (*sink.Producer, context.Context) {
 	t.Helper()
+	return txnProducerWith(t, c, id, nil)
+}
+
+// txnProducerWith is txnProducer with its settings changed by tune (if not
+// nil).
+func txnProducerWith(t *testing.T, c *kfake.Cluster, id string, tune func(*config.Kafka)) (*sink.Producer, context.Context) {
+	t.Helper()
 	cfg := config.Default().Kafka
 	cfg.Brokers = c.ListenAddrs()
 	cfg.TopicPartitions = 1
 	cfg.TopicReplicationFactor = 1
 	cfg.Delivery = config.ExactlyOnce
+	if tune != nil {
+		tune(&cfg)
+	}
 	p, err := sink.NewTransactional(cfg, sink.NewMetrics(prometheus.NewRegistry()), sink.NewTxnMetrics(prometheus.NewRegistry()),
 		slog.New(slog.DiscardHandler), id)
 	if err != nil {
@@ -144,5 +158,136 @@ func TestTransactionFencedByANewInstance(t *testing.T) {
 	}
 	if got := readCommitted(t, c, topic); len(got) != 0 {
 		t.Errorf("read_committed sees the fenced instance's records %v", got)
+	}
+}
+
+// failFetches makes c answer every fetch of topic with
+// NOT_LEADER_OR_FOLLOWER for d from the first one, as a broker does while a
+// partition's leadership moves after a restart. It returns how many fetches
+// it failed.
+func failFetches(c *kfake.Cluster, topic string, d time.Duration) *atomic.Int64 {
+	var n atomic.Int64
+	var until time.Time
+	c.ControlKey(int16(kmsg.Fetch), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		r := req.(*kmsg.FetchRequest)
+		if until.IsZero() {
+			until = time.Now().Add(d)
+		}
+		if time.Now().After(until) {
+			return nil, nil, false
+		}
+		resp := r.ResponseKind().(*kmsg.FetchResponse)
+		for _, rt := range r.Topics {
+			if rt.Topic != "" && rt.Topic != topic {
+				return nil, nil, false
+			}
+			st := kmsg.NewFetchResponseTopic()
+			st.Topic, st.TopicID = rt.Topic, rt.TopicID
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewFetchResponseTopicPartition()
+				sp.Partition = rp.Partition
+				sp.ErrorCode = kerr.NotLeaderForPartition.Code
+				sp.HighWatermark, sp.LastStableOffset, sp.LogStartOffset = -1, -1, -1
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		n.Add(1)
+		return resp, nil, true
+	})
+	return &n
+}
+
+// A restart reads the position while the positions partition cannot be
+// fetched (NOT_LEADER_OR_FOLLOWER for 5 s: franz-go retries and returns
+// empty polls meanwhile). It must return the last position, P2, or fail:
+// never P1 or none, which would write committed transactions again
+// (issue 32 item 3).
+func TestReadPositionWhileFetchesFail(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		timeout time.Duration // kafka.delivery_timeout, which bounds the read
+		want    string        // "" for an error
+	}{
+		{"the fetches recover within delivery_timeout", 30 * time.Second, "p2"},
+		{"they do not", 3 * time.Second, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cl := newCluster(t, 1)
+			tune := func(k *config.Kafka) { k.DeliveryTimeout = c.timeout }
+			p, ctx := txnProducerWith(t, cl, "outboxd-read", tune)
+			for i, pos := range []string{"p1", "p2"} {
+				if err := p.Begin(); err != nil {
+					t.Fatal(err)
+				}
+				produceN(t, ctx, p, i, 1)
+				if err := p.Commit(ctx, []byte(pos)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			q, ctx := txnProducerWith(t, cl, "outboxd-read", tune) // the restart
+			failed := failFetches(cl, config.Default().Kafka.PositionsTopic, 5*time.Second)
+			began := time.Now()
+			v, ok, err := q.ReadPosition(ctx)
+			t.Logf("ReadPosition = %q, %v, %v after %s, %d fetches failed", v, ok, err, time.Since(began).Round(time.Millisecond), failed.Load())
+			if failed.Load() == 0 {
+				t.Fatal("no fetch of the positions topic failed: the test tests nothing")
+			}
+			switch {
+			case c.want != "" && (err != nil || !ok || string(v) != c.want):
+				t.Errorf("ReadPosition = %q, %v, %v; want %q", v, ok, err, c.want)
+			case c.want == "" && err == nil:
+				t.Errorf("ReadPosition = %q, %v with the partition unreadable for longer than delivery_timeout; want an error", v, ok)
+			case c.want == "" && !strings.Contains(err.Error(), "within kafka.delivery_timeout"):
+				t.Errorf("the error does not say the end was not reached within kafka.delivery_timeout: %v", err)
+			}
+		})
+	}
+}
+
+// PeekPosition returns the key's last position whether or not its
+// transaction committed, without initialising the producer: nothing is
+// fenced, and a transaction still open elsewhere on the positions
+// partition does not hold it back.
+func TestPeekPositionFencesNobody(t *testing.T) {
+	c := newCluster(t, 1)
+	p, ctx := txnProducer(t, c, "outboxd-peek")
+	if err := p.Begin(); err != nil {
+		t.Fatal(err)
+	}
+	produceN(t, ctx, p, 0, 1)
+	if err := p.Commit(ctx, []byte("p1")); err != nil {
+		t.Fatal(err)
+	}
+	// Another writer's transaction holds a newer record of the key, open.
+	other, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.TransactionalID("another-writer"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if err := other.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	positions := config.Default().Kafka.PositionsTopic
+	if err := other.ProduceSync(ctx, &kgo.Record{Topic: positions, Key: []byte("outboxd-peek"), Value: []byte("p2")}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	cfg := config.Default().Kafka
+	cfg.Brokers = c.ListenAddrs()
+	cfg.Delivery = config.ExactlyOnce
+	cfg.DeliveryTimeout = 5 * time.Second
+	q, err := sink.NewTransactional(cfg, sink.NewMetrics(prometheus.NewRegistry()), sink.NewTxnMetrics(prometheus.NewRegistry()),
+		slog.New(slog.DiscardHandler), "outboxd-peek")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	v, ok, err := q.PeekPosition(ctx)
+	if err != nil || !ok || string(v) != "p2" {
+		t.Errorf("PeekPosition = %q, %v, %v; want the open transaction's p2", v, ok, err)
+	}
+	if f, err := p.Fenced(ctx); err != nil || f {
+		t.Errorf("the id's holder is fenced after a peek: %v, %v", f, err)
 	}
 }

@@ -54,17 +54,7 @@ func check(l *ledger, recs []*kgo.Record, partitions map[string]int) report {
 	defer l.mu.Unlock()
 	var r report
 	r.Delivered = len(recs)
-	sorted := append([]*kgo.Record(nil), recs...)
-	sort.SliceStable(sorted, func(i, j int) bool {
-		a, b := sorted[i], sorted[j]
-		if a.Topic != b.Topic {
-			return a.Topic < b.Topic
-		}
-		if a.Partition != b.Partition {
-			return a.Partition < b.Partition
-		}
-		return a.Offset < b.Offset
-	})
+	sorted := inLogOrder(recs)
 	seen := map[string]int{}
 	lastSeq := map[string]int{} // topic/key -> seq of the last first delivery
 	for _, rec := range sorted {
@@ -96,6 +86,23 @@ func check(l *ledger, recs []*kgo.Record, partitions map[string]int) report {
 	}
 	sort.Strings(r.Lost)
 	return r
+}
+
+// inLogOrder returns recs sorted by topic, partition and offset: each
+// partition's records in the order a consumer reads them.
+func inLogOrder(recs []*kgo.Record) []*kgo.Record {
+	sorted := append([]*kgo.Record(nil), recs...)
+	sort.SliceStable(sorted, func(i, j int) bool {
+		a, b := sorted[i], sorted[j]
+		if a.Topic != b.Topic {
+			return a.Topic < b.Topic
+		}
+		if a.Partition != b.Partition {
+			return a.Partition < b.Partition
+		}
+		return a.Offset < b.Offset
+	})
+	return sorted
 }
 
 func misrouted(e event, rec *kgo.Record, partitions map[string]int) string {

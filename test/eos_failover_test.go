@@ -114,7 +114,7 @@ func TestExactlyOncePositionPastTheWALIsRefused(t *testing.T) {
 	if _, err := kadm.NewClient(cl).CreateTopic(ctx, 1, -1, map[string]*string{"cleanup.policy": &compact}, positions); err != nil {
 		t.Fatal(err)
 	}
-	rec := &kgo.Record{Topic: positions, Key: []byte(tid), Value: []byte(`{"lsn":"FF/0","slot":"elsewhere","at":"2026-01-01T00:00:00Z"}`)}
+	rec := &kgo.Record{Topic: positions, Key: []byte(tid), Value: []byte(`{"lsn":"FF/0","slot":"` + d.slot + `","at":"2026-01-01T00:00:00Z"}`)}
 	if err := cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
@@ -122,5 +122,71 @@ func TestExactlyOncePositionPastTheWALIsRefused(t *testing.T) {
 	p.waitLog(`is past this server's WAL \([^)]+\): the database was restored from a backup`, time.Minute)
 	if lsn := d.confirmedFlush(t); lsn >= 0xFF_0000_0000 {
 		t.Errorf("the slot was confirmed to %X, past the server's WAL", lsn)
+	}
+}
+
+// Two deployments on one Postgres cluster, on different slots, given the
+// same kafka.transactional_id (issue 32 item 2). The second one to start
+// finds the first's position; it must refuse it, naming both slots, and
+// stop without confirming anything on its own slot (applying it would skip
+// its own events up to the other slot's LSN), and without fencing the first
+// (it looks before it initialises the id). The second, given its own id,
+// then delivers everything: nothing lost on either, nothing twice.
+func TestExactlyOnceSharedTransactionalIDIsRefused(t *testing.T) {
+	dA, dB := newDB(t), newDB(t)
+	shared := dA.name + "-shared"
+	positions := "OUTBOXD_KAFKA_POSITIONS_TOPIC=" + dA.name + "-positions"
+	envA := eosEnv(dA, positions, "OUTBOXD_KAFKA_TRANSACTIONAL_ID="+shared, "OUTBOXD_POSTGRES_STANDBY_POLL_INTERVAL=200ms")
+	envB := func(id string) []string { return eosEnv(dB, positions, "OUTBOXD_KAFKA_TRANSACTIONAL_ID="+id) }
+	// B's slot exists first (its load must be in it), made by a run with
+	// an id of its own.
+	b := start(t, envB(dB.name+"-own"))
+	b.waitStreaming()
+	b.stop(syscall.SIGTERM, 30*time.Second)
+	bConfirmed := dB.confirmedFlush(t)
+
+	a := start(t, envA)
+	a.waitStreaming()
+	spec := func(d *db) loadSpec {
+		return loadSpec{Prefix: d.name, Types: 2, IDs: 20, Writers: 2, Events: 3000, TxSizes: []int{1, 10, 50}, RollbackPct: 5,
+			Pace: 20 * time.Millisecond}
+	}
+	fa := startEOSRun(t, dA, svc.brokers, spec(dA))
+	fb := startEOSRun(t, dB, svc.brokers, spec(dB))
+	waitCommitted(t, fa.l, 500)
+	waitCommitted(t, fb.l, 500)
+	fa.c.waitFor(t, fa.l.committedIDs()[:100], time.Minute) // A has committed positions
+
+	b = start(t, envB(shared))
+	select {
+	case <-b.done:
+		if code := b.cmd.ProcessState.ExitCode(); code != 1 {
+			t.Errorf("B exited %d, want 1", code)
+		}
+		t.Logf("B: %s", b.waitLog(`the position of transactional id[^\n]*`, time.Second))
+		b.waitLog(`was written for slot \\?"`+dA.slot+`\\?", and this outboxd streams slot \\?"`+dB.slot+`\\?"`, time.Second)
+		b.waitLog(`Give each deployment its own kafka.transactional_id`, time.Second)
+	case <-time.After(30 * time.Second):
+		t.Errorf("B, sharing A's transactional id, still runs after 30 s; log:\n%s", b.logs.String())
+		b.kill()
+	}
+	if lsn := dB.confirmedFlush(t); lsn != bConfirmed && !t.Failed() {
+		t.Errorf("B's slot was confirmed from %X to %X by the run that refused the position", bConfirmed, lsn)
+	}
+	if strings.Contains(a.logs.String(), "another outboxd took over") {
+		t.Errorf("B fenced A before refusing A's position")
+	}
+
+	// The operator gives B its own id.
+	b = start(t, envB(dB.name+"-own"))
+	b.waitStreaming()
+	ra := fa.finish("exactly-once: shared transactional id, first deployment", 1, time.Now(), "the second refused its position without fencing it")
+	rb := fb.finish("exactly-once: shared transactional id, second deployment", 1, time.Now(), "refused the first's position, restarted with its own id")
+	noDuplicates(t, ra)
+	noDuplicates(t, rb)
+	select {
+	case <-a.done:
+		t.Errorf("A exited (%v) after the fence", a.err)
+	default:
 	}
 }
