@@ -245,7 +245,7 @@ func (s *Shards) reshard(ctx context.Context, strict bool) error {
 				n, shard.MinVersion, version)
 		}
 	}
-	db := &reshard.PG{Conn: conn, Cfg: pc, KeyColumn: s.cfg.Router.KeyColumn}
+	db := &reshard.PG{Conn: conn, Cfg: pc, KeyColumn: s.cfg.Router.KeyColumn, Log: s.log}
 	o, err := db.Observe(ctx)
 	if err != nil {
 		if n <= 1 && !strict {

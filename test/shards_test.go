@@ -8,10 +8,14 @@ import (
 	mrand "math/rand/v2"
 	"net/http"
 	"regexp"
+	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxd/outboxd/shard"
 )
@@ -430,4 +434,150 @@ func TestShardsRefusedBeforePostgres15(t *testing.T) {
 	t.Cleanup(func() { dropSlots(t, d) })
 	p := start(t, shardEnv(d, 2))
 	p.waitShardsStreaming(2)
+}
+
+// insertRows inserts outbox rows of aggregate type typ with the given keys
+// ("" for NULL), all in one transaction or each in its own, and returns
+// their ids in order.
+func insertRows(t *testing.T, d *db, typ string, oneTxn bool, keys ...string) []string {
+	t.Helper()
+	ctx := context.Background()
+	var ids []string
+	var tx pgx.Tx
+	for _, k := range keys {
+		if tx == nil {
+			var err error
+			if tx, err = d.pool.Begin(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var key *string
+		if k != "" {
+			key = &k
+		}
+		id := uuid()
+		if _, err := tx.Exec(ctx, insertSQL, id, typ, key, "Happened", "{}"); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+		if !oneTxn {
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			tx = nil
+		}
+	}
+	if tx != nil {
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ids
+}
+
+// Issue 32 item 1: with shards, a row whose key column is NULL has no hash;
+// shard 0's publication takes it, so it reaches a pipeline and
+// router.require_key applies as without shards: false delivers it with a
+// null key, true halts outboxd with the row's error, and nothing is lost (a
+// restart with require_key false then delivers it). Keyed, NULL-keyed and
+// keyed rows, in one transaction and in separate ones, with 2 and 4 shards.
+func TestShardsNullKeys(t *testing.T) {
+	for _, n := range []int{2, 4} {
+		for _, c := range []struct {
+			name    string
+			require bool
+			oneTxn  bool
+		}{{"require_key=false", false, false}, {"require_key=true/one_txn", true, true}, {"require_key=true/separate_txns", true, false}} {
+			t.Run(fmt.Sprintf("shards=%d/%s", n, c.name), func(t *testing.T) {
+				d := shardDB(t)
+				if d == nil {
+					return
+				}
+				d.exec(t, `ALTER TABLE outbox ALTER COLUMN aggregate_id DROP NOT NULL`)
+				env := func(require bool) []string {
+					return shardEnv(d, n, "OUTBOXD_ROUTER_REQUIRE_KEY="+strconv.FormatBool(require))
+				}
+				p := start(t, env(c.require))
+				p.waitShardsStreaming(n)
+				typ := d.name + "_n"
+				var ids, nulls []string
+				for _, one := range []bool{true, false} {
+					if c.require && one != c.oneTxn {
+						continue // the first NULL key halts outboxd
+					}
+					got := insertRows(t, d, typ, one, "k-1", "", "k-2", "k-3", "", "k-4")
+					ids = append(ids, got...)
+					nulls = append(nulls, got[1], got[4])
+				}
+				if c.require {
+					if code := p.waitExit(30 * time.Second); code != 1 {
+						t.Fatalf("outboxd exited %d on a NULL key with require_key true, want 1", code)
+					}
+					p.waitLog(`column aggregate_id is NULL; a key is required \(router.require_key\)`, time.Second)
+					// Nothing was confirmed past the row: with require_key
+					// false it is delivered.
+					p = start(t, env(false))
+					p.waitShardsStreaming(n)
+				}
+				recs := readUntil(t, []string{typ + "-events"}, time.Minute, 2*time.Second, waitIDs(ids...))
+				seen := map[string]int{}
+				for _, r := range recs {
+					id := header(r, "id")
+					seen[id]++
+					if slices.Contains(nulls, id) != (r.Key == nil) {
+						t.Errorf("event %s has the key %q", id, r.Key)
+					}
+				}
+				for _, id := range ids {
+					if seen[id] == 0 || !c.require && seen[id] != 1 {
+						t.Errorf("event %s delivered %d times", id, seen[id])
+					}
+				}
+			})
+		}
+	}
+}
+
+// Issue 32 item 1, existing deployments: shard 0's publication made with
+// the filter from before NULL keys had a shard is refused when
+// postgres.create_publication is false, with the statement that fixes it,
+// and fixed when it is true, with a warning that the rows with a NULL key
+// committed before were published to no slot.
+func TestShardsStaleNullFilter(t *testing.T) {
+	d := shardDB(t)
+	if d == nil {
+		return
+	}
+	const n = 2
+	d.exec(t, `ALTER TABLE outbox ALTER COLUMN aggregate_id DROP NOT NULL`)
+	pubs, _ := shard.Names("outboxd", n)
+	for i, pub := range pubs {
+		stmt := strings.Replace(shard.PublicationSQL(pub, "public", "outbox", "aggregate_id", i, n), `"aggregate_id" IS NULL OR `, "", 1)
+		d.exec(t, stmt)
+	}
+	// In the log the statement is inside a quoted value: its quotes are escaped.
+	alter := strings.ReplaceAll(regexp.QuoteMeta(shard.AlterFilterSQL(pubs[0], "public", "outbox", "aggregate_id", 0, n)), `"`, `\\"`)
+	p := start(t, shardEnv(d, n, "OUTBOXD_POSTGRES_CREATE_PUBLICATION=false"))
+	if code := p.waitExit(30 * time.Second); code != 1 {
+		t.Fatalf("outboxd exited %d with a stale shard filter and create_publication false, want 1", code)
+	}
+	p.waitLog(`publishes rows with a NULL key to no shard \(column \\"aggregate_id\\" is NULL\), so outboxd never sees such a row: `+alter+` fixes it`, time.Second)
+	p.waitLog(`rows with a NULL aggregate_id committed before then were published to no shard's slot and are lost to outboxd`, time.Second)
+
+	p = start(t, shardEnv(d, n, "OUTBOXD_ROUTER_REQUIRE_KEY=false"))
+	p.waitShardsStreaming(n)
+	p.waitLog(`msg="fixed the row filter of the shard publication, which published rows with a NULL key to no shard;.*lost to outboxd.* statement="`+alter, time.Second)
+	typ := d.name + "_s"
+	ids := insertRows(t, d, typ, false, "k-1", "", "k-2")
+	recs := readUntil(t, []string{typ + "-events"}, time.Minute, 2*time.Second, waitIDs(ids...))
+	if len(recs) != len(ids) {
+		t.Errorf("read %d records, want %d", len(recs), len(ids))
+	}
+	// Started again, it finds the filter right and changes nothing.
+	p.stop(syscall.SIGTERM, 30*time.Second)
+	p = start(t, shardEnv(d, n, "OUTBOXD_ROUTER_REQUIRE_KEY=false"))
+	p.waitShardsStreaming(n)
+	if strings.Contains(p.logs.String(), "fixed the row filter") {
+		t.Error("the filter was fixed again")
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -21,6 +22,7 @@ type PG struct {
 	Conn      *pgx.Conn
 	Cfg       config.Postgres
 	KeyColumn string // router.key_column: what the shard filters hash
+	Log       *slog.Logger
 	probed    bool
 }
 
@@ -147,7 +149,7 @@ func (p *PG) EnsureShardPublication(ctx context.Context, name string, i, n int) 
 		return fmt.Errorf("reading publication %q: %w", name, err)
 	}
 	if exists {
-		return nil
+		return p.checkFilter(ctx, name, i, n)
 	}
 	stmt := shard.PublicationSQL(name, schema, table, p.KeyColumn, i, n)
 	if !p.Cfg.CreatePublication {
@@ -176,6 +178,52 @@ func (p *PG) EnsureShardPublication(ctx context.Context, name string, i, n int) 
 		return nil
 	}
 	return &PermanentError{shard.PublicationError(err, name, schema, table, p.KeyColumn)}
+}
+
+// checkFilter checks the row filter of the existing publication name of
+// shard i of n (shard.FilterCheckSQL). A filter from before NULL keys had a
+// shard is fixed when postgres.create_publication is true, and refused
+// otherwise: either way the rows with a NULL key committed before the fix
+// were published to no slot, and the log says so. A publication without
+// the outbox table or without a filter is left to the start-up checks,
+// which explain it.
+func (p *PG) checkFilter(ctx context.Context, name string, i, n int) error {
+	schema, table := p.Cfg.TableName()
+	var actual *string
+	err := p.Conn.QueryRow(ctx, `SELECT to_jsonb(pt) ->> 'rowfilter' FROM pg_publication_tables pt WHERE pt.pubname = $1 AND pt.schemaname = $2 AND pt.tablename = $3`,
+		name, schema, table).Scan(&actual)
+	if errors.Is(err, pgx.ErrNoRows) || err == nil && actual == nil {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("reading the row filter of publication %q: %w", name, err)
+	}
+	var c shard.FilterCheck
+	err = p.Conn.QueryRow(ctx, shard.FilterCheckSQL(*actual, p.KeyColumn, i, n)).Scan(c.Fields()...)
+	if err != nil && sqlState(err) == "" {
+		return fmt.Errorf("checking the row filter of publication %q: %w", name, err)
+	}
+	err = shard.FilterCheckError(c, err, name, schema, table, p.KeyColumn, i, n)
+	if !errors.Is(err, shard.ErrStaleFilter) {
+		if err != nil {
+			return &PermanentError{err}
+		}
+		return nil
+	}
+	lost := fmt.Sprintf("rows with a NULL %s committed before then were published to no shard's slot and are lost to outboxd: find them with %s (while the table keeps them) and deliver them by hand",
+		p.KeyColumn, shard.NullKeysSQL(schema, table, p.KeyColumn))
+	alter := shard.AlterFilterSQL(name, schema, table, p.KeyColumn, i, n)
+	if !p.Cfg.CreatePublication {
+		return &PermanentError{fmt.Errorf("%w; postgres.create_publication is false, so run it yourself and restart outboxd. The %s", err, lost)}
+	}
+	if _, err := p.Conn.Exec(ctx, alter); err != nil {
+		return &PermanentError{fmt.Errorf("fixing the row filter of publication %q, which publishes rows with a NULL key to no shard, with %s: %w", name, alter, err)}
+	}
+	if p.Log != nil {
+		p.Log.Warn("fixed the row filter of the shard publication, which published rows with a NULL key to no shard; shard 0 delivers them from here on (router.require_key applies). The "+lost,
+			"publication", name, "statement", alter)
+	}
+	return nil
 }
 
 // CreateSlots creates the slots named (pgoutput).
