@@ -198,7 +198,7 @@ func (r *Relay) drainStage(ctx context.Context, rn *pipelineRun, err error) erro
 		// which the failure cancels, ends the wait at once with it
 		// (possibly a record the fence stopped, reported before the
 		// failure that broke the fence).
-		if werr := rn.tracker.WaitAcked(rn.ctx); werr != nil {
+		if werr := awaitAcks(rn.ctx, rn.fail, rn.tracker, rn.producer); werr != nil {
 			if cause := context.Cause(rn.ctx); !errors.Is(cause, errShutdownTimeout) {
 				err = cause
 			} else {
@@ -241,6 +241,27 @@ func (r *Relay) drainStage(ctx context.Context, rn *pipelineRun, err error) erro
 		r.log.Info("stopped", "slot", pg.Slot, "lsn", confirmed.String())
 	}
 	return err
+}
+
+// awaitAcks waits until Kafka has acknowledged every record tracker holds,
+// or run ends (with the run's failure as its cause). The producer's
+// watchdog runs meanwhile and fails run with its *sink.StallError after
+// kafka.delivery_timeout without an acknowledgement: the stream stage's
+// watchdog ended with the pipeline, and when the run ended cleanly without
+// a shutdown (an old shard past its reshard window) nothing else would end
+// the wait, so a broker outage at the cutover would hold the reshard
+// without a word (issue 32 item 7).
+func awaitAcks(run context.Context, fail context.CancelCauseFunc, tracker *checkpoint.Tracker, p *sink.Producer) error {
+	watch, stopWatch := context.WithCancel(run)
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		if err := p.Watch(watch, tracker.Waiting); err != nil {
+			fail(err)
+		}
+	}()
+	defer func() { stopWatch(); <-watched }()
+	return tracker.WaitAcked(run)
 }
 
 // receiveTimeout is postgres.receive_timeout, or else the server's

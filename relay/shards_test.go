@@ -1,15 +1,24 @@
 package relay
 
 import (
+	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/outboxd/outboxd/checkpoint"
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/shard"
+	"github.com/outboxd/outboxd/sink"
 	"github.com/outboxd/outboxd/wal"
 )
 
@@ -169,4 +178,67 @@ func TestPipelineDeliversOnlyItsShardsMessages(t *testing.T) {
 	if delivered != 8 {
 		t.Errorf("the two shards delivered %d messages, want each of the 8 once", delivered)
 	}
+}
+
+// Issue 32 item 7: an old shard past its reshard window ends its run
+// cleanly, which ends the stream stage's watchdog; waiting for Kafka's
+// acknowledgements after that must still end, after kafka.delivery_timeout,
+// with the stall, when the broker never answers.
+func TestAwaitAcksReportsAStall(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	cfg := config.Default().Kafka
+	cfg.Brokers = c.ListenAddrs()
+	cfg.TopicPartitions, cfg.TopicReplicationFactor = 1, 1
+	cfg.DeliveryTimeout = time.Second
+	p, err := sink.New(cfg, sink.NewMetrics(prometheus.NewRegistry()), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := p.EnsureTopic(ctx, "t"); err != nil {
+		t.Fatal(err)
+	}
+	// The broker never answers a produce request.
+	var hold atomic.Bool
+	hold.Store(true)
+	t.Cleanup(func() { hold.Store(false) })
+	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		c.SleepControl(func() {
+			for hold.Load() {
+				time.Sleep(5 * time.Millisecond)
+			}
+		})
+		return nil, nil, false
+	})
+	tracker := checkpoint.New(0)
+	txn := tracker.Begin()
+	txn.Add()
+	rec := &router.Record{Topic: "t", Key: []byte("k"), Value: []byte("v"), EventID: "e", Partition: -1}
+	if err := p.Produce(ctx, rec, func(err error) {
+		if err == nil {
+			txn.Ack()
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	txn.Commit(0x100)
+	run, fail := context.WithCancelCause(ctx)
+	started := time.Now()
+	werr := awaitAcks(run, fail, tracker, p)
+	var stall *sink.StallError
+	if werr == nil || !errors.As(context.Cause(run), &stall) {
+		t.Fatalf("awaitAcks returned %v after %s, cause %v; want the stall after kafka.delivery_timeout (%s)",
+			werr, time.Since(started).Round(time.Millisecond), context.Cause(run), cfg.DeliveryTimeout)
+	}
+	if d := time.Since(started); d < cfg.DeliveryTimeout || d > 5*cfg.DeliveryTimeout {
+		t.Errorf("the stall was reported after %s; want about kafka.delivery_timeout (%s)", d, cfg.DeliveryTimeout)
+	}
+	t.Logf("reported after %s: %v", time.Since(started).Round(time.Millisecond), stall)
 }
