@@ -120,6 +120,15 @@ func (r *Relay) startStage(ctx context.Context, c connected) (*pipelineRun, erro
 		}
 		return nil, err
 	}
+	// The slot is ours now: a reshard under way may forbid streaming it,
+	// or streaming it past its cutover (issue 32 item 5).
+	lc := r.lazyConn()
+	if err := r.reshardGate(ctx, lc, c.slot.confirmed); err != nil {
+		lc.Close()
+		c.conn.Close(context.Background())
+		rn.release()
+		return nil, err
+	}
 	rn.stream = stream
 	tracker, producer := rn.tracker, c.producer
 	var confirmedTxns uint64
@@ -139,7 +148,7 @@ func (r *Relay) startStage(ctx context.Context, c connected) (*pipelineRun, erro
 	}
 	stream.OnRoundTrip = func(d time.Duration) { r.m.roundTrip.Observe(d.Seconds()) }
 	var closeSlotConn func()
-	stream.SlotPosition, closeSlotConn = r.slotPosition()
+	stream.SlotPosition, closeSlotConn = r.slotPosition(lc)
 	release := rn.release
 	rn.release = func() {
 		closeSlotConn()
@@ -283,10 +292,8 @@ func (r *Relay) receiveTimeout(ctx context.Context, conn *pgconn.PgConn) time.Du
 }
 
 // slotPosition returns a function that reads the slot's confirmed position
-// on a connection of its own, opened at the first call, and one that closes
-// that connection.
-func (r *Relay) slotPosition() (read func(context.Context) (wal.LSN, error), closeConn func()) {
-	lc := &pg.Lazy{PG: r.cfg.Postgres}
+// on lc, a connection of the run's own, and one that closes it.
+func (r *Relay) slotPosition(lc *pg.Lazy) (read func(context.Context) (wal.LSN, error), closeConn func()) {
 	read = func(ctx context.Context) (wal.LSN, error) {
 		conn, err := lc.Get(ctx)
 		if err != nil {

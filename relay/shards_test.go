@@ -242,3 +242,22 @@ func TestAwaitAcksReportsAStall(t *testing.T) {
 	}
 	t.Logf("reported after %s: %v", time.Since(started).Round(time.Millisecond), stall)
 }
+
+// Issue 32 item 6: a new shard after a reshard (Relay.window with After X)
+// delivers nothing of a transaction ending at or before X, which the old
+// shards delivered, but confirms it in order, and delivers what ends after.
+func TestPipelineSkipsUpToTheWindowsStart(t *testing.T) {
+	tp := newTestPipeline(t, nil)
+	const x = 0x400
+	tp.r.window = shard.Window{After: x}
+	tp.handle(t, begin(0x300), change(wal.Insert, 0x2f0, id1, "o-1", `{}`), commit(0x310),
+		begin(x-0x10), change(wal.Insert, 0x3e0, id1, "o-2", `{}`), commit(x),
+		begin(x), change(wal.Insert, 0x3f0, id2, "o-3", `{}`), commit(x+0x10))
+	if n := len(tp.prod.recs); n != 1 || header(tp.prod.recs[0], "id") != id2 {
+		t.Fatalf("%d records handed over, want only the one of the transaction ending after the cutover", n)
+	}
+	tp.prod.ackAll(nil)
+	if got := tp.tracker.Confirmed(); got != x+0x10 {
+		t.Errorf("confirmed %s, want %s", got, wal.LSN(x+0x10))
+	}
+}

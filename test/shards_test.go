@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -580,4 +581,159 @@ func TestShardsStaleNullFilter(t *testing.T) {
 	if strings.Contains(p.logs.String(), "fixed the row filter") {
 		t.Error("the filter was fixed again")
 	}
+}
+
+var cutoverRE = regexp.MustCompile(`msg=resharded .*cutover=([0-9A-F]+/[0-9A-F]+)`)
+
+// Issue 32 item 6: the new slots' advance to the cutover X is made durable
+// (CHECKPOINT) before the reshard is done. A reshard from 2 to 4 shards in
+// exactly-once mode under load, with Postgres stopped in immediate mode
+// (a crash) and outboxd killed right after the "resharded" line: after the
+// restart every new slot is at or past X, and a read_committed consumer
+// sees every event once.
+func TestShardsReshardSurvivesPostgresCrash(t *testing.T) {
+	pg := startOwnPostgres(t)
+	d := outboxDB(t, pg.dsn)
+	d.name, d.slot = "t_shardcrash_"+randomSuffix(), "outboxd_crash"
+	if major := serverMajorAt(t, pg.dsn); major < shard.MinVersion {
+		checkShardsRefused(t, d, major)
+		return
+	}
+	env := func(n int) []string {
+		return append(eosEnv(d, "OUTBOXD_KAFKA_MAX_BUFFERED_RECORDS=2000"), "OUTBOXD_POSTGRES_SHARDS="+strconv.Itoa(n))
+	}
+	p := start(t, env(2))
+	p.waitShardsStreaming(2)
+	spec := loadSpec{Prefix: d.name, Types: 4, IDs: 40, Writers: 2, Events: 3000,
+		TxSizes: []int{1, 2, 10, 1, 5, 3}, RollbackPct: 5, DeletePct: 20, Pace: 10 * time.Millisecond, Truth: true, Tolerant: true}
+	f := startEOSRun(t, d, svc.brokers, spec)
+	waitCommitted(t, f.l, spec.Events/3)
+	if code := p.stop(syscall.SIGTERM, 60*time.Second); code != 0 {
+		t.Fatalf("outboxd exited %d after SIGTERM", code)
+	}
+	p = start(t, env(4))
+	m := cutoverRE.FindStringSubmatch(p.waitLog(cutoverRE.String(), 2*time.Minute))
+	pg.stop("immediate")
+	p.stop(syscall.SIGKILL, 10*time.Second)
+	pg.script("pg-start")
+	x := parseLSN(t, m[1])
+	slots, _ := shard.Names(d.slot, 4)
+	for _, s := range slots {
+		var lsn string
+		if err := d.pool.QueryRow(context.Background(), `SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1`, s).Scan(&lsn); err != nil {
+			t.Fatalf("slot %s after the crash: %v", s, err)
+		}
+		if parseLSN(t, lsn) < x {
+			t.Errorf("slot %s is at %s after the crash, before the cutover %s", s, lsn, m[1])
+		}
+	}
+	p = start(t, env(4))
+	p.waitShardsStreaming(4)
+	r := f.finish("exactly-once: Postgres crash right after a reshard from 2 to 4", 1, time.Now(), "")
+	noDuplicates(t, r)
+}
+
+// Issue 32 item 5: an instance configured for the old shard count (the
+// other of an HA pair, or the old pod of a rolling update) may take an old
+// slot after the cutover X is recorded; it must never stream it past X.
+// An HA pair on 2 shards (the standby paused), a third instance on 4 that
+// records X once the active one is killed and is killed itself right
+// after; the standby, resumed, takes the old slots; a fourth instance
+// finishes the reshard. In exactly-once mode under load: no old slot
+// confirms past X, the standby says why it stops there, and a
+// read_committed consumer sees every event once.
+func TestShardsOldInstanceStopsAtTheCutover(t *testing.T) {
+	d := shardDB(t)
+	if d == nil {
+		return
+	}
+	env := func(n int) []string {
+		return append(eosEnv(d, "OUTBOXD_KAFKA_MAX_BUFFERED_RECORDS=2000", "OUTBOXD_POSTGRES_STANDBY_POLL_INTERVAL=100ms"),
+			"OUTBOXD_POSTGRES_SHARDS="+strconv.Itoa(n))
+	}
+	a := start(t, env(2))
+	a.waitShardsStreaming(2)
+	b := start(t, env(2))
+	b.waitLog(`msg="standby: another process holds the slot`, 30*time.Second)
+	spec := loadSpec{Prefix: d.name, Types: 4, IDs: 40, Writers: 2, Events: 4000,
+		TxSizes: []int{1, 2, 10, 1, 5, 3}, RollbackPct: 5, DeletePct: 20, Pace: 10 * time.Millisecond}
+	f := startEOSRun(t, d, svc.brokers, spec)
+	waitCommitted(t, f.l, spec.Events/4)
+
+	// The old slots' highest confirmed positions, sampled until they are dropped.
+	old, _ := shard.Names(d.slot, 2)
+	var mu sync.Mutex
+	highest := map[string]uint64{}
+	stop := make(chan struct{})
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			rows, err := d.pool.Query(context.Background(), `SELECT slot_name, confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = ANY($1)`, old)
+			if err != nil {
+				continue
+			}
+			var name, lsn string
+			_, _ = pgx.ForEachRow(rows, []any{&name, &lsn}, func() error {
+				var hi, lo uint64
+				if _, err := fmt.Sscanf(lsn, "%X/%X", &hi, &lo); err == nil {
+					mu.Lock()
+					highest[name] = max(highest[name], hi<<32|lo)
+					mu.Unlock()
+				}
+				return nil
+			})
+		}
+	}()
+	_ = b.cmd.Process.Signal(syscall.SIGSTOP)
+	c := start(t, env(4))
+	c.waitLog(`msg="resharding: waiting"`, time.Minute)
+	a.stop(syscall.SIGKILL, 10*time.Second)
+	// As soon as the cutover is recorded, the resharding instance dies.
+	var x string
+	deadline := time.Now().Add(time.Minute)
+	for x == "" {
+		_ = d.pool.QueryRow(context.Background(), `SELECT coalesce(cutover::text, '') FROM outboxd_reshard WHERE phase = 'draining'`).Scan(&x)
+		if time.Now().After(deadline) {
+			t.Fatal("no cutover recorded within a minute")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	c.stop(syscall.SIGKILL, 10*time.Second)
+	_ = b.cmd.Process.Signal(syscall.SIGCONT)
+	// The old standby takes the old slots; it may deliver up to X.
+	time.Sleep(3 * time.Second)
+	c = start(t, env(4))
+	c.waitLog(`msg=resharded`, 2*time.Minute)
+	close(stop)
+	<-sampled
+	for _, s := range old {
+		if highest[s] > parseLSN(t, x) {
+			t.Errorf("old slot %s confirmed %X/%X, past the cutover %s", s, highest[s]>>32, uint32(highest[s]), x)
+		}
+	}
+	t.Logf("cutover %s; the old slots' highest confirmed positions %v", x, highest)
+	if strings.Contains(b.logs.String(), "an old shard delivered a transaction that ends after the reshard's cutover") {
+		t.Error("the old standby delivered past the cutover")
+	}
+	c.waitShardsStreaming(4)
+	r := f.finish("exactly-once: HA pair on 2 shards, an instance on 4 records the cutover and dies, the old standby takes the old slots", 2, time.Now(), "")
+	noDuplicates(t, r)
+	t.Logf("the old standby: %v", reshardWaits(b))
+}
+
+var waitRE = regexp.MustCompile(`msg="not streaming the slot: a reshard is under way" .*reason="([^"]*)`)
+
+// reshardWaits lists the reasons p gave for not streaming a slot.
+func reshardWaits(p *proc) []string {
+	var out []string
+	for _, m := range waitRE.FindAllStringSubmatch(p.logs.String(), -1) {
+		out = append(out, m[1])
+	}
+	return out
 }
