@@ -587,10 +587,11 @@ var cutoverRE = regexp.MustCompile(`msg=resharded .*cutover=([0-9A-F]+/[0-9A-F]+
 
 // Issue 32 item 6: the new slots' advance to the cutover X is made durable
 // (CHECKPOINT) before the reshard is done. A reshard from 2 to 4 shards in
-// exactly-once mode under load, with Postgres stopped in immediate mode
-// (a crash) and outboxd killed right after the "resharded" line: after the
-// restart every new slot is at or past X, and a read_committed consumer
-// sees every event once.
+// exactly-once mode under load (the old instance stopped once the new one
+// has made its slots), with Postgres stopped in immediate mode (a crash)
+// and outboxd killed right after the "resharded" line: after the restart
+// every new slot is at or past X, and a read_committed consumer sees every
+// event once.
 func TestShardsReshardSurvivesPostgresCrash(t *testing.T) {
 	pg := startOwnPostgres(t)
 	d := outboxDB(t, pg.dsn)
@@ -608,10 +609,17 @@ func TestShardsReshardSurvivesPostgresCrash(t *testing.T) {
 		TxSizes: []int{1, 2, 10, 1, 5, 3}, RollbackPct: 5, DeletePct: 20, Pace: 10 * time.Millisecond, Truth: true, Tolerant: true}
 	f := startEOSRun(t, d, svc.brokers, spec)
 	waitCommitted(t, f.l, spec.Events/3)
+	// The new instance creates its slots while the old one streams on, so
+	// that the cutover (the old slots' position when it is killed) lies
+	// past the last new slot's creation: advancing that slot to it moves
+	// no restart_lsn, and Postgres writes it to disk only at a checkpoint.
+	p4 := start(t, env(4))
+	p4.waitLog(`msg="resharding: waiting"`, time.Minute)
+	time.Sleep(2 * time.Second)
 	if code := p.stop(syscall.SIGTERM, 60*time.Second); code != 0 {
 		t.Fatalf("outboxd exited %d after SIGTERM", code)
 	}
-	p = start(t, env(4))
+	p = p4
 	m := cutoverRE.FindStringSubmatch(p.waitLog(cutoverRE.String(), 2*time.Minute))
 	pg.stop("immediate")
 	p.stop(syscall.SIGKILL, 10*time.Second)
