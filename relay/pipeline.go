@@ -94,6 +94,9 @@ type Pipeline struct {
 	// and handles nothing more; stopReading ends the stream there.
 	past        bool
 	stopReading func()
+	// before: the transaction being read ends at or before the window's
+	// After (a new shard after a reshard): the old shards delivered it.
+	before bool
 
 	inserts, updates, deletes, messages, nontx prometheus.Counter
 	others                                     prometheus.Counter // another deployment's messages
@@ -137,6 +140,8 @@ func (p *Pipeline) Handle(item wal.Item) error {
 		}
 		txn, fail := p.tracker.BeginAt(m.CommitTime), p.fail
 		p.txn, p.commitTime = txn, m.CommitTime
+		// Delivered by the old shards: confirmed in order, nothing sent.
+		p.before = m.FinalLSN < p.r.window.After
 		if p.eos != nil {
 			p.eos.hold(txn)
 		}
@@ -149,6 +154,9 @@ func (p *Pipeline) Handle(item wal.Item) error {
 			txn.Ack()
 		}
 	case *wal.Change:
+		if p.before {
+			return nil
+		}
 		if ours, err := p.tables.has(p.ctx, m.Relation); !ours || err != nil {
 			return err // nil: another table in a shared publication
 		}
@@ -186,6 +194,9 @@ func (p *Pipeline) Handle(item wal.Item) error {
 			p.nontx.Inc()
 			return nil
 		}
+		if p.before {
+			return nil
+		}
 		// Content that is not a JSON object (err) names no owner and no
 		// key: it is delivered, as a poison row, once, by the deployment
 		// and shard that take messages without either.
@@ -217,7 +228,7 @@ func (p *Pipeline) Handle(item wal.Item) error {
 		}
 		txn := p.txn
 		txn.Commit(m.EndLSN)
-		p.txn, p.done = nil, nil
+		p.txn, p.done, p.before = nil, nil, false
 		p.r.m.transactions.Inc()
 		if p.eos != nil {
 			return p.eos.committed(p.ctx, txn, m.EndLSN)

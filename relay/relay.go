@@ -52,6 +52,7 @@ type Relay struct {
 	window     shard.Window
 	windowDone bool
 	past       atomic.Bool // this run's pipeline met the end of window
+	drain      bool        // an old shard drained by this process's reshard loop
 }
 
 // New returns a Relay for a validated cfg, with its metrics on reg.
@@ -133,7 +134,23 @@ func (r *Relay) Run(ctx context.Context, start *Start) error {
 		start.Close() // only the first pipeline uses it, if it got that far
 		start = nil
 		if err == nil && r.windowDone {
-			return nil // an old shard delivered its window: the reshard goes on
+			if r.drain {
+				return nil // an old shard delivered its window: the reshard goes on
+			}
+			// Another instance's reshard: the new shards deliver the rest.
+			r.windowDone = false
+			err = &ReshardWaitError{Reason: "delivered every transaction up to the cutover " + r.window.Upto.String() + " of a reshard under way; the new shards deliver the rest"}
+		}
+		var wait *ReshardWaitError
+		if errors.As(err, &wait) && ctx.Err() == nil {
+			if st := r.Status(); st.State != StateStandby || st.Reason != wait.Reason {
+				r.log.Info("not streaming the slot: a reshard is under way", "slot", r.cfg.Postgres.Slot, "reason", wait.Reason)
+				r.setState(StateStandby, wait.Reason)
+			}
+			if !sleep(ctx, r.cfg.Postgres.StandbyPollInterval) {
+				return nil
+			}
+			continue
 		}
 		if err != nil {
 			err = r.explain(ctx, err)

@@ -120,6 +120,15 @@ func (r *Relay) startStage(ctx context.Context, c connected) (*pipelineRun, erro
 		}
 		return nil, err
 	}
+	// The slot is ours now: a reshard under way may forbid streaming it,
+	// or streaming it past its cutover (issue 32 item 5).
+	lc := r.lazyConn()
+	if err := r.reshardGate(ctx, lc, c.slot.confirmed); err != nil {
+		lc.Close()
+		c.conn.Close(context.Background())
+		rn.release()
+		return nil, err
+	}
 	rn.stream = stream
 	tracker, producer := rn.tracker, c.producer
 	var confirmedTxns uint64
@@ -139,7 +148,7 @@ func (r *Relay) startStage(ctx context.Context, c connected) (*pipelineRun, erro
 	}
 	stream.OnRoundTrip = func(d time.Duration) { r.m.roundTrip.Observe(d.Seconds()) }
 	var closeSlotConn func()
-	stream.SlotPosition, closeSlotConn = r.slotPosition()
+	stream.SlotPosition, closeSlotConn = r.slotPosition(lc)
 	release := rn.release
 	rn.release = func() {
 		closeSlotConn()
@@ -198,7 +207,7 @@ func (r *Relay) drainStage(ctx context.Context, rn *pipelineRun, err error) erro
 		// which the failure cancels, ends the wait at once with it
 		// (possibly a record the fence stopped, reported before the
 		// failure that broke the fence).
-		if werr := rn.tracker.WaitAcked(rn.ctx); werr != nil {
+		if werr := awaitAcks(rn.ctx, rn.fail, rn.tracker, rn.producer); werr != nil {
 			if cause := context.Cause(rn.ctx); !errors.Is(cause, errShutdownTimeout) {
 				err = cause
 			} else {
@@ -243,6 +252,27 @@ func (r *Relay) drainStage(ctx context.Context, rn *pipelineRun, err error) erro
 	return err
 }
 
+// awaitAcks waits until Kafka has acknowledged every record tracker holds,
+// or run ends (with the run's failure as its cause). The producer's
+// watchdog runs meanwhile and fails run with its *sink.StallError after
+// kafka.delivery_timeout without an acknowledgement: the stream stage's
+// watchdog ended with the pipeline, and when the run ended cleanly without
+// a shutdown (an old shard past its reshard window) nothing else would end
+// the wait, so a broker outage at the cutover would hold the reshard
+// without a word (issue 32 item 7).
+func awaitAcks(run context.Context, fail context.CancelCauseFunc, tracker *checkpoint.Tracker, p *sink.Producer) error {
+	watch, stopWatch := context.WithCancel(run)
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		if err := p.Watch(watch, tracker.Waiting); err != nil {
+			fail(err)
+		}
+	}()
+	defer func() { stopWatch(); <-watched }()
+	return tracker.WaitAcked(run)
+}
+
 // receiveTimeout is postgres.receive_timeout, or else the server's
 // wal_sender_timeout (60s when that is 0 or cannot be read), and at least
 // twice the status interval: a live server answers each status update.
@@ -262,10 +292,8 @@ func (r *Relay) receiveTimeout(ctx context.Context, conn *pgconn.PgConn) time.Du
 }
 
 // slotPosition returns a function that reads the slot's confirmed position
-// on a connection of its own, opened at the first call, and one that closes
-// that connection.
-func (r *Relay) slotPosition() (read func(context.Context) (wal.LSN, error), closeConn func()) {
-	lc := &pg.Lazy{PG: r.cfg.Postgres}
+// on lc, a connection of the run's own, and one that closes it.
+func (r *Relay) slotPosition(lc *pg.Lazy) (read func(context.Context) (wal.LSN, error), closeConn func()) {
 	read = func(ctx context.Context) (wal.LSN, error) {
 		conn, err := lc.Get(ctx)
 		if err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"github.com/outboxd/outboxd/internal/reshard"
 	"github.com/outboxd/outboxd/internal/slotlag"
 	"github.com/outboxd/outboxd/shard"
+	"github.com/outboxd/outboxd/wal"
 )
 
 // Shards runs one outboxd: the reshard loop at start-up (package
@@ -245,7 +247,7 @@ func (s *Shards) reshard(ctx context.Context, strict bool) error {
 				n, shard.MinVersion, version)
 		}
 	}
-	db := &reshard.PG{Conn: conn, Cfg: pc, KeyColumn: s.cfg.Router.KeyColumn}
+	db := &reshard.PG{Conn: conn, Cfg: pc, KeyColumn: s.cfg.Router.KeyColumn, Log: s.log}
 	o, err := db.Observe(ctx)
 	if err != nil {
 		if n <= 1 && !strict {
@@ -299,10 +301,18 @@ func (s *Shards) lockedReshard(ctx context.Context, db *reshard.PG) error {
 		}
 	}
 	s.log.Info("the slots in the database are not those of postgres.shards, or a reshard is recorded: resharding", "slot", pc.Slot, "shards", pc.Shards)
-	_, err := reshard.Run(ctx, db, reshard.Config{Slot: pc.Slot, Publication: pc.Publication, Want: pc.Shards,
+	_, w, err := reshard.Run(ctx, db, reshard.Config{Slot: pc.Slot, Publication: pc.Publication, Want: pc.Shards,
 		Poll: max(pc.StandbyPollInterval, time.Second), Progress: s.setNote}, func(ctx context.Context, shards []shard.Shard, w shard.Window) error {
 		return s.drain(ctx, db, shards, w)
 	}, s.log)
+	if err == nil {
+		// The new shards skip what ends at or before the cutover, for
+		// this process's life: a crash of Postgres before its next
+		// checkpoint may put their slots back before it (issue 32 item 6).
+		for _, r := range s.streams {
+			r.window = w
+		}
+	}
 	if err != nil && ctx.Err() == nil {
 		return fmt.Errorf("resharding to %d shards: %w", pc.Shards, err)
 	}
@@ -331,6 +341,7 @@ func (s *Shards) drain(ctx context.Context, db *reshard.PG, shards []shard.Shard
 			if r, err = newShardRelay(s.cfg, s.log, prometheus.NewRegistry(), sh, w); err != nil {
 				return err
 			}
+			r.drain = true
 			s.mu.Lock()
 			s.draining[sh.Slot] = r
 			s.mu.Unlock()
@@ -364,4 +375,47 @@ func (s *Shards) drain(ctx context.Context, db *reshard.PG, shards []shard.Shard
 		})
 	}
 	return g.Wait()
+}
+
+// lazyConn returns a connection of the run's own, opened at its first use.
+func (r *Relay) lazyConn() *pg.Lazy { return &pg.Lazy{PG: r.cfg.Postgres} }
+
+// ReshardWaitError is a pipeline's reason not to stream the slot it took:
+// a reshard is under way (shard.GateFor). The relay lets the slot go and
+// looks again after postgres.standby_poll_interval, as a standby does.
+type ReshardWaitError struct{ Reason string }
+
+func (e *ReshardWaitError) Error() string { return e.Reason }
+
+// reshardGate decides, once the run has taken its slot, whether it may
+// stream it (shard.GateFor, on conn): it sets the run's window end to the
+// cutover of a reshard under way for an old shard's slot, and returns a
+// *ReshardWaitError when it must not stream now (issue 32 item 5).
+// confirmed is the slot's confirmed position as the run started.
+func (r *Relay) reshardGate(ctx context.Context, lc *pg.Lazy, confirmed wal.LSN) error {
+	conn, err := lc.Get(ctx)
+	if err != nil {
+		return err
+	}
+	base := r.cfg.Postgres.Slot
+	if sh := r.shard; sh.Count > 1 {
+		base = strings.TrimSuffix(base, fmt.Sprintf("_%dof%d", sh.Index, sh.Count))
+	}
+	pc := r.cfg.Postgres
+	pc.Slot = base
+	locked, plan, err := reshard.ReadGate(ctx, conn, pc)
+	if err != nil {
+		return err
+	}
+	if r.drain {
+		confirmed = 0 // the resharding instance's own drain ends at the cutover
+	}
+	g := shard.GateFor(base, r.cfg.Postgres.Slot, plan, locked, confirmed)
+	if g.Wait != "" {
+		return &ReshardWaitError{Reason: g.Wait}
+	}
+	if !r.drain {
+		r.window.Upto = g.Upto
+	}
+	return nil
 }

@@ -1,15 +1,24 @@
 package relay
 
 import (
+	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/outboxd/outboxd/checkpoint"
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/shard"
+	"github.com/outboxd/outboxd/sink"
 	"github.com/outboxd/outboxd/wal"
 )
 
@@ -168,5 +177,87 @@ func TestPipelineDeliversOnlyItsShardsMessages(t *testing.T) {
 	}
 	if delivered != 8 {
 		t.Errorf("the two shards delivered %d messages, want each of the 8 once", delivered)
+	}
+}
+
+// Issue 32 item 7: an old shard past its reshard window ends its run
+// cleanly, which ends the stream stage's watchdog; waiting for Kafka's
+// acknowledgements after that must still end, after kafka.delivery_timeout,
+// with the stall, when the broker never answers.
+func TestAwaitAcksReportsAStall(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	cfg := config.Default().Kafka
+	cfg.Brokers = c.ListenAddrs()
+	cfg.TopicPartitions, cfg.TopicReplicationFactor = 1, 1
+	cfg.DeliveryTimeout = time.Second
+	p, err := sink.New(cfg, sink.NewMetrics(prometheus.NewRegistry()), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := p.EnsureTopic(ctx, "t"); err != nil {
+		t.Fatal(err)
+	}
+	// The broker never answers a produce request.
+	var hold atomic.Bool
+	hold.Store(true)
+	t.Cleanup(func() { hold.Store(false) })
+	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		c.SleepControl(func() {
+			for hold.Load() {
+				time.Sleep(5 * time.Millisecond)
+			}
+		})
+		return nil, nil, false
+	})
+	tracker := checkpoint.New(0)
+	txn := tracker.Begin()
+	txn.Add()
+	rec := &router.Record{Topic: "t", Key: []byte("k"), Value: []byte("v"), EventID: "e", Partition: -1}
+	if err := p.Produce(ctx, rec, func(err error) {
+		if err == nil {
+			txn.Ack()
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	txn.Commit(0x100)
+	run, fail := context.WithCancelCause(ctx)
+	started := time.Now()
+	werr := awaitAcks(run, fail, tracker, p)
+	var stall *sink.StallError
+	if werr == nil || !errors.As(context.Cause(run), &stall) {
+		t.Fatalf("awaitAcks returned %v after %s, cause %v; want the stall after kafka.delivery_timeout (%s)",
+			werr, time.Since(started).Round(time.Millisecond), context.Cause(run), cfg.DeliveryTimeout)
+	}
+	if d := time.Since(started); d < cfg.DeliveryTimeout || d > 5*cfg.DeliveryTimeout {
+		t.Errorf("the stall was reported after %s; want about kafka.delivery_timeout (%s)", d, cfg.DeliveryTimeout)
+	}
+	t.Logf("reported after %s: %v", time.Since(started).Round(time.Millisecond), stall)
+}
+
+// Issue 32 item 6: a new shard after a reshard (Relay.window with After X)
+// delivers nothing of a transaction ending at or before X, which the old
+// shards delivered, but confirms it in order, and delivers what ends after.
+func TestPipelineSkipsUpToTheWindowsStart(t *testing.T) {
+	tp := newTestPipeline(t, nil)
+	const x = 0x400
+	tp.r.window = shard.Window{After: x}
+	tp.handle(t, begin(0x300), change(wal.Insert, 0x2f0, id1, "o-1", `{}`), commit(0x310),
+		begin(x-0x10), change(wal.Insert, 0x3e0, id1, "o-2", `{}`), commit(x),
+		begin(x), change(wal.Insert, 0x3f0, id2, "o-3", `{}`), commit(x+0x10))
+	if n := len(tp.prod.recs); n != 1 || header(tp.prod.recs[0], "id") != id2 {
+		t.Fatalf("%d records handed over, want only the one of the transaction ending after the cutover", n)
+	}
+	tp.prod.ackAll(nil)
+	if got := tp.tracker.Confirmed(); got != x+0x10 {
+		t.Errorf("confirmed %s, want %s", got, wal.LSN(x+0x10))
 	}
 }

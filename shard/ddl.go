@@ -202,3 +202,76 @@ func PublicationError(err error, name, schema, table, column string) error {
 	}
 	return fmt.Errorf("creating publication %q: %w", name, err)
 }
+
+// FilterCheckSQL returns the query that compares the row filter a shard
+// publication has, actual (pg_publication_tables.rowfilter, as Postgres
+// prints it), with Filter(column, i, n): Postgres evaluates both for a NULL
+// key and for 1,000 keys. It returns one row, to scan into
+// FilterCheck.Fields. A row filter may only use the table's columns and
+// immutable built-in functions and operators (CREATE PUBLICATION refuses
+// anything else), so evaluating it outside the publication is safe; one
+// that uses another column than the key fails with undefined_column, which
+// FilterCheckError explains. It panics if i is not in [0, n) or n not in
+// [2, Max].
+func FilterCheckSQL(actual, column string, i, n int) string {
+	checkShard(i, n)
+	if n < 2 {
+		panic("shard: a single shard has no row filter")
+	}
+	differs := `outboxd_a IS DISTINCT FROM outboxd_e`
+	return `SELECT coalesce(bool_or(outboxd_k IS NULL AND ` + differs + `), false),
+	count(*) FILTER (WHERE outboxd_k IS NOT NULL AND ` + differs + `),
+	coalesce(min(outboxd_k) FILTER (WHERE outboxd_k IS NOT NULL AND ` + differs + `), '')
+FROM (SELECT outboxd_k, coalesce((` + actual + `), false) AS outboxd_a, coalesce((` + Filter(column, i, n) + `), false) AS outboxd_e
+	FROM (SELECT v AS ` + quoteIdent(column) + `, v AS outboxd_k
+		FROM (SELECT NULL::text UNION ALL SELECT 'outboxd filter check ' || g FROM generate_series(1, 1000) g) AS keys(v)) AS t) AS c`
+}
+
+// FilterCheck is what FilterCheckSQL returns.
+type FilterCheck struct {
+	NullDiffers bool   // the filter disagrees on a NULL key
+	KeysDiffer  int64  // how many of the 1,000 keys it disagrees on
+	Example     string // one of them
+}
+
+// Fields returns pointers to c's fields in FilterCheckSQL's column order.
+func (c *FilterCheck) Fields() []any { return []any{&c.NullDiffers, &c.KeysDiffer, &c.Example} }
+
+// AlterFilterSQL returns the statement that gives the publication name of
+// shard i of n Filter's row filter, keeping its other settings.
+func AlterFilterSQL(name, schema, table, column string, i, n int) string {
+	return fmt.Sprintf("ALTER PUBLICATION %s SET TABLE %s.%s WHERE (%s)", quoteIdent(name), quoteIdent(schema), quoteIdent(table), Filter(column, i, n))
+}
+
+// ErrStaleFilter is returned by FilterCheckError for a publication of shard
+// 0 whose row filter is outboxd's from before NULL keys had a shard: it
+// selects the right keys but publishes a row with a NULL key to no shard.
+var ErrStaleFilter = errors.New("the shard row filter publishes rows with a NULL key to no shard")
+
+// FilterCheckError says what the outcome of FilterCheckSQL (c, or err from
+// running it) means for publication name of shard i of n on schema.table,
+// keyed by column: nil when its row filter selects exactly shard i's rows,
+// an error wrapping ErrStaleFilter when it differs only on a NULL key (the
+// caller fixes it with AlterFilterSQL, or asks for it), and otherwise an
+// error naming the statement that fixes it.
+func FilterCheckError(c FilterCheck, err error, name, schema, table, column string, i, n int) error {
+	alter := AlterFilterSQL(name, schema, table, column, i, n)
+	switch {
+	case err != nil:
+		return fmt.Errorf("checking the row filter of publication %q of shard %d of %d: %w; a shard publication's filter may use only the key column %q: give it outboxd's with %s",
+			name, i, n, err, column, alter)
+	case c.KeysDiffer > 0:
+		return fmt.Errorf("the row filter of publication %q does not select the rows of shard %d of %d: it disagrees with outboxd's on %d of 1000 test keys (%q), so rows would reach another shard's slot, or none; give it outboxd's filter with %s. Rows it published to the wrong slot before that must be checked by hand",
+			name, i, n, c.KeysDiffer, c.Example, alter)
+	case c.NullDiffers:
+		return fmt.Errorf("publication %q of shard %d of %d: %w (column %q is NULL), so outboxd never sees such a row: %s fixes it",
+			name, i, n, ErrStaleFilter, column, alter)
+	}
+	return nil
+}
+
+// NullKeysSQL returns the query that finds the outbox rows with a NULL key,
+// for the operator to check against what reached Kafka.
+func NullKeysSQL(schema, table, column string) string {
+	return fmt.Sprintf("SELECT * FROM %s.%s WHERE %s IS NULL", quoteIdent(schema), quoteIdent(table), quoteIdent(column))
+}

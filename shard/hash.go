@@ -138,10 +138,19 @@ func Expr(column string, n int) string {
 }
 
 // Filter returns the row filter (without the WHERE and its parentheses)
-// that is true for the rows of shard i of n.
+// that is true for the rows of shard i of n. A row whose key is NULL has no
+// hash (Expr is NULL for it, and a NULL filter publishes nothing), so shard
+// 0's filter also takes the rows with a NULL key, as MessageOwner gives it
+// the messages without one: each such row reaches a pipeline, which applies
+// router.require_key as an unsharded outboxd does. The filters before this
+// rule took a NULL key nowhere; FilterCheckSQL finds them.
 func Filter(column string, i, n int) string {
 	checkShard(i, n)
-	return fmt.Sprintf("%s = %d", Expr(column, n), i)
+	f := fmt.Sprintf("%s = %d", Expr(column, n), i)
+	if i == 0 && n > 1 {
+		f = quoteIdent(column) + " IS NULL OR " + f
+	}
+	return f
 }
 
 func checkCount(n int) {

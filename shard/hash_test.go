@@ -86,6 +86,39 @@ func TestExpr(t *testing.T) {
 	if got := Filter(`we"ird`, 1, 2); got != `mod(hashtext("we""ird")::bigint & 4294967295, 2) = 1` {
 		t.Errorf("Filter quotes badly: %s", got)
 	}
+	// A NULL key has no hash: shard 0 takes it (issue 32 item 1).
+	if got := Filter("k", 0, 4); got != `"k" IS NULL OR mod(hashtext("k")::bigint & 4294967295, 4) = 0` {
+		t.Errorf("shard 0's filter: %s", got)
+	}
+}
+
+// FilterCheckError tells a stale shard 0 filter (NULL keys go nowhere),
+// which the caller fixes, from a wrong one, which it refuses.
+func TestFilterCheckError(t *testing.T) {
+	const alter = `ALTER PUBLICATION "p_0of2" SET TABLE "public"."outbox" WHERE ("aggregate_id" IS NULL OR mod(hashtext("aggregate_id")::bigint & 4294967295, 2) = 0)`
+	if got := AlterFilterSQL("p_0of2", "public", "outbox", "aggregate_id", 0, 2); got != alter {
+		t.Errorf("AlterFilterSQL = %s", got)
+	}
+	check := func(c FilterCheck, err error) error {
+		return FilterCheckError(c, err, "p_0of2", "public", "outbox", "aggregate_id", 0, 2)
+	}
+	if err := check(FilterCheck{}, nil); err != nil {
+		t.Errorf("a right filter: %v", err)
+	}
+	if err := check(FilterCheck{NullDiffers: true}, nil); !errors.Is(err, ErrStaleFilter) || !strings.Contains(err.Error(), alter) {
+		t.Errorf("a stale filter: %v", err)
+	}
+	for _, c := range []struct {
+		c   FilterCheck
+		err error
+	}{{FilterCheck{NullDiffers: true, KeysDiffer: 3, Example: "x"}, nil}, {FilterCheck{}, errors.New("column \"other\" does not exist")}} {
+		if err := check(c.c, c.err); err == nil || errors.Is(err, ErrStaleFilter) || !strings.Contains(err.Error(), alter) {
+			t.Errorf("%+v, %v: %v", c.c, c.err, err)
+		}
+	}
+	if !strings.Contains(FilterCheckSQL(`(mod(hashtext(aggregate_id), 2) = 0)`, "aggregate_id", 0, 2), `coalesce(((mod(hashtext(aggregate_id), 2) = 0)), false) AS outboxd_a`) {
+		t.Error("FilterCheckSQL does not evaluate the actual filter")
+	}
 }
 
 func FuzzHashtext(f *testing.F) {

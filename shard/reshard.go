@@ -387,3 +387,56 @@ func StateTableSQL(schema string) string {
     updated_at  timestamptz NOT NULL DEFAULT now()
 )`
 }
+
+// Gate is how a pipeline may stream the slot it has just taken (GateFor).
+type Gate struct {
+	// Upto, when not zero, is the cutover: the slot is an old shard's
+	// during a reshard, and the pipeline delivers up to it only
+	// (Window{Upto: Upto}).
+	Upto LSN
+	// Wait, when not empty, says why the pipeline must not stream the slot
+	// now: it lets the slot go and looks again after a while.
+	Wait string
+}
+
+// GateFor says how a pipeline that has just taken slot (START_REPLICATION
+// succeeded: the slot is active) may stream it, given the configured base
+// slot name, the reshard recorded in the state table (nil: none), read
+// after the slot was taken, and whether the pipeline then got the reshard
+// loop's advisory lock in shared mode (locked; it lets go of it at once).
+//
+// Any instance may hold an old slot after the cutover X is recorded: the
+// other of an HA pair, or the old pod of a rolling update, configured for
+// the old count. Streaming it past X would deliver what the new shards
+// deliver after X (issue 32 item 5). So:
+//
+//   - an old shard's slot, once X is recorded, is streamed up to X only
+//     (Upto), and not at all once its slot has confirmed X (confirmed; pass
+//     0 for the drain of the instance that runs the reshard, which ends
+//     there);
+//   - a new shard's slot is not streamed while the reshard is recorded;
+//   - otherwise, without a recorded X, a slot is streamed freely only when
+//     locked: no reshard loop runs, and one that starts later sees the
+//     slot held and records no cutover while it is.
+func GateFor(base, slot string, plan *Plan, locked bool, confirmed LSN) Gate {
+	_, n, ok := Parse(base, slot)
+	if !ok {
+		return Gate{}
+	}
+	if plan != nil {
+		switch {
+		case n == plan.To:
+			return Gate{Wait: fmt.Sprintf("slot %s is a new shard's of the reshard from %d to %d shards in progress; it streams once the reshard is done", slot, plan.From, plan.To)}
+		case n == plan.From && (plan.Phase == Draining || plan.Phase == Switched) && plan.Cutover != 0:
+			if confirmed != 0 && confirmed >= plan.Cutover {
+				return Gate{Wait: fmt.Sprintf("slot %s has delivered every transaction up to the cutover %s of the reshard from %d to %d shards; the new shards deliver the rest. This outboxd is configured for %d shards: set postgres.shards: %d",
+					slot, plan.Cutover, plan.From, plan.To, n, plan.To)}
+			}
+			return Gate{Upto: plan.Cutover}
+		}
+	}
+	if !locked {
+		return Gate{Wait: fmt.Sprintf("another outboxd is resharding the slots of %s; slot %s streams once the reshard has recorded its cutover or is done", base, slot)}
+	}
+	return Gate{}
+}

@@ -544,3 +544,41 @@ func FuzzNext(f *testing.F) {
 		}
 	})
 }
+
+// Issue 32 item 5: what a pipeline may do with the slot it has just taken,
+// given the reshard recorded and whether it got the loop's lock.
+func TestGateFor(t *testing.T) {
+	const x = LSN(0x500)
+	draining := &Plan{From: 2, To: 4, Phase: Draining, Cutover: x}
+	for _, tc := range []struct {
+		name      string
+		slot      string
+		plan      *Plan
+		locked    bool
+		confirmed LSN
+		upto      LSN
+		wait      string
+	}{
+		{"steady", "outboxd_0of2", nil, true, 0x100, 0, ""},
+		{"a loop runs", "outboxd_0of2", nil, false, 0x100, 0, "another outboxd is resharding"},
+		{"creating: old slot held", "outboxd_0of2", &Plan{From: 2, To: 4, Phase: Creating}, true, 0x100, 0, ""},
+		{"creating: the loop may record the cutover", "outboxd_0of2", &Plan{From: 2, To: 4, Phase: Creating}, false, 0x100, 0, "another outboxd is resharding"},
+		{"creating: new slot", "outboxd_1of4", &Plan{From: 2, To: 4, Phase: Creating}, true, 0, 0, "is a new shard's"},
+		{"draining: old slot up to X", "outboxd_1of2", draining, true, 0x100, x, ""},
+		{"draining: old slot, loop running", "outboxd_1of2", draining, false, 0x100, x, ""},
+		{"draining: old slot at X", "outboxd_1of2", draining, true, x, 0, "set postgres.shards: 4"},
+		{"draining: the drain itself", "outboxd_1of2", draining, false, 0, x, ""},
+		{"draining: new slot", "outboxd_3of4", draining, true, 0, 0, "is a new shard's"},
+		{"switched: old slot at X", "outboxd_0of2", &Plan{From: 2, To: 4, Phase: Switched, Cutover: x}, true, x, 0, "has delivered every transaction up to the cutover"},
+		{"rolling back: old slot", "outboxd_0of2", &Plan{From: 2, To: 4, Phase: RollingBack, Cutover: x}, true, 0x100, 0, ""},
+		{"unsharded old slot", "outboxd", &Plan{From: 1, To: 2, Phase: Draining, Cutover: x}, true, 0x100, x, ""},
+		{"not a shard name", "other", draining, false, 0, 0, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := GateFor("outboxd", tc.slot, tc.plan, tc.locked, tc.confirmed)
+			if g.Upto != tc.upto || (tc.wait == "") != (g.Wait == "") || !strings.Contains(g.Wait, tc.wait) {
+				t.Errorf("GateFor = %+v; want upto %s, wait %q", g, tc.upto, tc.wait)
+			}
+		})
+	}
+}

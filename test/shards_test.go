@@ -8,10 +8,15 @@ import (
 	mrand "math/rand/v2"
 	"net/http"
 	"regexp"
+	"slices"
 	"strconv"
+	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxd/outboxd/shard"
 )
@@ -430,4 +435,313 @@ func TestShardsRefusedBeforePostgres15(t *testing.T) {
 	t.Cleanup(func() { dropSlots(t, d) })
 	p := start(t, shardEnv(d, 2))
 	p.waitShardsStreaming(2)
+}
+
+// insertRows inserts outbox rows of aggregate type typ with the given keys
+// ("" for NULL), all in one transaction or each in its own, and returns
+// their ids in order.
+func insertRows(t *testing.T, d *db, typ string, oneTxn bool, keys ...string) []string {
+	t.Helper()
+	ctx := context.Background()
+	var ids []string
+	var tx pgx.Tx
+	for _, k := range keys {
+		if tx == nil {
+			var err error
+			if tx, err = d.pool.Begin(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var key *string
+		if k != "" {
+			key = &k
+		}
+		id := uuid()
+		if _, err := tx.Exec(ctx, insertSQL, id, typ, key, "Happened", "{}"); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+		if !oneTxn {
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			tx = nil
+		}
+	}
+	if tx != nil {
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ids
+}
+
+// Issue 32 item 1: with shards, a row whose key column is NULL has no hash;
+// shard 0's publication takes it, so it reaches a pipeline and
+// router.require_key applies as without shards: false delivers it with a
+// null key, true halts outboxd with the row's error, and nothing is lost (a
+// restart with require_key false then delivers it). Keyed, NULL-keyed and
+// keyed rows, in one transaction and in separate ones, with 2 and 4 shards.
+func TestShardsNullKeys(t *testing.T) {
+	for _, n := range []int{2, 4} {
+		for _, c := range []struct {
+			name    string
+			require bool
+			oneTxn  bool
+		}{{"require_key=false", false, false}, {"require_key=true/one_txn", true, true}, {"require_key=true/separate_txns", true, false}} {
+			t.Run(fmt.Sprintf("shards=%d/%s", n, c.name), func(t *testing.T) {
+				d := shardDB(t)
+				if d == nil {
+					return
+				}
+				d.exec(t, `ALTER TABLE outbox ALTER COLUMN aggregate_id DROP NOT NULL`)
+				env := func(require bool) []string {
+					return shardEnv(d, n, "OUTBOXD_ROUTER_REQUIRE_KEY="+strconv.FormatBool(require))
+				}
+				p := start(t, env(c.require))
+				p.waitShardsStreaming(n)
+				typ := d.name + "_n"
+				var ids, nulls []string
+				for _, one := range []bool{true, false} {
+					if c.require && one != c.oneTxn {
+						continue // the first NULL key halts outboxd
+					}
+					got := insertRows(t, d, typ, one, "k-1", "", "k-2", "k-3", "", "k-4")
+					ids = append(ids, got...)
+					nulls = append(nulls, got[1], got[4])
+				}
+				if c.require {
+					if code := p.waitExit(30 * time.Second); code != 1 {
+						t.Fatalf("outboxd exited %d on a NULL key with require_key true, want 1", code)
+					}
+					p.waitLog(`column aggregate_id is NULL; a key is required \(router.require_key\)`, time.Second)
+					// Nothing was confirmed past the row: with require_key
+					// false it is delivered.
+					p = start(t, env(false))
+					p.waitShardsStreaming(n)
+				}
+				recs := readUntil(t, []string{typ + "-events"}, time.Minute, 2*time.Second, waitIDs(ids...))
+				seen := map[string]int{}
+				for _, r := range recs {
+					id := header(r, "id")
+					seen[id]++
+					if slices.Contains(nulls, id) != (r.Key == nil) {
+						t.Errorf("event %s has the key %q", id, r.Key)
+					}
+				}
+				for _, id := range ids {
+					if seen[id] == 0 || !c.require && seen[id] != 1 {
+						t.Errorf("event %s delivered %d times", id, seen[id])
+					}
+				}
+			})
+		}
+	}
+}
+
+// Issue 32 item 1, existing deployments: shard 0's publication made with
+// the filter from before NULL keys had a shard is refused when
+// postgres.create_publication is false, with the statement that fixes it,
+// and fixed when it is true, with a warning that the rows with a NULL key
+// committed before were published to no slot.
+func TestShardsStaleNullFilter(t *testing.T) {
+	d := shardDB(t)
+	if d == nil {
+		return
+	}
+	const n = 2
+	d.exec(t, `ALTER TABLE outbox ALTER COLUMN aggregate_id DROP NOT NULL`)
+	pubs, _ := shard.Names("outboxd", n)
+	for i, pub := range pubs {
+		stmt := strings.Replace(shard.PublicationSQL(pub, "public", "outbox", "aggregate_id", i, n), `"aggregate_id" IS NULL OR `, "", 1)
+		d.exec(t, stmt)
+	}
+	// In the log the statement is inside a quoted value: its quotes are escaped.
+	alter := strings.ReplaceAll(regexp.QuoteMeta(shard.AlterFilterSQL(pubs[0], "public", "outbox", "aggregate_id", 0, n)), `"`, `\\"`)
+	p := start(t, shardEnv(d, n, "OUTBOXD_POSTGRES_CREATE_PUBLICATION=false"))
+	if code := p.waitExit(30 * time.Second); code != 1 {
+		t.Fatalf("outboxd exited %d with a stale shard filter and create_publication false, want 1", code)
+	}
+	p.waitLog(`publishes rows with a NULL key to no shard \(column \\"aggregate_id\\" is NULL\), so outboxd never sees such a row: `+alter+` fixes it`, time.Second)
+	p.waitLog(`rows with a NULL aggregate_id committed before then were published to no shard's slot and are lost to outboxd`, time.Second)
+
+	p = start(t, shardEnv(d, n, "OUTBOXD_ROUTER_REQUIRE_KEY=false"))
+	p.waitShardsStreaming(n)
+	p.waitLog(`msg="fixed the row filter of the shard publication, which published rows with a NULL key to no shard;.*lost to outboxd.* statement="`+alter, time.Second)
+	typ := d.name + "_s"
+	ids := insertRows(t, d, typ, false, "k-1", "", "k-2")
+	recs := readUntil(t, []string{typ + "-events"}, time.Minute, 2*time.Second, waitIDs(ids...))
+	if len(recs) != len(ids) {
+		t.Errorf("read %d records, want %d", len(recs), len(ids))
+	}
+	// Started again, it finds the filter right and changes nothing.
+	p.stop(syscall.SIGTERM, 30*time.Second)
+	p = start(t, shardEnv(d, n, "OUTBOXD_ROUTER_REQUIRE_KEY=false"))
+	p.waitShardsStreaming(n)
+	if strings.Contains(p.logs.String(), "fixed the row filter") {
+		t.Error("the filter was fixed again")
+	}
+}
+
+var cutoverRE = regexp.MustCompile(`msg=resharded .*cutover=([0-9A-F]+/[0-9A-F]+)`)
+
+// Issue 32 item 6: the new slots' advance to the cutover X is made durable
+// (CHECKPOINT) before the reshard is done. A reshard from 2 to 4 shards in
+// exactly-once mode under load (the old instance stopped once the new one
+// has made its slots), with Postgres stopped in immediate mode (a crash)
+// and outboxd killed right after the "resharded" line: after the restart
+// every new slot is at or past X, and a read_committed consumer sees every
+// event once.
+func TestShardsReshardSurvivesPostgresCrash(t *testing.T) {
+	pg := startOwnPostgres(t)
+	d := outboxDB(t, pg.dsn)
+	d.name, d.slot = "t_shardcrash_"+randomSuffix(), "outboxd_crash"
+	if major := serverMajorAt(t, pg.dsn); major < shard.MinVersion {
+		checkShardsRefused(t, d, major)
+		return
+	}
+	env := func(n int) []string {
+		return append(eosEnv(d, "OUTBOXD_KAFKA_MAX_BUFFERED_RECORDS=2000"), "OUTBOXD_POSTGRES_SHARDS="+strconv.Itoa(n))
+	}
+	p := start(t, env(2))
+	p.waitShardsStreaming(2)
+	spec := loadSpec{Prefix: d.name, Types: 4, IDs: 40, Writers: 2, Events: 3000,
+		TxSizes: []int{1, 2, 10, 1, 5, 3}, RollbackPct: 5, DeletePct: 20, Pace: 10 * time.Millisecond, Truth: true, Tolerant: true}
+	f := startEOSRun(t, d, svc.brokers, spec)
+	waitCommitted(t, f.l, spec.Events/3)
+	// The new instance creates its slots while the old one streams on, so
+	// that the cutover (the old slots' position when it is killed) lies
+	// past the last new slot's creation: advancing that slot to it moves
+	// no restart_lsn, and Postgres writes it to disk only at a checkpoint.
+	p4 := start(t, env(4))
+	p4.waitLog(`msg="resharding: waiting"`, time.Minute)
+	time.Sleep(2 * time.Second)
+	if code := p.stop(syscall.SIGTERM, 60*time.Second); code != 0 {
+		t.Fatalf("outboxd exited %d after SIGTERM", code)
+	}
+	p = p4
+	m := cutoverRE.FindStringSubmatch(p.waitLog(cutoverRE.String(), 2*time.Minute))
+	pg.stop("immediate")
+	p.stop(syscall.SIGKILL, 10*time.Second)
+	pg.script("pg-start")
+	x := parseLSN(t, m[1])
+	slots, _ := shard.Names(d.slot, 4)
+	for _, s := range slots {
+		var lsn string
+		if err := d.pool.QueryRow(context.Background(), `SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1`, s).Scan(&lsn); err != nil {
+			t.Fatalf("slot %s after the crash: %v", s, err)
+		}
+		if parseLSN(t, lsn) < x {
+			t.Errorf("slot %s is at %s after the crash, before the cutover %s", s, lsn, m[1])
+		}
+	}
+	p = start(t, env(4))
+	p.waitShardsStreaming(4)
+	r := f.finish("exactly-once: Postgres crash right after a reshard from 2 to 4", 1, time.Now(), "")
+	noDuplicates(t, r)
+}
+
+// Issue 32 item 5: an instance configured for the old shard count (the
+// other of an HA pair, or the old pod of a rolling update) may take an old
+// slot after the cutover X is recorded; it must never stream it past X.
+// An HA pair on 2 shards (the standby paused), a third instance on 4 that
+// records X once the active one is killed and is killed itself right
+// after; the standby, resumed, takes the old slots; a fourth instance
+// finishes the reshard. In exactly-once mode under load: no old slot
+// confirms past X, the standby says why it stops there, and a
+// read_committed consumer sees every event once.
+func TestShardsOldInstanceStopsAtTheCutover(t *testing.T) {
+	d := shardDB(t)
+	if d == nil {
+		return
+	}
+	env := func(n int) []string {
+		return append(eosEnv(d, "OUTBOXD_KAFKA_MAX_BUFFERED_RECORDS=2000", "OUTBOXD_POSTGRES_STANDBY_POLL_INTERVAL=100ms"),
+			"OUTBOXD_POSTGRES_SHARDS="+strconv.Itoa(n))
+	}
+	a := start(t, env(2))
+	a.waitShardsStreaming(2)
+	b := start(t, env(2))
+	b.waitLog(`msg="standby: another process holds the slot`, 30*time.Second)
+	spec := loadSpec{Prefix: d.name, Types: 4, IDs: 40, Writers: 2, Events: 4000,
+		TxSizes: []int{1, 2, 10, 1, 5, 3}, RollbackPct: 5, DeletePct: 20, Pace: 10 * time.Millisecond}
+	f := startEOSRun(t, d, svc.brokers, spec)
+	waitCommitted(t, f.l, spec.Events/4)
+
+	// The old slots' highest confirmed positions, sampled until they are dropped.
+	old, _ := shard.Names(d.slot, 2)
+	var mu sync.Mutex
+	highest := map[string]uint64{}
+	stop := make(chan struct{})
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			rows, err := d.pool.Query(context.Background(), `SELECT slot_name, confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = ANY($1)`, old)
+			if err != nil {
+				continue
+			}
+			var name, lsn string
+			_, _ = pgx.ForEachRow(rows, []any{&name, &lsn}, func() error {
+				var hi, lo uint64
+				if _, err := fmt.Sscanf(lsn, "%X/%X", &hi, &lo); err == nil {
+					mu.Lock()
+					highest[name] = max(highest[name], hi<<32|lo)
+					mu.Unlock()
+				}
+				return nil
+			})
+		}
+	}()
+	_ = b.cmd.Process.Signal(syscall.SIGSTOP)
+	c := start(t, env(4))
+	c.waitLog(`msg="resharding: waiting"`, time.Minute)
+	a.stop(syscall.SIGKILL, 10*time.Second)
+	// As soon as the cutover is recorded, the resharding instance dies.
+	var x string
+	deadline := time.Now().Add(time.Minute)
+	for x == "" {
+		_ = d.pool.QueryRow(context.Background(), `SELECT coalesce(cutover::text, '') FROM outboxd_reshard WHERE phase = 'draining'`).Scan(&x)
+		if time.Now().After(deadline) {
+			t.Fatal("no cutover recorded within a minute")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	c.stop(syscall.SIGKILL, 10*time.Second)
+	_ = b.cmd.Process.Signal(syscall.SIGCONT)
+	// The old standby takes the old slots; it may deliver up to X.
+	time.Sleep(3 * time.Second)
+	c = start(t, env(4))
+	c.waitLog(`msg=resharded`, 2*time.Minute)
+	close(stop)
+	<-sampled
+	for _, s := range old {
+		if highest[s] > parseLSN(t, x) {
+			t.Errorf("old slot %s confirmed %X/%X, past the cutover %s", s, highest[s]>>32, uint32(highest[s]), x)
+		}
+	}
+	t.Logf("cutover %s; the old slots' highest confirmed positions %v", x, highest)
+	if strings.Contains(b.logs.String(), "an old shard delivered a transaction that ends after the reshard's cutover") {
+		t.Error("the old standby delivered past the cutover")
+	}
+	c.waitShardsStreaming(4)
+	r := f.finish("exactly-once: HA pair on 2 shards, an instance on 4 records the cutover and dies, the old standby takes the old slots", 2, time.Now(), "")
+	noDuplicates(t, r)
+	t.Logf("the old standby: %v", reshardWaits(b))
+}
+
+var waitRE = regexp.MustCompile(`msg="not streaming the slot: a reshard is under way" .*reason="([^"]*)`)
+
+// reshardWaits lists the reasons p gave for not streaming a slot.
+func reshardWaits(p *proc) []string {
+	var out []string
+	for _, m := range waitRE.FindAllStringSubmatch(p.logs.String(), -1) {
+		out = append(out, m[1])
+	}
+	return out
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -21,54 +22,88 @@ type PG struct {
 	Conn      *pgx.Conn
 	Cfg       config.Postgres
 	KeyColumn string // router.key_column: what the shard filters hash
+	Log       *slog.Logger
 	probed    bool
 }
+
+// lockKey is the key of the reshard loop's advisory lock, for slot $1.
+const lockKey = `hashtext('outboxd reshard ' || $1)`
 
 // Lock takes the session advisory lock of the slot's reshard loop, keyed by
 // the configured slot name. It reports false when another session holds it.
 func (p *PG) Lock(ctx context.Context) (bool, error) {
 	var ok bool
-	err := p.Conn.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtext('outboxd reshard ' || $1))`, p.Cfg.Slot).Scan(&ok)
+	err := p.Conn.QueryRow(ctx, `SELECT pg_try_advisory_lock(`+lockKey+`)`, p.Cfg.Slot).Scan(&ok)
 	if err != nil {
 		return false, fmt.Errorf("taking the reshard lock: %w", err)
 	}
 	return ok, nil
 }
 
-func (p *PG) table() string {
-	schema, _ := p.Cfg.TableName()
+// ReadGate reads on conn what a pipeline that has just taken a slot needs
+// to know (shard.GateFor): whether the reshard loop of the configured slot
+// is running (its lock, tried in shared mode and let go at once), and the
+// reshard recorded for it (nil: none), read while holding that lock when
+// it could be taken.
+func ReadGate(ctx context.Context, conn *pgx.Conn, cfg config.Postgres) (locked bool, plan *shard.Plan, err error) {
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock_shared(`+lockKey+`)`, cfg.Slot).Scan(&locked); err != nil {
+		return false, nil, fmt.Errorf("trying the reshard lock: %w", err)
+	}
+	plan, err = readPlan(ctx, conn, cfg)
+	if locked {
+		if _, uerr := conn.Exec(ctx, `SELECT pg_advisory_unlock_shared(`+lockKey+`)`, cfg.Slot); uerr != nil && err == nil {
+			err = fmt.Errorf("letting go of the reshard lock: %w", uerr)
+		}
+	}
+	return locked, plan, err
+}
+
+func stateTable(cfg config.Postgres) string {
+	schema, _ := cfg.TableName()
 	return pgx.Identifier{schema, "outboxd_reshard"}.Sanitize()
+}
+
+func (p *PG) table() string { return stateTable(p.Cfg) }
+
+// readPlan reads the state table's row for the configured slot: nil when
+// there is none, or no state table.
+func readPlan(ctx context.Context, conn *pgx.Conn, cfg config.Postgres) (*shard.Plan, error) {
+	var exists bool
+	if err := conn.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, stateTable(cfg)).Scan(&exists); err != nil {
+		return nil, fmt.Errorf("reading the reshard state table: %w", err)
+	}
+	if !exists {
+		return nil, nil
+	}
+	var pl shard.Plan
+	var phase string
+	var cutover *string
+	err := conn.QueryRow(ctx, `SELECT from_shards, to_shards, phase, cutover::text FROM `+stateTable(cfg)+` WHERE slot = $1`, cfg.Slot).
+		Scan(&pl.From, &pl.To, &phase, &cutover)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("reading the reshard state table: %w", err)
+	}
+	pl.Phase = shard.Phase(phase)
+	if cutover != nil {
+		lsn, err := parseLSN(*cutover)
+		if err != nil {
+			return nil, err
+		}
+		pl.Cutover = lsn
+	}
+	return &pl, nil
 }
 
 // Observe reads the state table's row for the slot, the database's logical
 // slots and the publications.
 func (p *PG) Observe(ctx context.Context) (Observed, error) {
 	var o Observed
-	var exists bool
-	if err := p.Conn.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, p.table()).Scan(&exists); err != nil {
-		return o, fmt.Errorf("reading the reshard state table: %w", err)
-	}
-	if exists {
-		var pl shard.Plan
-		var phase string
-		var cutover *string
-		err := p.Conn.QueryRow(ctx, `SELECT from_shards, to_shards, phase, cutover::text FROM `+p.table()+` WHERE slot = $1`, p.Cfg.Slot).
-			Scan(&pl.From, &pl.To, &phase, &cutover)
-		switch {
-		case errors.Is(err, pgx.ErrNoRows):
-		case err != nil:
-			return o, fmt.Errorf("reading the reshard state table: %w", err)
-		default:
-			pl.Phase = shard.Phase(phase)
-			if cutover != nil {
-				lsn, err := parseLSN(*cutover)
-				if err != nil {
-					return o, err
-				}
-				pl.Cutover = lsn
-			}
-			o.Plan = &pl
-		}
+	var err error
+	if o.Plan, err = readPlan(ctx, p.Conn, p.Cfg); err != nil {
+		return o, err
 	}
 	rows, err := p.Conn.Query(ctx, `SELECT slot_name::text, coalesce(confirmed_flush_lsn, '0/0')::text, active FROM pg_replication_slots
 		WHERE slot_type = 'logical' AND database = current_database()`)
@@ -147,7 +182,7 @@ func (p *PG) EnsureShardPublication(ctx context.Context, name string, i, n int) 
 		return fmt.Errorf("reading publication %q: %w", name, err)
 	}
 	if exists {
-		return nil
+		return p.checkFilter(ctx, name, i, n)
 	}
 	stmt := shard.PublicationSQL(name, schema, table, p.KeyColumn, i, n)
 	if !p.Cfg.CreatePublication {
@@ -176,6 +211,52 @@ func (p *PG) EnsureShardPublication(ctx context.Context, name string, i, n int) 
 		return nil
 	}
 	return &PermanentError{shard.PublicationError(err, name, schema, table, p.KeyColumn)}
+}
+
+// checkFilter checks the row filter of the existing publication name of
+// shard i of n (shard.FilterCheckSQL). A filter from before NULL keys had a
+// shard is fixed when postgres.create_publication is true, and refused
+// otherwise: either way the rows with a NULL key committed before the fix
+// were published to no slot, and the log says so. A publication without
+// the outbox table or without a filter is left to the start-up checks,
+// which explain it.
+func (p *PG) checkFilter(ctx context.Context, name string, i, n int) error {
+	schema, table := p.Cfg.TableName()
+	var actual *string
+	err := p.Conn.QueryRow(ctx, `SELECT to_jsonb(pt) ->> 'rowfilter' FROM pg_publication_tables pt WHERE pt.pubname = $1 AND pt.schemaname = $2 AND pt.tablename = $3`,
+		name, schema, table).Scan(&actual)
+	if errors.Is(err, pgx.ErrNoRows) || err == nil && actual == nil {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("reading the row filter of publication %q: %w", name, err)
+	}
+	var c shard.FilterCheck
+	err = p.Conn.QueryRow(ctx, shard.FilterCheckSQL(*actual, p.KeyColumn, i, n)).Scan(c.Fields()...)
+	if err != nil && sqlState(err) == "" {
+		return fmt.Errorf("checking the row filter of publication %q: %w", name, err)
+	}
+	err = shard.FilterCheckError(c, err, name, schema, table, p.KeyColumn, i, n)
+	if !errors.Is(err, shard.ErrStaleFilter) {
+		if err != nil {
+			return &PermanentError{err}
+		}
+		return nil
+	}
+	lost := fmt.Sprintf("rows with a NULL %s committed before then were published to no shard's slot and are lost to outboxd: find them with %s (while the table keeps them) and deliver them by hand",
+		p.KeyColumn, shard.NullKeysSQL(schema, table, p.KeyColumn))
+	alter := shard.AlterFilterSQL(name, schema, table, p.KeyColumn, i, n)
+	if !p.Cfg.CreatePublication {
+		return &PermanentError{fmt.Errorf("%w; postgres.create_publication is false, so run it yourself and restart outboxd. The %s", err, lost)}
+	}
+	if _, err := p.Conn.Exec(ctx, alter); err != nil {
+		return &PermanentError{fmt.Errorf("fixing the row filter of publication %q, which publishes rows with a NULL key to no shard, with %s: %w", name, alter, err)}
+	}
+	if p.Log != nil {
+		p.Log.Warn("fixed the row filter of the shard publication, which published rows with a NULL key to no shard; shard 0 delivers them from here on (router.require_key applies). The "+lost,
+			"publication", name, "statement", alter)
+	}
+	return nil
 }
 
 // CreateSlots creates the slots named (pgoutput).
@@ -250,12 +331,31 @@ func (p *PG) DropPublications(ctx context.Context, names []string) error {
 	return nil
 }
 
-// Advance moves each slot to lsn.
+// Advance moves each slot to lsn, then runs CHECKPOINT: Postgres writes
+// an advanced slot's state to disk only at the next checkpoint (unless the
+// advance also moved its restart_lsn), so a crash before it would put the
+// slot back where it was created, before the cutover, and the new shards
+// would deliver again what the old ones delivered. CHECKPOINT needs
+// superuser or pg_checkpoint; without it the advance is durable at the
+// server's next checkpoint, and until then the new shards' window (Run)
+// covers a crash of Postgres alone.
 func (p *PG) Advance(ctx context.Context, names []string, to shard.LSN) error {
 	for _, name := range names {
 		if _, err := p.Conn.Exec(ctx, `SELECT pg_replication_slot_advance($1, $2::pg_lsn)`, name, to.String()); err != nil {
 			return fmt.Errorf("advancing slot %q to the cutover %s: %w", name, to, err)
 		}
+	}
+	_, err := p.Conn.Exec(ctx, `CHECKPOINT`)
+	switch {
+	case sqlState(err) == "42501": // insufficient_privilege
+		if p.Log != nil {
+			p.Log.Warn("could not run CHECKPOINT after advancing the new shards' slots to the cutover; Postgres writes the advance to disk at its next checkpoint. "+
+				"Until then a crash of Postgres together with a restart of outboxd makes the new shards deliver again the events between their slots' creation and the cutover. "+
+				"GRANT pg_checkpoint TO the role makes the advance durable at once",
+				"slots", names, "cutover", to.String(), "err", err)
+		}
+	case err != nil:
+		return fmt.Errorf("writing the advanced slots to disk (CHECKPOINT): %w", err)
 	}
 	return nil
 }

@@ -61,10 +61,17 @@ type Config struct {
 }
 
 // Run drives db to cfg.Want shards with shard.Next and returns the shards
-// to stream. drain runs the old shards while a reshard drains. It returns
-// ctx's error when ctx ends first, and Next's error for a state no step can
-// repair.
-func Run(ctx context.Context, db DB, cfg Config, drain Drain, log *slog.Logger) ([]shard.Shard, error) {
+// to stream, with the window to run them with: Window{After: X} when this
+// run finished a reshard with cutover X, having advanced the new slots to
+// it. The advance reaches the slot's state
+// file only at Postgres' next checkpoint (DB.Advance asks for one, which
+// needs a privilege the role may lack), and a Postgres crash before it
+// puts a new slot back where it was created, before X: the window keeps
+// the new shards from delivering again what the old ones delivered. drain
+// runs the old shards while a reshard drains. It returns ctx's error when
+// ctx ends first, and Next's error for a state no step can repair.
+func Run(ctx context.Context, db DB, cfg Config, drain Drain, log *slog.Logger) ([]shard.Shard, shard.Window, error) {
+	var w shard.Window
 	progress := func(format string, args ...any) {
 		if cfg.Progress != nil {
 			cfg.Progress(fmt.Sprintf(format, args...))
@@ -72,16 +79,16 @@ func Run(ctx context.Context, db DB, cfg Config, drain Drain, log *slog.Logger) 
 	}
 	for {
 		if err := ctx.Err(); err != nil {
-			return nil, err
+			return nil, w, err
 		}
 		o, err := db.Observe(ctx)
 		if err != nil {
-			return nil, err
+			return nil, w, err
 		}
 		a, err := shard.Next(shard.View{Slot: cfg.Slot, Publication: cfg.Publication, Want: cfg.Want,
 			Plan: o.Plan, Slots: o.Slots, Publications: o.Publications})
 		if err != nil {
-			return nil, err
+			return nil, w, err
 		}
 		if a.Kind != shard.Stream && a.Kind != shard.Wait {
 			log.Info("resharding", "step", a.Kind.String(), "from", a.Plan.From, "to", a.Plan.To,
@@ -90,7 +97,7 @@ func Run(ctx context.Context, db DB, cfg Config, drain Drain, log *slog.Logger) 
 		moved := true
 		switch a.Kind {
 		case shard.Stream:
-			return a.Shards, nil
+			return a.Shards, w, nil
 		case shard.Begin:
 			progress("resharding from %d to %d shards: recording the reshard", a.Plan.From, a.Plan.To)
 			err = db.Begin(ctx, a.Plan)
@@ -113,8 +120,10 @@ func Run(ctx context.Context, db DB, cfg Config, drain Drain, log *slog.Logger) 
 				err = db.DropPublications(ctx, a.Publications)
 			}
 		case shard.Advance:
+			w = shard.Window{After: a.Cutover}
 			err = db.Advance(ctx, a.Slots, a.Cutover)
 		case shard.Finish:
+			w = shard.Window{After: a.Plan.Cutover}
 			moved, err = db.Delete(ctx, a.Plan)
 			if err == nil && moved {
 				log.Info("resharded", "from", a.Plan.From, "to", a.Plan.To, "cutover", a.Plan.Cutover.String())
@@ -139,21 +148,21 @@ func Run(ctx context.Context, db DB, cfg Config, drain Drain, log *slog.Logger) 
 			log.Info("resharding: waiting", "reason", a.Reason)
 			moved = false
 		default:
-			return nil, fmt.Errorf("reshard: unknown action %v", a.Kind)
+			return nil, w, fmt.Errorf("reshard: unknown action %v", a.Kind)
 		}
 		if err != nil {
 			if ctx.Err() != nil {
-				return nil, ctx.Err()
+				return nil, w, ctx.Err()
 			}
 			var perm *PermanentError
 			if errors.As(err, &perm) {
-				return nil, err
+				return nil, w, err
 			}
 			log.Warn("resharding step failed; observing again", "step", a.Kind.String(), "err", err)
 			moved = false
 		}
 		if !moved && !sleep(ctx, cfg.Poll) {
-			return nil, ctx.Err()
+			return nil, w, ctx.Err()
 		}
 	}
 }

@@ -167,8 +167,9 @@ func run(t *testing.T, f *fakeDB, want int) ([]shard.Shard, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	return Run(ctx, f, Config{Slot: "outboxd", Publication: "outboxd", Want: want, Poll: time.Millisecond}, f.drain,
+	shards, _, err := Run(ctx, f, Config{Slot: "outboxd", Publication: "outboxd", Want: want, Poll: time.Millisecond}, f.drain,
 		slog.New(slog.NewTextHandler(io.Discard, nil)))
+	return shards, err
 }
 
 func slotNames(f *fakeDB) []string { return slices.Sorted(maps.Keys(f.slots)) }
@@ -259,7 +260,7 @@ func TestRunStopsOnPermanentErrors(t *testing.T) {
 	f := newFake("outboxd")
 	perm := &PermanentError{Err: errors.New("create_publication is false")}
 	ctx := context.Background()
-	_, err := Run(ctx, permDB{f, perm}, Config{Slot: "outboxd", Publication: "outboxd", Want: 2, Poll: time.Millisecond}, f.drain,
+	_, _, err := Run(ctx, permDB{f, perm}, Config{Slot: "outboxd", Publication: "outboxd", Want: 2, Poll: time.Millisecond}, f.drain,
 		slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if !errors.Is(err, perm) {
 		t.Fatalf("Run = %v, want the permanent error", err)
@@ -272,3 +273,27 @@ type permDB struct {
 }
 
 func (p permDB) CreatePublications(context.Context, []string) error { return p.err }
+
+// Issue 32 item 6: Run returns the window to stream the new shards with:
+// after the cutover it advanced them to; none when it resharded nothing.
+func TestRunReturnsTheNewShardsWindow(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	f := newFake("outboxd_0of2", "outboxd_1of2")
+	_, w, err := Run(ctx, f, Config{Slot: "outboxd", Publication: "outboxd", Want: 4, Poll: time.Millisecond}, f.drain, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.After == 0 || w.Upto != 0 {
+		t.Errorf("after a reshard: window %+v, want one after the cutover", w)
+	}
+	for _, s := range slotNames(f) {
+		if f.slots[s].Confirmed < w.After {
+			t.Errorf("slot %s at %s, before the window's start %s", s, f.slots[s].Confirmed, w.After)
+		}
+	}
+	if _, w, err = Run(ctx, f, Config{Slot: "outboxd", Publication: "outboxd", Want: 4, Poll: time.Millisecond}, f.drain, log); err != nil || w != (shard.Window{}) {
+		t.Errorf("nothing to reshard: window %+v, err %v", w, err)
+	}
+}
