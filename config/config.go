@@ -50,7 +50,12 @@ type Postgres struct {
 	Table             string        `yaml:"table"` // schema-qualified
 	CreateSlot        bool          `yaml:"create_slot"`
 	CreatePublication bool          `yaml:"create_publication"`
-	StatusInterval    time.Duration `yaml:"status_interval"`
+	StatusInterval    time.Duration `yaml:"status_interval"` // the keepalive period
+	// ConfirmInterval is the shortest time between two status updates that
+	// confirm a new position between keepalives: a position Kafka's
+	// acknowledgements advance reaches Postgres at most this late, which
+	// bounds what a crash repeats beyond the records in flight.
+	ConfirmInterval time.Duration `yaml:"confirm_interval"`
 	// ReceiveTimeout restarts the stream when nothing has come from Postgres
 	// (no data, no keepalive) for this long; 0 takes the server's
 	// wal_sender_timeout, read at each connection (60s if that is 0).
@@ -338,6 +343,7 @@ func base() Config {
 			CreateSlot:          true,
 			CreatePublication:   true,
 			StatusInterval:      time.Second,
+			ConfirmInterval:     50 * time.Millisecond,
 			SlotLagInterval:     10 * time.Second,
 			StandbyPollInterval: time.Second,
 			Shards:              1,
@@ -616,6 +622,9 @@ func (c Config) Validate() error {
 	}
 	if c.Postgres.StatusInterval < 10*time.Millisecond || c.Postgres.StatusInterval > 30*time.Second {
 		bad("postgres.status_interval", "%s must be between 10ms and 30s (Postgres drops replication connections silent for wal_sender_timeout, 60s by default)", c.Postgres.StatusInterval)
+	}
+	if c.Postgres.ConfirmInterval < 10*time.Millisecond || c.Postgres.ConfirmInterval > 30*time.Second {
+		bad("postgres.confirm_interval", "%s must be between 10ms and 30s (at or above status_interval, positions are confirmed with the keepalives only)", c.Postgres.ConfirmInterval)
 	}
 	if c.Postgres.StandbyPollInterval < 100*time.Millisecond {
 		bad("postgres.standby_poll_interval", "%s must be at least 100ms", c.Postgres.StandbyPollInterval)

@@ -338,6 +338,9 @@ func TestValidateNamesField(t *testing.T) {
 		{"postgres.status_interval", func(c *config.Config) { c.Postgres.StatusInterval = 0 }},
 		{"postgres.status_interval", func(c *config.Config) { c.Postgres.StatusInterval = 9 * time.Millisecond }},
 		{"postgres.status_interval", func(c *config.Config) { c.Postgres.StatusInterval = 31 * time.Second }},
+		{"postgres.confirm_interval", func(c *config.Config) { c.Postgres.ConfirmInterval = 0 }},
+		{"postgres.confirm_interval", func(c *config.Config) { c.Postgres.ConfirmInterval = 9 * time.Millisecond }},
+		{"postgres.confirm_interval", func(c *config.Config) { c.Postgres.ConfirmInterval = 31 * time.Second }},
 		{"postgres.slot_lag_interval", func(c *config.Config) { c.Postgres.SlotLagInterval = 99 * time.Millisecond }},
 		{"postgres.shards", func(c *config.Config) { c.Postgres.Shards = 0 }},
 		{"postgres.shards", func(c *config.Config) { c.Postgres.Shards = 65 }},
@@ -417,6 +420,8 @@ func TestValidateAcceptsEdges(t *testing.T) {
 	}{
 		{"shortest status interval", func(c *config.Config) { c.Postgres.StatusInterval = 10 * time.Millisecond }},
 		{"longest status interval", func(c *config.Config) { c.Postgres.StatusInterval = 30 * time.Second }},
+		{"shortest confirm interval", func(c *config.Config) { c.Postgres.ConfirmInterval = 10 * time.Millisecond }},
+		{"confirm interval past the status interval", func(c *config.Config) { c.Postgres.ConfirmInterval = 30 * time.Second }},
 		{"shortest slot lag interval", func(c *config.Config) { c.Postgres.SlotLagInterval = 100 * time.Millisecond }},
 		{"63-character slot", func(c *config.Config) { c.Postgres.Slot = strings.Repeat("s", 63) }},
 		{"slot with digits and underscores", func(c *config.Config) { c.Postgres.Slot = "outbox_2" }},

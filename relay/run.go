@@ -107,7 +107,7 @@ func (r *Relay) startStage(ctx context.Context, c connected) (*pipelineRun, erro
 		cancelHard(nil)
 	}
 	stream, err := wal.StartStream(run, c.conn, wal.StreamConfig{
-		Slot: pg.Slot, Publication: pg.Publication, StatusInterval: pg.StatusInterval,
+		Slot: pg.Slot, Publication: pg.Publication, StatusInterval: pg.StatusInterval, ConfirmInterval: pg.ConfirmInterval,
 		ReceiveTimeout: r.receiveTimeout(run, c.conn),
 		Messages:       r.cfg.Router.Messages.Prefix != "",
 	}, 0, func() wal.LSN { return r.window.Confirm(rn.tracker.Confirmed()) })

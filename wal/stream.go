@@ -22,9 +22,18 @@ type Keepalive struct {
 
 // StreamConfig says what to stream and how often to report.
 type StreamConfig struct {
-	Slot           string
-	Publication    string
+	Slot        string
+	Publication string
+	// StatusInterval is the keepalive period: a status update that asks
+	// for a reply goes at least this often, whatever the position.
 	StatusInterval time.Duration
+	// ConfirmInterval is the shortest time between two status updates that
+	// confirm a new position between keepalives: while a received
+	// transaction is unconfirmed, the stream looks at the position this
+	// often and sends it when it has advanced. 0 confirms only with
+	// keepalives. What a crash repeats is what Kafka acknowledged in about
+	// the last ConfirmInterval, plus what was in flight.
+	ConfirmInterval time.Duration
 	// ReceiveTimeout ends the stream with ErrSilentServer when nothing (no
 	// data, no keepalive) has come from the server for this long while
 	// outboxd was reading; 0 never does. A live walsender answers every
@@ -59,6 +68,7 @@ type Stream struct {
 	pingSent     time.Time
 	roundTrip    time.Duration // the last measured status → keepalive round trip
 	sent         LSN           // the flush position of the last status update sent
+	sched        schedule      // when status updates go
 	slab         []byte        // the tail of the current slab (see keep)
 	// For the receive timeout: received counts messages; heard is when a
 	// read timeout last found the count changed, or when reading resumed
@@ -81,7 +91,8 @@ func StartStream(ctx context.Context, conn *pgconn.PgConn, cfg StreamConfig, sta
 	if err != nil {
 		return nil, fmt.Errorf("starting replication on slot %q: %w", cfg.Slot, err)
 	}
-	return &Stream{conn: conn, cfg: cfg, dec: NewDecoder(), position: position, received: start}, nil
+	return &Stream{conn: conn, cfg: cfg, dec: NewDecoder(), position: position, received: start,
+		sched: newSchedule(time.Now(), cfg.StatusInterval, cfg.ConfirmInterval)}, nil
 }
 
 // Batches handed on are cut at this many items or bytes of WAL data, or
@@ -123,7 +134,7 @@ func (s *Stream) Run(ctx, graceful context.Context, out chan<- []Item) error {
 		_ = nc.SetReadDeadline(time.Time{})
 	}()
 
-	next := time.Now().Add(s.cfg.StatusInterval)
+	s.sched = newSchedule(time.Now(), s.cfg.StatusInterval, s.cfg.ConfirmInterval)
 	s.heard = time.Now()
 	var deadline time.Time
 	var batch []Item
@@ -132,7 +143,7 @@ func (s *Stream) Run(ctx, graceful context.Context, out chan<- []Item) error {
 		if len(batch) == 0 {
 			return nil
 		}
-		err := s.send(ctx, out, batch, &next)
+		err := s.send(ctx, out, batch)
 		batch, batchBytes = nil, 0
 		s.heard = time.Now()
 		return err
@@ -143,13 +154,10 @@ func (s *Stream) Run(ctx, graceful context.Context, out chan<- []Item) error {
 		// messages in between (a small message takes microseconds), not
 		// for every message.
 		buffered := s.conn.Frontend().ReadBufferLen() > 0
-		if (!buffered || n%clockEvery == 0) && time.Now().After(next) {
-			// Ask for a reply: the keepalive it brings measures the round
-			// trip and carries the server's WAL end for idle advancement.
-			if err := s.sendStatus(ctx, s.pingSent.IsZero()); err != nil {
+		if !buffered || n%clockEvery == 0 {
+			if err := s.tick(ctx, time.Now()); err != nil {
 				return err
 			}
-			next = time.Now().Add(s.cfg.StatusInterval)
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -164,7 +172,7 @@ func (s *Stream) Run(ctx, graceful context.Context, out chan<- []Item) error {
 			n = -1 // the hand-over may have taken long: clock and status first
 			continue
 		}
-		if !deadline.Equal(next) {
+		if next := s.next(); !deadline.Equal(next) {
 			deadline = next
 			_ = nc.SetReadDeadline(deadline)
 			// A wake that came just before was overwritten: look again,
@@ -206,24 +214,24 @@ func (s *Stream) Run(ctx, graceful context.Context, out chan<- []Item) error {
 }
 
 // send hands a batch on, reporting status while the consumer is busy so that
-// Postgres holds the WAL instead of timing us out.
-func (s *Stream) send(ctx context.Context, out chan<- []Item, batch []Item, next *time.Time) error {
+// Postgres holds the WAL instead of timing us out, and learns of the
+// transactions Kafka acknowledges meanwhile.
+func (s *Stream) send(ctx context.Context, out chan<- []Item, batch []Item) error {
 	select {
 	case out <- batch:
 		return nil
 	default:
 	}
 	for {
-		timer := time.NewTimer(time.Until(*next))
+		timer := time.NewTimer(time.Until(s.next()))
 		select {
 		case out <- batch:
 			timer.Stop()
 			return nil
-		case <-timer.C:
-			if err := s.sendStatus(ctx, s.pingSent.IsZero()); err != nil {
+		case now := <-timer.C:
+			if err := s.tick(ctx, now); err != nil {
 				return err
 			}
-			*next = time.Now().Add(s.cfg.StatusInterval)
 		case <-ctx.Done():
 			timer.Stop()
 			return ctx.Err()
@@ -334,8 +342,36 @@ func (s *Stream) keep(b []byte) []byte {
 // Received returns the end LSN of the last complete transaction received.
 func (s *Stream) Received() LSN { return s.received }
 
+// next returns when the stream must next look at the clock to send a
+// status update.
+func (s *Stream) next() time.Time { return s.sched.next(s.received > s.sent) }
+
+// tick sends the status update due at now, if any: the keepalive, which
+// asks for a reply when none is awaited (the keepalive it brings measures
+// the round trip and carries the server's WAL end for idle advancement), or
+// the confirmed position, when it has advanced.
+func (s *Stream) tick(ctx context.Context, now time.Time) error {
+	var pos LSN
+	step := s.sched.at(now, s.received > s.sent, func() bool {
+		pos = s.position()
+		return pos > s.sent
+	})
+	switch step {
+	case keepalive:
+		return s.sendStatus(ctx, s.pingSent.IsZero())
+	case confirm:
+		return s.sendPosition(ctx, pos, false)
+	}
+	return nil
+}
+
+// sendStatus sends a status update with the confirmed position.
 func (s *Stream) sendStatus(ctx context.Context, reply bool) error {
-	flushed := s.position()
+	return s.sendPosition(ctx, s.position(), reply)
+}
+
+// sendPosition sends a status update that confirms flushed.
+func (s *Stream) sendPosition(ctx context.Context, flushed LSN, reply bool) error {
 	written := max(s.received, flushed)
 	if flushed == 0 {
 		// Nothing may be confirmed yet. pglogrepl sends the write position
@@ -352,8 +388,10 @@ func (s *Stream) sendStatus(ctx context.Context, reply bool) error {
 		return fmt.Errorf("sending standby status at LSN %s: %w", flushed, err)
 	}
 	s.sent = flushed
+	now := time.Now()
+	s.sched.sent(now)
 	if reply {
-		s.pingSent = time.Now()
+		s.pingSent = now
 	}
 	if s.OnStatus != nil {
 		s.OnStatus(written, flushed)
@@ -505,3 +543,65 @@ func ParseSetting(v string) (time.Duration, error) {
 func PublicationSkipped(code, severity string) bool {
 	return code == "55000" && severity == "WARNING"
 }
+
+// A step is what a schedule says to do.
+type step int
+
+const (
+	wait      step = iota // nothing is due
+	keepalive             // send a status update, asking for a reply
+	confirm               // send a status update with the new position
+)
+
+// schedule decides when a stream sends standby status updates. It owns no
+// clock and no connection: the stream passes the time and the position.
+//
+// A keepalive goes every interval, whatever the position: it keeps
+// the walsender from timing the connection out, and the reply it asks for
+// measures the round trip and lets an idle slot advance. Between
+// keepalives, a new position goes as soon as the stream sees it, and the
+// stream looks at most once per gap, only while a transaction it received
+// is unconfirmed: at most one update per gap, none while nothing moves. So
+// what Kafka acknowledged reaches Postgres about gap later at most, instead
+// of an interval: that is what a crash repeats beyond what was in flight.
+// Every status update sent (a keepalive, a confirmation, an answer to the
+// server's request for one) starts a new gap.
+type schedule struct {
+	interval, gap time.Duration
+	keepalive     time.Time // when the next keepalive is due
+	look          time.Time // when the position may next be looked at
+}
+
+func newSchedule(now time.Time, interval, gap time.Duration) schedule {
+	return schedule{interval: interval, gap: gap, keepalive: now.Add(interval), look: now}
+}
+
+// next returns when the stream must next call at. waiting says that a
+// transaction it received is not yet confirmed.
+func (c *schedule) next(waiting bool) time.Time {
+	if waiting && c.gap > 0 && c.look.Before(c.keepalive) {
+		return c.look
+	}
+	return c.keepalive
+}
+
+// at returns what to do at now. advanced reports whether the confirmed
+// position is past the last one sent; at calls it only when a confirmation
+// may be due, and when it is not, waits a gap before it looks again.
+func (c *schedule) at(now time.Time, waiting bool, advanced func() bool) step {
+	if !now.Before(c.keepalive) {
+		c.keepalive = now.Add(c.interval)
+		return keepalive
+	}
+	if !waiting || c.gap <= 0 || now.Before(c.look) {
+		return wait
+	}
+	if advanced() {
+		return confirm
+	}
+	c.look = now.Add(c.gap)
+	return wait
+}
+
+// sent records that a status update went at now.
+func (c *schedule) sent(now time.Time) { c.look = now.Add(c.gap) }

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,6 +21,13 @@ import (
 // until the test ends. It stands for a walsender behind a middlebox that
 // keeps the connection open and forwards nothing.
 func fakeWalsender(t *testing.T, keepalive time.Duration, first ...pgproto3.BackendMessage) *pgconn.PgConn {
+	t.Helper()
+	return recordingWalsender(t, keepalive, nil, first...)
+}
+
+// recordingWalsender is fakeWalsender that also sends each standby status
+// update's flush position to statuses, if not nil.
+func recordingWalsender(t *testing.T, keepalive time.Duration, statuses chan<- wal.LSN, first ...pgproto3.BackendMessage) *pgconn.PgConn {
 	t.Helper()
 	client, server := net.Pipe()
 	done := make(chan struct{})
@@ -46,8 +54,16 @@ func fakeWalsender(t *testing.T, keepalive time.Duration, first ...pgproto3.Back
 		}
 		go func() { // drain status updates
 			for {
-				if _, err := be.Receive(); err != nil {
+				m, err := be.Receive()
+				if err != nil {
 					return
+				}
+				if cd, ok := m.(*pgproto3.CopyData); ok && statuses != nil && len(cd.Data) >= 34 && cd.Data[0] == pglogrepl.StandbyStatusUpdateByteID {
+					select {
+					case statuses <- wal.LSN(binary.BigEndian.Uint64(cd.Data[9:])):
+					case <-done:
+						return
+					}
 				}
 			}
 		}()
@@ -158,6 +174,97 @@ func TestSkippedPublicationWarning(t *testing.T) {
 	} {
 		if err := runStream(t, fakeWalsender(t, 50*time.Millisecond, other), 0, time.Second); !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("Run after %s %s: %v, want it to run on", other.SeverityUnlocalized, other.Code, err)
+		}
+	}
+}
+
+// xlog wraps a pgoutput message in XLogData at lsn.
+func xlog(lsn uint64, m msg) *pgproto3.CopyData {
+	return &pgproto3.CopyData{Data: msg{pglogrepl.XLogDataByteID}.u64(lsn).u64(lsn).u64(0).raw(m)}
+}
+
+// A position that advances reaches the server within about
+// ConfirmInterval, not at the next keepalive (StatusInterval), and
+// confirmations are coalesced to at most one per ConfirmInterval. Without
+// them a crash repeats up to a StatusInterval of acknowledged events.
+func TestStatusConfirmsSoonAfterAck(t *testing.T) {
+	const start, end, last = 0x1000, 0x2010, 0x9000
+	statuses := make(chan wal.LSN, 1000)
+	conn := recordingWalsender(t, 0, statuses, xlog(0x1800, begin(0x2000, 0, 7)), xlog(0x2000, commit(0x2000, end, 0)),
+		xlog(0x2100, begin(0x8000, 0, 8)), xlog(0x8000, commit(0x8000, last, 0)))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var pos atomic.Uint64
+	pos.Store(start)
+	const gap = 50 * time.Millisecond
+	s, err := wal.StartStream(ctx, conn, wal.StreamConfig{Slot: "s", Publication: "p",
+		StatusInterval: time.Minute, ConfirmInterval: gap}, 0, func() wal.LSN { return wal.LSN(pos.Load()) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make(chan []wal.Item, 100)
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx, ctx, out) }()
+	defer func() { cancel(); <-done }()
+	// Two transactions arrive; nothing is acknowledged for a while, and
+	// the stream waits for the server.
+	for got := 0; got < 4; {
+		select {
+		case b := <-out:
+			got += len(b)
+		case err := <-done:
+			t.Fatalf("Run ended: %v", err)
+		case <-time.After(5 * time.Second):
+			t.Fatal("the transaction did not come through")
+		}
+	}
+	time.Sleep(300 * time.Millisecond)
+	// Kafka acknowledges the first transaction: the position advances.
+	acked := time.Now()
+	pos.Store(end)
+	for {
+		select {
+		case lsn := <-statuses:
+			if lsn != end {
+				continue
+			}
+			took := time.Since(acked)
+			t.Logf("the new position reached the server %s after it advanced", took.Round(time.Millisecond))
+			if took > 10*gap {
+				t.Errorf("the new position reached the server %s after it advanced, want about confirm_interval (%s)", took, gap)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("the new position did not reach the server in 5s (status interval: a minute)")
+		}
+		break
+	}
+	// A position that advances all the time (as the second transaction's
+	// records are acknowledged one by one, say) goes at most once a gap.
+	drain(statuses)
+	began := time.Now()
+	for p := uint64(end); time.Since(began) < 500*time.Millisecond && p < last; p++ {
+		pos.Store(p)
+		time.Sleep(time.Millisecond)
+	}
+	elapsed := time.Since(began)
+	n := len(drain(statuses))
+	if n == 0 {
+		t.Errorf("no status update in %s while the position advanced every millisecond", elapsed.Round(time.Millisecond))
+	}
+	if limit := int(elapsed/gap) + 2; n > limit {
+		t.Errorf("%d status updates in %s while the position advanced every millisecond, want at most one per %s (%d)", n, elapsed.Round(time.Millisecond), gap, limit)
+	}
+	t.Logf("%d status updates in %s while the position advanced every millisecond", n, elapsed.Round(time.Millisecond))
+}
+
+func drain(ch <-chan wal.LSN) []wal.LSN {
+	var out []wal.LSN
+	for {
+		select {
+		case v := <-ch:
+			out = append(out, v)
+		default:
+			return out
 		}
 	}
 }
