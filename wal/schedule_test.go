@@ -25,9 +25,9 @@ func TestScheduleCoalescesConfirmations(t *testing.T) {
 		ops           []op
 	}{
 		{"confirmations between keepalives", 1000, 50, []op{
-			{at: 0, want: wait, next: 1000},                                          // nothing received: sleep until the keepalive
+			{at: 0, want: wait, next: 1000},                                               // nothing received: sleep until the keepalive
 			{at: 10, waiting: true, advanced: true, want: confirm, looks: true, next: 60}, // the first look is free
-			{at: 20, waiting: true, advanced: true, want: wait, next: 60},                // coalesced: within a gap of the last update
+			{at: 20, waiting: true, advanced: true, want: wait, next: 60},                 // coalesced: within a gap of the last update
 			{at: 59, waiting: true, advanced: true, want: wait, next: 60},
 			{at: 60, waiting: true, want: wait, looks: true, next: 110}, // looked, nothing new: look again a gap later
 			{at: 100, waiting: true, advanced: true, want: wait, next: 110},
