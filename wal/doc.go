@@ -11,9 +11,11 @@
 //     and the open transaction) belongs to one stream.
 //   - Stream owns the replication connection. One goroutine (the one calling
 //     Run) receives, decodes and hands messages on, and sends every standby
-//     status update itself: on a timer, at once when the server asks, and a
-//     final one on shutdown. Other goroutines only publish the confirmed
-//     position, through the Position function given to it.
+//     status update itself: a keepalive every StatusInterval, the confirmed
+//     position as soon as it advances (at most once per ConfirmInterval), at
+//     once when the server asks, and a final one on shutdown. Other
+//     goroutines only publish the confirmed position, through the position
+//     function given to it.
 //
 // The caller's duties:
 //
