@@ -172,10 +172,11 @@ func TestCloseOnAnIdleStreamEndsCleanly(t *testing.T) {
 // The same stop through outboxd: SIGTERM while Postgres sends a large
 // transaction, with a shutdown_timeout shorter than the transaction. The
 // transaction delivered before it must stay confirmed (no status is sent
-// on the 30 s timer in between: only the final one can confirm it).
+// on the 30 s keepalive timer or for a new position in between: only the
+// final one can confirm it).
 func TestSIGTERMDuringALargeTransactionKeepsTheDeliveredOneConfirmed(t *testing.T) {
 	d := newDB(t)
-	p := start(t, d.env("OUTBOXD_POSTGRES_STATUS_INTERVAL=30s", "OUTBOXD_SHUTDOWN_TIMEOUT=200ms"))
+	p := start(t, d.env("OUTBOXD_POSTGRES_STATUS_INTERVAL=30s", "OUTBOXD_POSTGRES_CONFIRM_INTERVAL=30s", "OUTBOXD_SHUTDOWN_TIMEOUT=200ms"))
 	p.waitStreaming()
 	before := d.confirmedFlush(t)
 	topic := d.name + "_a-events"
