@@ -337,24 +337,20 @@ func TestFaultSIGKILLAtRandomMoments(t *testing.T) {
 	if n != r.Duplicates {
 		t.Errorf("%d duplicates, %d of them repeats after a kill", r.Duplicates, n)
 	}
-	// For the median kill: confirm_interval, plus the time records in
-	// flight take to be acknowledged, plus room for a busy machine (a
-	// slow acknowledgement can hold the position back in a kill or two).
-	// When positions went with the keepalives only, a kill repeated what
-	// was acknowledged since the last one, on average half a
-	// status_interval (and all of the first second of a run): a median
-	// of 331 to 826 ms in 8 runs on a shared 2-core machine, against 16
-	// to 186 ms with confirm_interval (401 ms once, at a load average of
-	// 60).
+	// How far back a kill reaches, for the log and the chaos results: with
+	// confirm_interval it is what was in flight plus about 50 ms (16 to
+	// 186 ms for the median kill on a shared 2-core machine), against 331
+	// to 826 ms when positions went with the 1 s keepalives only. It is a
+	// measurement, not an assertion: how long an acknowledgement takes
+	// depends on the machine's load (TestStatusConfirmsSoonAfterAck and
+	// TestScheduleCoalescesConfirmations check the rule itself).
 	windows := make([]time.Duration, len(reps))
 	for i, k := range reps {
 		windows[i] = k.window
 	}
 	slices.Sort(windows)
 	median := (windows[(len(windows)-1)/2] + windows[len(windows)/2]) / 2
-	if bound := 300 * time.Millisecond; median > bound {
-		t.Errorf("the median kill repeated records first written %s before it: more than what was in flight and one confirm_interval allow (%s)", median.Round(time.Millisecond), bound)
-	}
+	t.Logf("the median kill repeated records first written up to %s before it", median.Round(time.Millisecond))
 }
 
 // waitLeaders waits until every partition of topics has a leader.
