@@ -246,13 +246,13 @@ type Messages struct {
 	Prefix string `yaml:"prefix"`
 	// DefaultRouteBy routes a message without a route-by field.
 	DefaultRouteBy string `yaml:"default_route_by"`
-	// Unowned says what a message that names no outbox table does: deliver
-	// (the default) or ignore. A message that names one (the field
-	// "__outbox_table", which package outbox writes) is delivered only by
-	// the outboxd whose postgres.table it names, whatever this says, unless
-	// no outboxd streams that table (then it counts as naming none); with
-	// several deployments on one database, exactly one should deliver the
-	// messages that name none.
+	// Unowned says what a message that names no outbox table (the field
+	// "__outbox_table" absent, null or "") does: deliver (the default) or
+	// ignore. A message that names one (package outbox writes an explicit
+	// Config.Table there) is delivered only by the outboxd whose
+	// postgres.table it names, whatever this says; with several deployments
+	// on one database, exactly one should deliver the messages that name
+	// none.
 	Unowned Unowned `yaml:"unowned"`
 }
 

@@ -27,9 +27,9 @@
 //     traceparent_column, Headers headers_column, Partition the column of
 //     additional_fields placed as partition, IDHeader id_header and
 //     EventTypeHeader event_type_header. In Message mode, keep
-//     Config.MessagePrefix equal to router.messages.prefix, and Config.Table
-//     equal to the postgres.table of the outboxd that is to deliver the
-//     events (see Owner below).
+//     Config.MessagePrefix equal to router.messages.prefix; set Config.Table
+//     only to the exact postgres.table of the outboxd that is to deliver the
+//     events, or leave it empty (see Owner below).
 //
 // # Event ids
 //
@@ -71,19 +71,33 @@
 // Type, Headers or a Traceparent that no field is named for is an error.
 // Partition and IdempotencyKey cannot be expressed in a message and are
 // errors in this mode. Last comes OwnerField, "__outbox_table", with
-// Config.Table, schema-qualified:
+// Config.Table, schema-qualified, when Config.Table is set:
 //
-//	{…, "__outbox_table": "public.outbox"}
+//	{…, "__outbox_table": "app.outbox"}
 //
 // # Owner
 //
 // Every replication slot on a database receives every logical message, so
 // without an owner every outboxd on the database would deliver each one.
-// OwnerField names the outbox the message belongs to: only the outboxd whose
-// postgres.table it names delivers it; the others leave it. A message that
-// names none (written by hand or by an older version of this package), or a
-// table that no outboxd streams (no other publication lists it), goes to
-// the outboxd with router.messages.unowned: deliver, the default. An outboxd
+// OwnerField names the outbox the message belongs to, and each outboxd
+// decides from the message alone (so that a replay decides the same):
+//
+//   - a message that names the outboxd's postgres.table (compared exactly,
+//     schema-qualified, "public." added to a name without a schema) is
+//     delivered by it;
+//   - a message that names another table is left by it (counted in
+//     outboxd_wal_changes_total{op="message_other_outbox"}, the first one
+//     logged): if no outboxd has that postgres.table, no one delivers it;
+//   - a message that names none goes to the outboxd with
+//     router.messages.unowned: deliver, the default.
+//
+// A Writer writes OwnerField only when Config.Table is set, even to
+// "public.outbox"; with Config.Table empty its messages name none, as those
+// of a version of this package that predates the field did, and go where
+// they went before. Set Config.Table in Message mode only when several
+// outboxd share the database, and then to exactly the postgres.table of the
+// outboxd that is to deliver the events: a Table that no outboxd has loses
+// the events to every one of them (each counts and logs them). An outboxd
 // that predates the field ignores it and delivers the message, as it did.
 //
 // # Optional columns

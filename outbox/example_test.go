@@ -96,7 +96,7 @@ func ExampleWriter_Statements_message() {
 	fmt.Println(stmts[0].Args...)
 	// Output:
 	// SELECT pg_logical_emit_message(true, 'outbox', content) FROM (VALUES ($1::text)) AS m(content)
-	// {"id":"01890a5d-ac96-774b-bcce-b302099a8057","aggregatetype":"order","aggregateid":"42","type":"OrderPlaced","payload":{"id":42},"headers":{"tenant":"t1","traceparent":"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},"__outbox_table":"public.outbox"}
+	// {"id":"01890a5d-ac96-774b-bcce-b302099a8057","aggregatetype":"order","aggregateid":"42","type":"OrderPlaced","payload":{"id":42},"headers":{"tenant":"t1","traceparent":"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}}
 }
 
 // Write in the transaction that makes the business change. The event exists

@@ -120,9 +120,12 @@ func (m Mode) String() string {
 // outboxd's default table, public.outbox, in Insert mode.
 type Config struct {
 	// Table is the outbox table, schema-qualified; "" is public.outbox. In
-	// Message mode no row is written, but each message names Table as the
-	// outbox it belongs to (OwnerField): keep it equal to the
-	// postgres.table of the outboxd that is to deliver the messages.
+	// Message mode no row is written; a Table set here (even to
+	// "public.outbox") is named in each message as the outbox it belongs
+	// to (OwnerField), and only the outboxd whose postgres.table equals it
+	// delivers the messages, so set it to exactly that. Left empty, the
+	// messages name no owner, as before the field existed, and go to the
+	// outboxd with router.messages.unowned: deliver (the default).
 	Table   string
 	Columns Columns // zero value: DefaultColumns()
 	Mode    Mode
@@ -156,7 +159,7 @@ const maxParams = 65535
 type Writer struct {
 	cfg     Config
 	table   string   // quoted
-	owner   string   // the table, schema-qualified, unquoted: a message's OwnerField
+	owner   string   // a message's OwnerField: Config.Table, schema-qualified, unquoted; "" when not set
 	cols    []string // quoted, in insert order
 	idCol   string   // quoted
 	perRow  int
@@ -165,7 +168,8 @@ type Writer struct {
 
 // New returns a Writer for cfg, or an error naming the bad field.
 func New(cfg Config) (*Writer, error) {
-	if cfg.Table == "" {
+	owned := cfg.Table != "" // only an explicit Table names the messages' owner
+	if !owned {
 		cfg.Table = "public.outbox"
 	}
 	if cfg.Columns == (Columns{}) {
@@ -212,7 +216,10 @@ func New(cfg Config) (*Writer, error) {
 	if !ok {
 		schema, table = "public", cfg.Table
 	}
-	w := &Writer{cfg: cfg, table: pgx.Identifier{schema, table}.Sanitize(), owner: schema + "." + table, idCol: quote(c.ID)}
+	w := &Writer{cfg: cfg, table: pgx.Identifier{schema, table}.Sanitize(), idCol: quote(c.ID)}
+	if owned {
+		w.owner = schema + "." + table
+	}
 	for _, name := range []string{c.ID, c.AggregateType, c.AggregateID, c.EventType, c.Payload, c.Traceparent, c.Partition, c.Headers, c.IdempotencyKey} {
 		if name != "" {
 			w.cols = append(w.cols, quote(name))
@@ -510,7 +517,9 @@ func (w *Writer) message(e Event, id uuid.UUID, n int) ([]byte, error) {
 	if len(headers) > 0 {
 		fields = append(fields, field{c.Headers, headers})
 	}
-	fields = append(fields, field{OwnerField, w.owner})
+	if w.owner != "" {
+		fields = append(fields, field{OwnerField, w.owner})
+	}
 	b := []byte{'{'}
 	for i, f := range fields {
 		if i > 0 {

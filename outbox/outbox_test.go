@@ -196,25 +196,28 @@ func TestMessageFields(t *testing.T) {
 	headersOnly := outbox.DefaultColumns()
 	headersOnly.Headers = "headers"
 	custom := outbox.Columns{ID: "event_id", AggregateType: "topic_of", AggregateID: "key", Payload: "body", Headers: "meta"}
+	// The owner field names Config.Table only when it is set, even to the
+	// default table: a Writer with no Table writes none, as before the
+	// field existed, so that its messages stay with the outboxd that
+	// delivers unowned ones.
 	for _, c := range []struct {
 		name  string
+		table string // Config.Table
 		cols  outbox.Columns
 		event outbox.Event
 		want  string
 	}{
-		{"debezium with traceparent field", debezium, full,
-			`{"id":"` + id.String() + `","aggregatetype":"order","aggregateid":"42","type":"OrderPlaced","payload":{"n":1},"tracingspancontext":"` + tp + `","hdrs":{"tenant":"t1"},"__outbox_table":"public.outbox"}`},
-		{"traceparent into headers", headersOnly, full,
+		{"debezium with traceparent field", "", debezium, full,
+			`{"id":"` + id.String() + `","aggregatetype":"order","aggregateid":"42","type":"OrderPlaced","payload":{"n":1},"tracingspancontext":"` + tp + `","hdrs":{"tenant":"t1"}}`},
+		{"traceparent into headers", "public.outbox", headersOnly, full,
 			`{"id":"` + id.String() + `","aggregate_type":"order","aggregate_id":"42","event_type":"OrderPlaced","payload":{"n":1},"headers":{"tenant":"t1","traceparent":"` + tp + `"},"__outbox_table":"public.outbox"}`},
-		{"no event type field, nil payload, no headers", custom, outbox.Event{ID: id, AggregateType: "order", AggregateID: "42"},
+		{"no event type field, nil payload, no headers", "app.events", custom, outbox.Event{ID: id, AggregateType: "order", AggregateID: "42"},
 			`{"event_id":"` + id.String() + `","topic_of":"order","key":"42","body":null,"__outbox_table":"app.events"}`},
+		{"unqualified table", "events", custom, outbox.Event{ID: id, AggregateType: "order", AggregateID: "42"},
+			`{"event_id":"` + id.String() + `","topic_of":"order","key":"42","body":null,"__outbox_table":"public.events"}`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			table := ""
-			if c.name == "no event type field, nil payload, no headers" {
-				table = "app.events" // the owner is the table, "" public.outbox
-			}
-			w, err := outbox.New(outbox.Config{Table: table, Columns: c.cols, Mode: outbox.Message})
+			w, err := outbox.New(outbox.Config{Table: c.table, Columns: c.cols, Mode: outbox.Message})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -441,7 +444,8 @@ func TestWriteMessages(t *testing.T) {
 	if len(got) != 2 {
 		t.Fatalf("decoded %d messages, want 2 (the rolled-back one must not appear):\n%s", len(got), strings.Join(lines, "\n"))
 	}
-	want0 := message{Owner: "public.outbox", ID: ids[0].String(), AggregateType: "order", AggregateID: "1", EventType: "OrderPlaced",
+	// No Config.Table: the messages name no owner (__outbox_table absent).
+	want0 := message{ID: ids[0].String(), AggregateType: "order", AggregateID: "1", EventType: "OrderPlaced",
 		Payload: json.RawMessage(`{"id":1,"items":[1,2]}`), Headers: map[string]string{"tenant": "t1", "traceparent": events[0].Traceparent}}
 	if g := got[0]; g.Owner != want0.Owner || g.ID != want0.ID || g.AggregateType != want0.AggregateType || g.AggregateID != want0.AggregateID ||
 		g.EventType != want0.EventType || string(g.Payload) != string(want0.Payload) || len(g.Headers) != 2 ||

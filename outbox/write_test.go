@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"testing"
 	"time"
 
@@ -196,7 +197,10 @@ func TestWriteTableFrom0001(t *testing.T) {
 
 // Message mode with the columns of outboxd's router settings, none of them
 // outboxd's defaults, and both prefixes left at their defaults: outboxd
-// delivers the events with the right topic, key, value and headers.
+// delivers the events with the right topic, key, value and headers. The
+// writer's Config.Table is first left empty (its messages name no owner, and
+// this outboxd, of app.events, takes unowned ones: the writer of before the
+// owner field, upgraded), then set to outboxd's postgres.table.
 func TestMessagesDeliveredByOutboxd(t *testing.T) {
 	d := newDB(t, "outbox_msgs")
 	ctx := context.Background()
@@ -216,10 +220,21 @@ func TestMessagesDeliveredByOutboxd(t *testing.T) {
 	// outboxd's default id and event type headers.
 	cols := outbox.Columns{ID: "event_id", AggregateType: "aggregatetype", AggregateID: "aggregateid", EventType: "type",
 		Payload: "body", Traceparent: "span", Headers: "meta", IDHeader: "id", EventTypeHeader: "eventType"}
-	w, err := outbox.New(outbox.Config{Columns: cols, Mode: outbox.Message})
-	if err != nil {
-		t.Fatal(err)
+	for _, table := range []string{"", "app.events"} {
+		t.Run("table "+strconv.Quote(table), func(t *testing.T) {
+			w, err := outbox.New(outbox.Config{Table: table, Columns: cols, Mode: outbox.Message})
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkDelivered(t, d, w)
+		})
 	}
+}
+
+// checkDelivered writes two events with w and checks that outboxd delivers
+// them with the right topic, key, value and headers.
+func checkDelivered(t *testing.T, d *testDB, w *outbox.Writer) {
+	t.Helper()
 	aggregate := "om_" + testenv.RandomSuffix()
 	tp := "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 	events := []outbox.Event{

@@ -5,16 +5,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"slices"
-	"strings"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxd/outboxd/checkpoint"
 	"github.com/outboxd/outboxd/config"
-	"github.com/outboxd/outboxd/internal/pg"
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/shard"
 	"github.com/outboxd/outboxd/sink"
@@ -51,10 +46,10 @@ type Producer interface {
 func (r *Relay) NewPipeline(ctx context.Context, tracker *checkpoint.Tracker, producer Producer, fail context.CancelCauseFunc, outboxID uint32) *Pipeline {
 	tables := newOutboxTables(r.cfg.Postgres, r.log, outboxID, r.router.SetBaseType)
 	return &Pipeline{r: r, ctx: ctx, tracker: tracker, producer: producer, fail: fail,
-		tables: tables, owners: newMessageOwners(r.cfg, &tables.db, r.log),
+		tables: tables, takesUnowned: r.cfg.Router.Messages.Unowned != config.UnownedIgnore,
 		inserts: r.m.changes.WithLabelValues("insert"), updates: r.m.changes.WithLabelValues("update"),
 		deletes: r.m.changes.WithLabelValues("delete"), messages: r.m.changes.WithLabelValues("message"), nontx: r.m.changes.WithLabelValues("message_nontransactional"),
-		others: r.m.changes.WithLabelValues("message_other_outbox")}
+		others: r.m.changes.WithLabelValues("message_other_outbox"), unowned: r.m.changes.WithLabelValues("message_unowned")}
 }
 
 // Run handles every item of batches in order until the channel is closed
@@ -81,14 +76,17 @@ type Pipeline struct {
 	producer Producer
 	fail     context.CancelCauseFunc
 	tables   *outboxTables
-	owners   *messageOwners
 	eos      *eos // exactly_once only (eos.go)
+	// takesUnowned: router.messages.unowned is deliver.
+	takesUnowned bool
 
 	txn          *checkpoint.Txn
 	done         func(error) // the outcome of a record of txn
 	commitTime   time.Time
 	warnedUpdate bool
 	warnedNontx  bool
+	warnedOther  bool          // a message naming another outbox table was logged
+	warnedLeft   bool          // an unowned message left (unowned: ignore) was logged
 	rec          router.Record // each insert's record: the producer keeps none of it
 	// past: an old shard met the end of its reshard window (Relay.window)
 	// and handles nothing more; stopReading ends the stream there.
@@ -99,7 +97,8 @@ type Pipeline struct {
 	before bool
 
 	inserts, updates, deletes, messages, nontx prometheus.Counter
-	others                                     prometheus.Counter // another deployment's messages
+	others                                     prometheus.Counter // messages naming another outbox table
+	unowned                                    prometheus.Counter // messages naming none, left (unowned: ignore)
 }
 
 // Handle routes one item of the stream: a Begin registers a transaction
@@ -197,15 +196,13 @@ func (p *Pipeline) Handle(item wal.Item) error {
 		if p.before {
 			return nil
 		}
-		// Content that is not a JSON object (err) names no owner and no
-		// key: it is delivered, as a poison row, once, by the deployment
-		// and shard that take messages without either.
+		// Content that is not a JSON object, or whose owner is not a
+		// string (err), names no owner and no key: it is delivered, as a
+		// poison row, once, by the deployment and shard that take messages
+		// without either.
 		fields, err := router.ParseMessage(m)
-		if ours, lookupErr := p.owners.delivers(p.ctx, fields.Owner()); !ours || lookupErr != nil {
-			if lookupErr == nil {
-				p.others.Inc()
-			}
-			return lookupErr // nil: another deployment's message
+		if !p.ownsMessage(fields.Owner(), m.LSN) {
+			return nil
 		}
 		if sh := p.r.shard; sh.Count > 1 {
 			// Every shard's slot receives every message: deliver only
@@ -270,90 +267,39 @@ func messageKey(content []byte, field string) (key []byte, keyed bool) {
 	return fields.Text(field)
 }
 
-// messageOwners decides which logical messages a deployment delivers: a
-// message that names an outbox table (router.OwnerField) belongs to the
-// outboxd whose postgres.table it is, and one that names none to the
-// deployment with router.messages.unowned: deliver.
-//
-// A message that names another table is left to that table's outboxd only
-// when one is there to take it: when a publication other than this
-// deployment's lists the table (FOR TABLE, as outboxd creates its own).
-// Otherwise (a table the database lacks, or one nothing streams: a writer
-// whose outbox.Config.Table is not its outboxd's postgres.table, which
-// Message mode did not need before the owner) it is taken as naming none,
-// so that a mistaken owner repeats a message rather than loses it. The
-// catalog is read once per table named and again after ownerRecheck, so
-// that a deployment added or removed is seen while this one runs.
-type messageOwners struct {
-	table       string // this deployment's postgres.table
-	publication string // this deployment's (this shard's) publication
-	unowned     bool   // deliver the messages that name no table
-	db          *pg.Lazy
-	log         *slog.Logger
-	others      map[string]otherOwner // other tables named, by name
-}
-
-// otherOwner is what the catalog said of another table a message named.
-type otherOwner struct {
-	streamed bool // another publication lists it: another outboxd's
-	at       time.Time
-}
-
-const (
-	// maxOwners bounds messageOwners.others; past it the cache starts
-	// afresh.
-	maxOwners = 1024
-	// ownerRecheck is how long the catalog's answer for a table is used.
-	ownerRecheck = time.Minute
-)
-
-func newMessageOwners(cfg config.Config, db *pg.Lazy, log *slog.Logger) *messageOwners {
-	return &messageOwners{table: cfg.Postgres.Table, publication: cfg.Postgres.Publication,
-		unowned: cfg.Router.Messages.Unowned != config.UnownedIgnore, db: db, log: log, others: map[string]otherOwner{}}
-}
-
-// delivers reports whether this deployment delivers a message that names
-// owner ("" for none).
-func (o *messageOwners) delivers(ctx context.Context, owner string) (bool, error) {
-	if owner == "" || owner == o.table {
-		return owner != "" || o.unowned, nil
-	}
-	prev, ok := o.others[owner]
-	if !ok || time.Since(prev.at) > ownerRecheck {
-		streamed, err := o.streamed(ctx, owner)
-		if err != nil {
-			return false, fmt.Errorf("looking up outbox table %s, which a logical message names, to tell whether another outboxd delivers it: %w", owner, err)
+// ownsMessage reports whether this deployment delivers a logical message
+// that names owner ("" for none), from the message alone, so that a replay
+// decides as the first reading did: one that names this deployment's
+// postgres.table is its own, one that names another table is that table's
+// outboxd's, and one that names none is the deployment's with
+// router.messages.unowned: deliver. A message it leaves is counted, and the
+// first of each kind in a run logged.
+func (p *Pipeline) ownsMessage(owner string, lsn wal.LSN) bool {
+	table := p.r.cfg.Postgres.Table
+	switch {
+	case owner == table:
+		return true
+	case owner != "":
+		p.others.Inc()
+		if !p.warnedOther {
+			p.warnedOther = true
+			p.r.log.Warn("a logical message names outbox table "+owner+", not this outboxd's postgres.table "+table+", so this outboxd leaves it to the outboxd of "+owner+
+				" (counted in outboxd_wal_changes_total{op=\"message_other_outbox\"}). If no outboxd has postgres.table "+owner+", no one delivers it: "+
+				"the writer's outbox Config.Table (the message's field "+router.OwnerField+") must equal the postgres.table of the outboxd that delivers it",
+				"owner", owner, "lsn", lsn.String(), "slot", p.r.cfg.Postgres.Slot)
 		}
-		if len(o.others) >= maxOwners {
-			clear(o.others)
-		}
-		o.others[owner] = otherOwner{streamed: streamed, at: time.Now()}
-		switch {
-		case ok && prev.streamed == streamed:
-		case streamed:
-			o.log.Info("leaving the logical messages of outbox table "+owner+" to the outboxd that streams it (another publication lists it); this one delivers those of "+o.table+
-				" (counted in outboxd_wal_changes_total{op=\"message_other_outbox\"})", "owner", owner)
-		default:
-			o.log.Warn("a logical message names outbox table "+owner+", which no other publication lists, so no other outboxd streams it: it is taken as naming none (router.messages.unowned). "+
-				"Set the writer's outbox.Config.Table to the postgres.table of the outboxd that is to deliver it", "owner", owner, "unowned", o.unowned)
-		}
-		prev.streamed = streamed
+		return false
+	case p.takesUnowned:
+		return true
 	}
-	return !prev.streamed && o.unowned, nil
-}
-
-// streamed reports whether a publication other than this deployment's lists
-// table (schema.table) by name.
-func (o *messageOwners) streamed(ctx context.Context, table string) (bool, error) {
-	conn, err := o.db.Get(ctx)
-	if err != nil {
-		return false, err
+	p.unowned.Inc()
+	if !p.warnedLeft {
+		p.warnedLeft = true
+		p.r.log.Info("a logical message names no outbox table (no field "+router.OwnerField+") and router.messages.unowned is ignore, so this outboxd leaves it "+
+			"to the one outboxd on the database with router.messages.unowned: deliver (counted in outboxd_wal_changes_total{op=\"message_unowned\"})",
+			"lsn", lsn.String(), "slot", p.r.cfg.Postgres.Slot)
 	}
-	schema, name, _ := strings.Cut(table, ".")
-	var streamed bool
-	err = conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_publication_rel r JOIN pg_publication p ON p.oid = r.prpubid
-		WHERE r.prrelid = to_regclass($1) AND p.pubname <> $2)`, pgx.Identifier{schema, name}.Sanitize(), o.publication).Scan(&streamed)
-	return streamed, err
+	return false
 }
 
 // errUpdate marks an UPDATE refused by router.on_update: error.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -12,11 +13,13 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/outboxd/outboxd/checkpoint"
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/router"
+	"github.com/outboxd/outboxd/sink"
 	"github.com/outboxd/outboxd/wal"
 )
 
@@ -331,10 +334,10 @@ func TestPipelineUnknownItem(t *testing.T) {
 }
 
 // A logical message is delivered by the deployment whose outbox table it
-// names (router.OwnerField), and one that names none by the deployment with
-// router.messages.unowned: deliver only; one that names a table no other
-// publication lists (one the database lacks, say) is taken as naming none
-// (issue 32 item 12).
+// names (router.OwnerField), exactly as spelled, one that names another
+// table by none, and one that names none (no field, null or "") by the
+// deployment with router.messages.unowned: deliver only. The decision reads
+// the message alone (issue 32 item 12; review findings 1-7).
 func TestPipelineDeliversOnlyItsOwnMessages(t *testing.T) {
 	msg := func(owner string) *wal.Message {
 		field := ""
@@ -344,55 +347,134 @@ func TestPipelineDeliversOnlyItsOwnMessages(t *testing.T) {
 		return &wal.Message{XID: 7, LSN: 0x200, Transactional: true, Prefix: "outbox",
 			Content: []byte(`{"id": "m", "aggregate_type": "order", "aggregate_id": "k", "payload": {}` + field + `}`)}
 	}
+	const (
+		own = iota
+		other
+		unowned
+	)
+	long := `"public.` + strings.Repeat("o", 63) + `"` // Postgres would truncate it to 63 bytes
 	for _, tc := range []struct {
 		name    string
 		unowned config.Unowned
 		owner   string // the field's JSON value, "" for no field
-		want    bool
+		kind    int
 	}{
-		{"its own", config.UnownedIgnore, `"public.outbox"`, true},
-		{"its own, unqualified", config.UnownedIgnore, `"outbox"`, true},
-		{"its own, taking the unowned", config.UnownedDeliver, `"public.outbox"`, true},
-		{"another deployment's", config.UnownedDeliver, `"public.orders_outbox"`, false},
-		{"another deployment's, unqualified", config.UnownedDeliver, `"orders_outbox"`, false},
-		{"unowned, taken", config.UnownedDeliver, "", true},
-		{"unowned, left", config.UnownedIgnore, "", false},
-		{"owner null, taken", config.UnownedDeliver, "null", true},
-		{"owner null, left", config.UnownedIgnore, "null", false},
-		{"a table nothing else streams, taken", config.UnownedDeliver, `"public.no_such_table"`, true},
-		{"a table nothing else streams, left", config.UnownedIgnore, `"public.no_such_table"`, false},
+		{"its own", config.UnownedIgnore, `"public.outbox"`, own},
+		{"its own, unqualified", config.UnownedIgnore, `"outbox"`, own},
+		{"its own, taking the unowned", config.UnownedDeliver, `"public.outbox"`, own},
+		{"another deployment's", config.UnownedDeliver, `"public.orders_outbox"`, other},
+		{"another deployment's, unqualified", config.UnownedDeliver, `"orders_outbox"`, other},
+		// No catalogue is read: a table that nothing streams, or that does
+		// not exist, is another table all the same.
+		{"a table nothing else streams", config.UnownedDeliver, `"public.no_such_table"`, other},
+		{"its own, spelled in capitals", config.UnownedDeliver, `"Public.Outbox"`, other},
+		{"its own, quoted", config.UnownedDeliver, `"\"public\".\"outbox\""`, other},
+		{"its own with a NUL", config.UnownedDeliver, `"public.outbox\u0000"`, other},
+		{"longer than an identifier", config.UnownedDeliver, long, other},
+		{"unowned, taken", config.UnownedDeliver, "", unowned},
+		{"unowned, left", config.UnownedIgnore, "", unowned},
+		{"owner null, taken", config.UnownedDeliver, "null", unowned},
+		{"owner null, left", config.UnownedIgnore, "null", unowned},
+		{"owner empty, taken", config.UnownedDeliver, `""`, unowned},
+		{"owner empty, left", config.UnownedIgnore, `""`, unowned},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tp := newTestPipeline(t, func(c *config.Config) { c.Router.Messages.Unowned = tc.unowned })
-			// What the catalog lookup would have found.
-			tp.owners.others["public.orders_outbox"] = otherOwner{streamed: true, at: time.Now()}
-			tp.owners.others["public.no_such_table"] = otherOwner{streamed: false, at: time.Now()}
 			tp.handle(t, begin(0x300), msg(tc.owner), commit(0x310))
-			if got := len(tp.prod.recs) == 1; got != tc.want {
-				t.Fatalf("delivered %v, want %v", got, tc.want)
+			want := tc.kind == own || tc.kind == unowned && tc.unowned == config.UnownedDeliver
+			if got := len(tp.prod.recs) == 1; got != want {
+				t.Fatalf("delivered %v, want %v", got, want)
 			}
-			if tc.want && header(tp.prod.recs[0], "id") != "m" {
+			if want && header(tp.prod.recs[0], "id") != "m" {
 				t.Errorf("delivered %+v", tp.prod.recs[0])
 			}
 			tp.prod.ackAll(nil)
 			if got := tp.tracker.Confirmed(); got != 0x310 {
 				t.Errorf("confirmed %s, want 0/310: a message left to another deployment is confirmed past", got)
 			}
-			left := testutil.ToFloat64(tp.r.m.changes.WithLabelValues("message_other_outbox"))
-			if want := map[bool]float64{true: 0, false: 1}[tc.want]; left != want {
-				t.Errorf("outboxd_wal_changes_total{op=\"message_other_outbox\"} = %v, want %v", left, want)
+			for op, n := range map[string]bool{"message_other_outbox": tc.kind == other, "message_unowned": tc.kind == unowned && !want} {
+				want := map[bool]float64{true: 1, false: 0}[n]
+				if got := testutil.ToFloat64(tp.r.m.changes.WithLabelValues(op)); got != want {
+					t.Errorf("outboxd_wal_changes_total{op=%q} = %v, want %v", op, got, want)
+				}
 			}
 		})
 	}
-	// Content that is not a JSON object names no owner: the deployment that
-	// takes unowned messages halts on it, the others leave it.
-	for _, unowned := range []config.Unowned{config.UnownedDeliver, config.UnownedIgnore} {
-		tp := newTestPipeline(t, func(c *config.Config) { c.Router.Messages.Unowned = unowned })
-		tp.handle(t, begin(0x300))
-		err := tp.Handle(&wal.Message{XID: 7, LSN: 0x200, Transactional: true, Prefix: "outbox", Content: []byte("not json")})
-		var poison *router.RowError
-		if halted := errors.As(err, &poison); halted != (unowned == config.UnownedDeliver) {
-			t.Errorf("unowned %s: content not JSON: %v", unowned, err)
+	// Content that is not a JSON object, or whose owner is not a string,
+	// names no owner: the deployment that takes unowned messages halts on
+	// it as a poison row, the others leave it.
+	for _, content := range []string{"not json", `{"id": "m", "__outbox_table": 42}`, `{"id": "m", "__outbox_table": true}`,
+		`{"id": "m", "__outbox_table": {"t": "public.outbox"}}`, `{"id": "m", "__outbox_table": ["public.outbox"]}`} {
+		for _, unowned := range []config.Unowned{config.UnownedDeliver, config.UnownedIgnore} {
+			tp := newTestPipeline(t, func(c *config.Config) { c.Router.Messages.Unowned = unowned })
+			tp.handle(t, begin(0x300))
+			err := tp.Handle(&wal.Message{XID: 7, LSN: 0x200, Transactional: true, Prefix: "outbox", Content: []byte(content)})
+			var poison *router.RowError
+			if halted := errors.As(err, &poison); halted != (unowned == config.UnownedDeliver) {
+				t.Errorf("unowned %s: content %s: %v", unowned, content, err)
+			}
+			if strings.Contains(content, "__outbox_table") && err != nil && !strings.Contains(err.Error(), "field __outbox_table is ") {
+				t.Errorf("content %s: %v; want it to say the owner field is not a string", content, err)
+			}
+			if len(tp.prod.recs) != 0 {
+				t.Errorf("unowned %s: content %s delivered %+v", unowned, content, tp.prod.recs)
+			}
+		}
+	}
+}
+
+// An exactly-once replay of a split transaction skips the rows that the
+// position says are in Kafka (position.Rows counts the delivered rows), so
+// it must decide as the first run did which messages it delivers: whatever
+// changed in the database meanwhile, the replay delivers exactly the rows
+// after the split (review finding 1: with the owner read from the catalogue
+// a replay could skip a row that never reached Kafka).
+func TestPipelineReplayDecidesAlike(t *testing.T) {
+	msg := func(lsn wal.LSN, id, owner string) *wal.Message {
+		field := ""
+		if owner != "" {
+			field = `, "__outbox_table": "` + owner + `"`
+		}
+		return &wal.Message{XID: 7, LSN: lsn, Transactional: true, Prefix: "outbox",
+			Content: []byte(`{"id": "` + id + `", "aggregate_type": "order", "aggregate_id": "k", "payload": {}` + field + `}`)}
+	}
+	items := []wal.Item{begin(0x300),
+		msg(0x200, "m1", "public.outbox"), msg(0x208, "o1", "public.x"), msg(0x210, "u1", ""),
+		msg(0x218, "m2", "public.outbox"), msg(0x220, "o2", "public.no_such_table"), msg(0x228, "m3", "outbox"), msg(0x230, "u2", "")}
+	delivered := func(tp *testPipeline) []string {
+		var ids []string
+		for _, rec := range tp.prod.recs {
+			ids = append(ids, header(rec, "id"))
+		}
+		return ids
+	}
+	first := newTestPipeline(t, nil)
+	first.handle(t, items...)
+	all := delivered(first)
+	if want := []string{"m1", "u1", "m2", "m3", "u2"}; !slices.Equal(all, want) {
+		t.Fatalf("first run delivered %v, want %v", all, want)
+	}
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	kcfg := config.Default().Kafka
+	kcfg.Brokers, kcfg.Delivery = c.ListenAddrs(), config.ExactlyOnce
+	for rows := range len(all) + 1 {
+		// The first run's Kafka transaction committed with rows of the
+		// split transaction, then it stopped; this run replays it.
+		producer, err := sink.NewTransactional(kcfg, sink.NewMetrics(prometheus.NewRegistry()), sink.NewTxnMetrics(prometheus.NewRegistry()),
+			slog.New(slog.DiscardHandler), "replay")
+		if err != nil {
+			t.Fatal(err)
+		}
+		tp := newTestPipeline(t, nil)
+		tp.eos = &eos{r: tp.r, producer: producer, tracker: tp.tracker, fail: tp.fail, pos: position{LSN: 0x100, Txn: 0x300, Rows: rows}}
+		tp.handle(t, items...)
+		producer.Close()
+		if got := delivered(tp); !slices.Equal(got, all[rows:]) {
+			t.Errorf("replay after %d rows in Kafka delivered %v, want %v", rows, got, all[rows:])
 		}
 	}
 }
@@ -415,10 +497,29 @@ func TestPipelineOwnerOfWriterMessages(t *testing.T) {
 	msg := &wal.Message{XID: 7, LSN: 0x200, Transactional: true, Prefix: "outbox", Content: []byte(stmts[0].Args[0].(string))}
 	for table, want := range map[string]int{"public.orders_outbox": 1, "public.outbox": 0} {
 		tp := newTestPipeline(t, func(c *config.Config) { c.Postgres.Table = table })
-		tp.owners.others["public.orders_outbox"] = otherOwner{streamed: true, at: time.Now()} // what the catalog lookup finds
 		tp.handle(t, begin(0x300), msg, commit(0x310))
 		if got := len(tp.prod.recs); got != want {
 			t.Errorf("the outboxd of %s delivered %d of the writer's messages, want %d", table, got, want)
+		}
+	}
+	// A writer whose Config.Table is left empty names no owner, as before
+	// the owner existed: the outboxd that takes unowned messages delivers
+	// them, whatever its table (the upgrade of a writer beside an outboxd
+	// of another table than public.outbox), and one that ignores them does
+	// not.
+	w, err = outbox.New(outbox.Config{Mode: outbox.Message})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stmts, _, err = w.Statements(outbox.Event{AggregateType: "order", AggregateID: "42", Type: "OrderPlaced", Payload: []byte(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	msg = &wal.Message{XID: 7, LSN: 0x200, Transactional: true, Prefix: "outbox", Content: []byte(stmts[0].Args[0].(string))}
+	for unowned, want := range map[config.Unowned]int{config.UnownedDeliver: 1, config.UnownedIgnore: 0} {
+		tp := newTestPipeline(t, func(c *config.Config) { c.Postgres.Table, c.Router.Messages.Unowned = "app.events", unowned })
+		tp.handle(t, begin(0x300), msg, commit(0x310))
+		if got := len(tp.prod.recs); got != want {
+			t.Errorf("the outboxd of app.events with unowned %s delivered %d messages of a writer without Config.Table, want %d", unowned, got, want)
 		}
 	}
 }

@@ -408,20 +408,27 @@ func (r *Router) RouteMessage(m *wal.Message, commitTime time.Time) (*Record, er
 
 // OwnerField is the field of a logical message's content that names the
 // outbox table the message belongs to, schema-qualified (package outbox
-// writes it, as "public.outbox"): only the outboxd whose postgres.table it
-// names delivers the message. It is not delivered itself.
+// writes it, from a Config.Table set explicitly): only the outboxd whose
+// postgres.table it names delivers the message. A message without it (or
+// with null or "") names none. It is not delivered itself.
 const OwnerField = "__outbox_table"
 
 // MessageFields is a logical message's content: a JSON object's fields by
 // name, parsed once for its owner, its key and its routing.
 type MessageFields map[string]json.RawMessage
 
-// ParseMessage parses m's content. Content that is not a JSON object is a
-// *RowError, a poison row.
+// ParseMessage parses m's content. Content that is not a JSON object, or
+// whose OwnerField is not a string (nor null), is a *RowError, a poison row;
+// the fields are then nil, which name no owner and no key.
 func ParseMessage(m *wal.Message) (MessageFields, error) {
 	var fields MessageFields
+	source := "message " + strconv.Quote(m.Prefix)
 	if err := json.Unmarshal(m.Content, &fields); err != nil {
-		return nil, &RowError{LSN: m.LSN, Table: "message " + strconv.Quote(m.Prefix), Reason: "content is not a JSON object: " + err.Error(), Value: m.Content}
+		return nil, &RowError{LSN: m.LSN, Table: source, Reason: "content is not a JSON object: " + err.Error(), Value: m.Content}
+	}
+	if raw, ok := fields[OwnerField]; ok && len(raw) > 0 && raw[0] != '"' && !bytes.Equal(raw, []byte("null")) {
+		return nil, &RowError{LSN: m.LSN, Table: source, Value: m.Content,
+			Reason: fmt.Sprintf("field %s is %s, not a string: it names the outbox table the message belongs to (\"schema.table\"), or is left out for none", OwnerField, raw)}
 	}
 	return fields, nil
 }
@@ -446,7 +453,8 @@ func (f MessageFields) Text(name string) (text []byte, ok bool) {
 
 // Owner returns the outbox table the message names (OwnerField),
 // schema-qualified ("public." is added to a name without a schema), or ""
-// when it names none.
+// when it names none (the field missing, null or ""). Nothing else is
+// normalised: the caller compares it with postgres.table exactly.
 func (f MessageFields) Owner() string {
 	owner, ok := f.Text(OwnerField)
 	if !ok || len(owner) == 0 {

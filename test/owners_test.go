@@ -14,9 +14,13 @@ import (
 
 // Two deployments on one database, each with its outbox table, slot and
 // publication (issue 32 item 12): each delivers only the logical messages
-// that package outbox wrote for its table, and the messages that name no
-// table go to the one deployment with router.messages.unowned: deliver (A)
-// and not to the one with ignore (B).
+// that name its table (package outbox writes a Config.Table set explicitly),
+// the messages that name none (a writer with no Config.Table, or one by
+// hand) go to the one deployment with router.messages.unowned: deliver (A)
+// and not to the one with ignore (B), and a message that names a table
+// neither streams is delivered by neither, counted and logged. The decision
+// reads the message alone, never the catalogue, so that a replay decides as
+// the first run did (review findings 1-7).
 func TestMessageOwners(t *testing.T) {
 	d := newDB(t)
 	ctx := context.Background()
@@ -28,7 +32,6 @@ func TestMessageOwners(t *testing.T) {
 		t.Fatal(err)
 	}
 	conn.Release()
-	d.exec(t, `CREATE TABLE public.unstreamed (id int)`) // a table no publication lists
 	slotB := d.slot + "_b"
 	t.Cleanup(func() { // before newDB's cleanup, after the processes are killed
 		for range 50 {
@@ -47,16 +50,17 @@ func TestMessageOwners(t *testing.T) {
 	a.waitStreaming()
 	b.waitStreaming()
 
-	writerA, err := outbox.New(outbox.Config{Mode: outbox.Message}) // public.outbox
-	if err != nil {
-		t.Fatal(err)
+	newWriter := func(table string) *outbox.Writer {
+		w, err := outbox.New(outbox.Config{Table: table, Mode: outbox.Message})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return w
 	}
-	writerB, err := outbox.New(outbox.Config{Table: "public.orders_outbox", Mode: outbox.Message})
-	if err != nil {
-		t.Fatal(err)
-	}
+	writerA, writerB := newWriter("public.outbox"), newWriter("public.orders_outbox")
+	writerNone := newWriter("") // no owner: unowned, as before the field existed
 	event := outbox.Event{AggregateType: agg, AggregateID: "k", Type: "Sent", Payload: []byte(`{}`)}
-	var ofA, ofB, unowned []string
+	var ofA, ofB, unowned, nobodys []string
 	write := func(tx pgx.Tx, w *outbox.Writer, into *[]string) {
 		ids, err := w.Write(ctx, tx, event, event)
 		if err != nil {
@@ -66,25 +70,32 @@ func TestMessageOwners(t *testing.T) {
 			*into = append(*into, id.String())
 		}
 	}
-	// A message that names no table, or one that no other publication lists
-	// (a writer's Config.Table that is no deployment's), is unowned.
-	emitUnowned := func(tx pgx.Tx, owner string) {
+	emit := func(tx pgx.Tx, owner string, into *[]string) {
 		id := uuid()
 		content := fmt.Sprintf(`{"id": "%s", "aggregate_type": "%s", "aggregate_id": "k", "event_type": "Sent", "payload": {}%s}`, id, agg, owner)
 		if _, err := tx.Exec(ctx, `SELECT pg_logical_emit_message(true, 'outbox', $1)`, content); err != nil {
 			t.Fatal(err)
 		}
-		unowned = append(unowned, id)
+		*into = append(*into, id)
 	}
 	// One transaction with the messages of both and unowned ones, then one
-	// with B's only and one with unowned ones only.
+	// with B's only, then one with messages that name a table neither
+	// streams, followed by one of each deployment's: all on one key, so
+	// once those arrive, the others would have arrived before them.
 	for _, txn := range []func(pgx.Tx){
-		func(tx pgx.Tx) { write(tx, writerA, &ofA); write(tx, writerB, &ofB); emitUnowned(tx, "") },
+		func(tx pgx.Tx) {
+			write(tx, writerA, &ofA)
+			write(tx, writerB, &ofB)
+			emit(tx, "", &unowned)
+			write(tx, writerNone, &unowned)
+		},
 		func(tx pgx.Tx) { write(tx, writerB, &ofB) },
 		func(tx pgx.Tx) {
-			emitUnowned(tx, "")
-			emitUnowned(tx, `, "__outbox_table": "public.no_such_outbox"`)
-			emitUnowned(tx, `, "__outbox_table": "public.unstreamed"`)
+			emit(tx, `, "__outbox_table": null`, &unowned)
+			emit(tx, `, "__outbox_table": "public.no_such_outbox"`, &nobodys)
+			emit(tx, `, "__outbox_table": "Public.Orders_Outbox"`, &nobodys)
+			emit(tx, `, "__outbox_table": "public.outbox"`, &ofA)
+			write(tx, writerB, &ofB)
 		},
 	} {
 		if err := pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error { txn(tx); return nil }); err != nil {
@@ -104,7 +115,7 @@ func TestMessageOwners(t *testing.T) {
 	for id := range want {
 		all = append(all, id)
 	}
-	recs := readUntil(t, []string{topicA, topicB}, time.Minute, 2*time.Second, waitIDs(all...))
+	recs := readUntil(t, []string{topicA, topicB}, time.Minute, 500*time.Millisecond, waitIDs(all...))
 	got := map[string][]string{} // event id → the topics it reached
 	for _, r := range recs {
 		got[header(r, "id")] = append(got[header(r, "id")], r.Topic)
@@ -114,10 +125,16 @@ func TestMessageOwners(t *testing.T) {
 			t.Errorf("event %s reached %v, want %s once", id, g, topic)
 		}
 	}
+	for _, id := range nobodys {
+		if g := got[id]; len(g) != 0 {
+			t.Errorf("event %s names a table neither deployment streams and reached %v, want none", id, g)
+		}
+	}
 	if len(got) != len(want) {
 		t.Errorf("%d events delivered, want %d", len(got), len(want))
 	}
-	t.Logf("A delivered %d of its own and %d unowned, B %d of its own", len(ofA), len(unowned), len(ofB))
-	b.waitLog(`msg="leaving the logical messages of outbox table public.outbox to the outboxd that streams it`, 10*time.Second)
-	a.waitLog(`msg="a logical message names outbox table public.unstreamed, which no other publication lists`, 10*time.Second)
+	t.Logf("A delivered %d of its own and %d unowned, B %d of its own; %d named another table", len(ofA), len(unowned), len(ofB), len(nobodys))
+	b.waitLog(`level=WARN msg="a logical message names outbox table public.outbox, not this outboxd's postgres.table public.orders_outbox`, 10*time.Second)
+	b.waitLog(`msg="a logical message names no outbox table \(no field __outbox_table\) and router.messages.unowned is ignore`, 10*time.Second)
+	a.waitLog(`level=WARN msg="a logical message names outbox table public.orders_outbox, not this outboxd's postgres.table public.outbox`, 10*time.Second)
 }
