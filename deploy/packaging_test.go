@@ -33,6 +33,9 @@ const (
 	binPath     = "/usr/local/bin/outboxd"
 	metricsPort = "8080"
 	testDSN     = "postgres://outboxd:s3cret-pw@db.example:5432/app?sslmode=disable"
+	// exitUsage is outboxd's exit status for a wrong command line
+	// (cmd/outboxd exitCode, as Go's flag package).
+	exitUsage = 2
 )
 
 // loadConfig loads and validates a configuration file the way outboxd does,
@@ -683,8 +686,16 @@ func TestSystemdUnit(t *testing.T) {
 	}
 	// A restart after a lost slot would create a new one past what the old
 	// one had not confirmed.
-	if got := svc["RestartPreventExitStatus"]; !slices.Contains(got, strconv.Itoa(relay.ExitSlotGone)) {
-		t.Errorf("[Service] RestartPreventExitStatus=%v, want %d (relay.ExitSlotGone)", got, relay.ExitSlotGone)
+	// A wrong command line (exit 2, as Go's flag package) fails the same
+	// way at every restart.
+	var prevent []string
+	for _, v := range svc["RestartPreventExitStatus"] {
+		prevent = append(prevent, strings.Fields(v)...)
+	}
+	for _, code := range []int{relay.ExitSlotGone, exitUsage} {
+		if !slices.Contains(prevent, strconv.Itoa(code)) {
+			t.Errorf("[Service] RestartPreventExitStatus=%v, want %d among them (relay.ExitSlotGone 3, a wrong command line 2)", prevent, code)
+		}
 	}
 	exec := strings.Fields(svc["ExecStart"][0])
 	if exec[0] != binPath || !slices.Contains(exec, "-config") {
@@ -816,14 +827,22 @@ func TestReleaseBinary(t *testing.T) {
 		}
 	}
 
+	// A wrong command line exits 2 (exitUsage), which the systemd unit
+	// does not restart on.
+	cmd := exec.Command(bin, "-no-such-flag")
+	cmd.Env = outboxdEnv()
+	var ee *exec.ExitError
+	if err := cmd.Run(); !errors.As(err, &ee) || ee.ExitCode() != exitUsage {
+		t.Errorf("outboxd -no-such-flag: %v, want exit status %d", err, exitUsage)
+	}
+
 	// A bad configuration exits 1.
 	bad := filepath.Join(t.TempDir(), "bad.yaml")
 	if err := os.WriteFile(bad, []byte("kafka:\n  no_such_key: 1\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, "-config", bad, "-check-config")
+	cmd = exec.Command(bin, "-config", bad, "-check-config")
 	cmd.Env = outboxdEnv()
-	var ee *exec.ExitError
 	if err := cmd.Run(); !errors.As(err, &ee) || ee.ExitCode() != 1 {
 		t.Errorf("-check-config of an unknown key: %v, want exit status 1", err)
 	}

@@ -131,8 +131,14 @@ func parseArgs(args []string, stderr io.Writer) (invocation, error) {
 		}
 		return bad("unexpected argument %q: %s takes flags only", extra, name)
 	}
-	if sub.name == "reshard" && inv.to < 0 {
-		return bad("reshard -to %d: the shard count is at least 1", inv.to)
+	if sub.name == "reshard" {
+		// -to 0 given explicitly is an error, not "postgres.shards" (the
+		// flag's zero value, which only its absence means).
+		given := false
+		fs.Visit(func(f *flag.Flag) { given = given || f.Name == "to" })
+		if inv.to < 0 || given && inv.to < 1 {
+			return bad("reshard -to %d: the shard count is at least 1; leave -to out to reshard to postgres.shards", inv.to)
+		}
 	}
 	return inv, nil
 }

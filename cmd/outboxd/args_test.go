@@ -34,6 +34,8 @@ func TestCommandLine(t *testing.T) {
 		{[]string{"version", "extra"}, 2, `unexpected argument "extra"`},
 		{[]string{"-config", "outboxd.yaml", "status"}, 2, `unexpected argument "status": the command comes first`},
 		{[]string{"reshard", "-to", "-1"}, 2, "the shard count is at least 1"},
+		{[]string{"reshard", "-to", "0"}, 2, "reshard -to 0: the shard count is at least 1; leave -to out"},
+		{[]string{"reshard", "-to=0"}, 2, "reshard -to 0: the shard count is at least 1"},
 		{[]string{"help", "nope"}, 2, `unknown command "nope"`},
 		{[]string{"-h"}, 0, "outboxd reshard [-config FILE] [-to N]"},
 		{[]string{"-help"}, 0, "-check-config"},
@@ -72,6 +74,7 @@ func TestParseArgs(t *testing.T) {
 		{[]string{"migrate", "-config", "f.yaml"}, invocation{cmd: "migrate", config: "f.yaml"}},
 		{[]string{"status", "-json", "-url", "http://h:9090"}, invocation{cmd: "status", asJSON: true, url: "http://h:9090"}},
 		{[]string{"reshard", "-to", "4"}, invocation{cmd: "reshard", to: 4}},
+		{[]string{"reshard"}, invocation{cmd: "reshard"}}, // to postgres.shards
 		{[]string{"healthcheck", "-config", "f.yaml", "-url", "http://h:9090"}, invocation{cmd: "healthcheck", config: "f.yaml", url: "http://h:9090"}},
 		{[]string{"version"}, invocation{cmd: "version"}},
 	} {

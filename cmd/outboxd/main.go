@@ -185,21 +185,32 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		log.Info("serving metrics and health", "addr", srv.Addr())
 		g.Go(func() error { return srv.Run(runCtx) })
 	}
-	if err := r.Start(ctx); err != nil {
+	if stopped, err := startUp(ctx, r.Start, log, cfg.Postgres.Slot); stopped || err != nil {
 		endAll()
 		_ = g.Wait()
-		if ctx.Err() != nil && !relay.IsPermanent(err) {
-			// SIGTERM or SIGINT during the start-up checks, which then fail
-			// on the cancellation (a connection cut short, blamed on
-			// postgres.dsn): nothing was read yet, so this is a clean stop,
-			// as one while streaming is.
-			log.Info("stopped during the start-up checks", "slot", cfg.Postgres.Slot)
-			return nil
-		}
 		return err
 	}
 	g.Go(func() error { defer endAll(); return r.Run(runCtx) })
 	return g.Wait()
+}
+
+// startUp runs the start-up checks (start). SIGTERM or SIGINT during them
+// cancels ctx, and they then fail on the cancellation (a connection cut
+// short, blamed on postgres.dsn): nothing was read yet, so that is a clean
+// stop (stopped, exit 0), as one while streaming is, logged at Info with
+// the error. Any other error is returned, even when a signal came too: a
+// real start-up failure (Kafka SASL or TLS, wal_level, a reshard that
+// stalls) must not exit 0.
+func startUp(ctx context.Context, start func(context.Context) error, log *slog.Logger, slot string) (stopped bool, err error) {
+	err = start(ctx)
+	if err == nil {
+		return false, nil
+	}
+	if ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) && !relay.IsPermanent(err) {
+		log.Info("stopped during the start-up checks", "slot", slot, "err", err)
+		return true, nil
+	}
+	return false, err
 }
 
 func newLogger(cfg config.Log, w io.Writer) *slog.Logger {

@@ -1,9 +1,12 @@
 package main
 
 import (
+	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"strings"
 	"testing"
 
@@ -48,3 +51,53 @@ func TestExitCode(t *testing.T) {
 		t.Errorf("ExitSlotGone %d: 1 is every other error, 2 Go's own exit on a panic", relay.ExitSlotGone)
 	}
 }
+
+// SIGTERM during the start-up checks is a clean stop (exit 0) only when the
+// checks fail on the cancellation; a real start-up failure that arrives
+// with the signal still exits 1, and either way the error is logged (review
+// of issue 32 item 17, finding 8).
+func TestStartUpStoppedBySignal(t *testing.T) {
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	sasl := errors.New("kafka: SASL authentication failed: check kafka.sasl")
+	for _, tc := range []struct {
+		name    string
+		ctx     context.Context
+		err     error // what the start-up checks return
+		stopped bool
+	}{
+		{"cancelled, cut short", cancelled, fmt.Errorf("connecting to postgres.dsn: %w", context.Canceled), true},
+		{"cancelled, timed out", cancelled, fmt.Errorf("waiting for Kafka: %w", context.DeadlineExceeded), true},
+		{"cancelled, a real failure", cancelled, sasl, false},
+		{"cancelled, a permanent failure", cancelled, permanentErr{context.Canceled}, false},
+		{"not cancelled, a cancellation", context.Background(), fmt.Errorf("dial: %w", context.Canceled), false},
+		{"not cancelled, a real failure", context.Background(), sasl, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var logs bytes.Buffer
+			log := slog.New(slog.NewTextHandler(&logs, nil))
+			stopped, err := startUp(tc.ctx, func(context.Context) error { return tc.err }, log, "outboxd")
+			if stopped != tc.stopped || (err == nil) != tc.stopped {
+				t.Fatalf("startUp = %v, %v; want stopped %v and the error returned otherwise", stopped, err, tc.stopped)
+			}
+			if tc.stopped {
+				if !strings.Contains(logs.String(), `msg="stopped during the start-up checks"`) || !strings.Contains(logs.String(), "err=") {
+					t.Errorf("logged %q; want the Info line with the error", logs.String())
+				}
+				return
+			}
+			if code := exitCode(err); code == 0 {
+				t.Errorf("exit %d for %v", code, err)
+			}
+		})
+	}
+	if stopped, err := startUp(cancelled, func(context.Context) error { return nil }, slog.New(slog.DiscardHandler), "outboxd"); stopped || err != nil {
+		t.Errorf("a start that succeeds: %v, %v", stopped, err)
+	}
+}
+
+// permanentErr answers for itself that it is permanent (relay.IsPermanent).
+type permanentErr struct{ error }
+
+func (permanentErr) Permanent() bool { return true }
+func (e permanentErr) Unwrap() error { return e.error }
