@@ -31,8 +31,10 @@ import (
 
 // producerFor returns the pipeline's producer: in exactly-once mode a
 // transactional one, whose id needs the system identifier that conn (the
-// replication connection) reports. Nothing is fenced until Init. warm is
-// what Check opened, for the first pipeline.
+// run's replication connection, before START_REPLICATION) reports; the
+// run's positions carry it too (Relay.system), so that reading them at the
+// start needs no second replication connection. Nothing is fenced until
+// Init. warm is what Check opened, for the first pipeline.
 func (r *Relay) producerFor(ctx context.Context, conn *pgconn.PgConn, warm *Start) (*sink.Producer, error) {
 	if !r.cfg.Kafka.ExactlyOnce() {
 		return r.producer(warm)
@@ -40,12 +42,13 @@ func (r *Relay) producerFor(ctx context.Context, conn *pgconn.PgConn, warm *Star
 	if p := warm.takeProducer(); p != nil { // Check warmed a plain client
 		p.Close()
 	}
+	sys, err := pglogrepl.IdentifySystem(ctx, conn)
+	if err != nil {
+		return nil, fmt.Errorf("reading the system identifier for the exactly-once position: %w", err)
+	}
+	r.system = sys.SystemID
 	id := r.cfg.Kafka.TransactionalID
 	if id == "" {
-		sys, err := pglogrepl.IdentifySystem(ctx, conn)
-		if err != nil {
-			return nil, fmt.Errorf("reading the system identifier for kafka.transactional_id: %w", err)
-		}
 		id = fmt.Sprintf("outboxd-%s-%s", sys.SystemID, r.cfg.Postgres.Slot) // a shard's slot: its own id
 	} else if r.shard.Count > 1 {
 		// Shards must never share a transactional id: they would fence
@@ -143,42 +146,21 @@ type eos struct {
 // holder of the id, whose open transaction Kafka aborts), reads the last
 // committed position and confirms it. Before it fences anyone it looks at
 // the id's last position, committed or not: when another deployment's id
-// it is, it refuses without disturbing that deployment.
+// it is, it refuses without disturbing that deployment; when it cannot
+// read it, the run fails before Init and the next one tries again.
+//
+// The Kafka calls (each bounded by kafka.delivery_timeout) hold no
+// replication connection of their own: the system identifier is the one
+// producerFor read on the run's connection. Only then is a second one
+// opened, for a moment, for the server's timeline (positionOnServer):
+// walsenders are few (max_wal_senders), and shards and standbys need theirs.
 func (r *Relay) startEOS(ctx context.Context, p *Pipeline, producer *sink.Producer) (*eos, error) {
-	e := &eos{r: r, producer: producer, tracker: p.tracker, fail: p.fail}
-	repl, err := r.connectReplication(ctx)
+	e := &eos{r: r, producer: producer, tracker: p.tracker, fail: p.fail, system: r.system}
+	pos, found, err := e.readPosition(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer repl.Close(context.WithoutCancel(ctx))
-	sys, err := identify(ctx, repl)
-	if err != nil {
-		return nil, err
-	}
-	e.system = sys.SystemID
-	if err := e.producer.EnsurePositionsTopic(ctx); err != nil {
-		return nil, err
-	}
-	if _, _, err := e.position(ctx, e.producer.PeekPosition); err != nil {
-		var refused *refusedError
-		if errors.As(err, &refused) {
-			return nil, err
-		}
-		// Not outboxd's, or unreadable: the committed one decides.
-	}
-	if err := e.producer.Init(ctx); err != nil {
-		return nil, err
-	}
-	pos, found, err := e.position(ctx, e.producer.ReadPosition)
-	if err != nil {
-		return nil, err
-	}
-	// The timeline and WAL end now: the previous holder committed
-	// positions until Init fenced it.
-	if sys, err = identify(ctx, repl); err != nil {
-		return nil, err
-	}
-	if e.pos, err = r.onThisTimeline(ctx, repl, int(sys.Timeline), sys.XLogPos, pos); err != nil {
+	if e.pos, err = r.positionOnServer(ctx, pos, e.system); err != nil {
 		return nil, err
 	}
 	r.txnM.SetPositionRead(uint64(e.pos.LSN))
@@ -187,6 +169,58 @@ func (r *Relay) startEOS(ctx context.Context, p *Pipeline, producer *sink.Produc
 	r.log.Info("exactly-once: resuming after the position committed in Kafka", "transactional_id", e.producer.TransactionalID(),
 		"lsn", e.pos.LSN.String(), "split_txn", e.pos.Txn.String(), "split_rows", e.pos.Rows, "found", found, "slot", r.cfg.Postgres.Slot)
 	return e, nil
+}
+
+// readPosition is startEOS's Kafka part: it peeks at the id's last
+// position, initialises the producer and reads the last committed
+// position. A peek that fails (the positions partition cannot be read)
+// ends the run before Init: fencing the id's holder unseen could fence
+// another deployment that shares the id. Only a peeked position that is
+// not outboxd's (another writer's open transaction, say) leaves the
+// decision to the committed one.
+func (e *eos) readPosition(ctx context.Context) (pos position, found bool, err error) {
+	if e.system == "" {
+		return position{}, false, errors.New("exactly-once: the system identifier was not read before the position (a bug)")
+	}
+	if err := e.producer.EnsurePositionsTopic(ctx); err != nil {
+		return position{}, false, err
+	}
+	if _, _, err := e.position(ctx, e.producer.PeekPosition); err != nil {
+		var foreign *foreignPositionError
+		if !errors.As(err, &foreign) {
+			return position{}, false, fmt.Errorf("looking at the last position of %q before initialising the transactional producer: %w",
+				e.producer.TransactionalID(), err)
+		}
+	}
+	if err := e.producer.Init(ctx); err != nil {
+		return position{}, false, err
+	}
+	return e.position(ctx, e.producer.ReadPosition)
+}
+
+// positionOnServer returns pos as it applies to the server now (onThisTimeline),
+// on a replication connection opened for it and closed at once. The
+// timeline and WAL end are read after Init: the previous holder committed
+// positions until Init fenced it. system is the run's system identifier:
+// a connection that reaches another database is refused.
+func (r *Relay) positionOnServer(ctx context.Context, pos position, system string) (position, error) {
+	if pos.LSN == 0 {
+		return pos, nil // nothing to judge
+	}
+	repl, err := r.connectReplication(ctx)
+	if err != nil {
+		return pos, err
+	}
+	defer repl.Close(context.WithoutCancel(ctx))
+	sys, err := identify(ctx, repl)
+	if err != nil {
+		return pos, err
+	}
+	if sys.SystemID != system {
+		return pos, fmt.Errorf("the connection for the exactly-once position reached the database with system identifier %s, and the run streams from %s: "+
+			"postgres.dsn names servers of different databases; give it the hosts of one primary and its standbys", sys.SystemID, system)
+	}
+	return r.onThisTimeline(ctx, repl, int(sys.Timeline), sys.XLogPos, pos)
 }
 
 func identify(ctx context.Context, repl *pgconn.PgConn) (pglogrepl.IdentifySystemResult, error) {
@@ -208,8 +242,8 @@ func (e *eos) position(ctx context.Context, read func(context.Context) ([]byte, 
 	}
 	id, topic := e.producer.TransactionalID(), e.r.cfg.Kafka.PositionsTopic
 	if pos, err = decodePosition(v); err != nil {
-		return position{}, false, fmt.Errorf("the position of %q in %s is not outboxd's (%q): %w; delete it, or set another kafka.transactional_id",
-			id, topic, v, err)
+		return position{}, false, &foreignPositionError{fmt.Errorf("the position of %q in %s is not outboxd's (%q): %w; delete it, or set another kafka.transactional_id",
+			id, topic, v, err)}
 	}
 	return pos, true, ownPosition(pos, e.r.cfg.Postgres.Slot, e.system, id, topic)
 }
@@ -588,3 +622,9 @@ type refusedError struct{ err error }
 func (e *refusedError) Error() string   { return e.err.Error() }
 func (e *refusedError) Unwrap() error   { return e.err }
 func (e *refusedError) Permanent() bool { return true }
+
+// foreignPositionError reports a position record that is not outboxd's.
+type foreignPositionError struct{ err error }
+
+func (e *foreignPositionError) Error() string { return e.err.Error() }
+func (e *foreignPositionError) Unwrap() error { return e.err }

@@ -1,11 +1,23 @@
 package relay
 
 import (
+	"context"
+	"log/slog"
+	"net"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/outboxd/outboxd/checkpoint"
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/sink"
 	"github.com/outboxd/outboxd/wal"
 )
 
@@ -178,5 +190,147 @@ func TestLastCommit(t *testing.T) {
 		if got := lastCommit(tc.batch); got != tc.want {
 			t.Errorf("lastCommit(%d items) = %d, want %d", len(tc.batch), got, tc.want)
 		}
+	}
+}
+
+// eosRig is a Relay in exactly-once mode on a kfake cluster, whose
+// postgres.dsn points at a listener that counts the connections made to it
+// (and closes them: it is no Postgres).
+type eosRig struct {
+	r      *Relay
+	c      *kfake.Cluster
+	dials  *atomic.Int64
+	system string
+}
+
+func newEOSRig(t *testing.T, deliveryTimeout time.Duration) *eosRig {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, config.Default().Kafka.PositionsTopic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	var dials atomic.Int64
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			dials.Add(1)
+			conn.Close()
+		}
+	}()
+	cfg := config.Default()
+	cfg.Postgres.DSN = "postgres://outboxd@" + ln.Addr().String() + "/outboxd?connect_timeout=2"
+	cfg.Kafka.Brokers = c.ListenAddrs()
+	cfg.Kafka.Delivery = config.ExactlyOnce
+	cfg.Kafka.TopicPartitions, cfg.Kafka.TopicReplicationFactor = 1, 1
+	cfg.Kafka.DeliveryTimeout = deliveryTimeout
+	r, err := New(cfg, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	const system = "7441234567890123456"
+	r.system = system // what producerFor read on the run's connection
+	return &eosRig{r: r, c: c, dials: &dials, system: system}
+}
+
+// start runs startEOS with a transactional producer of id.
+func (g *eosRig) start(t *testing.T, ctx context.Context, id string) (*eos, error) {
+	t.Helper()
+	producer, err := sink.NewTransactional(g.r.cfg.Kafka, g.r.sinkM, g.r.txnM, g.r.log, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(producer.Close)
+	run, fail := context.WithCancelCause(ctx)
+	t.Cleanup(func() { fail(nil) })
+	p := g.r.NewPipeline(run, checkpoint.New(0x100), producer, fail, 0)
+	t.Cleanup(p.Close)
+	return g.r.startEOS(run, p, producer)
+}
+
+// failFetches answers every fetch of topic with NOT_LEADER_OR_FOLLOWER
+// until the test ends.
+func failFetches(c *kfake.Cluster, topic string) *atomic.Int64 {
+	var n atomic.Int64
+	c.ControlKey(int16(kmsg.Fetch), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		r := req.(*kmsg.FetchRequest)
+		resp := r.ResponseKind().(*kmsg.FetchResponse)
+		for _, rt := range r.Topics {
+			if rt.Topic != "" && rt.Topic != topic {
+				return nil, nil, false
+			}
+			st := kmsg.NewFetchResponseTopic()
+			st.Topic, st.TopicID = rt.Topic, rt.TopicID
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewFetchResponseTopicPartition()
+				sp.Partition = rp.Partition
+				sp.ErrorCode = kerr.NotLeaderForPartition.Code
+				sp.HighWatermark, sp.LastStableOffset, sp.LogStartOffset = -1, -1, -1
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		n.Add(1)
+		return resp, nil, true
+	})
+	return &n
+}
+
+// otherHolder initialises id on c as another producer would, and leaves a
+// transaction open holding a position record of value pos.
+func otherHolder(t *testing.T, ctx context.Context, c *kfake.Cluster, id string, pos []byte) *kgo.Client {
+	t.Helper()
+	other, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.TransactionalID(id),
+		kgo.DefaultProduceTopic(config.Default().Kafka.PositionsTopic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(other.Close)
+	if err := other.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	if err := other.ProduceSync(ctx, &kgo.Record{Key: []byte(id), Value: pos}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	return other
+}
+
+// While the positions partition cannot be read for longer than
+// kafka.delivery_timeout, a run's start fails before Init: the id's holder,
+// with its transaction open, is not fenced and commits it (review of the
+// exactly-once changes, finding 3). And the Kafka calls hold no
+// replication connection: startEOS dials Postgres only after them, so a
+// start blocked on Kafka does not keep a second walsender (finding 2).
+func TestStartEOSUnreadablePositions(t *testing.T) {
+	g := newEOSRig(t, 2*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const id = "outboxd-shared"
+	pos := position{LSN: 0x200, Slot: g.r.cfg.Postgres.Slot, System: g.system}.encode()
+	other := otherHolder(t, ctx, g.c, id, pos)
+	failed := failFetches(g.c, g.r.cfg.Kafka.PositionsTopic)
+	began := time.Now()
+	_, err := g.start(t, ctx, id)
+	t.Logf("startEOS = %v after %s, %d fetches failed, %d connections to Postgres", err, time.Since(began).Round(time.Millisecond), failed.Load(), g.dials.Load())
+	if failed.Load() == 0 {
+		t.Fatal("no fetch of the positions topic failed: the test tests nothing")
+	}
+	if err == nil {
+		t.Fatal("startEOS succeeded with the positions partition unreadable; want an error before Init")
+	}
+	if n := g.dials.Load(); n != 0 {
+		t.Errorf("startEOS opened %d Postgres connections while it waited on Kafka; want none before the position is read", n)
+	}
+	if err := other.EndTransaction(ctx, kgo.TryCommit); err != nil {
+		t.Errorf("the id's other holder cannot commit its open transaction: startEOS fenced it: %v", err)
 	}
 }
