@@ -543,11 +543,17 @@ func (r *Relay) onThisTimeline(ctx context.Context, repl *pgconn.PgConn, tli int
 		return pos, fmt.Errorf("the position in %s was written on timeline %d, which is not in the history of this server's timeline %d; "+
 			"it belongs to another server: delete it from %[1]s, or set another kafka.transactional_id", r.cfg.Kafka.PositionsTopic, pos.Timeline, tli)
 	}
-	on, moved := rewind(pos, end, tli)
+	on, moved, dropped := rewind(pos, end, tli)
 	if moved {
 		r.log.Warn("exactly-once: the position in Kafka lies past where this server's timeline began; the events between them are in Kafka "+
 			"but were lost in the promotion, and delivery resumes from the switch point", "position", pos.LSN.String(), "position_timeline", pos.Timeline,
 			"switch_lsn", end.String(), "timeline", tli, "slot", r.cfg.Postgres.Slot)
+	}
+	if dropped {
+		r.log.Warn("exactly-once: the position in Kafka names a transaction split over Kafka transactions that committed on the old timeline only, "+
+			"at or after where this server's timeline began; its rows in Kafka are not on this server, and a transaction of this timeline "+
+			"is delivered whole", "split_txn", pos.Txn.String(), "split_rows", pos.Rows, "switch_lsn", end.String(),
+			"position_timeline", pos.Timeline, "timeline", tli, "slot", r.cfg.Postgres.Slot)
 	}
 	return on, nil
 }
@@ -558,15 +564,16 @@ func (r *Relay) onThisTimeline(ctx context.Context, repl *pgconn.PgConn, tli int
 // whose commit record begins before end, the WAL both timelines share: a
 // commit at or after end was on the old timeline only, and a transaction of
 // the new one that commits at that LSN is another, none of whose rows are
-// in Kafka.
-func rewind(pos position, end wal.LSN, tli int) (on position, moved bool) {
+// in Kafka. dropped tells that pos carried such a marker, now gone.
+func rewind(pos position, end wal.LSN, tli int) (on position, moved, dropped bool) {
+	dropped = pos.Txn != 0 && pos.Txn >= end
 	if pos.LSN > end {
-		return position{LSN: end, Timeline: tli}, true
+		return position{LSN: end, Timeline: tli}, true, dropped
 	}
-	if pos.Txn >= end {
+	if dropped {
 		pos.Txn, pos.Rows = 0, 0
 	}
-	return pos, false
+	return pos, false, dropped
 }
 
 // checkPosition judges a position against the server's timeline tli and WAL

@@ -118,28 +118,29 @@ func TestCheckPosition(t *testing.T) {
 // when it lies past it, and keeps a split-transaction marker only for a
 // transaction that committed before the switch point: one that commits at
 // or after it on the new timeline is another transaction, and must not lose
-// its first rows (issue 32 item 4).
+// its first rows (issue 32 item 4). A dropped marker is reported (dropped),
+// for a warning naming it (review of the exactly-once changes, finding 6).
 func TestRewind(t *testing.T) {
 	const end = wal.LSN(0x1000)
 	for _, c := range []struct {
-		name  string
-		pos   position
-		want  position
-		moved bool
+		name           string
+		pos            position
+		want           position
+		moved, dropped bool
 	}{
-		{"before the switch point", position{LSN: 0x800, Timeline: 1}, position{LSN: 0x800, Timeline: 1}, false},
+		{"before the switch point", position{LSN: 0x800, Timeline: 1}, position{LSN: 0x800, Timeline: 1}, false, false},
 		{"split transaction committed before it", position{LSN: 0x800, Txn: 0x900, Rows: 7, Timeline: 1},
-			position{LSN: 0x800, Txn: 0x900, Rows: 7, Timeline: 1}, false},
-		{"split transaction committing at it", position{LSN: 0x800, Txn: end, Rows: 7, Timeline: 1}, position{LSN: 0x800, Timeline: 1}, false},
-		{"split transaction committing after it", position{LSN: 0x800, Txn: 0x1200, Rows: 7, Timeline: 1}, position{LSN: 0x800, Timeline: 1}, false},
-		{"at the switch point, split after it", position{LSN: end, Txn: 0x1100, Rows: 3, Timeline: 1}, position{LSN: end, Timeline: 1}, false},
-		{"past the switch point", position{LSN: 0x2000, Timeline: 1}, position{LSN: end, Timeline: 2}, true},
-		{"past it, split", position{LSN: 0x2000, Txn: 0x2100, Rows: 5, Timeline: 1}, position{LSN: end, Timeline: 2}, true},
+			position{LSN: 0x800, Txn: 0x900, Rows: 7, Timeline: 1}, false, false},
+		{"split transaction committing at it", position{LSN: 0x800, Txn: end, Rows: 7, Timeline: 1}, position{LSN: 0x800, Timeline: 1}, false, true},
+		{"split transaction committing after it", position{LSN: 0x800, Txn: 0x1200, Rows: 7, Timeline: 1}, position{LSN: 0x800, Timeline: 1}, false, true},
+		{"at the switch point, split after it", position{LSN: end, Txn: 0x1100, Rows: 3, Timeline: 1}, position{LSN: end, Timeline: 1}, false, true},
+		{"past the switch point", position{LSN: 0x2000, Timeline: 1}, position{LSN: end, Timeline: 2}, true, false},
+		{"past it, split", position{LSN: 0x2000, Txn: 0x2100, Rows: 5, Timeline: 1}, position{LSN: end, Timeline: 2}, true, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			got, moved := rewind(c.pos, end, 2)
-			if got != c.want || moved != c.moved {
-				t.Errorf("rewind(%+v, %s, 2) = %+v, %v; want %+v, %v", c.pos, end, got, moved, c.want, c.moved)
+			got, moved, dropped := rewind(c.pos, end, 2)
+			if got != c.want || moved != c.moved || dropped != c.dropped {
+				t.Errorf("rewind(%+v, %s, 2) = %+v, moved %v, dropped %v; want %+v, %v, %v", c.pos, end, got, moved, dropped, c.want, c.moved, c.dropped)
 			}
 		})
 	}
