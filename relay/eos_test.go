@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net"
 	"strings"
@@ -333,5 +334,46 @@ func TestStartEOSUnreadablePositions(t *testing.T) {
 	}
 	if err := other.EndTransaction(ctx, kgo.TryCommit); err != nil {
 		t.Errorf("the id's other holder cannot commit its open transaction: startEOS fenced it: %v", err)
+	}
+}
+
+// A position another deployment wrote under the same id and that was
+// aborted (its writer fenced) decides nothing: the peek passes over it, and
+// this slot's committed position starts the run. One still open, or
+// committed, is refused as before (review of the exactly-once changes,
+// finding 4).
+func TestStartEOSPeekPassesOverAborted(t *testing.T) {
+	abort, commit := kgo.TryAbort, kgo.TryCommit
+	for _, c := range []struct {
+		name    string
+		end     *kgo.TransactionEndTry // of the other deployment's transaction; nil: left open
+		refused bool
+	}{
+		{"aborted", &abort, false},
+		{"open", nil, true},
+		{"committed", &commit, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			g := newEOSRig(t, 5*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			const id = "outboxd-shared"
+			slot := g.r.cfg.Postgres.Slot
+			ours := otherHolder(t, ctx, g.c, id, position{Slot: slot, System: g.system}.encode())
+			if err := ours.EndTransaction(ctx, kgo.TryCommit); err != nil {
+				t.Fatal(err)
+			}
+			theirs := otherHolder(t, ctx, g.c, id, position{LSN: 0x500, Slot: "billing", System: g.system}.encode())
+			if c.end != nil {
+				if err := theirs.EndTransaction(ctx, *c.end); err != nil {
+					t.Fatal(err)
+				}
+			}
+			_, err := g.start(t, ctx, id)
+			var refused *refusedError
+			if errors.As(err, &refused) != c.refused || (!c.refused && err != nil) {
+				t.Errorf("startEOS after the other deployment's position was %s = %v; want refused %v", c.name, err, c.refused)
+			}
+		})
 	}
 }

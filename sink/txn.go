@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outboxd/outboxd/config"
 )
@@ -325,8 +326,9 @@ func (p *Producer) ReadPosition(ctx context.Context) (value []byte, ok bool, err
 }
 
 // PeekPosition is ReadPosition with isolation.level=read_uncommitted: the
-// value of the key's last record, whether its transaction committed,
-// aborted or is still open. It needs no Init, and so fences nobody: a
+// value of the key's last record whose transaction committed or is still
+// open (an aborted one is passed over: a fenced writer's aborted position
+// decides nothing). It needs no Init, and so fences nobody: a
 // caller can tell from it, before fencing the id's holder, whether the id
 // is another deployment's.
 func (p *Producer) PeekPosition(ctx context.Context) (value []byte, ok bool, err error) {
@@ -391,7 +393,8 @@ func (p *Producer) readPosition(ctx context.Context, isolation kgo.IsolationLeve
 }
 
 // readRange reads offsets [from, end) of one partition, at isolation, and
-// returns the value of the last record with key. It returns only once it
+// returns the value of the last record with key that was not aborted
+// (keyRecords: read_uncommitted returns aborted records too). It returns only once it
 // has received a record at or past end-1: the last offset below the high
 // watermark end is a transaction marker (kept with KeepControlRecords) or a
 // committed record, in the active segment, which compaction never cleans;
@@ -425,8 +428,7 @@ func (p *Producer) readRange(ctx context.Context, isolation kgo.IsolationLevel, 
 		return nil, false, fmt.Errorf("creating a Kafka client to read %s: %w", topic, err)
 	}
 	defer cl.Close()
-	var value []byte
-	ok := false
+	var keyed keyRecords
 	last := from - 1 // the highest offset received
 	for {
 		fs := cl.PollFetches(ctx)
@@ -449,12 +451,61 @@ func (p *Producer) readRange(ctx context.Context, isolation kgo.IsolationLevel, 
 		}
 		fs.EachRecord(func(r *kgo.Record) {
 			last = max(last, r.Offset)
-			if r.Offset < end && !r.Attrs.IsControl() && string(r.Key) == key {
-				value, ok = r.Value, true
+			if r.Offset < end {
+				keyed.add(r, key)
 			}
 		})
 		if last >= end-1 {
+			value, ok := keyed.last()
 			return value, ok, nil
 		}
 	}
+}
+
+// keyRecords collects, in offset order, the records of one key and tells
+// which of them were aborted. read_uncommitted (PeekPosition) returns the
+// records of aborted transactions too: a position aborted when its writer
+// was fenced (another deployment sharing the id, say) stays in the active
+// segment for days and would otherwise decide the peek. A transactional
+// record is aborted when its producer's next control record in the
+// partition is an abort marker; one with no marker after it belongs to a
+// transaction still open and counts.
+type keyRecords struct {
+	recs []keyRecord
+}
+
+type keyRecord struct {
+	value   []byte
+	pid     int64 // the producer id, when transactional
+	txn     bool
+	aborted bool
+	settled bool // its transaction's marker was seen
+}
+
+func (k *keyRecords) add(r *kgo.Record, key string) {
+	if r.Attrs.IsControl() {
+		var ck kmsg.ControlRecordKey
+		if ck.ReadFrom(r.Key) != nil {
+			return
+		}
+		for i := range k.recs {
+			if c := &k.recs[i]; c.txn && !c.settled && c.pid == r.ProducerID {
+				c.settled, c.aborted = true, ck.Type == kmsg.ControlRecordKeyTypeAbort
+			}
+		}
+		return
+	}
+	if string(r.Key) == key {
+		k.recs = append(k.recs, keyRecord{value: r.Value, pid: r.ProducerID, txn: r.Attrs.IsTransactional()})
+	}
+}
+
+// last returns the value of the last record that was not aborted.
+func (k *keyRecords) last() ([]byte, bool) {
+	for i := len(k.recs) - 1; i >= 0; i-- {
+		if !k.recs[i].aborted {
+			return k.recs[i].value, true
+		}
+	}
+	return nil, false
 }
