@@ -20,8 +20,8 @@ import (
 // This file is kafka.delivery: exactly_once (DESIGN.md, "Exactly-once
 // mode"). The pipeline goroutine owns one Kafka transaction at a time. It
 // holds whole Postgres transactions in commit order and is committed at a
-// Postgres transaction boundary when no complete Postgres transaction is
-// waiting behind it, or once it is kafka.transaction_interval old or holds
+// Postgres transaction boundary (after a Commit, and before a Begin) when
+// no complete Postgres transaction is waiting behind it, or once it is kafka.transaction_interval old or holds
 // max_buffered_records records (commitDue), with the position (the end LSN of the
 // last Postgres transaction it holds) written to kafka.positions_topic in
 // the same transaction. Each Postgres transaction holds one extra record in
@@ -272,6 +272,14 @@ func (r *Relay) pipeEOS(ctx context.Context, batches <-chan []wal.Item, p *Pipel
 			}
 			last := lastCommit(batch)
 			for i, item := range batch {
+				if _, ok := item.(*wal.Begin); ok {
+					// A boundary too: the one after the last Commit may
+					// have counted this transaction as complete and waiting
+					// when only its Begin and first rows were queued.
+					if err := e.boundary(ctx, i < last || len(batches) > 0); err != nil {
+						return err
+					}
+				}
 				if err := p.Handle(item); err != nil {
 					return err
 				}

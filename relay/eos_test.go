@@ -207,7 +207,7 @@ type eosRig struct {
 
 func newEOSRig(t *testing.T, deliveryTimeout time.Duration) *eosRig {
 	t.Helper()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, config.Default().Kafka.PositionsTopic))
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, config.Default().Kafka.PositionsTopic, "order-events"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,8 +243,9 @@ func newEOSRig(t *testing.T, deliveryTimeout time.Duration) *eosRig {
 	return &eosRig{r: r, c: c, dials: &dials, system: system}
 }
 
-// start runs startEOS with a transactional producer of id.
-func (g *eosRig) start(t *testing.T, ctx context.Context, id string) (*eos, error) {
+// pipeline returns a pipeline on a transactional producer of id, and its
+// context.
+func (g *eosRig) pipeline(t *testing.T, ctx context.Context, id string) (*Pipeline, *sink.Producer, context.Context) {
 	t.Helper()
 	producer, err := sink.NewTransactional(g.r.cfg.Kafka, g.r.sinkM, g.r.txnM, g.r.log, id)
 	if err != nil {
@@ -255,6 +256,13 @@ func (g *eosRig) start(t *testing.T, ctx context.Context, id string) (*eos, erro
 	t.Cleanup(func() { fail(nil) })
 	p := g.r.NewPipeline(run, checkpoint.New(0x100), producer, fail, 0)
 	t.Cleanup(p.Close)
+	return p, producer, run
+}
+
+// start runs startEOS with a transactional producer of id.
+func (g *eosRig) start(t *testing.T, ctx context.Context, id string) (*eos, error) {
+	t.Helper()
+	p, producer, run := g.pipeline(t, ctx, id)
 	return g.r.startEOS(run, p, producer)
 }
 
@@ -376,4 +384,55 @@ func TestStartEOSPeekPassesOverAborted(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A completed Postgres transaction is visible to read_committed consumers
+// at once when the boundary after it saw a batch queued that holds only the
+// next transaction's Begin and first rows: a Begin is a boundary too, and
+// with no complete transaction waiting behind it the Kafka transaction
+// commits there, whole (issue 36 section 2's quiet-stream rule). Without
+// it, T1 waited for T2's end or the split for age (half the delivery
+// timeout, here 10 s) (review of the exactly-once changes, finding 7).
+func TestPipeEOSBeginIsABoundary(t *testing.T) {
+	g := newEOSRig(t, 20*time.Second)
+	g.r.cfg.Kafka.TransactionInterval = 200 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	p, producer, run := g.pipeline(t, ctx, "outboxd-linger")
+	// T2's batch is queued when T1's Commit is handled: "waiting".
+	batches := make(chan []wal.Item, 2)
+	batches <- []wal.Item{begin(0x200), change(wal.Insert, 0x180, id1, "o-1", `{"n": 1}`), commit(0x210)}
+	batches <- []wal.Item{begin(0x400), change(wal.Insert, 0x300, id2, "o-2", `{"n": 2}`)} // T2 goes on, its Commit far off
+	began := time.Now()
+	done := make(chan error, 1)
+	go func() { done <- g.r.pipeEOS(run, batches, p, producer) }()
+	consumer, err := kgo.NewClient(kgo.SeedBrokers(g.c.ListenAddrs()...), kgo.ConsumeTopics("order-events"),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.FetchMaxWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer consumer.Close()
+	wctx, wcancel := context.WithTimeout(ctx, 3*time.Second)
+	defer wcancel()
+	var seen []string
+	for len(seen) == 0 && wctx.Err() == nil {
+		consumer.PollFetches(wctx).EachRecord(func(r *kgo.Record) { seen = append(seen, string(r.Key)) })
+	}
+	took := time.Since(began)
+	t.Logf("read_committed saw %v after %s", seen, took.Round(time.Millisecond))
+	if len(seen) == 0 || seen[0] != "o-1" {
+		t.Fatalf("T1 (o-1) not visible to read_committed within 3 s; saw %v", seen)
+	}
+	if len(seen) > 1 {
+		t.Errorf("read_committed saw %v: T2's row before T2 committed", seen)
+	}
+	for p.tracker.Confirmed() != 0x210 && wctx.Err() == nil { // released just after the commit returns
+		time.Sleep(5 * time.Millisecond)
+	}
+	if got := p.tracker.Confirmed(); got != 0x210 {
+		t.Errorf("confirmed %s after T1's Kafka transaction committed, want T1's end 0/210", got)
+	}
+	close(batches)
+	cancel()
+	<-done
 }
