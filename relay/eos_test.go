@@ -11,13 +11,12 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outboxd/outboxd/checkpoint"
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/internal/kfaketest"
 	"github.com/outboxd/outboxd/sink"
 	"github.com/outboxd/outboxd/wal"
 )
@@ -266,35 +265,6 @@ func (g *eosRig) start(t *testing.T, ctx context.Context, id string) (*eos, erro
 	return g.r.startEOS(run, p, producer)
 }
 
-// failFetches answers every fetch of topic with NOT_LEADER_OR_FOLLOWER
-// until the test ends.
-func failFetches(c *kfake.Cluster, topic string) *atomic.Int64 {
-	var n atomic.Int64
-	c.ControlKey(int16(kmsg.Fetch), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		c.KeepControl()
-		r := req.(*kmsg.FetchRequest)
-		resp := r.ResponseKind().(*kmsg.FetchResponse)
-		for _, rt := range r.Topics {
-			if rt.Topic != "" && rt.Topic != topic {
-				return nil, nil, false
-			}
-			st := kmsg.NewFetchResponseTopic()
-			st.Topic, st.TopicID = rt.Topic, rt.TopicID
-			for _, rp := range rt.Partitions {
-				sp := kmsg.NewFetchResponseTopicPartition()
-				sp.Partition = rp.Partition
-				sp.ErrorCode = kerr.NotLeaderForPartition.Code
-				sp.HighWatermark, sp.LastStableOffset, sp.LogStartOffset = -1, -1, -1
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
-		}
-		n.Add(1)
-		return resp, nil, true
-	})
-	return &n
-}
-
 // otherHolder initialises id on c as another producer would, and leaves a
 // transaction open holding a position record of value pos.
 func otherHolder(t *testing.T, ctx context.Context, c *kfake.Cluster, id string, pos []byte) *kgo.Client {
@@ -327,7 +297,7 @@ func TestStartEOSUnreadablePositions(t *testing.T) {
 	const id = "outboxd-shared"
 	pos := position{LSN: 0x200, Slot: g.r.cfg.Postgres.Slot, System: g.system}.encode()
 	other := otherHolder(t, ctx, g.c, id, pos)
-	failed := failFetches(g.c, g.r.cfg.Kafka.PositionsTopic)
+	failed := kfaketest.FailFetches(g.c, g.r.cfg.Kafka.PositionsTopic, time.Hour) // for longer than the test
 	began := time.Now()
 	_, err := g.start(t, ctx, id)
 	t.Logf("startEOS = %v after %s, %d fetches failed, %d connections to Postgres", err, time.Since(began).Round(time.Millisecond), failed.Load(), g.dials.Load())

@@ -6,17 +6,15 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/internal/kfaketest"
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/sink"
 )
@@ -161,44 +159,6 @@ func TestTransactionFencedByANewInstance(t *testing.T) {
 	}
 }
 
-// failFetches makes c answer every fetch of topic with
-// NOT_LEADER_OR_FOLLOWER for d from the first one, as a broker does while a
-// partition's leadership moves after a restart. It returns how many fetches
-// it failed.
-func failFetches(c *kfake.Cluster, topic string, d time.Duration) *atomic.Int64 {
-	var n atomic.Int64
-	var until time.Time
-	c.ControlKey(int16(kmsg.Fetch), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		c.KeepControl()
-		r := req.(*kmsg.FetchRequest)
-		if until.IsZero() {
-			until = time.Now().Add(d)
-		}
-		if time.Now().After(until) {
-			return nil, nil, false
-		}
-		resp := r.ResponseKind().(*kmsg.FetchResponse)
-		for _, rt := range r.Topics {
-			if rt.Topic != "" && rt.Topic != topic {
-				return nil, nil, false
-			}
-			st := kmsg.NewFetchResponseTopic()
-			st.Topic, st.TopicID = rt.Topic, rt.TopicID
-			for _, rp := range rt.Partitions {
-				sp := kmsg.NewFetchResponseTopicPartition()
-				sp.Partition = rp.Partition
-				sp.ErrorCode = kerr.NotLeaderForPartition.Code
-				sp.HighWatermark, sp.LastStableOffset, sp.LogStartOffset = -1, -1, -1
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
-		}
-		n.Add(1)
-		return resp, nil, true
-	})
-	return &n
-}
-
 // A restart reads the position while the positions partition cannot be
 // fetched (NOT_LEADER_OR_FOLLOWER for 5 s: franz-go retries and returns
 // empty polls meanwhile). It must return the last position, P2, or fail:
@@ -227,7 +187,7 @@ func TestReadPositionWhileFetchesFail(t *testing.T) {
 				}
 			}
 			q, ctx := txnProducerWith(t, cl, "outboxd-read", tune) // the restart
-			failed := failFetches(cl, config.Default().Kafka.PositionsTopic, 5*time.Second)
+			failed := kfaketest.FailFetches(cl, config.Default().Kafka.PositionsTopic, 5*time.Second)
 			began := time.Now()
 			v, ok, err := q.ReadPosition(ctx)
 			t.Logf("ReadPosition = %q, %v, %v after %s, %d fetches failed", v, ok, err, time.Since(began).Round(time.Millisecond), failed.Load())

@@ -1,0 +1,50 @@
+// Package kfaketest holds faults for tests on kfake clusters (franz-go's
+// fake Kafka) that more than one package's tests inject.
+package kfaketest
+
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// FailFetches makes c answer every fetch of topic with
+// NOT_LEADER_OR_FOLLOWER for d from the first one, as a broker does while a
+// partition's leadership moves after a restart. It returns how many fetches
+// it failed.
+func FailFetches(c *kfake.Cluster, topic string, d time.Duration) *atomic.Int64 {
+	var n atomic.Int64
+	var until time.Time
+	c.ControlKey(int16(kmsg.Fetch), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		r := req.(*kmsg.FetchRequest)
+		if until.IsZero() {
+			until = time.Now().Add(d)
+		}
+		if time.Now().After(until) {
+			return nil, nil, false
+		}
+		resp := r.ResponseKind().(*kmsg.FetchResponse)
+		for _, rt := range r.Topics {
+			if rt.Topic != "" && rt.Topic != topic {
+				return nil, nil, false
+			}
+			st := kmsg.NewFetchResponseTopic()
+			st.Topic, st.TopicID = rt.Topic, rt.TopicID
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewFetchResponseTopicPartition()
+				sp.Partition = rp.Partition
+				sp.ErrorCode = kerr.NotLeaderForPartition.Code
+				sp.HighWatermark, sp.LastStableOffset, sp.LogStartOffset = -1, -1, -1
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		n.Add(1)
+		return resp, nil, true
+	})
+	return &n
+}
