@@ -187,8 +187,11 @@ type Producer struct {
 	fence      context.Context
 	breakFence context.CancelCauseFunc
 	lastAck    atomic.Int64 // unix nanos of the last acknowledgement (or of Watch's start)
-	inflight   sync.Pool    // of *inflight
-	txn        *txnState    // exactly_once only (txn.go)
+	// refused is the last retriable error a broker answered a produce or
+	// transaction request with (rejectwatch.go), for the errors of a stall.
+	refused  atomic.Pointer[refusal]
+	inflight sync.Pool // of *inflight
+	txn      *txnState // exactly_once only (txn.go)
 }
 
 // New returns a Producer for cfg. It does not contact the brokers.
@@ -251,7 +254,7 @@ func newProducer(cfg config.Kafka, m *Metrics, log *slog.Logger, first ...kgo.Op
 		return nil, err
 	}
 	// The fence must break before franz-go acts on a rejection (rejectwatch.go).
-	opts = append(opts, kgo.Dialer(dialer(tlsCfg, p.breakFence)))
+	opts = append(opts, kgo.Dialer(dialer(tlsCfg, p.breakFence, p.noteRefusal)))
 	if mech := saslMechanism(cfg.SASL); mech != nil {
 		opts = append(opts, kgo.SASL(mech))
 	}
@@ -287,6 +290,9 @@ type StallError struct {
 	// Partial reports the oldest unconfirmed transaction waiting, while
 	// acknowledgements may have come for later records.
 	Partial bool
+	// Refused is the last error a broker answered a produce or transaction
+	// request with during the stall (nil: none answered with one).
+	Refused error
 }
 
 func (e *StallError) Error() string {
@@ -296,11 +302,74 @@ func (e *StallError) Error() string {
 		// The missing topic is the cause, whether or not other records were acknowledged.
 		return fmt.Sprintf("Kafka has not acknowledged records for %s (kafka.delivery_timeout; %d in flight): the topic does not exist: %s; "+
 			"create it, enable the brokers' auto.create.topics.enable, or set kafka.topic_creation: admin", d, e.InFlight, strings.Join(e.Missing, ", "))
+	case e.Partial && e.Refused != nil:
+		return fmt.Sprintf("Kafka has not acknowledged the oldest unconfirmed transaction for %s (kafka.delivery_timeout; %d records in flight): %s",
+			d, e.InFlight, explainRefusal(e.Refused))
 	case e.Partial:
 		return fmt.Sprintf("Kafka has not acknowledged the oldest unconfirmed transaction for %s (kafka.delivery_timeout; %d records in flight); "+
 			"a partition without a leader, or without enough in-sync replicas?", d, e.InFlight)
+	case e.Refused != nil:
+		return fmt.Sprintf("Kafka acknowledged none of %d in-flight records for %s (kafka.delivery_timeout): %s", e.InFlight, d, explainRefusal(e.Refused))
 	}
 	return fmt.Sprintf("Kafka acknowledged none of %d in-flight records for %s (kafka.delivery_timeout); brokers down or unreachable?", e.InFlight, d)
+}
+
+func (e *StallError) Unwrap() error { return e.Refused }
+
+// refusal is a retriable error a broker answered with, and when.
+type refusal struct {
+	err error
+	at  time.Time
+}
+
+func (p *Producer) noteRefusal(err error) {
+	p.refused.Store(&refusal{err: err, at: time.Now()})
+}
+
+// refusedSince returns the last retriable error a broker answered with at
+// or after t, or nil.
+func (p *Producer) refusedSince(t time.Time) error {
+	if r := p.refused.Load(); r != nil && !r.at.Before(t) {
+		return r.err
+	}
+	return nil
+}
+
+// explainRefusal says what a broker answered and what to check.
+func explainRefusal(err error) string {
+	var what string
+	switch {
+	case errors.Is(err, kerr.NotEnoughReplicas), errors.Is(err, kerr.NotEnoughReplicasAfterAppend):
+		what = "fewer replicas of the partition are in sync than its min.insync.replicas, which outboxd's acks=all requires; " +
+			"bring the stopped brokers back, and check the partition's ISR (kafka-topics --describe --under-min-isr-partitions)"
+	case errors.Is(err, kerr.CoordinatorNotAvailable), errors.Is(err, kerr.NotCoordinator), errors.Is(err, kerr.CoordinatorLoadInProgress):
+		what = "the transaction coordinator cannot serve the transactional id; check that the brokers holding __transaction_state are up " +
+			"and that its partitions have transaction.state.log.min.isr replicas in sync"
+	case errors.Is(err, kerr.NotLeaderForPartition), errors.Is(err, kerr.LeaderNotAvailable), errors.Is(err, kerr.FencedLeaderEpoch),
+		errors.Is(err, kerr.UnknownLeaderEpoch):
+		what = "the partition has no leader that takes writes; check that the brokers holding its replicas are up"
+	case errors.Is(err, kerr.RequestTimedOut):
+		what = "the partition's leader timed out waiting for its followers; check the brokers' health and the network between them"
+	case errors.Is(err, kerr.UnknownTopicOrPartition):
+		what = "the broker does not know the topic or partition; check that it exists"
+	default:
+		what = "check the brokers' logs"
+	}
+	return fmt.Sprintf("a broker %v; %s", err, what)
+}
+
+// timedOut explains err of op when it is a context's deadline: the bound
+// that was reached is kafka.delivery_timeout, and what a broker answered
+// since start, if anything, says why. Other errors are wrapped as they are.
+func (p *Producer) timedOut(op string, start time.Time, err error) error {
+	if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, kgo.ErrRecordTimeout) {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	if refused := p.refusedSince(start); refused != nil {
+		return fmt.Errorf("%s: no answer within kafka.delivery_timeout (%s): %s: %w", op, p.cfg.DeliveryTimeout, explainRefusal(refused), err)
+	}
+	return fmt.Errorf("%s: no answer within kafka.delivery_timeout (%s): %w; brokers down or unreachable? check kafka.brokers (%s) and that the brokers are up",
+		op, p.cfg.DeliveryTimeout, err, strings.Join(p.cfg.Brokers, ","))
 }
 
 // Watch returns a *StallError when records have been in flight without any
@@ -326,14 +395,15 @@ func (p *Producer) Watch(ctx context.Context, waiting func() time.Time) error {
 			p.lastAck.Store(time.Now().UnixNano())
 			continue
 		}
-		if idle := time.Since(time.Unix(0, p.lastAck.Load())); idle > p.cfg.DeliveryTimeout {
-			return &StallError{InFlight: inFlight, For: idle, Missing: p.missingTopics(ctx)}
+		last := time.Unix(0, p.lastAck.Load())
+		if idle := time.Since(last); idle > p.cfg.DeliveryTimeout {
+			return &StallError{InFlight: inFlight, For: idle, Missing: p.missingTopics(ctx), Refused: p.refusedSince(last)}
 		}
 		if waiting == nil {
 			continue
 		}
 		if since := waiting(); !since.IsZero() && time.Since(since) > p.cfg.DeliveryTimeout {
-			return &StallError{InFlight: inFlight, For: time.Since(since), Missing: p.missingTopics(ctx), Partial: true}
+			return &StallError{InFlight: inFlight, For: time.Since(since), Missing: p.missingTopics(ctx), Partial: true, Refused: p.refusedSince(since)}
 		}
 	}
 }
@@ -471,7 +541,7 @@ func (p *Producer) EnsureTopic(ctx context.Context, topic string) error {
 				topic, p.cfg.TopicPartitions, p.cfg.TopicReplicationFactor, err)
 		}
 	}
-	n, err := p.waitLeaders(ctx, topic)
+	n, err := p.waitUsable(ctx, topic)
 	if err != nil {
 		return err
 	}
@@ -495,47 +565,158 @@ func unreachable(err error) bool {
 	return errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) || kgo.IsRetryableBrokerErr(err)
 }
 
-// waitLeaders waits until every partition of a topic has a leader, so that
-// the first records do not fail as sent to an unknown topic, and returns the
-// partition count. It asks a broker each time: kadm's lookups answer from
-// franz-go's metadata cache for kafka's MetadataMinAge (250 ms here), which
-// held a new topic's first record back by that long.
-func (p *Producer) waitLeaders(ctx context.Context, topic string) (int, error) {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
+// waitUsable waits until topic can be written to, in a Kafka transaction
+// too, and returns its partition count. Every partition must have a leader
+// in the metadata of every broker that answers, not only of the first one
+// asked: a transaction coordinator that does not know a new topic yet
+// refuses to add its partitions to a transaction, and the transaction then
+// cannot commit (OPERATION_NOT_ATTEMPTED). And each leader must answer for
+// its partitions: a broker learns that it leads a new partition shortly
+// after its metadata says so, and answers UNKNOWN_TOPIC_OR_PARTITION until
+// then. With topic_creation: broker the lookups allow auto-creation, as the
+// producer's own do, so that a topic a record names by partition is created
+// as any other. The caller bounds the wait with ctx (kafka.delivery_timeout).
+//
+// It asks the brokers each time: kadm's lookups answer from franz-go's
+// metadata cache for kafka's MetadataMinAge (250 ms here), which held a new
+// topic's first record back by that long.
+func (p *Producer) waitUsable(ctx context.Context, topic string) (int, error) {
 	req := kmsg.NewPtrMetadataRequest()
+	req.AllowAutoTopicCreation = p.cfg.TopicCreation == config.TopicCreationBroker
 	rt := kmsg.NewMetadataRequestTopic()
 	rt.Topic = kmsg.StringPtr(topic)
 	req.Topics = append(req.Topics, rt)
+	var last error // why the topic was not usable yet
 	for delay := 5 * time.Millisecond; ; delay = min(2*delay, 100*time.Millisecond) {
-		if resp, err := req.RequestWith(ctx, p.client); err == nil && len(resp.Topics) == 1 {
-			if t := resp.Topics[0]; t.ErrorCode == 0 && len(t.Partitions) > 0 && led(t.Partitions) {
-				return len(t.Partitions), nil
-			}
+		n, err := p.usable(ctx, req, topic)
+		if err == nil {
+			return n, nil
 		}
+		last = err
 		select {
 		case <-ctx.Done():
-			return 0, fmt.Errorf("topic %q has partitions without a leader: %w", topic, ctx.Err())
+			return 0, p.notUsable(topic, last, ctx.Err())
 		case <-time.After(delay):
 		}
 	}
 }
 
-func led(ps []kmsg.MetadataResponseTopicPartition) bool {
-	for _, p := range ps {
-		if p.Leader < 0 || p.ErrorCode != 0 {
-			return false
+// usable returns the partition count of topic if every broker that answers
+// knows it with a leader for every partition and each leader answers for its
+// partitions, and what is not so otherwise.
+func (p *Producer) usable(ctx context.Context, req *kmsg.MetadataRequest, topic string) (int, error) {
+	resp, err := req.RequestWith(ctx, p.client)
+	if err != nil {
+		return 0, err
+	}
+	t, err := ledTopic(resp, topic)
+	if err != nil {
+		return 0, err
+	}
+	// The other brokers, each asked directly. One that does not answer
+	// (down, and not yet fenced by the controllers) is skipped: it can
+	// coordinate no transaction and lead no partition.
+	for _, b := range resp.Brokers {
+		bctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		bresp, err := req.RequestWith(bctx, p.client.Broker(int(b.NodeID)))
+		cancel()
+		if err != nil {
+			continue
+		}
+		if _, err := ledTopic(bresp, topic); err != nil {
+			return 0, fmt.Errorf("broker %d does not know the topic's leaders yet (%v)", b.NodeID, err)
 		}
 	}
-	return true
+	// Each leader, asked for its partitions' start offsets.
+	byLeader := map[int32]*kmsg.ListOffsetsRequest{}
+	for _, pt := range t.Partitions {
+		lreq := byLeader[pt.Leader]
+		if lreq == nil {
+			lreq = kmsg.NewPtrListOffsetsRequest()
+			lreq.ReplicaID = -1
+			lt := kmsg.NewListOffsetsRequestTopic()
+			lt.Topic = topic
+			lreq.Topics = append(lreq.Topics, lt)
+			byLeader[pt.Leader] = lreq
+		}
+		lp := kmsg.NewListOffsetsRequestTopicPartition()
+		lp.Partition, lp.Timestamp, lp.CurrentLeaderEpoch = pt.Partition, -2, -1 // -2: the start
+		lreq.Topics[0].Partitions = append(lreq.Topics[0].Partitions, lp)
+	}
+	for leader, lreq := range byLeader {
+		lresp, err := lreq.RequestWith(ctx, p.client.Broker(int(leader)))
+		if err != nil {
+			return 0, fmt.Errorf("broker %d, the leader of partitions of %s: %w", leader, topic, err)
+		}
+		for _, lt := range lresp.Topics {
+			for _, lp := range lt.Partitions {
+				if err := kerr.ErrorForCode(lp.ErrorCode); err != nil {
+					return 0, fmt.Errorf("broker %d does not answer for %s[%d], which it leads, yet (%v)", leader, topic, lp.Partition, err)
+				}
+			}
+		}
+	}
+	return len(t.Partitions), nil
 }
 
-// partitions returns the partition count of topic, asking Kafka once.
+// ledTopic returns topic from a metadata response when it has partitions,
+// each with a leader.
+func ledTopic(resp *kmsg.MetadataResponse, topic string) (kmsg.MetadataResponseTopic, error) {
+	for _, t := range resp.Topics {
+		if t.Topic == nil || *t.Topic != topic {
+			continue
+		}
+		if err := kerr.ErrorForCode(t.ErrorCode); err != nil {
+			return t, err
+		}
+		if len(t.Partitions) == 0 {
+			return t, errNoPartitions
+		}
+		for _, pt := range t.Partitions {
+			if err := kerr.ErrorForCode(pt.ErrorCode); err != nil {
+				return t, fmt.Errorf("partition %d: %w", pt.Partition, err)
+			}
+			if pt.Leader < 0 {
+				return t, fmt.Errorf("partition %d: %w", pt.Partition, errNoLeader)
+			}
+		}
+		return t, nil
+	}
+	return kmsg.MetadataResponseTopic{}, kerr.UnknownTopicOrPartition
+}
+
+var (
+	errNoPartitions = errors.New("no partitions")
+	errNoLeader     = errors.New("no leader")
+)
+
+// notUsable is the error of a topic that was not usable within the bound:
+// what the brokers said last, and what to do.
+func (p *Producer) notUsable(topic string, last, cause error) error {
+	bound := p.cfg.DeliveryTimeout
+	switch {
+	case errors.Is(last, kerr.UnknownTopicOrPartition) && p.cfg.TopicCreation == config.TopicCreationBroker:
+		return fmt.Errorf("topic %q does not exist and the brokers did not create it within kafka.delivery_timeout (%s): %w; "+
+			"create it, enable the brokers' auto.create.topics.enable, or set kafka.topic_creation: admin", topic, bound, last)
+	case errors.Is(last, kerr.UnknownTopicOrPartition):
+		return fmt.Errorf("topic %q does not exist (%w) after kafka.delivery_timeout (%s); create it, or set kafka.topic_creation: admin", topic, last, bound)
+	case unreachable(last):
+		return fmt.Errorf("looking up topic %q: the Kafka brokers %s did not answer within kafka.delivery_timeout (%s): %w; outboxd tries again",
+			topic, strings.Join(p.cfg.Brokers, ","), bound, last)
+	}
+	return fmt.Errorf("topic %q is not usable yet after kafka.delivery_timeout (%s): %w (%w); check that the brokers holding its partitions are up; outboxd tries again",
+		topic, bound, last, cause)
+}
+
+// partitions returns the partition count of topic, asking Kafka once, for
+// records whose partition a column chose. Bounded by kafka.delivery_timeout.
 func (p *Producer) partitions(ctx context.Context, topic string) (int, error) {
 	if n := p.known[topic]; n > 0 {
 		return n, nil
 	}
-	n, err := p.waitLeaders(ctx, topic)
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.DeliveryTimeout)
+	defer cancel()
+	n, err := p.waitUsable(ctx, topic)
 	if err != nil {
 		return 0, fmt.Errorf("reading the partitions of topic %q: %w", topic, err)
 	}

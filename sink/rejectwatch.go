@@ -32,10 +32,16 @@ import (
 // refused by Produce, and every batch franz-go has not written yet fails at
 // its next drain, because its first record's context is the broken fence. So
 // no record of a partition is written after one of its batches was rejected.
+//
+// The same connection notes the last retriable error a broker answered a
+// produce or transaction request with (NOT_ENOUGH_REPLICAS, NOT_LEADER,
+// COORDINATOR_NOT_AVAILABLE, ...). franz-go retries those without a word, so
+// without the note a stall's error could only guess at its cause.
 
 // dialer returns a franz-go dial function whose connections call reject
-// before a produce response that rejects a batch reaches franz-go.
-func dialer(tlsCfg *tls.Config, reject func(error)) func(ctx context.Context, network, host string) (net.Conn, error) {
+// before a produce response that rejects a batch reaches franz-go, and
+// refused with each retriable error in a produce or transaction response.
+func dialer(tlsCfg *tls.Config, reject, refused func(error)) func(ctx context.Context, network, host string) (net.Conn, error) {
 	nd := &net.Dialer{Timeout: 10 * time.Second} // franz-go's default
 	return func(ctx context.Context, network, host string) (net.Conn, error) {
 		var (
@@ -58,7 +64,7 @@ func dialer(tlsCfg *tls.Config, reject func(error)) func(ctx context.Context, ne
 		if err != nil {
 			return nil, err
 		}
-		return &watchedConn{Conn: c, reject: reject, produce: map[int32]int16{}}, nil
+		return &watchedConn{Conn: c, reject: reject, refused: refused, produce: map[int32]int16{}}, nil
 	}
 }
 
@@ -68,10 +74,12 @@ func dialer(tlsCfg *tls.Config, reject func(error)) func(ctx context.Context, ne
 // into a produce response before handing any of it on.
 type watchedConn struct {
 	net.Conn
-	reject func(error)
+	reject  func(error)
+	refused func(error) // nil: not noted
 
 	mu      sync.Mutex
-	produce map[int32]int16 // correlation id -> produce request version
+	produce map[int32]int16    // correlation id -> produce request version
+	txn     map[int32][2]int16 // correlation id -> key and version of a transaction request
 
 	// Write side (franz-go writes from one goroutine per connection).
 	wsize [4]byte
@@ -114,10 +122,22 @@ func (c *watchedConn) follow(p []byte) {
 			k := min(8-len(c.whdr), len(p), c.wleft)
 			c.whdr = append(c.whdr, p[:k]...)
 			p, c.wleft = p[k:], c.wleft-k
-			if len(c.whdr) == 8 && int16(binary.BigEndian.Uint16(c.whdr)) == int16(kmsg.Produce) {
-				c.mu.Lock()
-				c.produce[int32(binary.BigEndian.Uint32(c.whdr[4:]))] = int16(binary.BigEndian.Uint16(c.whdr[2:]))
-				c.mu.Unlock()
+			if len(c.whdr) == 8 {
+				key, version := int16(binary.BigEndian.Uint16(c.whdr)), int16(binary.BigEndian.Uint16(c.whdr[2:]))
+				corr := int32(binary.BigEndian.Uint32(c.whdr[4:]))
+				switch {
+				case key == int16(kmsg.Produce):
+					c.mu.Lock()
+					c.produce[corr] = version
+					c.mu.Unlock()
+				case c.refused != nil && noted(key):
+					c.mu.Lock()
+					if c.txn == nil {
+						c.txn = map[int32][2]int16{}
+					}
+					c.txn[corr] = [2]int16{key, version}
+					c.mu.Unlock()
+				}
 			}
 			continue
 		}
@@ -176,29 +196,97 @@ func (c *watchedConn) inspect(body []byte) {
 	c.mu.Lock()
 	version, ok := c.produce[corr]
 	delete(c.produce, corr)
+	txn, isTxn := c.txn[corr]
+	delete(c.txn, corr)
 	c.mu.Unlock()
+	if isTxn {
+		c.inspectTxn(txn[0], txn[1], body[4:])
+		return
+	}
 	if !ok {
 		return
 	}
 	resp := kmsg.ProduceResponse{Version: version}
-	src := body[4:]
+	if !readResponse(&resp, body[4:]) {
+		return // franz-go fails the request itself
+	}
+	var retried error
+	for _, t := range resp.Topics {
+		for _, p := range t.Partitions {
+			err := kerr.ErrorForCode(p.ErrorCode)
+			if rejects(err) {
+				c.reject(fmt.Errorf("a broker rejected a batch for %s[%d]: %w", t.Topic, p.Partition, err))
+				return
+			}
+			if kerr.IsRetriable(err) && retried == nil {
+				retried = fmt.Errorf("answered %s[%d]'s produce request with %w", t.Topic, p.Partition, err)
+			}
+		}
+	}
+	if retried != nil && c.refused != nil {
+		c.refused(retried)
+	}
+}
+
+// readResponse decodes a response body (after the correlation id) into
+// resp, whose version is set.
+func readResponse(resp kmsg.Response, src []byte) bool {
 	if resp.IsFlexible() {
 		r := kbin.Reader{Src: src}
 		kmsg.SkipTags(&r)
 		if r.Complete() != nil {
-			return
+			return false
 		}
 		src = r.Src
 	}
-	if resp.ReadFrom(src) != nil {
-		return // franz-go fails the request itself
+	return resp.ReadFrom(src) == nil
+}
+
+// noted reports whether the errors of responses to requests with key are
+// noted: the requests of an idempotent and a transactional producer.
+func noted(key int16) bool {
+	switch kmsg.Key(key) {
+	case kmsg.InitProducerID, kmsg.AddPartitionsToTxn, kmsg.EndTxn, kmsg.FindCoordinator:
+		return true
 	}
-	for _, t := range resp.Topics {
-		for _, p := range t.Partitions {
-			if err := kerr.ErrorForCode(p.ErrorCode); rejects(err) {
-				c.reject(fmt.Errorf("a broker rejected a batch for %s[%d]: %w", t.Topic, p.Partition, err))
-				return
+	return false
+}
+
+// inspectTxn calls refused with the first retriable error of a response to
+// a request that noted accepts. CONCURRENT_TRANSACTIONS is left out: it
+// answers a transaction begun right after a commit, for a few milliseconds.
+func (c *watchedConn) inspectTxn(key, version int16, body []byte) {
+	resp := kmsg.ResponseForKey(key)
+	if resp == nil {
+		return
+	}
+	resp.SetVersion(version)
+	if !readResponse(resp, body) {
+		return
+	}
+	var codes []int16
+	switch r := resp.(type) {
+	case *kmsg.InitProducerIDResponse:
+		codes = append(codes, r.ErrorCode)
+	case *kmsg.EndTxnResponse:
+		codes = append(codes, r.ErrorCode)
+	case *kmsg.FindCoordinatorResponse:
+		codes = append(codes, r.ErrorCode)
+		for _, co := range r.Coordinators {
+			codes = append(codes, co.ErrorCode)
+		}
+	case *kmsg.AddPartitionsToTxnResponse:
+		codes = append(codes, r.ErrorCode)
+		for _, t := range r.Topics {
+			for _, p := range t.Partitions {
+				codes = append(codes, p.ErrorCode)
 			}
+		}
+	}
+	for _, code := range codes {
+		if err := kerr.ErrorForCode(code); kerr.IsRetriable(err) && err != kerr.ConcurrentTransactions {
+			c.refused(fmt.Errorf("answered a %s request with %w", kmsg.NameForKey(key), err))
+			return
 		}
 	}
 }

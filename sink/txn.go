@@ -148,6 +148,7 @@ func (p *Producer) noteFenced() {
 // the transaction a previous holder of the id left open, and fences that
 // holder. Call it only while holding the slot.
 func (p *Producer) Init(ctx context.Context) error {
+	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.DeliveryTimeout)
 	defer cancel()
 	id, epoch, err := p.client.ProducerID(ctx)
@@ -156,7 +157,7 @@ func (p *Producer) Init(ctx context.Context) error {
 		if errors.Is(err, kerr.TransactionalIDAuthorizationFailed) || errors.Is(err, kerr.ClusterAuthorizationFailed) {
 			hint = "; grant the principal Write and Describe on the TransactionalId resource"
 		}
-		return fmt.Errorf("initialising the transactional producer %q: %w%s", p.txn.id, err, hint)
+		return fmt.Errorf("%w%s", p.timedOut(fmt.Sprintf("initialising the transactional producer %q", p.txn.id), start, err), hint)
 	}
 	p.txn.pid.Store(id)
 	p.txn.epoch.Store(int32(epoch))
@@ -185,6 +186,7 @@ func (p *Producer) Began() time.Time { return p.txn.began }
 // its outcome is unknown: the next Init settles it) and the caller must end
 // the run.
 func (p *Producer) Commit(ctx context.Context, position []byte) error {
+	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.DeliveryTimeout)
 	defer cancel()
 	var posErr atomic.Pointer[error]
@@ -194,7 +196,7 @@ func (p *Producer) Commit(ctx context.Context, position []byte) error {
 		}
 	})
 	if err := p.client.Flush(ctx); err != nil {
-		return fmt.Errorf("flushing a Kafka transaction: %w", err)
+		return p.timedOut("flushing a Kafka transaction", start, err)
 	}
 	if perr := posErr.Load(); perr != nil {
 		return p.AsFenced(fmt.Errorf("writing the position to %s: %w", p.cfg.PositionsTopic, *perr))
@@ -204,7 +206,7 @@ func (p *Producer) Commit(ctx context.Context, position []byte) error {
 	}
 	p.txn.unsure = true // until the answer is read: the epoch may have moved
 	if err := p.client.EndTransaction(ctx, kgo.TryCommit); err != nil {
-		return p.AsFenced(fmt.Errorf("committing a Kafka transaction: %w", err))
+		return p.AsFenced(p.timedOut("committing a Kafka transaction", start, err))
 	}
 	p.txn.open, p.txn.unsure = false, false
 	p.txn.m.committed.Inc()
@@ -303,7 +305,7 @@ func (p *Producer) EnsurePositionsTopic(ctx context.Context) error {
 	if err == nil {
 		p.m.topicsCreated.Inc()
 	}
-	n, err := p.waitLeaders(ctx, topic)
+	n, err := p.waitUsable(ctx, topic)
 	if err != nil {
 		return err
 	}
