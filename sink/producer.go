@@ -337,6 +337,11 @@ func (p *Producer) refusedSince(t time.Time) error {
 
 // explainRefusal says what a broker answered and what to check.
 func explainRefusal(err error) string {
+	return fmt.Sprintf("a broker %v; %s", err, refusalHint(err))
+}
+
+// refusalHint says what to check after a broker answered err.
+func refusalHint(err error) string {
 	var what string
 	switch {
 	case errors.Is(err, kerr.NotEnoughReplicas), errors.Is(err, kerr.NotEnoughReplicasAfterAppend):
@@ -355,7 +360,7 @@ func explainRefusal(err error) string {
 	default:
 		what = "check the brokers' logs"
 	}
-	return fmt.Sprintf("a broker %v; %s", err, what)
+	return what
 }
 
 // timedOut explains err of op when it is a context's deadline: the bound
@@ -366,7 +371,7 @@ func (p *Producer) timedOut(op string, start time.Time, err error) error {
 		return fmt.Errorf("%s: %w", op, err)
 	}
 	if refused := p.refusedSince(start); refused != nil {
-		return fmt.Errorf("%s: no answer within kafka.delivery_timeout (%s): %s: %w", op, p.cfg.DeliveryTimeout, explainRefusal(refused), err)
+		return fmt.Errorf("%s: no answer within kafka.delivery_timeout (%s; %w): a broker %w; %s", op, p.cfg.DeliveryTimeout, err, refused, refusalHint(refused))
 	}
 	return fmt.Errorf("%s: no answer within kafka.delivery_timeout (%s): %w; brokers down or unreachable? check kafka.brokers (%s) and that the brokers are up",
 		op, p.cfg.DeliveryTimeout, err, strings.Join(p.cfg.Brokers, ","))

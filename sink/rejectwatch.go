@@ -219,13 +219,22 @@ func (c *watchedConn) inspect(body []byte) {
 				return
 			}
 			if kerr.IsRetriable(err) && retried == nil {
-				retried = fmt.Errorf("answered %s[%d]'s produce request with %w", t.Topic, p.Partition, err)
+				retried = fmt.Errorf("answered a produce request for %s with %w", partitionName(t.Topic, p.Partition), err)
 			}
 		}
 	}
 	if retried != nil && c.refused != nil {
 		c.refused(retried)
 	}
+}
+
+// partitionName names a partition of a produce response, whose topic has
+// no name from version 13 on (a topic id instead).
+func partitionName(topic string, partition int32) string {
+	if topic == "" {
+		return fmt.Sprintf("partition %d", partition)
+	}
+	return fmt.Sprintf("%s[%d]", topic, partition)
 }
 
 // readResponse decodes a response body (after the correlation id) into
