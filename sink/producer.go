@@ -190,6 +190,7 @@ type Producer struct {
 	// refused is the last retriable error a broker answered a produce or
 	// transaction request with (rejectwatch.go), for the errors of a stall.
 	refused  atomic.Pointer[refusal]
+	log      *slog.Logger
 	inflight sync.Pool // of *inflight
 	txn      *txnState // exactly_once only (txn.go)
 }
@@ -207,7 +208,7 @@ func New(cfg config.Kafka, m *Metrics, log *slog.Logger) (*Producer, error) {
 // newProducer is New with franz-go options that go first (tests use it to
 // put a hook ahead of outboxd's own).
 func newProducer(cfg config.Kafka, m *Metrics, log *slog.Logger, first ...kgo.Opt) (*Producer, error) {
-	p := &Producer{cfg: cfg, m: m, known: map[string]int{}, slots: make(chan struct{}, cfg.MaxBufferedRecords),
+	p := &Producer{cfg: cfg, m: m, log: log, known: map[string]int{}, slots: make(chan struct{}, cfg.MaxBufferedRecords),
 		bytes: semaphore.NewWeighted(int64(cfg.MaxBufferedBytes))}
 	p.inflight.New = newInflight
 	p.fence, p.breakFence = context.WithCancelCause(context.Background())
@@ -323,6 +324,9 @@ type refusal struct {
 }
 
 func (p *Producer) noteRefusal(err error) {
+	if r := p.refused.Load(); r == nil || r.err.Error() != err.Error() || time.Since(r.at) > 10*time.Second {
+		p.log.Debug("a Kafka broker refused a request for now; it is retried", "err", err) // one line a refusal and 10 s at most
+	}
 	p.refused.Store(&refusal{err: err, at: time.Now()})
 }
 
@@ -348,8 +352,12 @@ func refusalHint(err error) string {
 		what = "fewer replicas of the partition are in sync than its min.insync.replicas, which outboxd's acks=all requires; " +
 			"bring the stopped brokers back, and check the partition's ISR (kafka-topics --describe --under-min-isr-partitions)"
 	case errors.Is(err, kerr.CoordinatorNotAvailable), errors.Is(err, kerr.NotCoordinator), errors.Is(err, kerr.CoordinatorLoadInProgress):
-		what = "the transaction coordinator cannot serve the transactional id; check that the brokers holding __transaction_state are up " +
-			"and that its partitions have transaction.state.log.min.isr replicas in sync"
+		// Kafka answers so when __transaction_state's partition has
+		// fewer in-sync replicas than transaction.state.log.min.isr (its
+		// NOT_ENOUGH_REPLICAS), and while the coordinator moves.
+		what = "the transaction coordinator cannot write the transaction log: with brokers down, the __transaction_state partition of " +
+			"kafka.transactional_id has fewer replicas in sync than transaction.state.log.min.isr; bring the stopped brokers back, " +
+			"and check __transaction_state's ISR (kafka-topics --describe --topic __transaction_state)"
 	case errors.Is(err, kerr.NotLeaderForPartition), errors.Is(err, kerr.LeaderNotAvailable), errors.Is(err, kerr.FencedLeaderEpoch),
 		errors.Is(err, kerr.UnknownLeaderEpoch):
 		what = "the partition has no leader that takes writes; check that the brokers holding its replicas are up"

@@ -172,3 +172,40 @@ func TestStallIgnoresAnOldRefusal(t *testing.T) {
 		t.Errorf("a stall with no answer after an old refusal: %v", err)
 	}
 }
+
+// With two brokers of three down, exactly-once's restarts stop at Init: the
+// broker left answers InitProducerID with COORDINATOR_NOT_AVAILABLE (Kafka's
+// word for __transaction_state below transaction.state.log.min.isr). The
+// error names kafka.delivery_timeout, the answer and what to check.
+func TestInitSaysWhatTheCoordinatorAnswered(t *testing.T) {
+	c := newCluster(t, 1)
+	c.ControlKey(int16(kmsg.InitProducerID), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		resp := req.ResponseKind().(*kmsg.InitProducerIDResponse)
+		resp.ErrorCode = kerr.CoordinatorNotAvailable.Code
+		return resp, nil, true
+	})
+	cfg := config.Default().Kafka
+	cfg.Brokers = c.ListenAddrs()
+	cfg.DeliveryTimeout = 2 * time.Second
+	p, err := sink.NewTransactional(cfg, sink.NewMetrics(prometheus.NewRegistry()), sink.NewTxnMetrics(prometheus.NewRegistry()),
+		slog.New(slog.DiscardHandler), "coordinator-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	err = p.Init(context.Background())
+	if err == nil {
+		t.Fatal("Init with the coordinator unavailable: no error")
+	}
+	msg := err.Error()
+	t.Log(msg)
+	for _, want := range []string{"kafka.delivery_timeout (2s", "InitProducerID with COORDINATOR_NOT_AVAILABLE", "transaction.state.log.min.isr"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("the error does not say %q: %s", want, msg)
+		}
+	}
+	if strings.Contains(msg, "brokers down or unreachable") {
+		t.Errorf("a broker answered, and the error blames unreachable brokers: %s", msg)
+	}
+}

@@ -294,7 +294,7 @@ func (c *watchedConn) inspectTxn(key, version int16, body []byte) {
 	}
 	for _, code := range codes {
 		if err := kerr.ErrorForCode(code); kerr.IsRetriable(err) && err != kerr.ConcurrentTransactions {
-			c.refused(fmt.Errorf("answered a %s request with %w", kmsg.NameForKey(key), err))
+			c.refused(fmt.Errorf("answered %s with %w", kmsg.NameForKey(key), err))
 			return
 		}
 	}
