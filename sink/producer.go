@@ -379,7 +379,7 @@ func (p *Producer) timedOut(op string, start time.Time, err error) error {
 		return fmt.Errorf("%s: %w", op, err)
 	}
 	if refused := p.refusedSince(start); refused != nil {
-		return fmt.Errorf("%s: no answer within kafka.delivery_timeout (%s; %w): a broker %w; %s", op, p.cfg.DeliveryTimeout, err, refused, refusalHint(refused))
+		return fmt.Errorf("%s: not done within kafka.delivery_timeout (%s; %w): a broker %w; %s", op, p.cfg.DeliveryTimeout, err, refused, refusalHint(refused))
 	}
 	return fmt.Errorf("%s: no answer within kafka.delivery_timeout (%s): %w; brokers down or unreachable? check kafka.brokers (%s) and that the brokers are up",
 		op, p.cfg.DeliveryTimeout, err, strings.Join(p.cfg.Brokers, ","))
