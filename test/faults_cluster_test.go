@@ -337,7 +337,10 @@ func checkRunning(t *testing.T, p *proc, during string) {
 // brokers are down or unreachable (issue 32 item 14): NOT_ENOUGH_REPLICAS
 // to a produce, or in exactly-once mode, where InitProducerID is refused
 // first, COORDINATOR_NOT_AVAILABLE (Kafka's answer when __transaction_state
-// is below transaction.state.log.min.isr).
+// is below transaction.state.log.min.isr). The first restart is left out:
+// its run began before the ISRs shrank, with records sent to the brokers
+// that died, and the broker left may not have answered it yet (it holds
+// acks=all produce requests until their followers drop out of the ISR).
 func checkOutageCause(t *testing.T, mode deliveryMode, logs string) {
 	t.Helper()
 	var restarts []string
@@ -346,6 +349,12 @@ func checkOutageCause(t *testing.T, mode deliveryMode, logs string) {
 			restarts = append(restarts, line)
 		}
 	}
+	if len(restarts) < 2 {
+		t.Logf("%d restarts once the ISRs shrank: too few to check their cause", len(restarts))
+		return
+	}
+	t.Logf("first restart once the ISRs shrank, left out: %s", restarts[0])
+	restarts = restarts[1:]
 	named := false
 	for _, line := range restarts {
 		if strings.Contains(line, "brokers down or unreachable") {
@@ -355,12 +364,10 @@ func checkOutageCause(t *testing.T, mode deliveryMode, logs string) {
 			strings.Contains(line, "min.insync.replicas") ||
 			mode.eos && strings.Contains(line, "COORDINATOR_NOT_AVAILABLE") && strings.Contains(line, "transaction.state.log.min.isr"))
 	}
-	if len(restarts) > 0 && !named {
+	if !named {
 		t.Errorf("no restart during the outage names kafka.delivery_timeout and what the broker answered: %q", restarts)
 	}
-	if len(restarts) > 0 {
-		t.Logf("first restart during the outage: %s", restarts[0])
-	}
+	t.Logf("the next restart: %s", restarts[0])
 }
 
 // checkReplicated fails t unless every topic of spec has replication factor 3.
