@@ -294,6 +294,9 @@ type StallError struct {
 	// Refused is the last error a broker answered a produce or transaction
 	// request with during the stall (nil: none answered with one).
 	Refused error
+	// Down says which brokers a broker still up reported missing, when
+	// none refused anything ("": none, or no broker answered).
+	Down string
 }
 
 func (e *StallError) Error() string {
@@ -311,6 +314,9 @@ func (e *StallError) Error() string {
 			"a partition without a leader, or without enough in-sync replicas?", d, e.InFlight)
 	case e.Refused != nil:
 		return fmt.Sprintf("Kafka acknowledged none of %d in-flight records for %s (kafka.delivery_timeout): %s", e.InFlight, d, explainRefusal(e.Refused))
+	}
+	if e.Down != "" {
+		return fmt.Sprintf("Kafka acknowledged none of %d in-flight records for %s (kafka.delivery_timeout); %s", e.InFlight, d, e.Down)
 	}
 	return fmt.Sprintf("Kafka acknowledged none of %d in-flight records for %s (kafka.delivery_timeout); brokers down or unreachable?", e.InFlight, d)
 }
@@ -381,8 +387,63 @@ func (p *Producer) timedOut(op string, start time.Time, err error) error {
 	if refused := p.refusedSince(start); refused != nil {
 		return fmt.Errorf("%s: not done within kafka.delivery_timeout (%s; %w): a broker %w; %s", op, p.cfg.DeliveryTimeout, err, refused, refusalHint(refused))
 	}
+	if down := p.downBrokers(); down != "" {
+		return fmt.Errorf("%s: no answer within kafka.delivery_timeout (%s): %w; %s", op, p.cfg.DeliveryTimeout, err, down)
+	}
 	return fmt.Errorf("%s: no answer within kafka.delivery_timeout (%s): %w; brokers down or unreachable? check kafka.brokers (%s) and that the brokers are up",
 		op, p.cfg.DeliveryTimeout, err, strings.Join(p.cfg.Brokers, ","))
+}
+
+// downBrokers asks a broker, for at most 2 s, which brokers hold replicas
+// of the topics records went to, or of the transaction log, and are not in
+// the cluster, and says so with what follows; "" when none is missing or no broker answers. A broker that is
+// up holds acks=all writes (the coordinator's too) until the dead brokers
+// drop out of the ISR, and then refuses them: the brokers left answer
+// nothing for a while, and "unreachable" would be wrong.
+func (p *Producer) downBrokers() string {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	p.sentTo.Lock()
+	topics := append(slices.Clone(p.sentTo.topics), "__transaction_state")
+	p.sentTo.Unlock()
+	req := kmsg.NewPtrMetadataRequest()
+	for _, t := range topics {
+		rt := kmsg.NewMetadataRequestTopic()
+		rt.Topic = kmsg.StringPtr(t)
+		req.Topics = append(req.Topics, rt)
+	}
+	resp, err := req.RequestWith(ctx, p.client)
+	if err != nil || len(resp.Brokers) == 0 {
+		return ""
+	}
+	up := map[int32]bool{}
+	var ups []string
+	for _, b := range resp.Brokers {
+		up[b.NodeID] = true
+		ups = append(ups, fmt.Sprint(b.NodeID))
+	}
+	missing := map[int32]bool{}
+	for _, t := range resp.Topics {
+		for _, pt := range t.Partitions {
+			for _, r := range pt.Replicas {
+				if !up[r] {
+					missing[r] = true
+				}
+			}
+		}
+	}
+	if len(missing) == 0 {
+		return ""
+	}
+	var downs []string
+	for id := range missing {
+		downs = append(downs, fmt.Sprint(id))
+	}
+	slices.Sort(downs)
+	slices.Sort(ups)
+	return fmt.Sprintf("brokers %s are down (the cluster lists %s): the brokers left hold writes until the dead ones drop out of the ISR, "+
+		"then refuse them under min.insync.replicas (transaction.state.log.min.isr for the transaction coordinator); bring the stopped brokers back",
+		strings.Join(downs, ", "), strings.Join(ups, ", "))
 }
 
 // Watch returns a *StallError when records have been in flight without any
@@ -410,7 +471,11 @@ func (p *Producer) Watch(ctx context.Context, waiting func() time.Time) error {
 		}
 		last := time.Unix(0, p.lastAck.Load())
 		if idle := time.Since(last); idle > p.cfg.DeliveryTimeout {
-			return &StallError{InFlight: inFlight, For: idle, Missing: p.missingTopics(ctx), Refused: p.refusedSince(last)}
+			se := &StallError{InFlight: inFlight, For: idle, Missing: p.missingTopics(ctx), Refused: p.refusedSince(last)}
+			if se.Refused == nil {
+				se.Down = p.downBrokers()
+			}
+			return se
 		}
 		if waiting == nil {
 			continue

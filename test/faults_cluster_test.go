@@ -337,7 +337,9 @@ func checkRunning(t *testing.T, p *proc, during string) {
 // brokers are down or unreachable (issue 32 item 14): NOT_ENOUGH_REPLICAS
 // to a produce, or in exactly-once mode, where InitProducerID is refused
 // first, COORDINATOR_NOT_AVAILABLE (Kafka's answer when __transaction_state
-// is below transaction.state.log.min.isr). The first restart is left out:
+// is below transaction.state.log.min.isr), or, when the broker left held
+// the requests without an answer, which brokers it lists as down. The first
+// restart is left out:
 // its run began before the ISRs shrank, with records sent to the brokers
 // that died, and the broker left may not have answered it yet (it holds
 // acks=all produce requests until their followers drop out of the ISR).
@@ -362,7 +364,8 @@ func checkOutageCause(t *testing.T, mode deliveryMode, logs string) {
 		}
 		named = named || strings.Contains(line, "kafka.delivery_timeout") && (strings.Contains(line, "NOT_ENOUGH_REPLICAS") &&
 			strings.Contains(line, "min.insync.replicas") ||
-			mode.eos && strings.Contains(line, "COORDINATOR_NOT_AVAILABLE") && strings.Contains(line, "transaction.state.log.min.isr"))
+			mode.eos && strings.Contains(line, "COORDINATOR_NOT_AVAILABLE") && strings.Contains(line, "transaction.state.log.min.isr") ||
+			strings.Contains(line, "are down (the cluster lists") && strings.Contains(line, "min.insync.replicas"))
 	}
 	if !named {
 		t.Errorf("no restart during the outage names kafka.delivery_timeout and what the broker answered: %q", restarts)
