@@ -2,12 +2,10 @@ package sink_test
 
 import (
 	"context"
-	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -55,17 +53,10 @@ func TestPartitionColumnOnANewTopicWithBrokerCreation(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(c.Close)
-			cfg := config.Default().Kafka
-			cfg.Brokers = c.ListenAddrs()
-			cfg.TopicCreation = config.TopicCreationBroker
-			cfg.DeliveryTimeout = 3 * time.Second
-			p, err := sink.New(cfg, sink.NewMetrics(prometheus.NewRegistry()), slog.New(slog.DiscardHandler))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(p.Close)
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
+			const timeout = 3 * time.Second
+			p, ctx := newProducer(t, c, func(cfg *config.Kafka) {
+				cfg.TopicCreation, cfg.DeliveryTimeout = config.TopicCreationBroker, timeout
+			})
 			start := time.Now()
 			err = produceAndWait(ctx, p, &router.Record{Topic: "tenants-events", Partition: 2, Key: []byte("k"), Value: []byte("{}"), EventID: "e1"})
 			took := time.Since(start)
@@ -90,8 +81,8 @@ func TestPartitionColumnOnANewTopicWithBrokerCreation(t *testing.T) {
 			if err == nil {
 				t.Fatal("a record to a topic that does not exist, auto-creation off: no error")
 			}
-			if took > cfg.DeliveryTimeout+2*time.Second {
-				t.Errorf("the lookup gave up after %s, want about kafka.delivery_timeout (%s)", took, cfg.DeliveryTimeout)
+			if took > timeout+2*time.Second {
+				t.Errorf("the lookup gave up after %s, want about kafka.delivery_timeout (%s)", took, timeout)
 			}
 			if msg := err.Error(); !strings.Contains(msg, `topic "tenants-events" does not exist and the brokers did not create it`) ||
 				!strings.Contains(msg, "auto.create.topics.enable") {

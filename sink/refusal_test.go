@@ -10,7 +10,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kerr"
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outboxd/outboxd/config"
@@ -122,25 +121,8 @@ func TestStallSaysWhatTheBrokerAnswered(t *testing.T) {
 // The stall watchdog, when Kafka keeps answering: a refusal noted before the
 // stall began is not its cause.
 func TestStallIgnoresAnOldRefusal(t *testing.T) {
-	c, err := kfake.NewCluster(kfake.NumBrokers(1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	cfg := config.Default().Kafka
-	cfg.Brokers = c.ListenAddrs()
-	cfg.TopicPartitions, cfg.TopicReplicationFactor = 1, 1
-	cfg.DeliveryTimeout = 2 * time.Second
-	p, err := sink.New(cfg, sink.NewMetrics(prometheus.NewRegistry()), slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(p.Close)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := p.EnsureTopic(ctx, topic); err != nil {
-		t.Fatal(err)
-	}
+	c := newCluster(t, 1)
+	p, ctx := newProducer(t, c, func(cfg *config.Kafka) { cfg.DeliveryTimeout = 2 * time.Second })
 	// One refusal, retried and acknowledged.
 	first := true
 	c.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
@@ -154,6 +136,7 @@ func TestStallIgnoresAnOldRefusal(t *testing.T) {
 	if err := produceAndWait(ctx, p, &router.Record{Topic: topic, Partition: -1, Key: []byte("k"), Value: []byte("{}"), EventID: "e1"}); err != nil {
 		t.Fatal(err)
 	}
+	var err error
 	// Then a stall with no answer at all.
 	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
 		c.KeepControl()

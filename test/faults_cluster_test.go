@@ -268,6 +268,28 @@ func (c *ownCluster) outboxdEnv(mode deliveryMode, d *db, extra ...string) []str
 	return replace(env, "OUTBOXD_KAFKA_TOPIC_REPLICATION_FACTOR", "3")
 }
 
+// startOutboxd waits for full ISR and starts an outboxd streaming a new
+// database into c in mode.
+func (c *ownCluster) startOutboxd(mode deliveryMode, extra ...string) (*db, *proc) {
+	c.t.Helper()
+	c.waitFullISR(2 * time.Minute)
+	d := newDB(c.t)
+	p := start(c.t, c.outboxdEnv(mode, d, extra...))
+	p.waitStreaming()
+	return d, p
+}
+
+// startScenario is startOutboxd with the cluster load started and its
+// start-up checked by healthyStart.
+func (c *ownCluster) startScenario(mode deliveryMode, strict bool, extra ...string) (*proc, loadSpec, *faultRun, func()) {
+	c.t.Helper()
+	d, p := c.startOutboxd(mode, extra...)
+	spec := clusterSpec(d)
+	f, stop := c.startLoad(mode, d, spec)
+	c.healthyStart(p, f, spec, strict)
+	return p, spec, f, stop
+}
+
 // startLoad starts spec's open load on d, with a read_committed collector
 // in exactly-once mode.
 func (c *ownCluster) startLoad(mode deliveryMode, d *db, spec loadSpec) (*faultRun, func()) {
@@ -401,10 +423,7 @@ func clusterScenarios(t *testing.T, c *ownCluster, mode deliveryMode) {
 	// (in exactly-once mode in a Kafka transaction) as soon as it exists.
 	t.Run("new topics on a healthy cluster", func(t *testing.T) {
 		c := c.on(t)
-		c.waitFullISR(2 * time.Minute)
-		d := newDB(t)
-		p := start(t, c.outboxdEnv(mode, d))
-		p.waitStreaming()
+		d, p := c.startOutboxd(mode)
 		var topics, ids []string
 		for i := range 12 {
 			typ := fmt.Sprintf("%s_new%02d", d.name, i)
@@ -427,13 +446,7 @@ func clusterScenarios(t *testing.T, c *ownCluster, mode deliveryMode) {
 
 	t.Run("busiest leader killed", func(t *testing.T) {
 		c := c.on(t)
-		c.waitFullISR(2 * time.Minute)
-		d := newDB(t)
-		p := start(t, c.outboxdEnv(mode, d))
-		p.waitStreaming()
-		spec := clusterSpec(d)
-		f, stop := c.startLoad(mode, d, spec)
-		c.healthyStart(p, f, spec, true)
+		p, spec, f, stop := c.startScenario(mode, true)
 		kills, down := pick(1, 3), pick(8*time.Second, 20*time.Second)
 		var notes []string
 		var faultEnd time.Time // the last broker is back
@@ -458,13 +471,7 @@ func clusterScenarios(t *testing.T, c *ownCluster, mode deliveryMode) {
 
 	t.Run("rolling restart", func(t *testing.T) {
 		c := c.on(t)
-		c.waitFullISR(2 * time.Minute)
-		d := newDB(t)
-		p := start(t, c.outboxdEnv(mode, d))
-		p.waitStreaming()
-		spec := clusterSpec(d)
-		f, stop := c.startLoad(mode, d, spec)
-		c.healthyStart(p, f, spec, true)
+		p, spec, f, stop := c.startScenario(mode, true)
 		rounds, n := pick(1, 2), 0
 		var took []string
 		var faultEnd time.Time // the last broker is back
@@ -492,14 +499,8 @@ func clusterScenarios(t *testing.T, c *ownCluster, mode deliveryMode) {
 
 	t.Run("min.insync.replicas unmet past the delivery timeout", func(t *testing.T) {
 		c := c.on(t)
-		c.waitFullISR(2 * time.Minute)
-		d := newDB(t)
 		const timeout = 4 * time.Second
-		p := start(t, c.outboxdEnv(mode, d, fmt.Sprintf("OUTBOXD_KAFKA_DELIVERY_TIMEOUT=%s", timeout)))
-		p.waitStreaming()
-		spec := clusterSpec(d)
-		f, stop := c.startLoad(mode, d, spec)
-		c.healthyStart(p, f, spec, false)
+		p, spec, f, stop := c.startScenario(mode, false, fmt.Sprintf("OUTBOXD_KAFKA_DELIVERY_TIMEOUT=%s", timeout))
 		outages, down := pick(1, 2), pick(20*time.Second, 60*time.Second)
 		var notes []string
 		var faultEnd time.Time // both brokers are back
