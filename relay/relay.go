@@ -211,7 +211,7 @@ func (r *Relay) explain(ctx context.Context, err error) error {
 	switch {
 	case !errors.As(err, &pgErr):
 		return err
-	case wal.PublicationSkipped(pgErr.Code, pgErr.SeverityUnlocalized):
+	case wal.PublicationSkipped(pgErr):
 		return r.publicationDropped(pgErr)
 	}
 	return r.judgeGone(ctx, pgErr, err)

@@ -147,6 +147,14 @@ func (r *Relay) startStage(ctx context.Context, c connected) (*pipelineRun, erro
 		r.status.setPosition(flushed, written, at, inFlight)
 	}
 	stream.OnRoundTrip = func(d time.Duration) { r.m.roundTrip.Observe(d.Seconds()) }
+	warned := map[string]bool{} // by SQLSTATE and function: a walsender repeats its warnings
+	stream.OnWarning = func(w *pgconn.PgError) {
+		if k := w.Code + " " + w.Routine; !warned[k] {
+			warned[k] = true
+			r.log.Warn("the server warned on the replication stream; streaming on (logged once per run)", "sqlstate", w.Code,
+				"message", w.Message, "detail", w.Detail, "function", w.Routine)
+		}
+	}
 	var closeSlotConn func()
 	stream.SlotPosition, closeSlotConn = r.slotPosition(lc)
 	release := rn.release

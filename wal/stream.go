@@ -59,6 +59,10 @@ type Stream struct {
 	// OnStatus, if set, is called after each standby status update with the
 	// positions sent. It runs on the stream's goroutine and must not block.
 	OnStatus func(written, flushed LSN)
+	// OnWarning, if set, is called with each WARNING notice from the server
+	// other than the skipped-publication one, which ends the stream. It
+	// runs on the stream's goroutine and must not block.
+	OnWarning func(*pgconn.PgError)
 	// OnRoundTrip, if set, is called with the time from a status update that
 	// asked for a reply to the server's next keepalive.
 	OnRoundTrip func(time.Duration)
@@ -302,8 +306,15 @@ func (s *Stream) handle(ctx context.Context, raw pgproto3.BackendMessage) (Item,
 		// SQLSTATE 55000) and publishes nothing, so outboxd would confirm
 		// past the events it skipped. Taken as the error earlier versions
 		// raise.
-		if PublicationSkipped(m.Code, m.SeverityUnlocalized) {
-			return nil, fmt.Errorf("slot %q: %w", s.cfg.Slot, pgconn.ErrorResponseToPgError((*pgproto3.ErrorResponse)(m)))
+		// Other warnings (Postgres 17's walsender warns with the same
+		// SQLSTATE while a standby in synchronized_standby_slots is down)
+		// go to OnWarning and the stream runs on.
+		n := pgconn.ErrorResponseToPgError((*pgproto3.ErrorResponse)(m))
+		if PublicationSkipped(n) {
+			return nil, fmt.Errorf("slot %q: %w", s.cfg.Slot, n)
+		}
+		if s.OnWarning != nil && m.SeverityUnlocalized == "WARNING" {
+			s.OnWarning(n)
 		}
 	case *pgproto3.CopyDone:
 		return nil, fmt.Errorf("slot %q: server ended the replication stream", s.cfg.Slot)
@@ -535,13 +546,16 @@ func ParseSetting(v string) (time.Duration, error) {
 
 // PublicationSkipped reports Postgres 18's warning that pgoutput skipped a
 // publication missing at a point in the WAL, by its SQLSTATE (55000,
-// object_not_in_prerequisite_state) and its severity as the server sends it
-// untranslated (a WARNING, not an ERROR), never by its text, which is in
-// the server's language: a warning missed there is a silent loss, while
-// another warning of that code (pgoutput sends none) would only stop the
-// run with a message.
-func PublicationSkipped(code, severity string) bool {
-	return code == "55000" && severity == "WARNING"
+// object_not_in_prerequisite_state), its severity as the server sends it
+// untranslated (a WARNING, not an ERROR) and the C function that raised it
+// (LoadPublications in pgoutput.c), never by its text, which is in the
+// server's language. The function name is needed: Postgres 17's walsender
+// sends a WARNING of the same SQLSTATE from StandbySlotsHaveCaughtup
+// whenever a standby named in synchronized_standby_slots is down, and taking
+// that for a dropped publication would stop outboxd with wrong advice for as
+// long as the standby is down.
+func PublicationSkipped(e *pgconn.PgError) bool {
+	return e.Code == "55000" && e.SeverityUnlocalized == "WARNING" && e.Routine == "LoadPublications"
 }
 
 // A step is what a schedule says to do.

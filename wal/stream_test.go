@@ -158,22 +158,40 @@ func TestParseSetting(t *testing.T) {
 
 // Postgres 18's warning that pgoutput skipped a missing publication ends
 // the stream with it as a *pgconn.PgError, as the error earlier versions
-// raise; other notices do not. It is told by its SQLSTATE and untranslated
-// severity: the server here speaks German (lc_messages = de_DE).
+// raise; other notices do not. It is told by its SQLSTATE, untranslated
+// severity and C function: the server here speaks German (lc_messages =
+// de_DE). Postgres 17's walsender warning of the same SQLSTATE and severity
+// about a standby in synchronized_standby_slots that is down is passed to
+// OnWarning and the stream runs on.
 func TestSkippedPublicationWarning(t *testing.T) {
 	skipped := &pgproto3.NoticeResponse{Severity: "WARNUNG", SeverityUnlocalized: "WARNING", Code: "55000",
-		Message: `Laden der Publikation »outboxd« übersprungen`}
+		Message: `Laden der Publikation »outboxd« übersprungen`, File: "pgoutput.c", Routine: "LoadPublications"}
 	err := runStream(t, fakeWalsender(t, 50*time.Millisecond, skipped), 0, 5*time.Second)
 	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || pgErr.Code != "55000" || !wal.PublicationSkipped(pgErr.Code, pgErr.SeverityUnlocalized) {
+	if !errors.As(err, &pgErr) || pgErr.Code != "55000" || !wal.PublicationSkipped(pgErr) {
 		t.Fatalf("Run after the skipped-publication warning: %v, want its PgError", err)
 	}
 	for _, other := range []*pgproto3.NoticeResponse{
 		{Severity: "WARNUNG", SeverityUnlocalized: "WARNING", Code: "01000", Message: "etwas anderes"},
-		{Severity: "HINWEIS", SeverityUnlocalized: "NOTICE", Code: "55000", Message: "skipped loading publication"},
+		{Severity: "HINWEIS", SeverityUnlocalized: "NOTICE", Code: "55000", Message: "skipped loading publication", Routine: "LoadPublications"},
+		{Severity: "WARNING", SeverityUnlocalized: "WARNING", Code: "55000", File: "slot.c", Routine: "StandbySlotsHaveCaughtup",
+			Message: `replication slot "sb1" specified in parameter "synchronized_standby_slots" does not have active_pid`},
 	} {
-		if err := runStream(t, fakeWalsender(t, 50*time.Millisecond, other), 0, time.Second); !errors.Is(err, context.DeadlineExceeded) {
-			t.Fatalf("Run after %s %s: %v, want it to run on", other.SeverityUnlocalized, other.Code, err)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		s, err := wal.StartStream(ctx, fakeWalsender(t, 50*time.Millisecond, other), wal.StreamConfig{Slot: "s", Publication: "p",
+			StatusInterval: 50 * time.Millisecond}, 0, func() wal.LSN { return 0 })
+		if err != nil {
+			t.Fatal(err)
+		}
+		var warned []string
+		s.OnWarning = func(w *pgconn.PgError) { warned = append(warned, w.Routine) }
+		err = s.Run(ctx, ctx, make(chan []wal.Item, 100))
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Run after %s %s %s: %v, want it to run on", other.SeverityUnlocalized, other.Code, other.Routine, err)
+		}
+		if want := other.SeverityUnlocalized == "WARNING"; (len(warned) == 1) != want {
+			t.Errorf("after %s %s %s: OnWarning called for %q", other.SeverityUnlocalized, other.Code, other.Routine, warned)
 		}
 	}
 }
