@@ -29,8 +29,14 @@ func (r *Relay) connectReplication(ctx context.Context) (*pgconn.PgConn, error) 
 // replicationBeside opens the replication connection to the server conn
 // is connected to, whichever host of postgres.dsn that is.
 func (r *Relay) replicationBeside(ctx context.Context, conn *pgx.Conn) (*pgconn.PgConn, error) {
-	r.log.Debug("opening a replication connection", "slot", r.cfg.Postgres.Slot)
-	return pg.ConnectReplicationAt(ctx, r.cfg.Postgres, pg.Addr(conn.PgConn().Conn()))
+	return r.replicationAt(ctx, pg.Addr(conn.PgConn().Conn()))
+}
+
+// replicationAt opens a replication connection to the server at addr
+// (pg.Addr), or to any host of postgres.dsn when addr is "".
+func (r *Relay) replicationAt(ctx context.Context, addr string) (*pgconn.PgConn, error) {
+	r.log.Debug("opening a replication connection", "slot", r.cfg.Postgres.Slot, "at", addr)
+	return pg.ConnectReplicationAt(ctx, r.cfg.Postgres, addr)
 }
 
 // besideOrClose returns repl, a replication connection opened side by side

@@ -160,7 +160,7 @@ func (r *Relay) startEOS(ctx context.Context, p *Pipeline, producer *sink.Produc
 	if err != nil {
 		return nil, err
 	}
-	if e.pos, err = r.positionOnServer(ctx, pos, e.system); err != nil {
+	if e.pos, err = r.positionOnServer(ctx, pos, e.system, p.tables.db.Addr); err != nil {
 		return nil, err
 	}
 	r.txnM.SetPositionRead(uint64(e.pos.LSN))
@@ -202,12 +202,14 @@ func (e *eos) readPosition(ctx context.Context) (pos position, found bool, err e
 // on a replication connection opened for it and closed at once. The
 // timeline and WAL end are read after Init: the previous holder committed
 // positions until Init fenced it. system is the run's system identifier:
-// a connection that reaches another database is refused.
-func (r *Relay) positionOnServer(ctx context.Context, pos position, system string) (position, error) {
+// a connection that reaches another database is refused. addr is the
+// run's server (pg.Addr): another writable host of postgres.dsn, an old
+// primary of the same database, would give an earlier timeline.
+func (r *Relay) positionOnServer(ctx context.Context, pos position, system, addr string) (position, error) {
 	if pos.LSN == 0 {
 		return pos, nil // nothing to judge
 	}
-	repl, err := r.connectReplication(ctx)
+	repl, err := r.replicationAt(ctx, addr)
 	if err != nil {
 		return pos, err
 	}

@@ -358,14 +358,16 @@ func SlotGone(err error) bool {
 // publication, missing where the WAL is decoded (wal.ErrPublicationMissing).
 // When the catalogue cannot be read, or 55000 comes with the slot valid,
 // err is returned as it is, to be retried: the next run's inspection reads
-// the slot again.
-func (r *Relay) judgeGone(ctx context.Context, pgErr *pgconn.PgError, err error) error {
+// the slot again. The catalogue read is the one of the server at addr, where
+// the error came from (any host of postgres.dsn when ""): another writable
+// host would answer for a slot the run did not use.
+func (r *Relay) judgeGone(ctx context.Context, pgErr *pgconn.PgError, err error, addr string) error {
 	if pgErr.Code != "42704" && pgErr.Code != "55000" {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	conn, cerr := pg.Connect(ctx, r.cfg.Postgres)
+	conn, cerr := pg.ConnectAt(ctx, r.cfg.Postgres, addr)
 	if cerr != nil {
 		return err
 	}

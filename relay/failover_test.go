@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -226,7 +228,7 @@ func TestJudgeGoneReadsCatalogue(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			in := fmt.Errorf("slot %q: %w", tc.r.cfg.Postgres.Slot, tc.err)
-			got := tc.r.explain(ctx, in)
+			got := tc.r.explain(ctx, in, "")
 			if SlotGone(got) != tc.gone || IsPermanent(got) != tc.permanent {
 				t.Errorf("explain(%v) = %v: slot gone %v, permanent %v; want %v, %v", in, got, SlotGone(got), IsPermanent(got), tc.gone, tc.permanent)
 			}
@@ -234,5 +236,77 @@ func TestJudgeGoneReadsCatalogue(t *testing.T) {
 				t.Errorf("explain(%v) = %v, want %v", in, got, tc.is)
 			}
 		})
+	}
+}
+
+// TestRunConnectionsPinned: every connection of a run that decides about
+// its events (the catalogue lookups of outboxTables, the slot's position
+// for Close, the exactly-once position's timeline, judgeGone's fresh read)
+// dials the server the run streams from and never another host of
+// postgres.dsn, even one that accepts (an old primary back writable,
+// listed first; review of issue 32 item 9, finding 3). The listeners are
+// not Postgres: each attempt fails after the dial.
+func TestRunConnectionsPinned(t *testing.T) {
+	var accepted [2]atomic.Int32
+	var addrs [2]string
+	for i := range accepted {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		addrs[i] = l.Addr().String()
+		go func() {
+			for {
+				c, err := l.Accept()
+				if err != nil {
+					return
+				}
+				accepted[i].Add(1)
+				c.Close()
+			}
+		}()
+	}
+	cfg := config.Default()
+	cfg.Postgres.DSN = fmt.Sprintf("postgres://postgres@%s,%s/postgres?sslmode=disable&connect_timeout=1", addrs[0], addrs[1])
+	r, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := "tcp " + addrs[1]
+	ctx := context.Background()
+	tables := newOutboxTables(cfg.Postgres, r.log, 0, func(uint32, uint32) {})
+	tables.db.Addr = at
+	defer tables.close()
+	read, closeRead := r.slotPosition(&pg.Lazy{PG: cfg.Postgres, Addr: at})
+	defer closeRead()
+	gone := &pgconn.PgError{Code: "42704"}
+	for _, c := range []struct {
+		name string
+		call func() error
+	}{
+		{"catalogue lookup", func() error { _, _, err := tables.lookup(ctx, 16400); return err }},
+		{"column types", func() error {
+			return tables.resolveTypes(ctx, &wal.Relation{Namespace: "public", Name: "outbox", Columns: []wal.Column{{Name: "c", TypeOID: 16500}}})
+		}},
+		{"slot position", func() error { _, err := read(ctx); return err }},
+		{"exactly-once timeline", func() error { _, err := r.positionOnServer(ctx, position{LSN: 1, Timeline: 1}, "", at); return err }},
+		{"judgeGone", func() error {
+			if got := r.explain(ctx, gone, at); got != error(gone) {
+				return fmt.Errorf("explain = %v, want the server's error as it was (the catalogue is unreadable)", got)
+			}
+			return errors.New("unreadable")
+		}},
+	} {
+		other, before := accepted[0].Load(), accepted[1].Load()
+		if err := c.call(); err == nil {
+			t.Errorf("%s: connected to a listener that is not Postgres", c.name)
+		}
+		if n := accepted[0].Load() - other; n != 0 {
+			t.Errorf("%s: the other host was dialled %d times; want never", c.name, n)
+		}
+		if accepted[1].Load() == before {
+			t.Errorf("%s: the run's server was never dialled", c.name)
+		}
 	}
 }

@@ -20,8 +20,9 @@ import (
 // pipe consumes the stream's batches in order: it routes inserts and
 // messages and hands them to the producer, registering each with the tracker
 // first.
-func (r *Relay) pipe(ctx context.Context, batches <-chan []wal.Item, tracker *checkpoint.Tracker, producer *sink.Producer, fail context.CancelCauseFunc, outboxID uint32, stopReading func()) error {
-	p := r.NewPipeline(ctx, tracker, producer, fail, outboxID)
+func (r *Relay) pipe(ctx context.Context, batches <-chan []wal.Item, tracker *checkpoint.Tracker, producer *sink.Producer, fail context.CancelCauseFunc, slot slotStart, stopReading func()) error {
+	p := r.NewPipeline(ctx, tracker, producer, fail, slot.outboxID)
+	p.tables.db.Addr = slot.addr // the lookups read the catalogue of the server the run streams from
 	p.stopReading = stopReading
 	defer p.Close()
 	if r.cfg.Kafka.ExactlyOnce() {

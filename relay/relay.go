@@ -131,7 +131,7 @@ func (r *Relay) Run(ctx context.Context, start *Start) error {
 	defer start.Close()
 	for {
 		started := time.Now()
-		err := r.runOnce(ctx, start)
+		addr, err := r.runOnce(ctx, start)
 		start.Close() // only the first pipeline uses it, if it got that far
 		start = nil
 		if err == nil && r.windowDone {
@@ -154,7 +154,7 @@ func (r *Relay) Run(ctx context.Context, start *Start) error {
 			continue
 		}
 		if err != nil {
-			err = r.explain(ctx, err)
+			err = r.explain(ctx, err, addr)
 		}
 		if ctx.Err() != nil && (err == nil || !IsPermanent(err)) {
 			if err != nil {
@@ -197,8 +197,9 @@ func (r *Relay) Run(ctx context.Context, start *Start) error {
 // explain turns server errors whose meaning for the events is not obvious
 // into ones that say it and what to do. It decides by SQLSTATE and, for a
 // slot or publication that may be gone, by a fresh read of the catalogue
-// (judgeGone), never by the server's message text.
-func (r *Relay) explain(ctx context.Context, err error) error {
+// (judgeGone) on the server at addr (the run's; any host of postgres.dsn
+// when ""), never by the server's message text.
+func (r *Relay) explain(ctx context.Context, err error, addr string) error {
 	if r.cfg.Kafka.ExactlyOnce() {
 		err = sink.AsFenced(r.txnID, err) // a record refused as fenced
 	}
@@ -214,7 +215,7 @@ func (r *Relay) explain(ctx context.Context, err error) error {
 	case wal.PublicationSkipped(pgErr):
 		return r.publicationDropped(pgErr)
 	}
-	return r.judgeGone(ctx, pgErr, err)
+	return r.judgeGone(ctx, pgErr, err, addr)
 }
 
 // publicationDropped is the stop for a publication dropped while outboxd

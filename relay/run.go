@@ -27,19 +27,22 @@ var errShutdownTimeout = errors.New("shutdown_timeout reached")
 //     them ends;
 //   - drain: wait for Kafka's acknowledgements, send the final status and
 //     end the stream.
-func (r *Relay) runOnce(ctx context.Context, warm *Start) error {
+//
+// addr is the server the run streamed from (pg.Addr; "" when the connect
+// stage failed), for explain to read the catalogue there.
+func (r *Relay) runOnce(ctx context.Context, warm *Start) (addr string, err error) {
 	c, err := r.connectStage(ctx, warm)
 	if err != nil {
-		return err
+		return "", err
 	}
 	defer c.producer.Close()
 	rn, err := r.startStage(ctx, c)
 	if err != nil {
-		return err
+		return c.slot.addr, err
 	}
 	defer rn.release()
 	err = r.streamStage(ctx, rn)
-	return r.drainStage(ctx, rn, err)
+	return c.slot.addr, r.drainStage(ctx, rn, err)
 }
 
 // connected is what the connect stage opened.
@@ -123,6 +126,7 @@ func (r *Relay) startStage(ctx context.Context, c connected) (*pipelineRun, erro
 	// The slot is ours now: a reshard under way may forbid streaming it,
 	// or streaming it past its cutover (issue 32 item 5).
 	lc := r.lazyConn()
+	lc.Addr = c.slot.addr // the run's server: the gate and the slot position read there
 	if err := r.reshardGate(ctx, lc, c.slot.confirmed); err != nil {
 		lc.Close()
 		c.conn.Close(context.Background())
@@ -193,7 +197,7 @@ func (r *Relay) streamStage(ctx context.Context, rn *pipelineRun) error {
 	watch, stopWatch := context.WithCancel(gctx)
 	g.Go(func() error {
 		defer stopWatch() // the watchdog ends with the pipeline, also on a clean stop
-		return r.pipe(gctx, items, rn.tracker, rn.producer, rn.fail, rn.slot.outboxID, rn.stopReading)
+		return r.pipe(gctx, items, rn.tracker, rn.producer, rn.fail, rn.slot, rn.stopReading)
 	})
 	g.Go(func() error { return rn.producer.Watch(watch, rn.tracker.Waiting) })
 	err := g.Wait()
@@ -320,6 +324,11 @@ func (r *Relay) slotPosition(lc *pg.Lazy) (read func(context.Context) (wal.LSN, 
 type slotStart struct {
 	confirmed wal.LSN // the slot's confirmed position: where the run starts
 	outboxID  uint32  // the outbox table's relation ID (0: no such table now)
+	// addr is the server the slot was read on (pg.Addr), where the run
+	// streams from: every connection of the run that decides about its
+	// events (catalogue lookups, the slot's position, the exactly-once
+	// timeline) goes there and nowhere else.
+	addr string
 }
 
 // connect inspects the slot and opens the replication connection, on the
@@ -449,5 +458,5 @@ func (r *Relay) inspectSlotOn(ctx context.Context, conn *pgx.Conn) (slotStart, e
 	if err := r.noteSlot(ctx, conn, info); err != nil {
 		return slotStart{}, err
 	}
-	return slotStart{confirmed: info.ConfirmedFlushLSN, outboxID: outboxID}, nil
+	return slotStart{confirmed: info.ConfirmedFlushLSN, outboxID: outboxID, addr: pg.Addr(conn.PgConn().Conn())}, nil
 }

@@ -65,18 +65,40 @@ func parseReason(err error) string {
 
 // Connect opens a regular (non-replication) connection.
 func Connect(ctx context.Context, pg config.Postgres) (*pgx.Conn, error) {
+	return ConnectAt(ctx, pg, "")
+}
+
+// ConnectAt opens a regular connection, as Connect does, to the server at
+// addr (Addr of a connection opened with the same postgres.dsn) only, or to
+// any host of the DSN when addr is "". A run's catalogue reads use it: with
+// two writable hosts in the DSN (an old primary back after a promotion), a
+// read on the other one answers for a server the run does not stream from.
+func ConnectAt(ctx context.Context, pg config.Postgres, addr string) (*pgx.Conn, error) {
 	cfg, err := ConnConfig(pg)
 	if err != nil {
 		return nil, err
 	}
+	where := pinTo(&cfg.Config, addr)
 	ctx, cancel := context.WithTimeout(ctx, connectTimeout(&cfg.Config))
 	defer cancel()
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("cannot connect to Postgres at %s as %s: %w; %s",
-			hosts(&cfg.Config), cfg.User, unwrapConnect(err), connectHint(err))
+			where, cfg.User, unwrapConnect(err), connectHint(err))
 	}
 	return conn, nil
+}
+
+// pinTo makes cfg dial addr only, unless it is "", and returns the hosts
+// to name in an error.
+func pinTo(cfg *pgconn.Config, addr string) string {
+	where := hosts(cfg)
+	if addr != "" {
+		cfg.DialFunc = pinned(addr, cfg.DialFunc)
+		_, at, _ := strings.Cut(addr, " ")
+		where = at + " (of " + where + ", where the slot was read)"
+	}
+	return where
 }
 
 // ConnectReplication opens a logical replication connection
@@ -111,12 +133,7 @@ func connectReplication(ctx context.Context, pg config.Postgres, addr string) (*
 	cfg := &ccfg.Config
 	cfg.RuntimeParams["replication"] = "database"
 	cfg.RuntimeParams["application_name"] = "outboxd"
-	where := hosts(cfg)
-	if addr != "" {
-		cfg.DialFunc = pinned(addr, cfg.DialFunc)
-		_, at, _ := strings.Cut(addr, " ")
-		where = at + " (of " + where + ", where the slot was read)"
-	}
+	where := pinTo(cfg, addr)
 	ctx, cancel := context.WithTimeout(ctx, connectTimeout(cfg))
 	defer cancel()
 	conn, err := pgconn.ConnectConfig(ctx, cfg)
@@ -141,9 +158,11 @@ func pinned(addr string, dial pgconn.DialFunc) pgconn.DialFunc {
 }
 
 // Lazy is a regular connection opened at its first use, and again after
-// the server closed it. The zero value needs PG set.
+// the server closed it. The zero value needs PG set. With Addr set it
+// connects to that server only (ConnectAt).
 type Lazy struct {
 	PG   config.Postgres
+	Addr string
 	conn *pgx.Conn
 }
 
@@ -151,7 +170,7 @@ type Lazy struct {
 // the server closed it.
 func (l *Lazy) Get(ctx context.Context) (*pgx.Conn, error) {
 	if l.conn == nil || l.conn.IsClosed() {
-		conn, err := Connect(ctx, l.PG)
+		conn, err := ConnectAt(ctx, l.PG, l.Addr)
 		if err != nil {
 			return nil, err
 		}
