@@ -206,10 +206,17 @@ func (e *SplitBrainError) Error() string {
 
 // refuseOlderTimeline refuses server (host:port), on timeline tli, when outboxd saw a later timeline (SplitBrainError).
 func (r *Relay) refuseOlderTimeline(server string, tli int) error {
-	if tli <= 0 || tli >= r.timeline {
+	if tli <= 0 || tli >= r.newest {
 		return nil
 	}
-	return &SplitBrainError{Server: server, Timeline: tli, Newer: r.timelineAt, Seen: r.timeline}
+	return &SplitBrainError{Server: server, Timeline: tli, Newer: r.newestAt, Seen: r.newest}
+}
+
+// sawTimeline records tli, read on server, as the highest seen when it is.
+func (r *Relay) sawTimeline(server string, tli int) {
+	if tli > r.newest {
+		r.newest, r.newestAt = tli, server
+	}
 }
 
 // refuseNewerPrimary refuses server (host:port), on timeline tli, when another host of postgres.dsn or postgres.standby_dsns is a
@@ -300,7 +307,8 @@ func (r *Relay) noteSlot(ctx context.Context, conn *pgx.Conn, info wal.SlotInfo)
 		if why := replacedWhy(r.timeline, tli, info, r.confirmed); why != "" {
 			return r.promoted(ctx, tli, why)
 		}
-		r.timeline, r.timelineAt = tli, serverAddr(conn)
+		r.timeline = tli
+		r.sawTimeline(serverAddr(conn), tli)
 	}
 	r.slotFailover = info.Failover
 	return nil

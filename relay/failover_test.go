@@ -109,7 +109,7 @@ func TestStandbyDropsConfirmedBound(t *testing.T) {
 // to do (fence it or take it out of the DSN), not that a standby was
 // promoted or that a slot should be created (issue 32 item 9).
 func TestSplitBrainRefusal(t *testing.T) {
-	r := &Relay{timeline: 2, timelineAt: "10.0.0.2:5432"}
+	r := &Relay{newest: 2, newestAt: "10.0.0.2:5432"}
 	if err := r.refuseOlderTimeline("10.0.0.1:5432", 2); err != nil {
 		t.Errorf("same timeline refused: %v", err)
 	}

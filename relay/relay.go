@@ -35,11 +35,16 @@ type Relay struct {
 	status  status
 	// What the last pipeline start saw, to tell a promotion from a dropped
 	// slot (see slotMissing).
-	timeline       int    // the highest timeline seen; a server on an older one is refused (split brain)
-	timelineAt     string // the host:port timeline was seen on
+	timeline       int // the timeline the slot was last used on
 	timelineWarned bool
-	major          int
-	slotFailover   bool
+	// newest is the highest timeline seen on any server (newestAt: where),
+	// whether the slot was free or held there: a server on an older one is
+	// refused (split brain). A standby instance of an HA pair records it at
+	// each poll, before it ever holds the slot.
+	newest       int
+	newestAt     string
+	major        int
+	slotFailover bool
 	// confirmed is the highest position this process confirmed while no
 	// other process held or advanced the slot since (0: unknown, as in a
 	// standby instance): the bound for a synchronised copy after a

@@ -372,6 +372,9 @@ func (r *Relay) connect(ctx context.Context, warm *Start) (slotStart, *pgconn.Pg
 		if errors.As(err, &active) {
 			return slotStart{}, nil, err
 		}
+		if err == nil { // a takeover
+			err = r.refuseSplitBrain(ctx, conn, r.primaries(ctx))
+		}
 		var repl *pgconn.PgConn
 		if err == nil {
 			repl, err = r.replicationBeside(ctx, conn)
@@ -388,7 +391,14 @@ func (r *Relay) connect(ctx context.Context, warm *Start) (slotStart, *pgconn.Pg
 		conn, err := r.connectReplication(ctx)
 		repl <- opened{conn, err}
 	}()
+	others := make(chan []pg.Primary, 1)
+	go func() { others <- r.primaries(ctx) }()
 	slot, conn, err := r.inspectSlot(ctx)
+	if err == nil {
+		if err = r.refuseSplitBrain(ctx, conn, <-others); err != nil {
+			conn.Close(context.WithoutCancel(ctx))
+		}
+	}
 	o := <-repl
 	if err != nil {
 		if o.conn != nil {
@@ -407,6 +417,16 @@ func (r *Relay) connect(ctx context.Context, warm *Start) (slotStart, *pgconn.Pg
 		return slotStart{}, nil, o.err
 	}
 	return slot, o.conn, nil
+}
+
+// primaries asks every host of postgres.dsn and postgres.standby_dsns,
+// within 5 s, whether it is a primary and on which timeline (pg.Primaries;
+// nothing to ask with one host): at every pipeline start but the first
+// (Check asked) and at every takeover, a process that has not seen the
+// newest timeline (a standby instance, or one restarted while the new
+// primary was away) must not stream from an old primary.
+func (r *Relay) primaries(ctx context.Context) []pg.Primary {
+	return pg.Primaries(ctx, r.cfg.Postgres, 5*time.Second)
 }
 
 // inspectSlot checks the slot before a run, on a connection of its own,
@@ -433,6 +453,7 @@ func (r *Relay) inspectSlotOn(ctx context.Context, conn *pgx.Conn) (slotStart, e
 		if err := r.refuseOlderTimeline(serverAddr(conn), tli); err != nil {
 			return slotStart{}, err
 		}
+		r.sawTimeline(serverAddr(conn), tli) // also while another process holds the slot
 	}
 	info, ok, err := wal.InspectSlot(ctx, conn, r.cfg.Postgres.Slot)
 	if err != nil {

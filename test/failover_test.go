@@ -781,7 +781,10 @@ func endWalsender(t *testing.T, dsn, slot string) (ended bool) {
 // saw timeline 2), retrying until the old primary is fenced; a fresh
 // outboxd refuses it at start-up, because the DSN's other host (or a host
 // of postgres.standby_dsns) is a primary on timeline 2. Neither ever
-// streams from it. Any Postgres version: no failover slot is involved.
+// streams from it. Nor does the standby instance of an HA pair, which saw
+// timeline 2 only where the slot was held, when its poll connection drops
+// and it reaches the old primary, whose slot is free. Any Postgres version:
+// no failover slot is involved.
 func TestFailoverOldPrimaryBack(t *testing.T) {
 	primary := startOwnPostgres(t)
 	pair := addStandby(t, primary)
@@ -791,6 +794,12 @@ func TestFailoverOldPrimaryBack(t *testing.T) {
 	c := collect(t, svc.brokers, []string{d.name + "-events"})
 	p := start(t, env)
 	p.waitStreaming()
+	// x is the standby instance of an HA pair: it starts on timeline 1
+	// and is stopped (SIGSTOP) through the promotion, so that it never
+	// sees the slot free on timeline 2 (review of issue 32, finding 2).
+	x := start(t, append(env[:len(env):len(env)], "OUTBOXD_POSTGRES_STANDBY_POLL_INTERVAL=100ms"))
+	const standbyLog = `standby: another process holds the slot`
+	x.waitLog(standbyLog, 30*time.Second)
 	before := []string{uuid(), uuid()}
 	for _, id := range before {
 		d.exec(t, insertSQL, id, d.name, "agg-1", "Happened", `{}`)
@@ -800,6 +809,9 @@ func TestFailoverOldPrimaryBack(t *testing.T) {
 	// The promotion: the slot was not a failover slot, so outboxd stops
 	// and says what is missing (everything committed on the new primary
 	// until the slot is created again).
+	if err := x.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
 	pair.kill()
 	pair.promote()
 	if code := p.waitExit(time.Minute); code != 3 {
@@ -815,11 +827,21 @@ func TestFailoverOldPrimaryBack(t *testing.T) {
 	if _, err := wal.CreateSlot(ctx, promoted, d.slot, false); err != nil { // the operator's step
 		t.Fatal(err)
 	}
-	// The old primary is down: outboxd streams from the new one.
+	// The old primary is down: outboxd streams from the new one. The
+	// standby instance, let run again, finds its connection to the old
+	// primary gone and polls the new one, where the slot is held.
 	p2 := start(t, env)
 	p2.waitStreaming()
+	if err := x.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); strings.Count(x.logs.String(), standbyLog) < 2; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) || x.exited() {
+			t.Fatalf("the standby instance did not wait on the new primary:\n%s", x.logs.String())
+		}
+	}
 	after := []string{uuid()}
-	d.exec(t, insertSQL, after[0], d.name, "agg-1", "Happened", `{}`)
+	insertRetrying(t, d, after[0], time.Minute) // the pool's connections to the old primary fail first
 	c.waitFor(t, after, time.Minute)
 
 	// The old primary comes back writable, on timeline 1, with the slot.
@@ -827,6 +849,19 @@ func TestFailoverOldPrimaryBack(t *testing.T) {
 	_, oldConfirmed := slotState(t, primary.dsn, d.slot)
 	oldAddr, newAddr := regexp.QuoteMeta(hostPort(t, primary.dsn)), regexp.QuoteMeta(hostPort(t, pair.standby.dsn))
 	splitBrain := `split brain: ` + oldAddr + ` is a primary on timeline 1, and outboxd saw a primary on timeline 2`
+
+	// The standby instance's poll connection drops; it reconnects, reaches
+	// the old primary first, where the slot is free, and refuses it: it saw
+	// timeline 2 where the slot was held (review of issue 32, finding 2).
+	onServer(t, pair.standby.dsn, func(ctx context.Context, conn *pgx.Conn) {
+		var n int
+		if err := conn.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+			WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()
+				AND (query LIKE '%pg_replication_slots%' OR query LIKE '%current_database()%')`).Scan(&n); err != nil || n == 0 {
+			t.Fatalf("ending the standby instance's poll connection: %d ended, %v", n, err)
+		}
+	})
+	x.waitLog(`level=WARN msg="pipeline stopped; restarting from the slot's confirmed position" err="`+splitBrain+` on `+newAddr+`; `+oldAddr+` is the old primary`, 30*time.Second)
 
 	// The running outboxd's connection drops; it reconnects, reaches the old
 	// primary first, and refuses it.
@@ -855,20 +890,30 @@ func TestFailoverOldPrimaryBack(t *testing.T) {
 	if active, confirmed := slotState(t, primary.dsn, d.slot); active || confirmed != oldConfirmed {
 		t.Errorf("the old primary's slot: active %v, confirmed %s (was %s); want it untouched", active, confirmed, oldConfirmed)
 	}
+	// Neither instance of the pair streamed while the old primary was up
+	// (every reconnection reaches it first).
+	streamed := func(p *proc) int { return strings.Count(p.logs.String(), "msg=streaming") }
+	if n, m := streamed(p2), streamed(x); n != 1 || m != 0 {
+		t.Errorf("while the old primary was back, the active instance streamed %d times (want once, before) and the standby instance %d (want never):\n%s",
+			n, m, x.logs.String())
+	}
 
-	// Fenced (stopped), the old primary is out of the way: the running
-	// outboxd streams from the new one again, without a restart.
+	// Fenced (stopped), the old primary is out of the way: the pair
+	// streams from the new one again, without a restart (either instance
+	// may take the slot).
 	primary.stop("fast")
 	last := []string{uuid()}
 	d.exec(t, insertSQL, last[0], d.name, "agg-1", "Happened", `{}`)
 	c.waitFor(t, last, time.Minute)
-	if n := strings.Count(p2.logs.String(), "msg=streaming"); n < 2 {
-		t.Errorf("outboxd streamed %d times; want again after the old primary was fenced", n)
+	if n := streamed(p2) + streamed(x); n < 2 {
+		t.Errorf("the pair streamed %d times; want again after the old primary was fenced", n)
 	}
-	select {
-	case <-p2.done:
-		t.Fatalf("the running outboxd exited: %v", p2.err)
-	default:
+	for _, q := range []*proc{p2, x} {
+		select {
+		case <-q.done:
+			t.Fatalf("an instance of the pair exited: %v", q.err)
+		default:
+		}
 	}
 }
 
