@@ -204,27 +204,42 @@ func (e *SplitBrainError) Error() string {
 		e.Server, e.Timeline, e.Seen, where)
 }
 
-// refuseOlderTimeline refuses server (host:port), on timeline tli, when outboxd saw a later timeline (SplitBrainError).
-func (r *Relay) refuseOlderTimeline(server string, tli int) error {
-	if tli <= 0 || tli >= r.newest {
+// refuseOlderTimeline refuses server (host:port), on timeline tli of the
+// cluster with system identifier system, when outboxd saw a later timeline
+// of that cluster (SplitBrainError). Timelines of different clusters (a
+// pg_upgrade starts again at 1) say nothing of each other; an unknown
+// identifier ("") is taken for the same cluster.
+func (r *Relay) refuseOlderTimeline(server, system string, tli int) error {
+	if tli <= 0 || tli >= r.newest || !sameCluster(system, r.newestSystem) {
 		return nil
 	}
 	return &SplitBrainError{Server: server, Timeline: tli, Newer: r.newestAt, Seen: r.newest}
 }
 
-// sawTimeline records tli, read on server, as the highest seen when it is.
-func (r *Relay) sawTimeline(server string, tli int) {
-	if tli > r.newest {
-		r.newest, r.newestAt = tli, server
+// sameCluster reports whether two system identifiers may be of one
+// cluster: equal, or one of them unknown.
+func sameCluster(a, b string) bool { return a == "" || b == "" || a == b }
+
+// sawTimeline records tli of cluster system, read on server, as the highest
+// seen when it is, or when it is the first seen of another cluster (after a
+// pg_upgrade, the old cluster's timelines no longer count).
+func (r *Relay) sawTimeline(server, system string, tli int) {
+	if tli > r.newest || !sameCluster(system, r.newestSystem) {
+		r.newest, r.newestAt, r.newestSystem = tli, server, system
+	}
+	if r.newestSystem == "" {
+		r.newestSystem = system
 	}
 }
 
-// refuseNewerPrimary refuses server (host:port), on timeline tli, when another host of postgres.dsn or postgres.standby_dsns is a
-// primary on a later timeline (pg.Primaries): a fresh outboxd has seen no
-// timeline yet, and the DSN's first writable host may be an old primary.
-func refuseNewerPrimary(server string, tli int, others []pg.Primary) error {
+// refuseNewerPrimary refuses server (host:port), on timeline tli of cluster
+// system, when another host of postgres.dsn or postgres.standby_dsns is a
+// primary of the same cluster on a later timeline (pg.Primaries): a fresh
+// outboxd has seen no timeline yet, and the DSN's first writable host may
+// be an old primary. A primary of another cluster is no split brain.
+func refuseNewerPrimary(server, system string, tli int, others []pg.Primary) error {
 	for _, o := range others {
-		if tli > 0 && o.Timeline > tli {
+		if tli > 0 && o.Timeline > tli && sameCluster(system, o.System) {
 			return &SplitBrainError{Server: server, Timeline: tli, Newer: o.Addr, Seen: o.Timeline, Standby: o.Standby}
 		}
 	}
@@ -240,10 +255,11 @@ func (r *Relay) refuseSplitBrain(ctx context.Context, conn *pgx.Conn, others []p
 	if err != nil {
 		return nil
 	}
-	if err := r.refuseOlderTimeline(serverAddr(conn), tli); err != nil {
+	system := pg.SystemID(ctx, conn)
+	if err := r.refuseOlderTimeline(serverAddr(conn), system, tli); err != nil {
 		return err
 	}
-	return refuseNewerPrimary(serverAddr(conn), tli, others)
+	return refuseNewerPrimary(serverAddr(conn), system, tli, others)
 }
 
 // serverAddr names the server conn is connected to.
@@ -293,22 +309,30 @@ func (r *Relay) noteSlot(ctx context.Context, conn *pgx.Conn, info wal.SlotInfo)
 		}
 	}
 	tli, err := wal.Timeline(ctx, conn)
+	system := pg.SystemID(ctx, conn)
 	switch {
 	case err != nil:
 		if !r.timelineWarned {
 			r.timelineWarned = true
 			r.log.Warn("cannot read the server's timeline; keeping the one last seen, so a slot lost to a promotion may be reported as dropped", "slot", r.cfg.Postgres.Slot, "err", err)
 		}
+	case tli < r.timeline && sameCluster(system, r.timelineSystem):
+		return r.refuseOlderTimeline(serverAddr(conn), system, tli)
 	case tli < r.timeline:
-		return r.refuseOlderTimeline(serverAddr(conn), tli)
+		// Another cluster with the slot: a pg_upgrade (Postgres 17 and
+		// later keep logical slots) starts again at timeline 1.
+		r.log.Warn("the server is another database cluster than the one the slot was last used on (pg_upgrade?); using its slot",
+			"slot", r.cfg.Postgres.Slot, "system_identifier", system, "was", r.timelineSystem, "timeline", tli, "was_timeline", r.timeline)
+		r.timeline, r.timelineSystem = tli, system
+		r.sawTimeline(serverAddr(conn), system, tli)
 	case tli == r.timeline:
 		r.sawSlot(info)
 	default:
 		if why := replacedWhy(r.timeline, tli, info, r.confirmed); why != "" {
 			return r.promoted(ctx, tli, why)
 		}
-		r.timeline = tli
-		r.sawTimeline(serverAddr(conn), tli)
+		r.timeline, r.timelineSystem = tli, system
+		r.sawTimeline(serverAddr(conn), system, tli)
 	}
 	r.slotFailover = info.Failover
 	return nil
@@ -383,7 +407,7 @@ func (r *Relay) judgeGone(ctx context.Context, pgErr *pgconn.PgError, err error,
 	if refuseStandby(ctx, conn) != nil {
 		return err
 	}
-	if tli, terr := wal.Timeline(ctx, conn); terr == nil && r.refuseOlderTimeline(serverAddr(conn), tli) != nil {
+	if tli, terr := wal.Timeline(ctx, conn); terr == nil && r.refuseOlderTimeline(serverAddr(conn), pg.SystemID(ctx, conn), tli) != nil {
 		return err // an old primary: its catalogue says nothing of the slot outboxd used
 	}
 	info, ok, ierr := wal.InspectSlot(ctx, conn, r.cfg.Postgres.Slot)

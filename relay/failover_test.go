@@ -110,15 +110,15 @@ func TestStandbyDropsConfirmedBound(t *testing.T) {
 // promoted or that a slot should be created (issue 32 item 9).
 func TestSplitBrainRefusal(t *testing.T) {
 	r := &Relay{newest: 2, newestAt: "10.0.0.2:5432"}
-	if err := r.refuseOlderTimeline("10.0.0.1:5432", 2); err != nil {
+	if err := r.refuseOlderTimeline("10.0.0.1:5432", "", 2); err != nil {
 		t.Errorf("same timeline refused: %v", err)
 	}
-	if err := r.refuseOlderTimeline("10.0.0.1:5432", 3); err != nil {
+	if err := r.refuseOlderTimeline("10.0.0.1:5432", "", 3); err != nil {
 		t.Errorf("later timeline refused: %v", err)
 	}
 	for _, err := range []error{
 		&SplitBrainError{Server: "10.0.0.1:5432", Timeline: 1, Newer: "10.0.0.2:5432", Seen: 2},
-		refuseNewerPrimary("10.0.0.1:5432", 1, []pg.Primary{{Addr: "10.0.0.1:5432", Timeline: 1}, {Addr: "10.0.0.2:5432", Timeline: 2, Standby: true}}),
+		refuseNewerPrimary("10.0.0.1:5432", "", 1, []pg.Primary{{Addr: "10.0.0.1:5432", Timeline: 1}, {Addr: "10.0.0.2:5432", Timeline: 2, Standby: true}}),
 	} {
 		if err == nil {
 			t.Fatal("no refusal")
@@ -138,12 +138,59 @@ func TestSplitBrainRefusal(t *testing.T) {
 			t.Errorf("%v: permanent %v, slot gone %v; want it retried (once fenced, the next run reaches the new primary)", err, IsPermanent(err), SlotGone(err))
 		}
 	}
-	if err := refuseNewerPrimary("10.0.0.1:5432", 2, []pg.Primary{{Addr: "10.0.0.1:5432", Timeline: 1}, {Addr: "10.0.0.3:5432", Timeline: 2, Standby: true}}); err != nil {
+	if err := refuseNewerPrimary("10.0.0.1:5432", "", 2, []pg.Primary{{Addr: "10.0.0.1:5432", Timeline: 1}, {Addr: "10.0.0.3:5432", Timeline: 2, Standby: true}}); err != nil {
 		t.Errorf("no newer primary, refused: %v", err)
 	}
-	if err := refuseNewerPrimary("10.0.0.1:5432", 1, []pg.Primary{{Addr: "10.0.0.3:5432", Timeline: 2, Standby: true}}); err == nil ||
+	if err := refuseNewerPrimary("10.0.0.1:5432", "", 1, []pg.Primary{{Addr: "10.0.0.3:5432", Timeline: 2, Standby: true}}); err == nil ||
 		!strings.Contains(err.Error(), "postgres.standby_dsns") {
 		t.Errorf("a standby_dsns host that is a primary on a later timeline: %v, want split brain naming standby_dsns", err)
+	}
+}
+
+// TestSplitBrainSameCluster: timelines are compared only within one
+// database cluster (system identifier): after a pg_upgrade (a new cluster
+// on timeline 1, Postgres 17 keeping the slot) or beside a standby_dsns
+// host of another cluster on a later timeline, nothing is split brain. An
+// unknown identifier ("") is taken for the same cluster (review of issue
+// 32 item 9, finding 4).
+func TestSplitBrainSameCluster(t *testing.T) {
+	const a, b = "7300000000000000001", "7400000000000000002"
+	for _, c := range []struct {
+		name           string
+		seenSys        string
+		seen           int
+		system         string
+		tli            int
+		others         []pg.Primary
+		refused, newer bool // by refuseOlderTimeline, by refuseNewerPrimary
+	}{
+		{"same cluster, older timeline", a, 3, a, 1, nil, true, false},
+		{"unknown identifier, older timeline", a, 3, "", 1, nil, true, false},
+		{"upgraded cluster on timeline 1", a, 3, b, 1, nil, false, false},
+		{"newer primary of the same cluster", "", 0, a, 1, []pg.Primary{{Addr: "10.0.0.2:5432", Timeline: 2, System: a}}, false, true},
+		{"newer primary, identifier unknown", "", 0, a, 1, []pg.Primary{{Addr: "10.0.0.2:5432", Timeline: 2}}, false, true},
+		{"standby_dsns host of another cluster", "", 0, a, 1, []pg.Primary{{Addr: "10.0.0.3:5432", Timeline: 5, System: b, Standby: true}}, false, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := &Relay{newest: c.seen, newestAt: "10.0.0.2:5432", newestSystem: c.seenSys}
+			if err := r.refuseOlderTimeline("10.0.0.1:5432", c.system, c.tli); (err != nil) != c.refused {
+				t.Errorf("refuseOlderTimeline: %v, want refused %v", err, c.refused)
+			}
+			if err := refuseNewerPrimary("10.0.0.1:5432", c.system, c.tli, c.others); (err != nil) != c.newer {
+				t.Errorf("refuseNewerPrimary: %v, want refused %v", err, c.newer)
+			}
+		})
+	}
+	// Once the upgraded cluster is seen, its timelines are the ones that
+	// count: the old cluster's timeline 3 no longer refuses its timeline 1,
+	// and the old cluster back on timeline 3 is another cluster again.
+	r := &Relay{newest: 3, newestAt: "10.0.0.2:5432", newestSystem: a}
+	r.sawTimeline("10.0.0.1:5432", b, 1)
+	if r.newest != 1 || r.newestSystem != b {
+		t.Errorf("after the upgraded cluster: newest %d of %q, want 1 of %q", r.newest, r.newestSystem, b)
+	}
+	if err := r.refuseOlderTimeline("10.0.0.1:5432", b, 1); err != nil {
+		t.Errorf("the upgraded cluster refused: %v", err)
 	}
 }
 

@@ -35,7 +35,8 @@ type Relay struct {
 	status  status
 	// What the last pipeline start saw, to tell a promotion from a dropped
 	// slot (see slotMissing).
-	timeline       int // the timeline the slot was last used on
+	timeline       int    // the timeline the slot was last used on
+	timelineSystem string // the system identifier of its cluster, "" when unknown
 	timelineWarned bool
 	// newest is the highest timeline seen on any server (newestAt: where),
 	// whether the slot was free or held there: a server on an older one is
@@ -43,6 +44,7 @@ type Relay struct {
 	// each poll, before it ever holds the slot.
 	newest       int
 	newestAt     string
+	newestSystem string // the system identifier of newest's cluster, "" when unknown
 	major        int
 	slotFailover bool
 	// confirmed is the highest position this process confirmed while no

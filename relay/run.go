@@ -450,10 +450,11 @@ func (r *Relay) inspectSlotOn(ctx context.Context, conn *pgx.Conn) (slotStart, e
 		return slotStart{}, err
 	}
 	if tli, err := wal.Timeline(ctx, conn); err == nil {
-		if err := r.refuseOlderTimeline(serverAddr(conn), tli); err != nil {
+		system := pg.SystemID(ctx, conn)
+		if err := r.refuseOlderTimeline(serverAddr(conn), system, tli); err != nil {
 			return slotStart{}, err
 		}
-		r.sawTimeline(serverAddr(conn), tli) // also while another process holds the slot
+		r.sawTimeline(serverAddr(conn), system, tli) // also while another process holds the slot
 	}
 	info, ok, err := wal.InspectSlot(ctx, conn, r.cfg.Postgres.Slot)
 	if err != nil {

@@ -19,6 +19,17 @@ func ServerMajor(ctx context.Context, conn *pgx.Conn) (int, string, error) {
 	return num / 10000, version, nil
 }
 
+// SystemID returns the system identifier of the server's database cluster
+// (pg_control_system), which a standby shares with its primary and a
+// pg_upgrade or initdb changes; "" when it cannot be read.
+func SystemID(ctx context.Context, conn *pgx.Conn) string {
+	var id string
+	if conn.QueryRow(ctx, `SELECT system_identifier::text FROM pg_control_system()`).Scan(&id) != nil {
+		return ""
+	}
+	return id
+}
+
 // TableColumns returns the column names of the table (or partitioned
 // table) schema.table, or pgx.ErrNoRows when there is none.
 func TableColumns(ctx context.Context, conn *pgx.Conn, schema, table string) ([]string, error) {

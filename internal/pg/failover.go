@@ -266,7 +266,8 @@ func (f Failover) Notes(slot string) []Note {
 type Primary struct {
 	Addr     string // host:port
 	Timeline int
-	Standby  bool // a host of postgres.standby_dsns
+	System   string // the system identifier of its cluster (SystemID), "" when unknown
+	Standby  bool   // a host of postgres.standby_dsns
 }
 
 // Primaries asks every host of pg.DSN, each on its own, and of
@@ -324,7 +325,8 @@ func Primaries(ctx context.Context, pg config.Postgres, timeout time.Duration) [
 			}
 			defer conn.Close(context.WithoutCancel(ctx))
 			if tli, err := wal.Timeline(ctx, conn); err == nil {
-				found[i] = &Primary{Addr: net.JoinHostPort(h.cfg.Host, strconv.Itoa(int(h.cfg.Port))), Timeline: tli, Standby: h.standby}
+				found[i] = &Primary{Addr: net.JoinHostPort(h.cfg.Host, strconv.Itoa(int(h.cfg.Port))), Timeline: tli,
+					System: SystemID(ctx, conn), Standby: h.standby}
 			}
 		}()
 	}
