@@ -423,11 +423,22 @@ func (r *Relay) judgeGone(ctx context.Context, pgErr *pgconn.PgError, err error,
 			return lost
 		}
 	}
-	if pgErr.Code == "42704" {
-		// The slot is in place, so the undefined object is the
-		// publication, at the point in the WAL being decoded (Postgres
-		// 14-17 fail there; whether it exists again now does not matter).
+	var streamed *streamError
+	if pgErr.Code == "42704" && errors.As(err, &streamed) {
+		// The slot is in place and the stream had started on it, so the
+		// undefined object is the publication, at the point in the WAL
+		// being decoded (Postgres 14-17 fail there; whether it exists
+		// again now does not matter). A 42704 from elsewhere (a slot
+		// dropped before START_REPLICATION and created again since, a
+		// catalogue lookup) is retried: the next run's inspection judges.
 		return r.publicationDropped(pgErr)
 	}
 	return err
 }
+
+// streamError is an error the replication stream ended with, after
+// START_REPLICATION succeeded: one the walsender raised while decoding.
+type streamError struct{ err error }
+
+func (e *streamError) Error() string { return e.err.Error() }
+func (e *streamError) Unwrap() error { return e.err }

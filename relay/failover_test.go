@@ -269,12 +269,16 @@ func TestJudgeGoneReadsCatalogue(t *testing.T) {
 		{"slot missing, French", relay("judge_missing", dsn), &pgconn.PgError{Code: "42704", Message: slotText("judge_missing")}, true, true, wal.ErrSlotMissing},
 		{"slot missing, text of a publication", relay("judge_missing", dsn), &pgconn.PgError{Code: "42704", Message: `publication "x" does not exist`}, true, true, wal.ErrSlotMissing},
 		{"slot there, publication undefined", relay(slot, dsn), &pgconn.PgError{Code: "42704", Message: slotText(slot)}, false, true, wal.ErrPublicationMissing},
+		{"slot there, 42704 not from the stream", relay(slot, dsn), &pgconn.PgError{Code: "42704", Message: slotText(slot)}, false, false, nil},
 		{"slot there and valid, 55000", relay(slot, dsn), &pgconn.PgError{Code: "55000", Message: `can no longer get changes from replication slot "` + slot + `"`}, false, false, nil},
 		{"other code", relay("judge_missing", dsn), &pgconn.PgError{Code: "57P01", Message: slotText("judge_missing")}, false, false, nil},
 		{"catalogue unreadable", relay("judge_missing", "postgres://postgres@127.0.0.1:1/postgres?connect_timeout=1"), &pgconn.PgError{Code: "42704", Message: slotText("judge_missing")}, false, false, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			in := fmt.Errorf("slot %q: %w", tc.r.cfg.Postgres.Slot, tc.err)
+			var in error = fmt.Errorf("slot %q: %w", tc.r.cfg.Postgres.Slot, tc.err)
+			if !strings.Contains(tc.name, "not from the stream") {
+				in = &streamError{in}
+			}
 			got := tc.r.explain(ctx, in, "")
 			if SlotGone(got) != tc.gone || IsPermanent(got) != tc.permanent {
 				t.Errorf("explain(%v) = %v: slot gone %v, permanent %v; want %v, %v", in, got, SlotGone(got), IsPermanent(got), tc.gone, tc.permanent)

@@ -192,7 +192,10 @@ func (r *Relay) streamStage(ctx context.Context, rn *pipelineRun) error {
 	items := make(chan []wal.Item, 8) // batches of at most 256 items or 1 MiB of WAL
 	g.Go(func() error {
 		defer close(items)
-		return rn.stream.Run(gctx, graceful, items)
+		if err := rn.stream.Run(gctx, graceful, items); err != nil {
+			return &streamError{err}
+		}
+		return nil
 	})
 	watch, stopWatch := context.WithCancel(gctx)
 	g.Go(func() error {
