@@ -270,6 +270,35 @@ type Primary struct {
 	Standby  bool   // a host of postgres.standby_dsns
 }
 
+// host is one host of a DSN to ask, alone (pgHost.cfg has no other host).
+type pgHost struct {
+	cfg     *pgx.ConnConfig
+	standby bool // a host of postgres.standby_dsns
+}
+
+// perHost splits cfg into one configuration per host, each asked on its
+// own, with its attempts in the DSN's order (sslmode=prefer tries every
+// host with TLS, then without) and without the DSN's target_session_attrs:
+// a standby DSN's target_session_attrs=standby would leave out a standby
+// promoted since, the very host to compare with.
+func perHost(cfg *pgx.ConnConfig, standby bool) []pgHost {
+	var all []pgHost
+	byHost := map[string]*pgx.ConnConfig{}
+	for _, f := range append([]*pgconn.FallbackConfig{{Host: cfg.Host, Port: cfg.Port, TLSConfig: cfg.TLSConfig}}, cfg.Fallbacks...) {
+		hp := net.JoinHostPort(f.Host, strconv.Itoa(int(f.Port)))
+		if one := byHost[hp]; one != nil {
+			one.Fallbacks = append(one.Fallbacks, f)
+			continue
+		}
+		one := cfg.Copy()
+		one.Host, one.Port, one.TLSConfig, one.Fallbacks = f.Host, f.Port, f.TLSConfig, nil
+		one.ValidateConnect = nil // standbys too: Primaries skips them
+		byHost[hp] = one
+		all = append(all, pgHost{cfg: one, standby: standby})
+	}
+	return all
+}
+
 // Primaries asks every host of pg.DSN, each on its own, and of
 // pg.StandbyDSNs whether it is a primary and on which timeline, all at once
 // within timeout. Hosts that cannot be reached, are in recovery or do not
@@ -282,33 +311,13 @@ func Primaries(ctx context.Context, pg config.Postgres, timeout time.Duration) [
 	if err != nil {
 		return nil
 	}
-	type host struct {
-		cfg     *pgx.ConnConfig
-		standby bool
-	}
-	var all []host
-	byHost := map[string]*pgx.ConnConfig{}
-	for _, f := range append([]*pgconn.FallbackConfig{{Host: cfg.Host, Port: cfg.Port, TLSConfig: cfg.TLSConfig}}, cfg.Fallbacks...) {
-		// Each host once, with its attempts in the DSN's order
-		// (sslmode=prefer tries every host with TLS, then without).
-		hp := net.JoinHostPort(f.Host, strconv.Itoa(int(f.Port)))
-		if one := byHost[hp]; one != nil {
-			one.Fallbacks = append(one.Fallbacks, f)
-			continue
-		}
-		one := cfg.Copy()
-		one.Host, one.Port, one.TLSConfig, one.Fallbacks = f.Host, f.Port, f.TLSConfig, nil
-		one.ValidateConnect = nil // standbys too: they are skipped below
-		byHost[hp] = one
-		all = append(all, host{cfg: one})
-	}
+	all := perHost(cfg, false)
 	if len(all) == 1 && len(pg.StandbyDSNs) == 0 {
 		return nil
 	}
 	for _, dsn := range pg.StandbyDSNs {
-		one, err := ConnConfig(config.Postgres{DSN: dsn, PasswordFile: pg.PasswordFile})
-		if err == nil {
-			all = append(all, host{cfg: one, standby: true})
+		if one, err := ConnConfig(config.Postgres{DSN: dsn, PasswordFile: pg.PasswordFile}); err == nil {
+			all = append(all, perHost(one, true)...)
 		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)

@@ -4,10 +4,14 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxd/outboxd/config"
 )
@@ -109,5 +113,45 @@ func TestPrimariesOneHost(t *testing.T) {
 	pg.DSN = fmt.Sprintf("postgres://postgres@%s,%s/postgres?sslmode=prefer", l.Addr(), l.Addr())
 	if got := Primaries(context.Background(), pg, time.Second); got != nil || dialled.Load() != 0 {
 		t.Errorf("the same host twice: Primaries = %v after %d dials, want nothing and none", got, dialled.Load())
+	}
+}
+
+// TestPrimariesStandbyDSNs: each host of a standby DSN is asked on its own,
+// whatever the DSN's target_session_attrs: a promoted standby, writable now,
+// is the host to compare with, and target_session_attrs=standby used to
+// leave it out; a DSN of several hosts used to be asked about its first
+// reachable one only (review of issue 32 item 9, finding 7). It needs the
+// test bed's Postgres (OUTBOXD_TEST_PG_DSN), a primary.
+func TestPrimariesStandbyDSNs(t *testing.T) {
+	dsn := os.Getenv("OUTBOXD_TEST_PG_DSN")
+	if dsn == "" {
+		if os.Getenv("CI") != "" {
+			t.Fatal("OUTBOXD_TEST_PG_DSN is not set")
+		}
+		t.Skip("OUTBOXD_TEST_PG_DSN is not set; start scripts/testbed/pg-start and source its env")
+	}
+	cfg, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := strconv.Itoa(int(cfg.Port))
+	pg := config.Default().Postgres
+	pg.DSN = dsn
+	pg.StandbyDSNs = []string{
+		"postgres://postgres@127.0.0.1:" + port + "/postgres?sslmode=disable&target_session_attrs=standby",
+		"postgres://postgres@localhost:" + port + ",127.0.0.1:" + port + "/postgres?sslmode=disable&target_session_attrs=read-only",
+	}
+	got := Primaries(context.Background(), pg, 5*time.Second)
+	var standbys []string
+	for _, p := range got {
+		if p.Standby {
+			standbys = append(standbys, p.Addr)
+		}
+		if p.System == "" {
+			t.Errorf("%s: no system identifier", p.Addr)
+		}
+	}
+	if len(standbys) != 3 {
+		t.Errorf("standby_dsns hosts found primary: %v, want 127.0.0.1:%s twice and localhost:%[2]s", standbys, port)
 	}
 }
