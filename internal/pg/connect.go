@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -150,11 +151,32 @@ var errOtherServer = errors.New("not the server the slot was read on")
 // fails at once with errOtherServer.
 func pinned(addr string, dial pgconn.DialFunc) pgconn.DialFunc {
 	return func(ctx context.Context, network, address string) (net.Conn, error) {
-		if network+" "+address != addr {
+		if !sameAddr(network, address, addr) {
 			return nil, fmt.Errorf("%s %s: %w", network, address, errOtherServer)
 		}
 		return dial(ctx, network, address)
 	}
+}
+
+// sameAddr reports whether network and address, as pgconn dials them, name
+// the server at addr (as Addr names it). A Unix socket's address is the
+// path the server bound, which a DSN may reach through a symbolic link (a
+// host of /var/run/postgresql, a link to /run/postgresql): paths are
+// compared with their links resolved.
+func sameAddr(network, address, addr string) bool {
+	if network+" "+address == addr {
+		return true
+	}
+	at, ok := strings.CutPrefix(addr, "unix ")
+	if network != "unix" || !ok {
+		return false
+	}
+	a, err := filepath.EvalSymlinks(address)
+	if err != nil {
+		return false
+	}
+	b, err := filepath.EvalSymlinks(at)
+	return err == nil && a == b
 }
 
 // Lazy is a regular connection opened at its first use, and again after

@@ -2,8 +2,11 @@ package pg
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -169,5 +172,48 @@ func TestReplicationConnectionPinned(t *testing.T) {
 	}
 	if n := accepted[1].Load(); n == 0 {
 		t.Error("the pinned host was never dialled")
+	}
+}
+
+// TestPinnedUnixSocketThroughLink: a DSN that reaches a Unix socket through
+// a symbolic link to the server's socket directory is pinned to that
+// server: Addr names the path the server bound, the dial the linked one
+// (review of issue 32 item 9, finding 5; every takeover failed there).
+func TestPinnedUnixSocketThroughLink(t *testing.T) {
+	dir := t.TempDir()
+	real, link := filepath.Join(dir, "real"), filepath.Join(dir, "link")
+	if err := os.Mkdir(real, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(real, link); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("unix", filepath.Join(real, ".s.PGSQL.5432"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	var accepted atomic.Int32
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			c.Close()
+		}
+	}()
+	c, err := net.Dial("unix", filepath.Join(link, ".s.PGSQL.5432"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := Addr(c) // as a connection opened with the DSN names its server
+	c.Close()
+	before := accepted.Load()
+	pg := config.Default().Postgres
+	pg.DSN = "host=" + link + " port=5432 user=postgres dbname=postgres connect_timeout=1"
+	if _, err := ConnectReplicationAt(context.Background(), pg, addr); errors.Is(err, errOtherServer) || accepted.Load() == before {
+		t.Errorf("pinned to %s, the socket through the link was not dialled: %v", addr, err)
 	}
 }
