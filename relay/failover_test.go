@@ -6,10 +6,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/internal/dialtest"
 	"github.com/outboxd/outboxd/internal/pg"
 	"github.com/outboxd/outboxd/wal"
 )
@@ -298,26 +297,8 @@ func TestJudgeGoneReadsCatalogue(t *testing.T) {
 // listed first; review of issue 32 item 9, finding 3). The listeners are
 // not Postgres: each attempt fails after the dial.
 func TestRunConnectionsPinned(t *testing.T) {
-	var accepted [2]atomic.Int32
-	var addrs [2]string
-	for i := range accepted {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer l.Close()
-		addrs[i] = l.Addr().String()
-		go func() {
-			for {
-				c, err := l.Accept()
-				if err != nil {
-					return
-				}
-				accepted[i].Add(1)
-				c.Close()
-			}
-		}()
-	}
+	other, run := dialtest.Listen(t, "tcp", "127.0.0.1:0"), dialtest.Listen(t, "tcp", "127.0.0.1:0")
+	addrs := [2]string{other.Addr(), run.Addr()}
 	cfg := config.Default()
 	cfg.Postgres.DSN = fmt.Sprintf("postgres://postgres@%s,%s/postgres?sslmode=disable&connect_timeout=1", addrs[0], addrs[1])
 	r, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), prometheus.NewRegistry())
@@ -349,14 +330,14 @@ func TestRunConnectionsPinned(t *testing.T) {
 			return errors.New("unreadable")
 		}},
 	} {
-		other, before := accepted[0].Load(), accepted[1].Load()
+		elsewhere, before := other.Accepted(), run.Accepted()
 		if err := c.call(); err == nil {
 			t.Errorf("%s: connected to a listener that is not Postgres", c.name)
 		}
-		if n := accepted[0].Load() - other; n != 0 {
+		if n := other.Accepted() - elsewhere; n != 0 {
 			t.Errorf("%s: the other host was dialled %d times; want never", c.name, n)
 		}
-		if accepted[1].Load() == before {
+		if run.Accepted() == before {
 			t.Errorf("%s: the run's server was never dialled", c.name)
 		}
 	}

@@ -9,12 +9,12 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/internal/dialtest"
 )
 
 // A host that refuses connections fails both of pgconn's attempts
@@ -138,26 +138,8 @@ func TestConnectTriesEveryHost(t *testing.T) {
 func TestReplicationConnectionPinned(t *testing.T) {
 	defer func(d time.Duration) { hostConnectTimeout = d }(hostConnectTimeout)
 	hostConnectTimeout = time.Second
-	var accepted [2]atomic.Int32
-	var addrs [2]string
-	for i := range accepted {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer l.Close()
-		addrs[i] = l.Addr().String()
-		go func() {
-			for {
-				c, err := l.Accept()
-				if err != nil {
-					return
-				}
-				accepted[i].Add(1)
-				c.Close() // not a Postgres: the attempt fails, after the dial
-			}
-		}()
-	}
+	first, second := dialtest.Listen(t, "tcp", "127.0.0.1:0"), dialtest.Listen(t, "tcp", "127.0.0.1:0") // not Postgres: attempts fail after the dial
+	addrs := [2]string{first.Addr(), second.Addr()}
 	pg := config.Default().Postgres
 	pg.DSN = fmt.Sprintf("postgres://postgres@%s,%s/postgres?sslmode=disable", addrs[0], addrs[1])
 	_, err := ConnectReplicationAt(context.Background(), pg, "tcp "+addrs[1])
@@ -167,10 +149,10 @@ func TestReplicationConnectionPinned(t *testing.T) {
 	if !strings.Contains(err.Error(), addrs[1]+" (of "+addrs[0]+","+addrs[1]+", where the slot was read)") {
 		t.Errorf("the error does not name the pinned server: %v", err)
 	}
-	if n := accepted[0].Load(); n != 0 {
+	if n := first.Accepted(); n != 0 {
 		t.Errorf("the first host was dialled %d times; want never", n)
 	}
-	if n := accepted[1].Load(); n == 0 {
+	if n := second.Accepted(); n == 0 {
 		t.Error("the pinned host was never dialled")
 	}
 }
@@ -188,32 +170,17 @@ func TestPinnedUnixSocketThroughLink(t *testing.T) {
 	if err := os.Symlink(real, link); err != nil {
 		t.Fatal(err)
 	}
-	l, err := net.Listen("unix", filepath.Join(real, ".s.PGSQL.5432"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	var accepted atomic.Int32
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			accepted.Add(1)
-			c.Close()
-		}
-	}()
+	server := dialtest.Listen(t, "unix", filepath.Join(real, ".s.PGSQL.5432"))
 	c, err := net.Dial("unix", filepath.Join(link, ".s.PGSQL.5432"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	addr := Addr(c) // as a connection opened with the DSN names its server
 	c.Close()
-	before := accepted.Load()
+	before := server.Accepted()
 	pg := config.Default().Postgres
 	pg.DSN = "host=" + link + " port=5432 user=postgres dbname=postgres connect_timeout=1"
-	if _, err := ConnectReplicationAt(context.Background(), pg, addr); errors.Is(err, errOtherServer) || accepted.Load() == before {
+	if _, err := ConnectReplicationAt(context.Background(), pg, addr); errors.Is(err, errOtherServer) || server.Accepted() == before {
 		t.Errorf("pinned to %s, the socket through the link was not dialled: %v", addr, err)
 	}
 }

@@ -3,17 +3,16 @@ package pg
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/internal/dialtest"
 )
 
 // TestFailoverNotes: what the start-up check logs and outboxd status shows
@@ -89,30 +88,15 @@ func TestFailoverNotes(t *testing.T) {
 // twice, with TLS and without) and no standby DSNs has nothing to compare:
 // Primaries dials nothing.
 func TestPrimariesOneHost(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	var dialled atomic.Int32
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			dialled.Add(1)
-			c.Close()
-		}
-	}()
+	l := dialtest.Listen(t, "tcp", "127.0.0.1:0")
 	pg := config.Default().Postgres
-	pg.DSN = "postgres://postgres@" + l.Addr().String() + "/postgres?sslmode=prefer"
-	if got := Primaries(context.Background(), pg, time.Second); got != nil || dialled.Load() != 0 {
-		t.Errorf("Primaries = %v after %d dials, want nothing and none", got, dialled.Load())
+	pg.DSN = "postgres://postgres@" + l.Addr() + "/postgres?sslmode=prefer"
+	if got := Primaries(context.Background(), pg, time.Second); got != nil || l.Accepted() != 0 {
+		t.Errorf("Primaries = %v after %d dials, want nothing and none", got, l.Accepted())
 	}
 	pg.DSN = fmt.Sprintf("postgres://postgres@%s,%s/postgres?sslmode=prefer", l.Addr(), l.Addr())
-	if got := Primaries(context.Background(), pg, time.Second); got != nil || dialled.Load() != 0 {
-		t.Errorf("the same host twice: Primaries = %v after %d dials, want nothing and none", got, dialled.Load())
+	if got := Primaries(context.Background(), pg, time.Second); got != nil || l.Accepted() != 0 {
+		t.Errorf("the same host twice: Primaries = %v after %d dials, want nothing and none", got, l.Accepted())
 	}
 }
 
