@@ -50,6 +50,14 @@ type View struct {
 	Plan              *Plan  // nil when the state table has no row
 	Slots             []Slot
 	Publications      []string
+	// Delivered, in exactly-once mode, is for each old shard's slot the
+	// position its transactional id committed in Kafka (past the end of a
+	// Postgres transaction split over Kafka transactions whose rows are
+	// only partly there, see Action Cutover). A killed instance may have
+	// committed past its slot's confirmed position; the cutover is taken
+	// at or past it. Nil when not read (at-least-once mode, or before the
+	// Cutover action asks for it).
+	Delivered map[string]LSN
 }
 
 // Kind is what an Action asks the caller to do.
@@ -70,7 +78,11 @@ const (
 	// single shard, as an unsharded outboxd does) and then Slots (pgoutput).
 	Create
 	// Cutover: record phase Draining with cutover X = Cutover, only if the
-	// row is still in phase Creating.
+	// row is still in phase Creating. Shards are the old shards: in
+	// exactly-once mode, read the position each one's transactional id
+	// committed in Kafka (fencing that id first, so that no instance of
+	// the old layout commits after the read), pass them as
+	// View.Delivered and call Next again before recording X.
 	Cutover
 	// Drain: run the pipelines of Shards (the old ones) with Window until
 	// every one's slot has confirmed Window.Upto (Window.Done).
@@ -118,7 +130,7 @@ type Action struct {
 	// AND to_shards = ...), and observe again when no row matched: another
 	// instance has moved on.
 	Plan         Plan
-	Shards       []Shard // Stream, Drain
+	Shards       []Shard // Stream, Drain, Cutover (the old shards)
 	Window       Window  // Drain
 	Cutover      LSN     // Cutover, Advance
 	Slots        []string
@@ -139,8 +151,11 @@ type Action struct {
 //  1. Begin records the plan; Create makes the M publications and slots.
 //  2. When all exist and no slot is held, Cutover records X, the highest of
 //     the new slots' consistent points (their confirmed_flush_lsn, which
-//     nothing moves before step 4) and the old slots' confirmed positions.
-//     Every new slot holds every transaction ending after X.
+//     nothing moves before step 4) and the old slots' confirmed positions,
+//     and, in exactly-once mode, the old shards' positions committed in
+//     Kafka (View.Delivered), which a killed instance leaves past its
+//     slot's confirmed position. Every new slot holds every transaction
+//     ending after X, and none of those is in Kafka.
 //  3. Drain: the old shards deliver the transactions ending at or before X
 //     and confirm X; nothing after X is delivered by them.
 //  4. Switch, once every old slot has confirmed X. The new shards have not
@@ -219,7 +234,10 @@ func planned(v View, p Plan) (Action, error) {
 			}
 			x = max(x, sl.Confirmed)
 		}
-		return Action{Kind: Cutover, Cutover: x}, nil
+		for _, s := range old {
+			x = max(x, v.Delivered[s.Slot])
+		}
+		return Action{Kind: Cutover, Cutover: x, Shards: old}, nil
 	case Draining:
 		if p.Cutover == 0 {
 			return Action{}, fmt.Errorf("the reshard from %d to %d shards is draining without a recorded cutover; set postgres.shards: %d to roll it back", p.From, p.To, p.From)

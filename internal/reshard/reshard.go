@@ -51,6 +51,12 @@ type DB interface {
 // delivered its window (Window.Done), or ctx ends.
 type Drain func(ctx context.Context, shards []shard.Shard, w shard.Window) error
 
+// Delivered reads, in exactly-once mode, the position each old shard's
+// transactional id committed in Kafka, by slot (shard.View.Delivered),
+// having fenced those ids. Run calls it right before it records the
+// cutover, with every slot idle.
+type Delivered func(ctx context.Context, old []shard.Shard) (map[string]shard.LSN, error)
+
 // Config is the layout Run drives towards.
 type Config struct {
 	Slot, Publication string // the configured (base) names
@@ -58,6 +64,9 @@ type Config struct {
 	Poll              time.Duration
 	// Progress, if set, is told each step, for the relay's status.
 	Progress func(string)
+	// Delivered, if set (exactly-once mode), is read before the cutover
+	// is recorded, and the cutover is taken at or past what it returns.
+	Delivered Delivered
 }
 
 // Run drives db to cfg.Want shards with shard.Next and returns the shards
@@ -85,9 +94,32 @@ func Run(ctx context.Context, db DB, cfg Config, drain Drain, log *slog.Logger) 
 		if err != nil {
 			return nil, w, err
 		}
-		a, err := shard.Next(shard.View{Slot: cfg.Slot, Publication: cfg.Publication, Want: cfg.Want,
-			Plan: o.Plan, Slots: o.Slots, Publications: o.Publications})
+		v := shard.View{Slot: cfg.Slot, Publication: cfg.Publication, Want: cfg.Want,
+			Plan: o.Plan, Slots: o.Slots, Publications: o.Publications}
+		a, err := shard.Next(v)
+		if err == nil && a.Kind == shard.Cutover && cfg.Delivered != nil {
+			// A killed exactly-once instance may have committed Kafka
+			// transactions past its slot's confirmed position: the
+			// cutover must not let the new shards deliver those again.
+			progress("resharding from %d to %d shards: reading the old shards' positions in Kafka", a.Plan.From, a.Plan.To)
+			if v.Delivered, err = cfg.Delivered(ctx, a.Shards); err == nil {
+				a, err = shard.Next(v)
+			} else if ctx.Err() == nil {
+				var perm *PermanentError
+				if errors.As(err, &perm) {
+					return nil, w, err
+				}
+				log.Warn("reading the old shards' positions in Kafka failed; observing again", "err", err)
+				if !sleep(ctx, cfg.Poll) {
+					return nil, w, ctx.Err()
+				}
+				continue
+			}
+		}
 		if err != nil {
+			if ctx.Err() != nil {
+				return nil, w, ctx.Err()
+			}
 			return nil, w, err
 		}
 		if a.Kind != shard.Stream && a.Kind != shard.Wait {

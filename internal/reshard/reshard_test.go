@@ -297,3 +297,45 @@ func TestRunReturnsTheNewShardsWindow(t *testing.T) {
 		t.Errorf("nothing to reshard: window %+v, err %v", w, err)
 	}
 }
+
+// In exactly-once mode a killed instance may have committed Kafka
+// transactions past its slot's confirmed position: Run reads the old
+// shards' positions in Kafka before it records the cutover, and takes the
+// cutover at or past them; a failed read is tried again.
+func TestRunCutoverAtTheKafkaPositions(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	f := newFake("outboxd_0of2", "outboxd_1of2")
+	var asked [][]string
+	reads := 0
+	delivered := func(_ context.Context, old []shard.Shard) (map[string]shard.LSN, error) {
+		reads++
+		if reads == 1 {
+			return nil, errInjected
+		}
+		var names []string
+		for _, s := range old {
+			names = append(names, s.Slot)
+		}
+		asked = append(asked, names)
+		// Far past anything the slots confirmed or the new slots' creation.
+		return map[string]shard.LSN{"outboxd_1of2": f.wal + 1000}, nil
+	}
+	want := f.wal + 1000
+	_, w, err := Run(ctx, f, Config{Slot: "outboxd", Publication: "outboxd", Want: 4, Poll: time.Millisecond, Delivered: delivered}, f.drain,
+		slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatalf("Run: %v (steps %v)", err, f.log)
+	}
+	if w.After < want {
+		t.Errorf("cutover %s, before the old shard's position in Kafka %s", w.After, want)
+	}
+	if len(asked) != 1 || !slices.Equal(asked[0], []string{"outboxd_0of2", "outboxd_1of2"}) {
+		t.Errorf("positions read for %v, want once for both old shards (after one failed read)", asked)
+	}
+	for _, s := range slotNames(f) {
+		if f.slots[s].Confirmed < w.After {
+			t.Errorf("slot %s at %s, before the cutover %s", s, f.slots[s].Confirmed, w.After)
+		}
+	}
+}
