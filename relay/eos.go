@@ -47,16 +47,24 @@ func (r *Relay) producerFor(ctx context.Context, conn *pgconn.PgConn, warm *Star
 		return nil, fmt.Errorf("reading the system identifier for the exactly-once position: %w", err)
 	}
 	r.system = sys.SystemID
+	id := r.transactionalID(sys.SystemID)
+	r.txnID = id
+	return sink.NewTransactional(r.cfg.Kafka, r.sinkM, r.txnM, r.log, id)
+}
+
+// transactionalID is the run's transactional id on the database with
+// system identifier system.
+func (r *Relay) transactionalID(system string) string {
 	id := r.cfg.Kafka.TransactionalID
 	if id == "" {
-		id = fmt.Sprintf("outboxd-%s-%s", sys.SystemID, r.cfg.Postgres.Slot) // a shard's slot: its own id
-	} else if r.shard.Count > 1 {
+		return fmt.Sprintf("outboxd-%s-%s", system, r.cfg.Postgres.Slot) // a shard's slot: its own id
+	}
+	if r.shard.Count > 1 {
 		// Shards must never share a transactional id: they would fence
 		// each other.
 		id = fmt.Sprintf("%s-%dof%d", id, r.shard.Index, r.shard.Count)
 	}
-	r.txnID = id
-	return sink.NewTransactional(r.cfg.Kafka, r.sinkM, r.txnM, r.log, id)
+	return id
 }
 
 // position is what exactly-once mode writes to kafka.positions_topic.
@@ -171,31 +179,37 @@ func (r *Relay) startEOS(ctx context.Context, p *Pipeline, producer *sink.Produc
 	return e, nil
 }
 
-// readPosition is startEOS's Kafka part: it peeks at the id's last
-// position, initialises the producer and reads the last committed
-// position. A peek that fails (the positions partition cannot be read)
-// ends the run before Init: fencing the id's holder unseen could fence
-// another deployment that shares the id. Only a peeked position that is
-// not outboxd's (another writer's open transaction, say) leaves the
-// decision to the committed one.
+// readPosition is startEOS's Kafka part: fence, then the last committed
+// position.
 func (e *eos) readPosition(ctx context.Context) (pos position, found bool, err error) {
+	if err := e.fence(ctx); err != nil {
+		return position{}, false, err
+	}
+	return e.position(ctx, e.producer.ReadPosition)
+}
+
+// fence peeks at the id's last position and initialises the producer,
+// fencing the id's previous holder (Kafka aborts or completes the
+// transaction it left open). A peek that fails (the positions partition
+// cannot be read) fails before Init: fencing the id's holder unseen could
+// fence another deployment that shares the id. Only a peeked position that
+// is not outboxd's (another writer's open transaction, say) leaves the
+// decision to the committed one.
+func (e *eos) fence(ctx context.Context) error {
 	if e.system == "" {
-		return position{}, false, errors.New("exactly-once: the system identifier was not read before the position (a bug)")
+		return errors.New("exactly-once: the system identifier was not read before the position (a bug)")
 	}
 	if err := e.producer.EnsurePositionsTopic(ctx); err != nil {
-		return position{}, false, err
+		return err
 	}
 	if _, _, err := e.position(ctx, e.producer.PeekPosition); err != nil {
 		var foreign *foreignPositionError
 		if !errors.As(err, &foreign) {
-			return position{}, false, fmt.Errorf("looking at the last position of %q before initialising the transactional producer: %w",
+			return fmt.Errorf("looking at the last position of %q before initialising the transactional producer: %w",
 				e.producer.TransactionalID(), err)
 		}
 	}
-	if err := e.producer.Init(ctx); err != nil {
-		return position{}, false, err
-	}
-	return e.position(ctx, e.producer.ReadPosition)
+	return e.producer.Init(ctx)
 }
 
 // positionOnServer returns pos as it applies to the server now (onThisTimeline),

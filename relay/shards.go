@@ -17,6 +17,7 @@ import (
 	"github.com/outboxd/outboxd/internal/reshard"
 	"github.com/outboxd/outboxd/internal/slotlag"
 	"github.com/outboxd/outboxd/shard"
+	"github.com/outboxd/outboxd/sink"
 	"github.com/outboxd/outboxd/wal"
 )
 
@@ -301,8 +302,14 @@ func (s *Shards) lockedReshard(ctx context.Context, db *reshard.PG) error {
 		}
 	}
 	s.log.Info("the slots in the database are not those of postgres.shards, or a reshard is recorded: resharding", "slot", pc.Slot, "shards", pc.Shards)
-	_, w, err := reshard.Run(ctx, db, reshard.Config{Slot: pc.Slot, Publication: pc.Publication, Want: pc.Shards,
-		Poll: max(pc.StandbyPollInterval, time.Second), Progress: s.setNote}, func(ctx context.Context, shards []shard.Shard, w shard.Window) error {
+	rc := reshard.Config{Slot: pc.Slot, Publication: pc.Publication, Want: pc.Shards,
+		Poll: max(pc.StandbyPollInterval, time.Second), Progress: s.setNote}
+	if s.cfg.Kafka.ExactlyOnce() {
+		rc.Delivered = func(ctx context.Context, old []shard.Shard) (map[string]shard.LSN, error) {
+			return s.delivered(ctx, db, old)
+		}
+	}
+	_, w, err := reshard.Run(ctx, db, rc, func(ctx context.Context, shards []shard.Shard, w shard.Window) error {
 		return s.drain(ctx, db, shards, w)
 	}, s.log)
 	if err == nil {
@@ -375,6 +382,101 @@ func (s *Shards) drain(ctx context.Context, db *reshard.PG, shards []shard.Shard
 		})
 	}
 	return g.Wait()
+}
+
+// delivered reads, in exactly-once mode, the position each old shard's
+// transactional id committed in Kafka (reshard.Delivered). A killed
+// instance may have committed Kafka transactions past its slot's confirmed
+// position (the next exactly-once start would confirm them); a cutover
+// before them would make the new shards, under their own ids, deliver
+// them again. Reading fences each old id first, as an exactly-once start
+// does: Kafka settles the transaction a killed holder left open, and no
+// instance of the old layout can commit past what is read. The old
+// shards' drain then resumes from these positions.
+func (s *Shards) delivered(ctx context.Context, db *reshard.PG, old []shard.Shard) (map[string]shard.LSN, error) {
+	out := make(map[string]shard.LSN, len(old))
+	for _, sh := range old {
+		r, err := newShardRelay(s.cfg, s.log, prometheus.NewRegistry(), sh, shard.Window{})
+		if err != nil {
+			return nil, err
+		}
+		lsn, err := r.deliveredPosition(ctx, db)
+		if err != nil {
+			err = fmt.Errorf("reading the position of old shard %s in %s: %w", sh.Slot, s.cfg.Kafka.PositionsTopic, err)
+			var refused *refusedError
+			if errors.As(err, &refused) {
+				return nil, &reshard.PermanentError{Err: err}
+			}
+			return nil, err
+		}
+		out[sh.Slot] = lsn
+	}
+	return out, nil
+}
+
+// deliveredPosition fences the run's transactional id and returns the end
+// of what it committed to Kafka: the position's LSN, or, when the position
+// says only part of a Postgres transaction's rows are in Kafka, that
+// transaction's end (reshard.PG.TxnEnd), so that the old shard delivers
+// the rest of it before the cutover. It is 0 without a position. A
+// position that the exactly-once start would refuse (another deployment's,
+// another server's) is refused here too; one from an earlier timeline is
+// taken as that start takes it.
+func (r *Relay) deliveredPosition(ctx context.Context, db *reshard.PG) (shard.LSN, error) {
+	repl, err := r.connectReplication(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer repl.Close(context.WithoutCancel(ctx))
+	sys, err := identify(ctx, repl)
+	if err != nil {
+		return 0, err
+	}
+	producer, err := sink.NewTransactional(r.cfg.Kafka, r.sinkM, r.txnM, r.log, r.transactionalID(sys.SystemID))
+	if err != nil {
+		return 0, err
+	}
+	defer producer.Close()
+	e := &eos{r: r, producer: producer, system: sys.SystemID}
+	if err := producer.EnsurePositionsTopic(ctx); err != nil {
+		return 0, err
+	}
+	if _, _, err := e.position(ctx, producer.PeekPosition); err != nil {
+		var refused *refusedError
+		if errors.As(err, &refused) {
+			return 0, err // another deployment's id: fence nobody
+		}
+	}
+	if err := producer.Init(ctx); err != nil {
+		return 0, err
+	}
+	pos, found, err := e.position(ctx, producer.ReadPosition)
+	if err != nil || !found {
+		return 0, err
+	}
+	if sys, err = identify(ctx, repl); err != nil {
+		return 0, err
+	}
+	if pos, err = r.onThisTimeline(ctx, repl, int(sys.Timeline), sys.XLogPos, pos); err != nil {
+		return 0, err
+	}
+	lsn := pos.LSN
+	if pos.Txn != 0 {
+		end, ok, err := db.TxnEnd(ctx, r.cfg.Postgres.Slot, r.cfg.Postgres.Publication, pos.Txn)
+		switch {
+		case err != nil:
+			return 0, err
+		case ok:
+			lsn = max(lsn, end)
+		default:
+			r.log.Warn("exactly-once: the position in Kafka names a transaction split over Kafka transactions that the old shard's slot does not hold; "+
+				"the cutover is taken at the position, and the new shards deliver that transaction's rows again",
+				"split_txn", pos.Txn.String(), "split_rows", pos.Rows, "slot", r.cfg.Postgres.Slot)
+		}
+	}
+	r.log.Info("exactly-once: the old shard's position committed in Kafka", "transactional_id", producer.TransactionalID(),
+		"lsn", pos.LSN.String(), "split_txn", pos.Txn.String(), "split_rows", pos.Rows, "delivered_to", lsn.String(), "slot", r.cfg.Postgres.Slot)
+	return lsn, nil
 }
 
 // lazyConn returns a connection of the run's own, opened at its first use.

@@ -641,6 +641,51 @@ func TestShardsReshardSurvivesPostgresCrash(t *testing.T) {
 	noDuplicates(t, r)
 }
 
+var positionReadRE = regexp.MustCompile(`msg="exactly-once: the old shard's position committed in Kafka" .*lsn=(\S+) .*delivered_to=(\S+) slot=(\S+)`)
+
+// In exactly-once mode a SIGKILLed instance leaves Kafka transactions
+// committed past its slots' confirmed positions (a slot confirms a commit
+// at the next status update; the position topic holds the truth). A
+// reshard from 2 to 4 shards right after the old instance is SIGKILLed
+// under load takes its cutover at or past the old shards' positions in
+// Kafka, so the new shards, under their own transactional ids, deliver
+// none of those events again: a read_committed consumer sees every event
+// once. The old instance sends status updates every 3 s, so that the kill
+// leaves a few seconds' worth of events committed in Kafka and not
+// confirmed to the slots (49 duplicates in such a run before the fix).
+func TestShardsReshardAfterExactlyOnceSIGKILL(t *testing.T) {
+	d := shardDB(t)
+	if d == nil {
+		return
+	}
+	env := func(n int, extra ...string) []string {
+		return append(eosEnv(d, append([]string{"OUTBOXD_KAFKA_MAX_BUFFERED_RECORDS=2000", "OUTBOXD_POSTGRES_STANDBY_POLL_INTERVAL=100ms"}, extra...)...),
+			"OUTBOXD_POSTGRES_SHARDS="+strconv.Itoa(n))
+	}
+	p := start(t, env(2, "OUTBOXD_POSTGRES_STATUS_INTERVAL=3s"))
+	p.waitShardsStreaming(2)
+	spec := loadSpec{Prefix: d.name, Types: 4, IDs: 40, Writers: 2, Events: 2500,
+		TxSizes: []int{1, 2, 10, 1, 5, 3}, RollbackPct: 5, DeletePct: 20, Pace: 5 * time.Millisecond}
+	f := startEOSRun(t, d, svc.brokers, spec)
+	waitCommitted(t, f.l, spec.Events/4)
+	// The new instance makes its slots and waits for the old ones to be idle.
+	p4 := start(t, env(4))
+	p4.waitLog(`msg="resharding: waiting"`, time.Minute)
+	waitCommitted(t, f.l, spec.Events/2)
+	p.stop(syscall.SIGKILL, 10*time.Second)
+	killed := time.Now()
+	p4.waitLog(`msg=resharded`, time.Minute)
+	p4.waitShardsStreaming(4)
+	for _, m := range positionReadRE.FindAllStringSubmatch(p4.logs.String(), -1) {
+		t.Logf("old shard %s: position in Kafka %s, delivered to %s", m[3], m[1], m[2])
+	}
+	if m := cutoverRE.FindStringSubmatch(p4.logs.String()); m != nil {
+		t.Logf("cutover %s", m[1])
+	}
+	r := f.finish("exactly-once: SIGKILL of the old instance under load, then a reshard from 2 to 4", 1, killed, "")
+	noDuplicates(t, r)
+}
+
 // Issue 32 item 5: an instance configured for the old shard count (the
 // other of an HA pair, or the old pod of a rolling update) may take an old
 // slot after the cutover X is recorded; it must never stream it past X.

@@ -2,6 +2,7 @@ package reshard
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -358,6 +359,36 @@ func (p *PG) Advance(ctx context.Context, names []string, to shard.LSN) error {
 		return fmt.Errorf("writing the advanced slots to disk (CHECKPOINT): %w", err)
 	}
 	return nil
+}
+
+// TxnEnd returns the end LSN of the transaction whose commit record
+// starts at commit, as the idle logical slot (of publication pub) streams
+// it: ok is false when the slot holds no such transaction. It peeks (the
+// slot does not move), decoding from the slot's restart point up to that
+// commit record and no further. In exactly-once mode a position may say
+// that only part of a transaction's rows are in Kafka; the cutover is then
+// taken at that transaction's end, so that the old shard delivers the rest
+// of it and the new shards none.
+func (p *PG) TxnEnd(ctx context.Context, slot, pub string, commit shard.LSN) (end shard.LSN, ok bool, err error) {
+	// pgoutput's Commit message: 'C', flags (1 byte), the commit LSN, the
+	// end LSN (8 bytes each), the commit time.
+	rows, err := p.Conn.Query(ctx, `SELECT substr(data, 3, 16) FROM pg_logical_slot_peek_binary_changes($1, $2::pg_lsn, NULL,
+			'proto_version', '1', 'publication_names', $3, 'messages', 'true')
+		WHERE get_byte(data, 0) = 67`, slot, (commit + 1).String(), pgx.Identifier{pub}.Sanitize())
+	if err != nil {
+		return 0, false, fmt.Errorf("reading slot %q up to the transaction committing at %s: %w", slot, commit, err)
+	}
+	var b []byte
+	_, err = pgx.ForEachRow(rows, []any{&b}, func() error {
+		if len(b) == 16 && shard.LSN(binary.BigEndian.Uint64(b)) == commit {
+			end, ok = shard.LSN(binary.BigEndian.Uint64(b[8:])), true
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, false, fmt.Errorf("reading slot %q up to the transaction committing at %s: %w", slot, commit, err)
+	}
+	return end, ok, nil
 }
 
 func sqlState(err error) string {
