@@ -1,0 +1,95 @@
+package reshard_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxd/outboxd/internal/reshard"
+	"github.com/outboxd/outboxd/internal/testenv"
+)
+
+// TxnEnd finds the end LSN of a transaction by its commit LSN in an idle
+// slot, without moving the slot: the end Postgres reports for the
+// transaction's commit (the lsn column of its Commit row), past its commit
+// record and at or before the next transaction's. A commit LSN the slot
+// does not hold is not found. It needs the test bed's Postgres.
+func TestTxnEnd(t *testing.T) {
+	_, dsn := testenv.NewDatabase(t, "txnend")
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	for _, q := range []string{
+		`CREATE TABLE outbox (id bigserial PRIMARY KEY, payload text)`,
+		`CREATE PUBLICATION pub FOR TABLE outbox`,
+		`SELECT pg_create_logical_replication_slot('s', 'pgoutput')`,
+		`INSERT INTO outbox (payload) VALUES ('a')`,
+		`INSERT INTO outbox (payload) SELECT 'b' FROM generate_series(1, 100)`,
+		`INSERT INTO outbox (payload) VALUES ('c')`,
+	} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	var before string
+	if err := conn.QueryRow(ctx, `SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 's'`).Scan(&before); err != nil {
+		t.Fatal(err)
+	}
+	// The three transactions' commit LSNs (from their Begin messages) and
+	// ends (the lsn of their Commit rows), in commit order.
+	rows, err := conn.Query(ctx, `SELECT lsn::text, data FROM pg_logical_slot_peek_binary_changes('s', NULL, NULL, 'proto_version', '1', 'publication_names', 'pub')
+		WHERE get_byte(data, 0) IN (66, 67)`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var commits, ends []pglogrepl.LSN
+	var lsn string
+	var data []byte
+	if _, err := pgx.ForEachRow(rows, []any{&lsn, &data}, func() error {
+		m, err := pglogrepl.Parse(data)
+		if err != nil {
+			return err
+		}
+		switch m := m.(type) {
+		case *pglogrepl.BeginMessage:
+			commits = append(commits, m.FinalLSN)
+		case *pglogrepl.CommitMessage:
+			l, err := pglogrepl.ParseLSN(lsn)
+			if err != nil {
+				return err
+			}
+			ends = append(ends, l)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(commits) != 3 || len(ends) != 3 {
+		t.Fatalf("commits %v, ends %v; want three transactions", commits, ends)
+	}
+	db := &reshard.PG{Conn: conn}
+	for i := range commits {
+		end, ok, err := db.TxnEnd(ctx, "s", "pub", commits[i])
+		if err != nil || !ok || end != ends[i] {
+			t.Errorf("TxnEnd(%s) = %s, %v, %v; want %s", commits[i], end, ok, err, ends[i])
+		}
+		if end <= commits[i] || i+1 < len(commits) && end > commits[i+1] {
+			t.Errorf("transaction %d: end %s is not past its commit %s and before the next", i, end, commits[i])
+		}
+	}
+	if _, ok, err := db.TxnEnd(ctx, "s", "pub", commits[1]+1); err != nil || ok {
+		t.Errorf("TxnEnd of no transaction's commit: ok %v, err %v; want not found", ok, err)
+	}
+	var after string
+	if err := conn.QueryRow(ctx, `SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 's'`).Scan(&after); err != nil {
+		t.Fatal(err)
+	}
+	if after != before {
+		t.Errorf("the slot moved from %s to %s", before, after)
+	}
+}
