@@ -389,75 +389,87 @@ func (s *Shards) drain(ctx context.Context, db *reshard.PG, shards []shard.Shard
 // instance may have committed Kafka transactions past its slot's confirmed
 // position (the next exactly-once start would confirm them); a cutover
 // before them would make the new shards, under their own ids, deliver
-// them again. Reading fences each old id first, as an exactly-once start
-// does: Kafka settles the transaction a killed holder left open, and no
-// instance of the old layout can commit past what is read. The old
-// shards' drain then resumes from these positions.
+// them again. It reads as the exactly-once start does (eos.fence, then the
+// committed position, then positionOnServer), fencing every old id before
+// reading any position: Kafka settles the transactions a killed instance
+// left open, which would otherwise hold the read of the shared positions
+// partition back until they time out, and no instance of the old layout
+// can commit past what is read. The old shards' drain then resumes from
+// these positions.
 func (s *Shards) delivered(ctx context.Context, db *reshard.PG, old []shard.Shard) (map[string]shard.LSN, error) {
-	out := make(map[string]shard.LSN, len(old))
+	system, err := s.systemID(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var fenced []*eos
+	defer func() {
+		for _, e := range fenced {
+			e.producer.Close()
+		}
+	}()
 	for _, sh := range old {
 		r, err := newShardRelay(s.cfg, s.log, prometheus.NewRegistry(), sh, shard.Window{})
 		if err != nil {
 			return nil, err
 		}
-		lsn, err := r.deliveredPosition(ctx, db)
+		producer, err := sink.NewTransactional(r.cfg.Kafka, r.sinkM, r.txnM, r.log, r.transactionalID(system))
 		if err != nil {
-			err = fmt.Errorf("reading the position of old shard %s in %s: %w", sh.Slot, s.cfg.Kafka.PositionsTopic, err)
-			var refused *refusedError
-			if errors.As(err, &refused) {
-				return nil, &reshard.PermanentError{Err: err}
-			}
 			return nil, err
 		}
-		out[sh.Slot] = lsn
+		e := &eos{r: r, producer: producer, system: system}
+		fenced = append(fenced, e)
+		if err := e.fence(ctx); err != nil {
+			return nil, oldShardError(sh, s.cfg.Kafka.PositionsTopic, err)
+		}
+	}
+	out := make(map[string]shard.LSN, len(old))
+	for i, e := range fenced {
+		lsn, err := e.r.deliveredPosition(ctx, db, e)
+		if err != nil {
+			return nil, oldShardError(old[i], s.cfg.Kafka.PositionsTopic, err)
+		}
+		out[old[i].Slot] = lsn
 	}
 	return out, nil
 }
 
-// deliveredPosition fences the run's transactional id and returns the end
-// of what it committed to Kafka: the position's LSN, or, when the position
-// says only part of a Postgres transaction's rows are in Kafka, that
-// transaction's end (reshard.PG.TxnEnd), so that the old shard delivers
-// the rest of it before the cutover. It is 0 without a position. A
-// position that the exactly-once start would refuse (another deployment's,
-// another server's) is refused here too; one from an earlier timeline is
-// taken as that start takes it.
-func (r *Relay) deliveredPosition(ctx context.Context, db *reshard.PG) (shard.LSN, error) {
-	repl, err := r.connectReplication(ctx)
+// systemID reads the server's system identifier on a replication
+// connection opened for it and closed at once.
+func (s *Shards) systemID(ctx context.Context) (string, error) {
+	repl, err := pg.ConnectReplication(ctx, s.cfg.Postgres)
 	if err != nil {
-		return 0, err
+		return "", err
 	}
 	defer repl.Close(context.WithoutCancel(ctx))
 	sys, err := identify(ctx, repl)
-	if err != nil {
-		return 0, err
+	return sys.SystemID, err
+}
+
+// oldShardError names the old shard whose position could not be read; a
+// refused position (another deployment's id) stops the reshard.
+func oldShardError(sh shard.Shard, topic string, err error) error {
+	err = fmt.Errorf("reading the position of old shard %s in %s: %w", sh.Slot, topic, err)
+	var refused *refusedError
+	if errors.As(err, &refused) {
+		return &reshard.PermanentError{Err: err}
 	}
-	producer, err := sink.NewTransactional(r.cfg.Kafka, r.sinkM, r.txnM, r.log, r.transactionalID(sys.SystemID))
-	if err != nil {
-		return 0, err
-	}
-	defer producer.Close()
-	e := &eos{r: r, producer: producer, system: sys.SystemID}
-	if err := producer.EnsurePositionsTopic(ctx); err != nil {
-		return 0, err
-	}
-	if _, _, err := e.position(ctx, producer.PeekPosition); err != nil {
-		var refused *refusedError
-		if errors.As(err, &refused) {
-			return 0, err // another deployment's id: fence nobody
-		}
-	}
-	if err := producer.Init(ctx); err != nil {
-		return 0, err
-	}
-	pos, found, err := e.position(ctx, producer.ReadPosition)
+	return err
+}
+
+// deliveredPosition returns, after e.fence, the end of what the run's
+// transactional id committed to Kafka: the position's LSN, or, when the
+// position says only part of a Postgres transaction's rows are in Kafka,
+// that transaction's end (reshard.PG.TxnEnd), so that the old shard
+// delivers the rest of it before the cutover. It is 0 without a position.
+// A position the exactly-once start would refuse (another slot's or
+// server's) is refused here too, and one from an earlier timeline is taken
+// as that start takes it (positionOnServer).
+func (r *Relay) deliveredPosition(ctx context.Context, db *reshard.PG, e *eos) (shard.LSN, error) {
+	pos, found, err := e.position(ctx, e.producer.ReadPosition)
 	if err != nil || !found {
 		return 0, err
 	}
-	if sys, err = identify(ctx, repl); err != nil {
-		return 0, err
-	}
-	if pos, err = r.onThisTimeline(ctx, repl, int(sys.Timeline), sys.XLogPos, pos); err != nil {
+	if pos, err = r.positionOnServer(ctx, pos, e.system); err != nil {
 		return 0, err
 	}
 	lsn := pos.LSN
@@ -474,7 +486,7 @@ func (r *Relay) deliveredPosition(ctx context.Context, db *reshard.PG) (shard.LS
 				"split_txn", pos.Txn.String(), "split_rows", pos.Rows, "slot", r.cfg.Postgres.Slot)
 		}
 	}
-	r.log.Info("exactly-once: the old shard's position committed in Kafka", "transactional_id", producer.TransactionalID(),
+	r.log.Info("exactly-once: the old shard's position committed in Kafka", "transactional_id", e.producer.TransactionalID(),
 		"lsn", pos.LSN.String(), "split_txn", pos.Txn.String(), "split_rows", pos.Rows, "delivered_to", lsn.String(), "slot", r.cfg.Postgres.Slot)
 	return lsn, nil
 }

@@ -674,10 +674,28 @@ func TestShardsReshardAfterExactlyOnceSIGKILL(t *testing.T) {
 	waitCommitted(t, f.l, spec.Events/2)
 	p.stop(syscall.SIGKILL, 10*time.Second)
 	killed := time.Now()
+	// The old slots' confirmed positions as the kill left them (the
+	// cutover is taken a poll later, the drain moves them after it).
+	confirmed := map[string]string{}
+	old, _ := shard.Names(d.slot, 2)
+	for _, s := range old {
+		var lsn string
+		if err := d.pool.QueryRow(context.Background(), `SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1`, s).Scan(&lsn); err != nil {
+			t.Fatalf("slot %s: %v", s, err)
+		}
+		confirmed[s] = lsn
+	}
 	p4.waitLog(`msg=resharded`, time.Minute)
 	p4.waitShardsStreaming(4)
+	ahead := 0
 	for _, m := range positionReadRE.FindAllStringSubmatch(p4.logs.String(), -1) {
-		t.Logf("old shard %s: position in Kafka %s, delivered to %s", m[3], m[1], m[2])
+		t.Logf("old shard %s: slot confirmed %s at the kill, position in Kafka %s, delivered to %s", m[3], confirmed[m[3]], m[1], m[2])
+		if c, ok := confirmed[m[3]]; ok && parseLSN(t, m[1]) > parseLSN(t, c) {
+			ahead++
+		}
+	}
+	if ahead == 0 {
+		t.Error("no old shard's position in Kafka was past its slot's confirmed position after the kill: the case was not exercised")
 	}
 	if m := cutoverRE.FindStringSubmatch(p4.logs.String()); m != nil {
 		t.Logf("cutover %s", m[1])
