@@ -650,9 +650,9 @@ var positionReadRE = regexp.MustCompile(`msg="exactly-once: the old shard's posi
 // under load takes its cutover at or past the old shards' positions in
 // Kafka, so the new shards, under their own transactional ids, deliver
 // none of those events again: a read_committed consumer sees every event
-// once. The old instance sends status updates every 3 s, so that the kill
-// leaves a few seconds' worth of events committed in Kafka and not
-// confirmed to the slots (several hundred duplicates before the fix).
+// once. The old instance sends status updates every second, so that the
+// kill leaves up to a second's worth of events committed in Kafka and not
+// confirmed to the slots (a hundred duplicates and more before the fix).
 // With kafka.transaction_max_bytes at its least, large Postgres
 // transactions are split over Kafka transactions and the kill most likely
 // leaves a position inside one: the cutover is then that transaction's
@@ -665,8 +665,8 @@ func TestShardsReshardAfterExactlyOnceSIGKILL(t *testing.T) {
 		extra  []string
 		events int
 	}{
-		{"small transactions", []int{1, 2, 10, 1, 5, 3}, 5 * time.Millisecond, nil, 2500},
-		{"split transactions", []int{60, 1, 90, 5}, 60 * time.Millisecond, []string{"OUTBOXD_KAFKA_TRANSACTION_MAX_BYTES=1024"}, 4000},
+		{"small transactions", []int{1, 2, 10, 1, 5, 3}, 5 * time.Millisecond, nil, 4000},
+		{"split transactions", []int{60, 1, 90, 5}, 120 * time.Millisecond, []string{"OUTBOXD_KAFKA_TRANSACTION_MAX_BYTES=1024"}, 4000},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := shardDB(t)
@@ -677,7 +677,7 @@ func TestShardsReshardAfterExactlyOnceSIGKILL(t *testing.T) {
 				extra = append(append([]string{"OUTBOXD_KAFKA_MAX_BUFFERED_RECORDS=2000", "OUTBOXD_POSTGRES_STANDBY_POLL_INTERVAL=100ms"}, tc.extra...), extra...)
 				return append(eosEnv(d, extra...), "OUTBOXD_POSTGRES_SHARDS="+strconv.Itoa(n))
 			}
-			p := start(t, env(2, "OUTBOXD_POSTGRES_STATUS_INTERVAL=3s"))
+			p := start(t, env(2, "OUTBOXD_POSTGRES_STATUS_INTERVAL=1s"))
 			p.waitShardsStreaming(2)
 			spec := loadSpec{Prefix: d.name, Types: 4, IDs: 40, Writers: 2, Events: tc.events,
 				TxSizes: tc.sizes, RollbackPct: 5, DeletePct: 20, Pace: tc.pace}
@@ -686,11 +686,25 @@ func TestShardsReshardAfterExactlyOnceSIGKILL(t *testing.T) {
 			// The new instance makes its slots and waits for the old ones to be idle.
 			p4 := start(t, env(4))
 			p4.waitLog(`msg="resharding: waiting"`, time.Minute)
-			waitCommitted(t, f.l, spec.Events/2)
-			// The old instance is killed once it has committed to Kafka.
-			for deadline := time.Now().Add(time.Minute); len(f.c.records()) < spec.Events/4; time.Sleep(20 * time.Millisecond) {
+			// The old instance is killed once its slots have confirmed past
+			// the new slots' creation: its positions in Kafka, further on,
+			// then set the cutover, not the new slots' consistent points.
+			var created string
+			nu, _ := shard.Names(d.slot, 4)
+			if err := d.pool.QueryRow(context.Background(), `SELECT max(confirmed_flush_lsn)::text FROM pg_replication_slots WHERE slot_name = ANY($1)`, nu).Scan(&created); err != nil {
+				t.Fatalf("the new slots: %v", err)
+			}
+			old, _ := shard.Names(d.slot, 2)
+			for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
+				var behind int
+				if err := d.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_replication_slots WHERE slot_name = ANY($1) AND confirmed_flush_lsn <= $2::pg_lsn`, old, created).Scan(&behind); err != nil {
+					t.Fatalf("the old slots: %v", err)
+				}
+				if behind == 0 {
+					break
+				}
 				if time.Now().After(deadline) {
-					t.Fatalf("only %d events in Kafka a minute after %d were committed", len(f.c.records()), spec.Events/2)
+					t.Fatalf("the old slots did not confirm past the new slots' creation at %s within a minute", created)
 				}
 			}
 			p.stop(syscall.SIGKILL, 10*time.Second)
@@ -698,7 +712,6 @@ func TestShardsReshardAfterExactlyOnceSIGKILL(t *testing.T) {
 			// The old slots' confirmed positions as the kill left them (the
 			// cutover is taken a poll later, the drain moves them after it).
 			confirmed := map[string]string{}
-			old, _ := shard.Names(d.slot, 2)
 			for _, s := range old {
 				var lsn string
 				if err := d.pool.QueryRow(context.Background(), `SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1`, s).Scan(&lsn); err != nil {
@@ -715,7 +728,7 @@ func TestShardsReshardAfterExactlyOnceSIGKILL(t *testing.T) {
 				}
 				t.Logf("old shard %s: slot confirmed %s at the kill, position in Kafka %s (split transaction %s), delivered to %s",
 					m[4], confirmed[m[4]], m[1], m[2], m[3])
-				if c, ok := confirmed[m[4]]; ok && parseLSN(t, m[1]) > parseLSN(t, c) {
+				if c, ok := confirmed[m[4]]; ok && parseLSN(t, m[3]) > parseLSN(t, c) {
 					ahead++
 				}
 			}
