@@ -397,7 +397,8 @@ func (s *Shards) drain(ctx context.Context, db *reshard.PG, shards []shard.Shard
 // can commit past what is read. The old shards' drain then resumes from
 // these positions.
 func (s *Shards) delivered(ctx context.Context, db *reshard.PG, old []shard.Shard) (map[string]shard.LSN, error) {
-	system, err := s.systemID(ctx)
+	addr := pg.Addr(db.Conn.PgConn().Conn()) // the server the reshard observes
+	system, err := s.systemID(ctx, addr)
 	if err != nil {
 		return nil, err
 	}
@@ -424,7 +425,7 @@ func (s *Shards) delivered(ctx context.Context, db *reshard.PG, old []shard.Shar
 	}
 	out := make(map[string]shard.LSN, len(old))
 	for i, e := range fenced {
-		lsn, err := e.r.deliveredPosition(ctx, db, e)
+		lsn, err := e.r.deliveredPosition(ctx, db, e, addr)
 		if err != nil {
 			return nil, oldShardError(old[i], s.cfg.Kafka.PositionsTopic, err)
 		}
@@ -433,10 +434,10 @@ func (s *Shards) delivered(ctx context.Context, db *reshard.PG, old []shard.Shar
 	return out, nil
 }
 
-// systemID reads the server's system identifier on a replication
-// connection opened for it and closed at once.
-func (s *Shards) systemID(ctx context.Context) (string, error) {
-	repl, err := pg.ConnectReplication(ctx, s.cfg.Postgres)
+// systemID reads the system identifier of the server at addr on a
+// replication connection opened for it and closed at once.
+func (s *Shards) systemID(ctx context.Context, addr string) (string, error) {
+	repl, err := pg.ConnectReplicationAt(ctx, s.cfg.Postgres, addr)
 	if err != nil {
 		return "", err
 	}
@@ -463,13 +464,14 @@ func oldShardError(sh shard.Shard, topic string, err error) error {
 // delivers the rest of it before the cutover. It is 0 without a position.
 // A position the exactly-once start would refuse (another slot's or
 // server's) is refused here too, and one from an earlier timeline is taken
-// as that start takes it (positionOnServer).
-func (r *Relay) deliveredPosition(ctx context.Context, db *reshard.PG, e *eos) (shard.LSN, error) {
+// as that start takes it (positionOnServer, on the server at addr, the
+// one the reshard observes).
+func (r *Relay) deliveredPosition(ctx context.Context, db *reshard.PG, e *eos, addr string) (shard.LSN, error) {
 	pos, found, err := e.position(ctx, e.producer.ReadPosition)
 	if err != nil || !found {
 		return 0, err
 	}
-	if pos, err = r.positionOnServer(ctx, pos, e.system); err != nil {
+	if pos, err = r.positionOnServer(ctx, pos, e.system, addr); err != nil {
 		return 0, err
 	}
 	lsn := pos.LSN
