@@ -2,12 +2,15 @@ package sink_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/router"
@@ -90,5 +93,52 @@ func TestPartitionColumnOnANewTopicWithBrokerCreation(t *testing.T) {
 			}
 			t.Logf("after %s: %v", took.Round(time.Millisecond), err)
 		})
+	}
+}
+
+// TestPartitionColumnOnARefusedTopic checks that a topic the brokers refuse
+// for good (TOPIC_AUTHORIZATION_FAILED: no ACL to describe or create it),
+// named by a record whose partition a column chose, stops outboxd at once
+// with a permanent error that says what to grant, as the same refusal of a
+// keyed record does, instead of restarting the pipeline every
+// kafka.delivery_timeout and delivering nothing to any topic (review of
+// issue 32 item 11).
+func TestPartitionColumnOnARefusedTopic(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.ControlKey(int16(kmsg.Metadata), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		r := req.(*kmsg.MetadataRequest)
+		for _, rt := range r.Topics {
+			if rt.Topic != nil && *rt.Topic == "secret" {
+				resp := r.ResponseKind().(*kmsg.MetadataResponse)
+				mt := kmsg.NewMetadataResponseTopic()
+				mt.Topic = kmsg.StringPtr("secret")
+				mt.ErrorCode = kerr.TopicAuthorizationFailed.Code
+				resp.Topics = append(resp.Topics, mt)
+				return resp, nil, true
+			}
+		}
+		return nil, nil, false
+	})
+	p, ctx := newProducer(t, c, func(cfg *config.Kafka) {
+		cfg.TopicCreation, cfg.DeliveryTimeout = config.TopicCreationBroker, 30*time.Second
+	})
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second) // well under delivery_timeout
+	defer cancel()
+	err = produceAndWait(ctx, p, &router.Record{Topic: "secret", Partition: 0, Key: []byte("k"), Value: []byte("{}"), EventID: "e1"})
+	var refused *sink.TopicRefusedError
+	if !errors.As(err, &refused) || !errors.Is(err, kerr.TopicAuthorizationFailed) {
+		t.Fatalf("got %v, want a TopicRefusedError for TOPIC_AUTHORIZATION_FAILED before delivery_timeout", err)
+	}
+	var perm interface{ Permanent() bool }
+	if !errors.As(err, &perm) || !perm.Permanent() {
+		t.Errorf("%v: not permanent, so the pipeline would restart for ever", err)
+	}
+	if !strings.Contains(err.Error(), "Describe") {
+		t.Errorf("%v: does not say what to grant", err)
 	}
 }

@@ -671,6 +671,12 @@ func (p *Producer) waitUsable(ctx context.Context, topic string) (int, error) {
 			return n, nil
 		}
 		last = err
+		var ke *kerr.Error
+		if errors.As(err, &ke) && !ke.Retriable {
+			// Refused for good (no ACL to describe or create the topic, an
+			// invalid name, a policy): waiting changes nothing.
+			return 0, &TopicRefusedError{Topic: topic, Err: err}
+		}
 		select {
 		case <-ctx.Done():
 			return 0, p.notUsable(topic, last, ctx.Err())
@@ -702,7 +708,7 @@ func (p *Producer) usable(ctx context.Context, req *kmsg.MetadataRequest, topic 
 			continue
 		}
 		if _, err := ledTopic(bresp, topic); err != nil {
-			return 0, fmt.Errorf("broker %d does not know the topic's leaders yet (%v)", b.NodeID, err)
+			return 0, fmt.Errorf("broker %d does not know the topic's leaders yet (%w)", b.NodeID, err)
 		}
 	}
 	// Each leader, asked for its partitions' start offsets.
@@ -729,7 +735,7 @@ func (p *Producer) usable(ctx context.Context, req *kmsg.MetadataRequest, topic 
 		for _, lt := range lresp.Topics {
 			for _, lp := range lt.Partitions {
 				if err := kerr.ErrorForCode(lp.ErrorCode); err != nil {
-					return 0, fmt.Errorf("broker %d does not answer for %s[%d], which it leads, yet (%v)", leader, topic, lp.Partition, err)
+					return 0, fmt.Errorf("broker %d does not answer for %s[%d], which it leads, yet (%w)", leader, topic, lp.Partition, err)
 				}
 			}
 		}
@@ -762,6 +768,24 @@ func ledTopic(resp *kmsg.MetadataResponse, topic string) (kmsg.MetadataResponseT
 	}
 	return kmsg.MetadataResponseTopic{}, kerr.UnknownTopicOrPartition
 }
+
+// TopicRefusedError is a topic the brokers refused to describe or create
+// with an error that does not go away by itself (TOPIC_AUTHORIZATION_FAILED,
+// INVALID_TOPIC_EXCEPTION, POLICY_VIOLATION, ...). It is permanent: outboxd
+// stops, as it does when Kafka rejects a record, instead of retrying.
+type TopicRefusedError struct {
+	Topic string
+	Err   error
+}
+
+func (e *TopicRefusedError) Error() string {
+	return fmt.Sprintf("the brokers refused topic %q: %v; grant outboxd's principal Describe and Create on it (or create it and grant Describe and Write), or fix the topic name the row routes to", e.Topic, e.Err)
+}
+
+func (e *TopicRefusedError) Unwrap() error { return e.Err }
+
+// Permanent reports that retrying cannot help.
+func (e *TopicRefusedError) Permanent() bool { return true }
 
 var (
 	errNoPartitions = errors.New("no partitions")
