@@ -6,16 +6,15 @@ import (
 	"io"
 	"log/slog"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kfake"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outboxd/outboxd/checkpoint"
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/internal/kfaketest"
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/shard"
 	"github.com/outboxd/outboxd/sink"
@@ -205,18 +204,7 @@ func TestAwaitAcksReportsAStall(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The broker never answers a produce request.
-	var hold atomic.Bool
-	hold.Store(true)
-	t.Cleanup(func() { hold.Store(false) })
-	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
-		c.KeepControl()
-		c.SleepControl(func() {
-			for hold.Load() {
-				time.Sleep(5 * time.Millisecond)
-			}
-		})
-		return nil, nil, false
-	})
+	t.Cleanup(kfaketest.HoldProduce(c))
 	tracker := checkpoint.New(0)
 	txn := tracker.Begin()
 	txn.Add()

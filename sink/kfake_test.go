@@ -19,6 +19,7 @@ import (
 
 	"github.com/outboxd/outboxd/checkpoint"
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/internal/kfaketest"
 	"github.com/outboxd/outboxd/relay"
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/sink"
@@ -128,20 +129,7 @@ func newProducer(t *testing.T, c *kfake.Cluster, tune func(*config.Kafka)) (*sin
 }
 
 // holdProduce makes c hold every produce request until release is called.
-func holdProduce(c *kfake.Cluster) (release func()) {
-	var hold atomic.Bool
-	hold.Store(true)
-	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
-		c.KeepControl()
-		c.SleepControl(func() {
-			for hold.Load() {
-				time.Sleep(5 * time.Millisecond)
-			}
-		})
-		return nil, nil, false
-	})
-	return func() { hold.Store(false) }
-}
+func holdProduce(c *kfake.Cluster) (release func()) { return kfaketest.HoldProduce(c) }
 
 // rejectingProducer returns a producer (as newProducer) whose broker
 // rejects every produce request with INVALID_RECORD.

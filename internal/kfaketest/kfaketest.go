@@ -48,3 +48,20 @@ func FailFetches(c *kfake.Cluster, topic string, d time.Duration) *atomic.Int64 
 	})
 	return &n
 }
+
+// HoldProduce makes c hold every produce request until release is called,
+// as a broker that accepts the connection and never answers.
+func HoldProduce(c *kfake.Cluster) (release func()) {
+	var hold atomic.Bool
+	hold.Store(true)
+	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		c.SleepControl(func() {
+			for hold.Load() {
+				time.Sleep(5 * time.Millisecond)
+			}
+		})
+		return nil, nil, false
+	})
+	return func() { hold.Store(false) }
+}
