@@ -25,6 +25,24 @@ import (
 // no record of Debezium's to reproduce, so the row is a poison row.
 var errDebeziumDies = errors.New("the EventRouter of Debezium fails on it (its Kafka Connect task dies)")
 
+// Bounds of the expansion. Jackson (2.15 and later) refuses to read JSON
+// nested deeper than maxNesting, and Debezium then sends the payload as a
+// string; the recursion here stops at the same depth. maxShapes and
+// maxExpanded bound the work and memory of an array of objects of many
+// shapes, each written with the fields of all of them (Debezium merges
+// them): past them the row is a poison row instead of an out-of-memory
+// crash that would repeat at every restart.
+const (
+	maxNesting  = 1000
+	maxShapes   = 1024
+	maxExpanded = 64 << 20
+)
+
+var errTooDeep = errors.New("nested deeper than 1000 levels")
+
+// errTooLarge marks a payload whose expansion outboxd refuses to build.
+var errTooLarge = errors.New("outboxd does not expand it: a poison row")
+
 // kind is a Jackson node type, with NUMBER split as JsonSchemaData splits it.
 type kind int
 
@@ -98,6 +116,9 @@ func appendExpanded(dst, p []byte) ([]byte, error) {
 		return appendJacksonString(dst, p), nil // JSON expansion failed: sent as it was
 	}
 	s, err := inferSchema(root)
+	if errors.Is(err, errTooLarge) {
+		return dst, err
+	}
 	if err != nil {
 		return appendJacksonString(dst, p), nil
 	}
@@ -119,10 +140,10 @@ func appendExpanded(dst, p []byte) ([]byte, error) {
 func readTree(p []byte) (*node, error) {
 	d := json.NewDecoder(bytes.NewReader(p))
 	d.UseNumber()
-	return readNode(d)
+	return readNode(d, 0)
 }
 
-func readNode(d *json.Decoder) (*node, error) {
+func readNode(d *json.Decoder, depth int) (*node, error) {
 	t, err := d.Token()
 	if err != nil {
 		return nil, err
@@ -137,10 +158,13 @@ func readNode(d *json.Decoder) (*node, error) {
 	case json.Number:
 		return numberNode(string(v))
 	case json.Delim:
+		if depth++; depth > maxNesting {
+			return nil, errTooDeep
+		}
 		if v == '[' {
 			n := &node{kind: kArray}
 			for d.More() {
-				e, err := readNode(d)
+				e, err := readNode(d, depth)
 				if err != nil {
 					return nil, err
 				}
@@ -156,7 +180,7 @@ func readNode(d *json.Decoder) (*node, error) {
 				return nil, err
 			}
 			k := kt.(string)
-			e, err := readNode(d)
+			e, err := readNode(d, depth)
 			if err != nil {
 				return nil, err
 			}
@@ -282,6 +306,9 @@ func arraySchema(n *node) (*schema, error) {
 			seen = seen || d.equal(s)
 		}
 		if !seen {
+			if len(distinct) == maxShapes {
+				return nil, fmt.Errorf("an array holds objects of more than %d shapes, each of which would be written with the fields of all: %w", maxShapes, errTooLarge)
+			}
 			distinct = append(distinct, s)
 		}
 	}
@@ -337,6 +364,9 @@ func appendConverted(dst []byte, n *node, s *schema) ([]byte, error) {
 		for i, e := range n.elems {
 			if i > 0 {
 				dst = append(dst, ',')
+			}
+			if len(dst) > maxExpanded {
+				return dst, fmt.Errorf("the expanded value passes %d MiB: %w", maxExpanded>>20, errTooLarge)
 			}
 			var err error
 			if dst, err = appendConverted(dst, e, s.elem); err != nil {

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"strconv"
 	"strings"
@@ -175,7 +176,7 @@ func FuzzExpand(f *testing.F) {
 	f.Fuzz(func(t *testing.T, p []byte) {
 		out, err := appendExpanded(nil, p)
 		if err != nil {
-			if !errors.Is(err, errDebeziumDies) {
+			if !errors.Is(err, errDebeziumDies) && !errors.Is(err, errTooLarge) {
 				t.Fatalf("%q: %v", p, err)
 			}
 			return
@@ -184,4 +185,48 @@ func FuzzExpand(f *testing.F) {
 			t.Fatalf("%q expanded to invalid JSON %q", p, out)
 		}
 	})
+}
+
+// TestExpandBounds: a payload nested deeper than Jackson reads (1,000
+// levels) is sent as a string, as Debezium sends it, and one nested
+// millions deep neither overflows the stack (a crash no poison policy can
+// catch, repeated at every restart) nor is expanded; an array of objects of
+// thousands of shapes, which Debezium writes each with the fields of all,
+// is a poison row instead of gigabytes (review of issue 33).
+func TestExpandBounds(t *testing.T) {
+	nested := func(n int) []byte {
+		return []byte(strings.Repeat("[", n) + "1" + strings.Repeat("]", n))
+	}
+	for _, c := range []struct {
+		name     string
+		in       []byte
+		expanded bool
+	}{
+		{"1000 levels with the object", nested(999), true},
+		{"1001 levels with the object", nested(1000), false},
+		{"5,000,000 levels", nested(5_000_000), false},
+		{"5,000,000 unclosed", []byte(strings.Repeat("[", 5_000_000)), false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			out, err := appendExpanded(nil, []byte("{\"a\":"+string(c.in)+"}"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if str := len(out) > 0 && out[0] == '"'; str == c.expanded {
+				t.Errorf("expanded %v, want %v (%.40s...)", !str, c.expanded, out)
+			}
+		})
+	}
+	var b strings.Builder
+	b.WriteString(`{"a":[`)
+	for i := range 10_000 {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `{"k%d":1}`, i)
+	}
+	b.WriteString(`]}`)
+	if _, err := appendExpanded(nil, []byte(b.String())); !errors.Is(err, errTooLarge) {
+		t.Errorf("10,000 object shapes: %v, want a poison row (errTooLarge)", err)
+	}
 }
