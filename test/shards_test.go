@@ -665,7 +665,7 @@ func TestShardsReshardAfterExactlyOnceSIGKILL(t *testing.T) {
 		extra  []string
 		events int
 	}{
-		{"small transactions", []int{1, 2, 10, 1, 5, 3}, 5 * time.Millisecond, nil, 4000},
+		{"small transactions", []int{1, 2, 10, 1, 5, 3}, 20 * time.Millisecond, nil, 4000},
 		{"split transactions", []int{60, 1, 90, 5}, 120 * time.Millisecond, []string{"OUTBOXD_KAFKA_TRANSACTION_MAX_BYTES=1024"}, 4000},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -677,25 +677,33 @@ func TestShardsReshardAfterExactlyOnceSIGKILL(t *testing.T) {
 				extra = append(append([]string{"OUTBOXD_KAFKA_MAX_BUFFERED_RECORDS=2000", "OUTBOXD_POSTGRES_STANDBY_POLL_INTERVAL=100ms"}, tc.extra...), extra...)
 				return append(eosEnv(d, extra...), "OUTBOXD_POSTGRES_SHARDS="+strconv.Itoa(n))
 			}
-			p := start(t, env(2, "OUTBOXD_POSTGRES_STATUS_INTERVAL=1s"))
+			// The old instance confirms every 2 s only (by default it
+			// confirms within 50 ms of Kafka's acknowledgement), and is
+			// killed 300 ms after a confirmation: its positions in Kafka
+			// are then ahead of its slots, the case under test.
+			p := start(t, env(2, "OUTBOXD_POSTGRES_STATUS_INTERVAL=2s", "OUTBOXD_POSTGRES_CONFIRM_INTERVAL=2s"))
 			p.waitShardsStreaming(2)
 			// The new instance makes its slots and waits for the old ones
 			// to be idle; the load starts after that.
 			p4 := start(t, env(4))
 			p4.waitLog(`msg="resharding: waiting"`, time.Minute)
-			spec := loadSpec{Prefix: d.name, Types: 4, IDs: 40, Writers: 2, Events: tc.events,
-				TxSizes: tc.sizes, RollbackPct: 5, DeletePct: 20, Pace: tc.pace}
-			f := startEOSRun(t, d, svc.brokers, spec)
-			waitCommitted(t, f.l, spec.Events/3)
-			// The old instance is killed once its slots have confirmed past
-			// the new slots' creation: its positions in Kafka, further on,
-			// then set the cutover, not the new slots' consistent points.
+			// The old slots confirm past the new slots' creation (with the
+			// keepalives of the idle stream) before the load starts: the
+			// old instance's positions in Kafka, further on, then set the
+			// cutover, not the new slots' consistent points.
 			var created string
 			nu, _ := shard.Names(d.slot, 4)
 			if err := d.pool.QueryRow(context.Background(), `SELECT max(confirmed_flush_lsn)::text FROM pg_replication_slots WHERE slot_name = ANY($1)`, nu).Scan(&created); err != nil {
 				t.Fatalf("the new slots: %v", err)
 			}
 			old, _ := shard.Names(d.slot, 2)
+			oldConfirmed := func() string {
+				var lsns string
+				if err := d.pool.QueryRow(context.Background(), `SELECT string_agg(confirmed_flush_lsn::text, ',' ORDER BY slot_name) FROM pg_replication_slots WHERE slot_name = ANY($1)`, old).Scan(&lsns); err != nil {
+					t.Fatalf("the old slots: %v", err)
+				}
+				return lsns
+			}
 			for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
 				var behind int
 				if err := d.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_replication_slots WHERE slot_name = ANY($1) AND confirmed_flush_lsn <= $2::pg_lsn`, old, created).Scan(&behind); err != nil {
@@ -707,6 +715,22 @@ func TestShardsReshardAfterExactlyOnceSIGKILL(t *testing.T) {
 				if time.Now().After(deadline) {
 					t.Fatalf("the old slots did not confirm past the new slots' creation at %s within a minute", created)
 				}
+			}
+			spec := loadSpec{Prefix: d.name, Types: 4, IDs: 40, Writers: 2, Events: tc.events,
+				TxSizes: tc.sizes, RollbackPct: 5, DeletePct: 20, Pace: tc.pace}
+			f := startEOSRun(t, d, svc.brokers, spec)
+			waitCommitted(t, f.l, spec.Events/5)
+			// The kill: 300 ms (three Kafka transactions) after a
+			// confirmation, well before the next one.
+			before := oldConfirmed()
+			for deadline := time.Now().Add(time.Minute); oldConfirmed() == before; time.Sleep(20 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatalf("the old slots confirmed nothing past %s in a minute under load", before)
+				}
+			}
+			time.Sleep(300 * time.Millisecond)
+			if f.l.committedCount() >= spec.Events*9/10 {
+				t.Fatalf("the load had nearly ended (%d of %d events) before the kill: the kill must come under load", f.l.committedCount(), spec.Events)
 			}
 			p.stop(syscall.SIGKILL, 10*time.Second)
 			killed := time.Now()
