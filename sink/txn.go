@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -341,10 +342,7 @@ func (p *Producer) readPosition(ctx context.Context, isolation kgo.IsolationLeve
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.DeliveryTimeout)
 	defer cancel()
 	topic, key := p.cfg.PositionsTopic, p.txn.id
-	starts, err := p.admin.ListStartOffsets(ctx, topic)
-	if err == nil {
-		err = starts.Error()
-	}
+	starts, err := listOffsets(ctx, p.admin.ListStartOffsets, topic)
 	if err != nil {
 		return nil, false, fmt.Errorf("reading the start offsets of %s: %w", topic, err)
 	}
@@ -353,10 +351,7 @@ func (p *Producer) readPosition(ctx context.Context, isolation kgo.IsolationLeve
 	// holds its last stable offset back, and this id's last position may
 	// have been committed after it. Reading committed records up to the
 	// high watermark waits until that transaction ends.
-	ends, err := p.admin.ListEndOffsets(ctx, topic)
-	if err == nil {
-		err = ends.Error()
-	}
+	ends, err := listOffsets(ctx, p.admin.ListEndOffsets, topic)
 	if err != nil {
 		return nil, false, fmt.Errorf("reading the end offsets of %s: %w", topic, err)
 	}
@@ -392,6 +387,31 @@ func (p *Producer) readPosition(ctx context.Context, isolation kgo.IsolationLeve
 		}
 	}
 	return found.value, found.ok, nil
+}
+
+// listOffsets asks list (the start or end offsets) for topic's partitions
+// until every partition answers, or ctx (delivery_timeout) ends. A
+// partition error that a broker gives while leadership moves
+// (OFFSET_NOT_AVAILABLE right after a leader election, NOT_LEADER, …) is
+// retried, as the producer retries; only UNKNOWN_TOPIC_OR_PARTITION and the
+// errors that are not retriable end the read at once.
+func listOffsets(ctx context.Context, list func(context.Context, ...string) (kadm.ListedOffsets, error), topic string) (kadm.ListedOffsets, error) {
+	for {
+		o, err := list(ctx, topic)
+		if err == nil {
+			err = o.Error()
+		}
+		if err == nil || !kerr.IsRetriable(err) || errors.Is(err, kerr.UnknownTopicOrPartition) || ctx.Err() != nil {
+			if err != nil && ctx.Err() != nil {
+				err = fmt.Errorf("no answer from every partition within kafka.delivery_timeout, the last: %w", err)
+			}
+			return o, err
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 // readRange reads offsets [from, end) of one partition, at isolation, and

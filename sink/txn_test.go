@@ -6,12 +6,15 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/internal/kfaketest"
@@ -203,6 +206,53 @@ func TestReadPositionWhileFetchesFail(t *testing.T) {
 				t.Errorf("the error does not say the end was not reached within kafka.delivery_timeout: %v", err)
 			}
 		})
+	}
+}
+
+// Right after a leader election a broker answers ListOffsets for the
+// positions partition with OFFSET_NOT_AVAILABLE for a while. Reading the
+// position retries within delivery_timeout, as the producer does, instead
+// of restarting the pipeline (review of issue 32: a three-broker cluster
+// test restarted on it while two brokers were down).
+func TestReadPositionRetriesOffsetNotAvailable(t *testing.T) {
+	cl := newCluster(t, 1)
+	p, ctx := txnProducer(t, cl, "outboxd-offsets")
+	if err := p.Begin(); err != nil {
+		t.Fatal(err)
+	}
+	produceN(t, ctx, p, 0, 1)
+	if err := p.Commit(ctx, []byte("p1")); err != nil {
+		t.Fatal(err)
+	}
+	q, ctx := txnProducer(t, cl, "outboxd-offsets") // the restart
+	topic := config.Default().Kafka.PositionsTopic
+	var failed atomic.Int64
+	cl.ControlKey(int16(kmsg.ListOffsets), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		cl.KeepControl()
+		r := req.(*kmsg.ListOffsetsRequest)
+		if failed.Load() >= 6 || len(r.Topics) != 1 || r.Topics[0].Topic != topic {
+			return nil, nil, false
+		}
+		failed.Add(1)
+		resp := r.ResponseKind().(*kmsg.ListOffsetsResponse)
+		st := kmsg.NewListOffsetsResponseTopic()
+		st.Topic = topic
+		for _, rp := range r.Topics[0].Partitions {
+			sp := kmsg.NewListOffsetsResponseTopicPartition()
+			sp.Partition = rp.Partition
+			sp.ErrorCode = kerr.OffsetNotAvailable.Code
+			sp.Offset = -1
+			st.Partitions = append(st.Partitions, sp)
+		}
+		resp.Topics = append(resp.Topics, st)
+		return resp, nil, true
+	})
+	v, ok, err := q.ReadPosition(ctx)
+	if failed.Load() == 0 {
+		t.Fatal("no ListOffsets of the positions topic failed: the test tests nothing")
+	}
+	if err != nil || !ok || string(v) != "p1" {
+		t.Fatalf("ReadPosition = %q, %v, %v after %d OFFSET_NOT_AVAILABLE answers; want p1", v, ok, err, failed.Load())
 	}
 }
 
