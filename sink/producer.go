@@ -582,10 +582,30 @@ func (p *Producer) Warm(ctx context.Context) error {
 // exist, and a lookup is one metadata request where a CreateTopics goes to
 // the controller, and needs no permission to create topics.
 //
+// In exactly-once mode with topic_creation: broker, a topic is looked up
+// once the way waitUsable does (auto-creation allowed) before its first
+// record: a transaction coordinator that does not know a topic the producer
+// just had auto-created refuses its partitions, and the transaction aborts
+// (OPERATION_NOT_ATTEMPTED).
+//
 // The lookup, the creation and the wait for leaders together take at most
 // kafka.delivery_timeout, as a record's delivery does.
 func (p *Producer) EnsureTopic(ctx context.Context, topic string) error {
-	if _, ok := p.known[topic]; ok || p.cfg.TopicCreation != config.TopicCreationAdmin {
+	if _, ok := p.known[topic]; ok {
+		return nil
+	}
+	if p.cfg.TopicCreation != config.TopicCreationAdmin {
+		if p.txn == nil || p.cfg.TopicCreation != config.TopicCreationBroker {
+			return nil
+		}
+		ctx, cancel := context.WithTimeout(ctx, p.cfg.DeliveryTimeout)
+		defer cancel()
+		n, err := p.waitUsable(ctx, topic)
+		if err != nil {
+			return err
+		}
+		p.known[topic] = n
+		p.client.ForceMetadataRefresh()
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.DeliveryTimeout)

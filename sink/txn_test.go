@@ -256,6 +256,66 @@ func TestReadPositionRetriesOffsetNotAvailable(t *testing.T) {
 	}
 }
 
+// In exactly-once mode with kafka.topic_creation: broker, the first record
+// to a topic the broker is still creating waits until every broker knows
+// the topic with leaders, as with topic_creation: admin: a transaction
+// coordinator that does not know it yet refuses its partitions and the
+// transaction aborts (review of issue 32 item 13). Here the brokers answer
+// LEADER_NOT_AVAILABLE for the new topic until released; Produce must not
+// return before.
+func TestExactlyOnceNewTopicWithBrokerCreationWaitsUntilUsable(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(3), kfake.AllowAutoTopicCreation())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	p, ctx := txnProducerWith(t, c, "outboxd-newtopic", func(k *config.Kafka) { k.TopicCreation = config.TopicCreationBroker })
+	const fresh = "tenants-events"
+	var held atomic.Int64
+	var release atomic.Bool
+	c.ControlKey(int16(kmsg.Metadata), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		r := req.(*kmsg.MetadataRequest)
+		if release.Load() || len(r.Topics) != 1 || r.Topics[0].Topic == nil || *r.Topics[0].Topic != fresh {
+			return nil, nil, false
+		}
+		held.Add(1)
+		resp := r.ResponseKind().(*kmsg.MetadataResponse)
+		st := kmsg.NewMetadataResponseTopic()
+		st.Topic = kmsg.StringPtr(fresh)
+		st.ErrorCode = kerr.LeaderNotAvailable.Code
+		resp.Topics = append(resp.Topics, st)
+		return resp, nil, true
+	})
+	if err := p.Begin(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	handed := make(chan error, 1)
+	go func() {
+		handed <- p.Produce(ctx, &router.Record{Topic: fresh, Key: []byte("k"), Value: []byte("{}"), EventID: "e1", Partition: -1}, func(err error) { done <- err })
+	}()
+	for held.Load() < 3 {
+		select {
+		case err := <-handed:
+			t.Fatalf("Produce returned (%v) while the brokers did not know the new topic yet", err)
+		case <-ctx.Done():
+			t.Fatal(ctx.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	release.Store(true)
+	if err := <-handed; err != nil {
+		t.Fatalf("Produce: %v", err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("the record: %v", err)
+	}
+	if err := p.Commit(ctx, []byte("p1")); err != nil {
+		t.Fatalf("Commit: %v", err)
+	}
+}
+
 // PeekPosition returns the key's last position whether or not its
 // transaction committed, without initialising the producer: nothing is
 // fenced, and a transaction still open elsewhere on the positions
