@@ -325,15 +325,26 @@ func (e *StallError) Unwrap() error { return e.Refused }
 
 // refusal is a retriable error a broker answered with, and when.
 type refusal struct {
-	err error
-	at  time.Time
+	err    error
+	at     time.Time
+	lookup bool // a coordinator lookup's (FindCoordinator), not a produce or transaction request's
 }
 
+// noteRefusal keeps err as the last refusal. A coordinator lookup's does not
+// replace a produce or transaction request's of the last 10 s: the client
+// looks coordinators up on its own schedule, and a stall is explained by
+// what the brokers answered the records, not by that.
 func (p *Producer) noteRefusal(err error) {
-	if r := p.refused.Load(); r == nil || r.err.Error() != err.Error() || time.Since(r.at) > 10*time.Second {
+	var lr *lookupRefusal
+	lookup := errors.As(err, &lr)
+	r := p.refused.Load()
+	if r == nil || r.err.Error() != err.Error() || time.Since(r.at) > 10*time.Second {
 		p.log.Debug("a Kafka broker refused a request for now; it is retried", "err", err) // one line a refusal and 10 s at most
 	}
-	p.refused.Store(&refusal{err: err, at: time.Now()})
+	if lookup && r != nil && !r.lookup && time.Since(r.at) <= 10*time.Second {
+		return
+	}
+	p.refused.Store(&refusal{err: err, at: time.Now(), lookup: lookup})
 }
 
 // refusedSince returns the last retriable error a broker answered with at

@@ -3,6 +3,7 @@ package sink_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -190,5 +191,25 @@ func TestInitSaysWhatTheCoordinatorAnswered(t *testing.T) {
 	}
 	if strings.Contains(msg, "brokers down or unreachable") {
 		t.Errorf("a broker answered, and the error blames unreachable brokers: %s", msg)
+	}
+}
+
+// A stall is explained by what the brokers answered the records: a
+// coordinator lookup's refusal (FindCoordinator, which the client sends on
+// its own schedule) does not replace a produce request's NOT_ENOUGH_REPLICAS
+// noted within the last 10 s (review of issue 32, sink finding 3). Alone,
+// it is kept.
+func TestStallNamesTheProduceRefusalOverALookup(t *testing.T) {
+	p, _ := newProducer(t, newCluster(t, 1), nil)
+	start := time.Now()
+	lookup := sink.LookupRefusal(fmt.Errorf("answered FindCoordinator with %w", kerr.CoordinatorNotAvailable))
+	p.NoteRefusal(lookup)
+	if err := p.RefusedSince(start); !errors.Is(err, kerr.CoordinatorNotAvailable) {
+		t.Fatalf("a lookup's refusal alone: RefusedSince = %v", err)
+	}
+	p.NoteRefusal(fmt.Errorf("answered a produce request for t[0] with %w", kerr.NotEnoughReplicas))
+	p.NoteRefusal(lookup)
+	if err := p.RefusedSince(start); !errors.Is(err, kerr.NotEnoughReplicas) {
+		t.Fatalf("RefusedSince = %v; want the produce request's NOT_ENOUGH_REPLICAS, not the later lookup's", err)
 	}
 }

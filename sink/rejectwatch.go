@@ -294,7 +294,11 @@ func (c *watchedConn) inspectTxn(key, version int16, body []byte) {
 	}
 	for _, code := range codes {
 		if err := kerr.ErrorForCode(code); kerr.IsRetriable(err) && err != kerr.ConcurrentTransactions {
-			c.refused(fmt.Errorf("answered %s with %w", kmsg.NameForKey(key), err))
+			err = fmt.Errorf("answered %s with %w", kmsg.NameForKey(key), err)
+			if key == int16(kmsg.FindCoordinator) {
+				err = &lookupRefusal{err}
+			}
+			c.refused(err)
 			return
 		}
 	}
@@ -318,3 +322,9 @@ func rejects(err error) bool {
 	}
 	return !kerr.IsRetriable(err)
 }
+
+// lookupRefusal is a coordinator lookup's refusal (FindCoordinator), which
+// does not replace a produce or transaction request's (noteRefusal).
+type lookupRefusal struct{ error }
+
+func (e *lookupRefusal) Unwrap() error { return e.error }
