@@ -211,6 +211,9 @@ func (p *PG) EnsureShardPublication(ctx context.Context, name string, i, n int) 
 	if err == nil || sqlState(err) == "42710" { // duplicate_object: another instance made it
 		return nil
 	}
+	if transient(err) {
+		return fmt.Errorf("creating publication %q: %w", name, err)
+	}
 	return &PermanentError{shard.PublicationError(err, name, schema, table, p.KeyColumn)}
 }
 
@@ -234,7 +237,7 @@ func (p *PG) checkFilter(ctx context.Context, name string, i, n int) error {
 	}
 	var c shard.FilterCheck
 	err = p.Conn.QueryRow(ctx, shard.FilterCheckSQL(*actual, p.KeyColumn, i, n)).Scan(c.Fields()...)
-	if err != nil && sqlState(err) == "" {
+	if err != nil && transient(err) {
 		return fmt.Errorf("checking the row filter of publication %q: %w", name, err)
 	}
 	err = shard.FilterCheckError(c, err, name, schema, table, p.KeyColumn, i, n)
@@ -250,7 +253,9 @@ func (p *PG) checkFilter(ctx context.Context, name string, i, n int) error {
 	if !p.Cfg.CreatePublication {
 		return &PermanentError{fmt.Errorf("%w; postgres.create_publication is false, so run it yourself and restart outboxd. The %s", err, lost)}
 	}
-	if _, err := p.Conn.Exec(ctx, alter); err != nil {
+	if _, err := p.Conn.Exec(ctx, alter); err != nil && transient(err) {
+		return fmt.Errorf("fixing the row filter of publication %q with %s: %w", name, alter, err)
+	} else if err != nil {
 		return &PermanentError{fmt.Errorf("fixing the row filter of publication %q, which publishes rows with a NULL key to no shard, with %s: %w", name, alter, err)}
 	}
 	if p.Log != nil {
@@ -389,6 +394,25 @@ func (p *PG) TxnEnd(ctx context.Context, slot, pub string, commit shard.LSN) (en
 		return 0, false, fmt.Errorf("reading slot %q up to the transaction committing at %s: %w", slot, commit, err)
 	}
 	return end, ok, nil
+}
+
+// transient reports an error that says nothing about the statement: no
+// answer from the server (no SQLSTATE), or a server error of a class that a
+// retry can clear: connection exceptions (08), transaction rollbacks such
+// as serialization failures and deadlocks (40), insufficient resources
+// (53), a lock not available or an object in use (55P03, 55006),
+// operator intervention such as a cancel or a shutdown (57), and
+// system errors (58). Everything else is the statement's own fault.
+func transient(err error) bool {
+	code := sqlState(err)
+	if code == "" {
+		return true
+	}
+	switch code[:min(2, len(code))] {
+	case "08", "40", "53", "57", "58":
+		return true
+	}
+	return code == "55P03" || code == "55006"
 }
 
 func sqlState(err error) string {
