@@ -189,10 +189,11 @@ type Producer struct {
 	lastAck    atomic.Int64 // unix nanos of the last acknowledgement (or of Watch's start)
 	// refused is the last retriable error a broker answered a produce or
 	// transaction request with (rejectwatch.go), for the errors of a stall.
-	refused  atomic.Pointer[refusal]
-	log      *slog.Logger
-	inflight sync.Pool // of *inflight
-	txn      *txnState // exactly_once only (txn.go)
+	refused       atomic.Pointer[refusal]
+	lookupRefused atomic.Pointer[refusal] // a coordinator lookup's (FindCoordinator)
+	log           *slog.Logger
+	inflight      sync.Pool // of *inflight
+	txn           *txnState // exactly_once only (txn.go)
 }
 
 // New returns a Producer for cfg. It does not contact the brokers.
@@ -325,33 +326,34 @@ func (e *StallError) Unwrap() error { return e.Refused }
 
 // refusal is a retriable error a broker answered with, and when.
 type refusal struct {
-	err    error
-	at     time.Time
-	lookup bool // a coordinator lookup's (FindCoordinator), not a produce or transaction request's
+	err error
+	at  time.Time
 }
 
-// noteRefusal keeps err as the last refusal. A coordinator lookup's does not
-// replace a produce or transaction request's of the last 10 s: the client
-// looks coordinators up on its own schedule, and a stall is explained by
-// what the brokers answered the records, not by that.
+// noteRefusal keeps err as the last refusal of its kind: a coordinator
+// lookup's (FindCoordinator), or a produce or transaction request's.
 func (p *Producer) noteRefusal(err error) {
 	var lr *lookupRefusal
-	lookup := errors.As(err, &lr)
-	r := p.refused.Load()
-	if r == nil || r.err.Error() != err.Error() || time.Since(r.at) > 10*time.Second {
+	last := &p.refused
+	if errors.As(err, &lr) {
+		last = &p.lookupRefused
+	}
+	if r := last.Load(); r == nil || r.err.Error() != err.Error() || time.Since(r.at) > 10*time.Second {
 		p.log.Debug("a Kafka broker refused a request for now; it is retried", "err", err) // one line a refusal and 10 s at most
 	}
-	if lookup && r != nil && !r.lookup && time.Since(r.at) <= 10*time.Second {
-		return
-	}
-	p.refused.Store(&refusal{err: err, at: time.Now(), lookup: lookup})
+	last.Store(&refusal{err: err, at: time.Now()})
 }
 
-// refusedSince returns the last retriable error a broker answered with at
-// or after t, or nil.
+// refusedSince returns the last retriable error a broker answered a
+// produce or transaction request with at or after t, else the last a
+// coordinator lookup was answered with at or after t, or nil. A stall is
+// explained by what the brokers answered the records first: the client
+// looks coordinators up on its own schedule.
 func (p *Producer) refusedSince(t time.Time) error {
-	if r := p.refused.Load(); r != nil && !r.at.Before(t) {
-		return r.err
+	for _, last := range []*atomic.Pointer[refusal]{&p.refused, &p.lookupRefused} {
+		if r := last.Load(); r != nil && !r.at.Before(t) {
+			return r.err
+		}
 	}
 	return nil
 }

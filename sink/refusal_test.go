@@ -196,18 +196,21 @@ func TestInitSaysWhatTheCoordinatorAnswered(t *testing.T) {
 
 // A stall is explained by what the brokers answered the records: a
 // coordinator lookup's refusal (FindCoordinator, which the client sends on
-// its own schedule) does not replace a produce request's NOT_ENOUGH_REPLICAS
-// noted within the last 10 s (review of issue 32, sink finding 3). Alone,
-// it is kept.
+// its own schedule) does not hide a produce request's NOT_ENOUGH_REPLICAS
+// of the same window (review of issue 32, sink finding 3). Alone in the
+// window, it is what the stall names, even after an older produce refusal.
 func TestStallNamesTheProduceRefusalOverALookup(t *testing.T) {
 	p, _ := newProducer(t, newCluster(t, 1), nil)
-	start := time.Now()
 	lookup := sink.LookupRefusal(fmt.Errorf("answered FindCoordinator with %w", kerr.CoordinatorNotAvailable))
+	produce := fmt.Errorf("answered a produce request for t[0] with %w", kerr.NotEnoughReplicas)
+
+	p.NoteRefusal(produce)
+	start := time.Now()
 	p.NoteRefusal(lookup)
 	if err := p.RefusedSince(start); !errors.Is(err, kerr.CoordinatorNotAvailable) {
-		t.Fatalf("a lookup's refusal alone: RefusedSince = %v", err)
+		t.Fatalf("a lookup's refusal alone in the window (the produce refusal came before it): RefusedSince = %v", err)
 	}
-	p.NoteRefusal(fmt.Errorf("answered a produce request for t[0] with %w", kerr.NotEnoughReplicas))
+	p.NoteRefusal(produce)
 	p.NoteRefusal(lookup)
 	if err := p.RefusedSince(start); !errors.Is(err, kerr.NotEnoughReplicas) {
 		t.Fatalf("RefusedSince = %v; want the produce request's NOT_ENOUGH_REPLICAS, not the later lookup's", err)

@@ -121,3 +121,35 @@ func TestWatchedConnOversizedFrame(t *testing.T) {
 		t.Fatalf("second read = %x, %v; want the stream as it comes", buf[:n], err)
 	}
 }
+
+// A coordinator lookup's refusal is told apart from a transaction
+// request's, so that it never hides what the brokers answered the records
+// (noteRefusal, refusedSince).
+func TestInspectTxnTellsLookupsApart(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		resp   kmsg.Response
+		lookup bool
+	}{
+		{"FindCoordinator", &kmsg.FindCoordinatorResponse{Version: 4, Coordinators: []kmsg.FindCoordinatorResponseCoordinator{{ErrorCode: kerr.CoordinatorNotAvailable.Code}}}, true},
+		{"EndTxn", &kmsg.EndTxnResponse{Version: 3, ErrorCode: kerr.CoordinatorNotAvailable.Code}, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var got []error
+			c := &watchedConn{refused: func(err error) { got = append(got, err) }}
+			var body []byte
+			if tt.resp.IsFlexible() {
+				body = append(body, 0) // no header tags
+			}
+			body = tt.resp.AppendTo(body)
+			c.inspectTxn(tt.resp.Key(), tt.resp.GetVersion(), body)
+			if len(got) != 1 || !errors.Is(got[0], kerr.CoordinatorNotAvailable) {
+				t.Fatalf("refused with %v, want COORDINATOR_NOT_AVAILABLE once", got)
+			}
+			var lr *lookupRefusal
+			if errors.As(got[0], &lr) != tt.lookup {
+				t.Errorf("%v: a lookup's refusal: %v, want %v", got[0], !tt.lookup, tt.lookup)
+			}
+		})
+	}
+}

@@ -396,17 +396,23 @@ func (p *Producer) readPosition(ctx context.Context, isolation kgo.IsolationLeve
 // retried, as the producer retries; only UNKNOWN_TOPIC_OR_PARTITION and the
 // errors that are not retriable end the read at once.
 func listOffsets(ctx context.Context, list func(context.Context, ...string) (kadm.ListedOffsets, error), topic string) (kadm.ListedOffsets, error) {
+	var last error // the last retriable answer
 	for {
 		o, err := list(ctx, topic)
 		if err == nil {
 			err = o.Error()
 		}
-		if err == nil || !kerr.IsRetriable(err) || errors.Is(err, kerr.UnknownTopicOrPartition) || ctx.Err() != nil {
-			if err != nil && ctx.Err() != nil {
-				err = fmt.Errorf("no answer from every partition within kafka.delivery_timeout, the last: %w", err)
-			}
-			return o, err
+		switch {
+		case err == nil:
+			return o, nil
+		case errors.Is(ctx.Err(), context.DeadlineExceeded) && last != nil:
+			return nil, fmt.Errorf("not every partition answered within kafka.delivery_timeout, the last answer: %w (%w)", last, ctx.Err())
+		case ctx.Err() != nil && last != nil:
+			return nil, fmt.Errorf("%w (the last answer: %w)", ctx.Err(), last)
+		case ctx.Err() != nil, !kerr.IsRetriable(err), errors.Is(err, kerr.UnknownTopicOrPartition):
+			return nil, err
 		}
+		last = err
 		select {
 		case <-ctx.Done():
 		case <-time.After(100 * time.Millisecond):

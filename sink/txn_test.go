@@ -215,104 +215,62 @@ func TestReadPositionWhileFetchesFail(t *testing.T) {
 // of restarting the pipeline (review of issue 32: a three-broker cluster
 // test restarted on it while two brokers were down).
 func TestReadPositionRetriesOffsetNotAvailable(t *testing.T) {
-	cl := newCluster(t, 1)
-	p, ctx := txnProducer(t, cl, "outboxd-offsets")
-	if err := p.Begin(); err != nil {
-		t.Fatal(err)
-	}
-	produceN(t, ctx, p, 0, 1)
-	if err := p.Commit(ctx, []byte("p1")); err != nil {
-		t.Fatal(err)
-	}
-	q, ctx := txnProducer(t, cl, "outboxd-offsets") // the restart
-	topic := config.Default().Kafka.PositionsTopic
-	var failed atomic.Int64
-	cl.ControlKey(int16(kmsg.ListOffsets), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		cl.KeepControl()
-		r := req.(*kmsg.ListOffsetsRequest)
-		if failed.Load() >= 6 || len(r.Topics) != 1 || r.Topics[0].Topic != topic {
-			return nil, nil, false
-		}
-		failed.Add(1)
-		resp := r.ResponseKind().(*kmsg.ListOffsetsResponse)
-		st := kmsg.NewListOffsetsResponseTopic()
-		st.Topic = topic
-		for _, rp := range r.Topics[0].Partitions {
-			sp := kmsg.NewListOffsetsResponseTopicPartition()
-			sp.Partition = rp.Partition
-			sp.ErrorCode = kerr.OffsetNotAvailable.Code
-			sp.Offset = -1
-			st.Partitions = append(st.Partitions, sp)
-		}
-		resp.Topics = append(resp.Topics, st)
-		return resp, nil, true
-	})
-	v, ok, err := q.ReadPosition(ctx)
-	if failed.Load() == 0 {
-		t.Fatal("no ListOffsets of the positions topic failed: the test tests nothing")
-	}
-	if err != nil || !ok || string(v) != "p1" {
-		t.Fatalf("ReadPosition = %q, %v, %v after %d OFFSET_NOT_AVAILABLE answers; want p1", v, ok, err, failed.Load())
-	}
-}
-
-// In exactly-once mode with kafka.topic_creation: broker, the first record
-// to a topic the broker is still creating waits until every broker knows
-// the topic with leaders, as with topic_creation: admin: a transaction
-// coordinator that does not know it yet refuses its partitions and the
-// transaction aborts (review of issue 32 item 13). Here the brokers answer
-// LEADER_NOT_AVAILABLE for the new topic until released; Produce must not
-// return before.
-func TestExactlyOnceNewTopicWithBrokerCreationWaitsUntilUsable(t *testing.T) {
-	c, err := kfake.NewCluster(kfake.NumBrokers(3), kfake.AllowAutoTopicCreation())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	p, ctx := txnProducerWith(t, c, "outboxd-newtopic", func(k *config.Kafka) { k.TopicCreation = config.TopicCreationBroker })
-	const fresh = "tenants-events"
-	var held atomic.Int64
-	var release atomic.Bool
-	c.ControlKey(int16(kmsg.Metadata), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		c.KeepControl()
-		r := req.(*kmsg.MetadataRequest)
-		if release.Load() || len(r.Topics) != 1 || r.Topics[0].Topic == nil || *r.Topics[0].Topic != fresh {
-			return nil, nil, false
-		}
-		held.Add(1)
-		resp := r.ResponseKind().(*kmsg.MetadataResponse)
-		st := kmsg.NewMetadataResponseTopic()
-		st.Topic = kmsg.StringPtr(fresh)
-		st.ErrorCode = kerr.LeaderNotAvailable.Code
-		resp.Topics = append(resp.Topics, st)
-		return resp, nil, true
-	})
-	if err := p.Begin(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	handed := make(chan error, 1)
-	go func() {
-		handed <- p.Produce(ctx, &router.Record{Topic: fresh, Key: []byte("k"), Value: []byte("{}"), EventID: "e1", Partition: -1}, func(err error) { done <- err })
-	}()
-	for held.Load() < 3 {
-		select {
-		case err := <-handed:
-			t.Fatalf("Produce returned (%v) while the brokers did not know the new topic yet", err)
-		case <-ctx.Done():
-			t.Fatal(ctx.Err())
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
-	release.Store(true)
-	if err := <-handed; err != nil {
-		t.Fatalf("Produce: %v", err)
-	}
-	if err := <-done; err != nil {
-		t.Fatalf("the record: %v", err)
-	}
-	if err := p.Commit(ctx, []byte("p1")); err != nil {
-		t.Fatalf("Commit: %v", err)
+	for _, c := range []struct {
+		name    string
+		answers int64 // OFFSET_NOT_AVAILABLE answers before the broker recovers
+	}{
+		{"the broker recovers", 6},
+		{"it does not within delivery_timeout", 1 << 40},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cl := newCluster(t, 1)
+			tune := func(k *config.Kafka) { k.DeliveryTimeout = 2 * time.Second }
+			p, ctx := txnProducerWith(t, cl, "outboxd-offsets", tune)
+			if err := p.Begin(); err != nil {
+				t.Fatal(err)
+			}
+			produceN(t, ctx, p, 0, 1)
+			if err := p.Commit(ctx, []byte("p1")); err != nil {
+				t.Fatal(err)
+			}
+			q, ctx := txnProducerWith(t, cl, "outboxd-offsets", tune) // the restart
+			topic := config.Default().Kafka.PositionsTopic
+			var failed atomic.Int64
+			cl.ControlKey(int16(kmsg.ListOffsets), func(req kmsg.Request) (kmsg.Response, error, bool) {
+				cl.KeepControl()
+				r := req.(*kmsg.ListOffsetsRequest)
+				if failed.Load() >= c.answers || len(r.Topics) != 1 || r.Topics[0].Topic != topic {
+					return nil, nil, false
+				}
+				failed.Add(1)
+				resp := r.ResponseKind().(*kmsg.ListOffsetsResponse)
+				st := kmsg.NewListOffsetsResponseTopic()
+				st.Topic = topic
+				for _, rp := range r.Topics[0].Partitions {
+					sp := kmsg.NewListOffsetsResponseTopicPartition()
+					sp.Partition = rp.Partition
+					sp.ErrorCode = kerr.OffsetNotAvailable.Code
+					sp.Offset = -1
+					st.Partitions = append(st.Partitions, sp)
+				}
+				resp.Topics = append(resp.Topics, st)
+				return resp, nil, true
+			})
+			v, ok, err := q.ReadPosition(ctx)
+			if failed.Load() == 0 {
+				t.Fatal("no ListOffsets of the positions topic failed: the test tests nothing")
+			}
+			if c.answers < 100 {
+				if err != nil || !ok || string(v) != "p1" {
+					t.Fatalf("ReadPosition = %q, %v, %v after %d OFFSET_NOT_AVAILABLE answers; want p1", v, ok, err, failed.Load())
+				}
+				return
+			}
+			if err == nil || !errors.Is(err, kerr.OffsetNotAvailable) || !strings.Contains(err.Error(), "kafka.delivery_timeout") {
+				t.Fatalf("ReadPosition = %q, %v, %v; want an error naming the broker's OFFSET_NOT_AVAILABLE and kafka.delivery_timeout", v, ok, err)
+			}
+			t.Log(err)
+		})
 	}
 }
 

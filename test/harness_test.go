@@ -325,6 +325,18 @@ func (p *proc) scrape() (map[string]*dto.MetricFamily, bool) {
 	return mfs, true
 }
 
+// familySum returns the sum of every series of the counter or gauge name in
+// mfs (0 when there is none): a sharded instance labels each shard's.
+func familySum(mfs map[string]*dto.MetricFamily, name string) float64 {
+	var sum float64
+	if f, ok := mfs[name]; ok {
+		for _, m := range f.GetMetric() {
+			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue() + m.GetUntyped().GetValue()
+		}
+	}
+	return sum
+}
+
 // seriesValue returns the value of the series name{labels} in mfs (its labels
 // exactly those given): a counter, gauge or untyped sample, or the _sum or
 // _count of a histogram or summary.

@@ -650,9 +650,10 @@ var positionReadRE = regexp.MustCompile(`msg="exactly-once: the old shard's posi
 // under load takes its cutover at or past the old shards' positions in
 // Kafka, so the new shards, under their own transactional ids, deliver
 // none of those events again: a read_committed consumer sees every event
-// once. The old instance sends status updates every second, so that the
-// kill leaves up to a second's worth of events committed in Kafka and not
-// confirmed to the slots (a hundred duplicates and more before the fix).
+// once. The old instance confirms every 5 s and is killed after two Kafka
+// commits that follow a confirmation, so that the kill leaves events
+// committed in Kafka and not confirmed to the slots (a hundred duplicates
+// and more before the fix).
 // With kafka.transaction_max_bytes at its least, large Postgres
 // transactions are split over Kafka transactions and the kill mostly
 // leaves a position inside one (it says so when not): the cutover is then
@@ -665,8 +666,8 @@ func TestShardsReshardAfterExactlyOnceSIGKILL(t *testing.T) {
 		extra  []string
 		events int
 	}{
-		{"small transactions", []int{1, 2, 10, 1, 5, 3}, 20 * time.Millisecond, nil, 4000},
-		{"split transactions", []int{60, 1, 90, 5}, 120 * time.Millisecond, []string{"OUTBOXD_KAFKA_TRANSACTION_MAX_BYTES=1024"}, 4000},
+		{"small transactions", []int{1, 2, 10, 1, 5, 3}, 20 * time.Millisecond, nil, 6000},
+		{"split transactions", []int{60, 1, 90, 5}, 120 * time.Millisecond, []string{"OUTBOXD_KAFKA_TRANSACTION_MAX_BYTES=1024"}, 8000},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := shardDB(t)
@@ -677,11 +678,12 @@ func TestShardsReshardAfterExactlyOnceSIGKILL(t *testing.T) {
 				extra = append(append([]string{"OUTBOXD_KAFKA_MAX_BUFFERED_RECORDS=2000", "OUTBOXD_POSTGRES_STANDBY_POLL_INTERVAL=100ms"}, tc.extra...), extra...)
 				return append(eosEnv(d, extra...), "OUTBOXD_POSTGRES_SHARDS="+strconv.Itoa(n))
 			}
-			// The old instance confirms every 2 s only (by default it
+			// The old instance confirms every 5 s only (by default it
 			// confirms within 50 ms of Kafka's acknowledgement), and is
-			// killed 300 ms after a confirmation: its positions in Kafka
-			// are then ahead of its slots, the case under test.
-			p := start(t, env(2, "OUTBOXD_POSTGRES_STATUS_INTERVAL=2s", "OUTBOXD_POSTGRES_CONFIRM_INTERVAL=2s"))
+			// killed once it has committed two Kafka transactions after a
+			// confirmation: its positions in Kafka are then ahead of its
+			// slots, the case under test.
+			p := start(t, env(2, "OUTBOXD_POSTGRES_STATUS_INTERVAL=5s", "OUTBOXD_POSTGRES_CONFIRM_INTERVAL=5s"))
 			p.waitShardsStreaming(2)
 			// The new instance makes its slots and waits for the old ones
 			// to be idle; the load starts after that.
@@ -720,15 +722,28 @@ func TestShardsReshardAfterExactlyOnceSIGKILL(t *testing.T) {
 				TxSizes: tc.sizes, RollbackPct: 5, DeletePct: 20, Pace: tc.pace}
 			f := startEOSRun(t, d, svc.brokers, spec)
 			waitCommitted(t, f.l, spec.Events/5)
-			// The kill: 300 ms (three Kafka transactions) after a
-			// confirmation, well before the next one.
+			// The kill: once the old instance has committed two Kafka
+			// transactions after a confirmation (the first may have ended
+			// before it), well before the next confirmation, 5 s later.
 			before := oldConfirmed()
 			for deadline := time.Now().Add(time.Minute); oldConfirmed() == before; time.Sleep(20 * time.Millisecond) {
 				if time.Now().After(deadline) {
 					t.Fatalf("the old slots confirmed nothing past %s in a minute under load", before)
 				}
 			}
-			time.Sleep(300 * time.Millisecond)
+			committed := func() float64 {
+				mfs, ok := p.scrape()
+				if !ok {
+					t.Fatal("the old instance's /metrics did not answer")
+				}
+				return familySum(mfs, "outboxd_sink_transactions_committed_total")
+			}
+			c0 := committed()
+			for deadline := time.Now().Add(time.Minute); committed() < c0+2; time.Sleep(10 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatalf("the old instance committed fewer than 2 Kafka transactions in a minute under load")
+				}
+			}
 			if f.l.committedCount() >= spec.Events*9/10 {
 				t.Fatalf("the load had nearly ended (%d of %d events) before the kill: the kill must come under load", f.l.committedCount(), spec.Events)
 			}

@@ -161,7 +161,12 @@ func (p *PG) CreatePublications(ctx context.Context, names []string) error {
 			return &PermanentError{fmt.Errorf("publication %q is not a shard of %q", name, p.Cfg.Publication)}
 		}
 		if n == 1 {
-			if _, err := wal.EnsurePublication(ctx, p.Conn, name, schema, table, p.Cfg.CreatePublication); err != nil {
+			// Its own refusals (a missing publication with
+			// create_publication false) carry no SQLSTATE: only a server
+			// error is judged by transient here.
+			if _, err := wal.EnsurePublication(ctx, p.Conn, name, schema, table, p.Cfg.CreatePublication); err != nil && sqlState(err) != "" && transient(err) {
+				return err
+			} else if err != nil {
 				return &PermanentError{err}
 			}
 			continue
@@ -199,7 +204,9 @@ func (p *PG) EnsureShardPublication(ctx context.Context, name string, i, n int) 
 			return &PermanentError{err}
 		}
 		var hashes []int32
-		if err := p.Conn.QueryRow(ctx, shard.ProbeCollatedSQL(k.Collation)).Scan(&hashes); err != nil {
+		if err := p.Conn.QueryRow(ctx, shard.ProbeCollatedSQL(k.Collation)).Scan(&hashes); err != nil && transient(err) {
+			return fmt.Errorf("probing the shard hash: %w", err)
+		} else if err != nil {
 			return &PermanentError{shard.ProbeError(err)}
 		}
 		if err := shard.VerifyProbe(hashes); err != nil {
@@ -208,7 +215,9 @@ func (p *PG) EnsureShardPublication(ctx context.Context, name string, i, n int) 
 		p.probed = true
 	}
 	_, err := p.Conn.Exec(ctx, stmt)
-	if err == nil || sqlState(err) == "42710" { // duplicate_object: another instance made it
+	// duplicate_object, or the unique index of publication names when two
+	// instances create it at once: another instance made it.
+	if code := sqlState(err); err == nil || code == "42710" || code == "23505" {
 		return nil
 	}
 	if transient(err) {
@@ -402,11 +411,15 @@ func (p *PG) TxnEnd(ctx context.Context, slot, pub string, commit shard.LSN) (en
 // as serialization failures and deadlocks (40), insufficient resources
 // (53), a lock not available or an object in use (55P03, 55006),
 // operator intervention such as a cancel or a shutdown (57), and
-// system errors (58). Everything else is the statement's own fault.
+// system errors (58), but for the codes of those classes that a retry
+// cannot clear. Everything else is the statement's own fault.
 func transient(err error) bool {
 	code := sqlState(err)
-	if code == "" {
+	switch code {
+	case "":
 		return true
+	case "57P04", "53400", "08P01", "40002": // database dropped, configuration limit, protocol violation, integrity constraint
+		return false
 	}
 	switch code[:min(2, len(code))] {
 	case "08", "40", "53", "57", "58":

@@ -35,6 +35,9 @@ func TestTransientBySQLSTATE(t *testing.T) {
 		{&pgconn.PgError{Code: "0A000"}, false},
 		{&pgconn.PgError{Code: "55000", Message: "object not in prerequisite state"}, false},
 		{fmt.Errorf("checking: %w", &pgconn.PgError{Code: "57P01"}), true},
+		{&pgconn.PgError{Code: "57P04", Message: "database dropped"}, false},
+		{&pgconn.PgError{Code: "53400", Message: "configuration limit exceeded"}, false},
+		{&pgconn.PgError{Code: "08P01", Message: "protocol violation"}, false},
 	} {
 		if got := transient(c.err); got != c.want {
 			t.Errorf("transient(%v) = %v, want %v", c.err, got, c.want)
