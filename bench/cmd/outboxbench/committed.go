@@ -78,6 +78,7 @@ type committedReader struct {
 	vis         visibility
 	next        offsets // per partition, the offset after the last record read (markers included)
 	records     int
+	tally       *tally // when set, counts the fill's events among the visible records
 	first, last time.Time
 }
 
@@ -109,6 +110,9 @@ func (c *committedReader) poll(ctx context.Context, wait time.Duration) {
 		c.next[r.Topic][r.Partition] = r.Offset + 1
 		c.vis.add(r, func(r *kgo.Record, at time.Time) {
 			c.records++
+			if c.tally != nil {
+				c.tally.add(r.Value)
+			}
 			if c.first.IsZero() || r.Timestamp.Before(c.first) {
 				c.first = r.Timestamp
 			}

@@ -193,17 +193,31 @@ func appendTimes(ctx context.Context, brokers string, base, end offsets) (first,
 	return first, last, nil
 }
 
-// waitCount polls end offsets until n records were added after base.
-func waitCount(ctx context.Context, adm *kadm.Client, topics []string, base offsets, n int64, timeout time.Duration, alive func() error) (offsets, error) {
+// errStalled says that a contender stopped adding records before n: the
+// run is then judged on what it delivered (its missing events counted),
+// rather than failed after the whole timeout.
+var errStalled = errors.New("no new record")
+
+// waitCount polls end offsets until n records were added after base. Once
+// records arrive, stall without a new one ends the wait with errStalled.
+func waitCount(ctx context.Context, adm *kadm.Client, topics []string, base offsets, n int64, timeout, stall time.Duration, alive func() error) (offsets, error) {
 	deadline := time.Now().Add(timeout)
 	want := base.sum() + n
+	var last int64 = -1
+	progress := time.Now()
 	for {
 		end, err := endOffsets(ctx, adm, topics)
 		if err == nil && end.sum() >= want {
 			return end, nil
 		}
+		if err == nil && end.sum() != last {
+			last, progress = end.sum(), time.Now()
+		}
 		if err := alive(); err != nil {
 			return end, err
+		}
+		if err == nil && stall > 0 && last > base.sum() && time.Since(progress) > stall {
+			return end, fmt.Errorf("%d of %d records, %w for %s", last-base.sum(), n, errStalled, stall)
 		}
 		if time.Now().After(deadline) {
 			return end, fmt.Errorf("only %d of %d records after %s", end.sum()-base.sum(), n, timeout)

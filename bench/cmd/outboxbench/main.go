@@ -19,6 +19,7 @@
 //	         rewrite the generated sections of BENCHMARKS.md and README.md
 //	walread  read a slot to /dev/null, optionally with SO_RCVLOWAT; report the walsender's CPU
 //	shards   read several slots of one fill in parallel, each through a row-filtered publication
+//	unavailable  record that a contender could not be set up here, and why (a result line the report shows)
 package main
 
 import (
@@ -31,7 +32,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: outboxbench setup|slot|topics|fill|catchup|produce|live|idle|report|walread|shards [flags]")
+		fmt.Fprintln(os.Stderr, "usage: outboxbench setup|slot|topics|fill|catchup|produce|live|idle|report|walread|shards|unavailable [flags]")
 		os.Exit(2)
 	}
 	ctx := context.Background()
@@ -60,6 +61,8 @@ func main() {
 		err = cmdWalread(ctx, args)
 	case "shards":
 		err = cmdShards(ctx, args)
+	case "unavailable":
+		err = cmdUnavailable(args)
 	default:
 		err = fmt.Errorf("unknown subcommand %q", cmd)
 	}

@@ -41,8 +41,13 @@ type result struct {
 	// DrainSec is how long after the writers stopped the last event was in
 	// Kafka (live runs; 0 when it was there before they stopped).
 	DrainSec *float64 `json:"drain_s,omitempty"`
-	Missing  int      `json:"missing,omitempty"` // live events never seen in Kafka
-	Load     string   `json:"load"`              // /proc/loadavg at start and end of the run
+	Missing  int      `json:"missing,omitempty"` // events never seen in Kafka (catch-up: of the fill's seq numbers)
+	// Repeated is how many records repeated an event already seen (live: by
+	// its id, catch-up: by its seq); Verified says that Missing and
+	// Repeated were counted (results from before the check have neither).
+	Repeated int    `json:"repeated,omitempty"`
+	Verified bool   `json:"verified,omitempty"`
+	Load     string `json:"load"` // /proc/loadavg at start and end of the run
 	// StealPct is the share of the machine's CPU time the hypervisor gave
 	// to other guests during the run: on a shared VM, a slow hour shows here.
 	StealPct *float64 `json:"steal_pct,omitempty"`

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"cmp"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"maps"
@@ -29,6 +30,7 @@ type runFlags struct {
 	size    int
 	timeout time.Duration
 	settle  time.Duration
+	stall   time.Duration
 	log     string
 	rss     string
 	untilEx bool
@@ -44,6 +46,7 @@ func (f *runFlags) parse(name string, args []string, extra func(*flag.FlagSet)) 
 	fs.IntVar(&f.size, "size", 250, "payload bytes (for the result line)")
 	fs.DurationVar(&f.timeout, "timeout", 10*time.Minute, "give up after")
 	fs.DurationVar(&f.settle, "settle", 3*time.Second, "wait after the drain before reading slot lag")
+	fs.DurationVar(&f.stall, "stall", time.Minute, "once records arrive, give up waiting for the rest after this long without a new one, and count them missing")
 	fs.StringVar(&f.log, "log", "", "contender's stdout/stderr file")
 	fs.StringVar(&f.rss, "rss", "", "RSS/CPU timeline file (seconds rss_mb cpu_s)")
 	if extra != nil {
@@ -110,15 +113,21 @@ func cmdCatchup(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	end, err := waitCount(ctx, adm, f.topics(), base, int64(f.n), f.timeout, p.alive)
+	end, err := waitCount(ctx, adm, f.topics(), base, int64(f.n), f.timeout, f.stall, p.alive)
+	stalled := errors.Is(err, errStalled)
+	if stalled { // judged on what it delivered: the delivery check counts the rest as missing
+		logf("%s: %v", f.label, err)
+		err = nil
+	}
 	var cr *committedReader
-	if err == nil && f.committed {
+	if err == nil && f.committed && !stalled {
 		// Every marker takes an offset, so the offsets reach n a little
 		// before the events are all in Kafka: only then is a consumer
 		// started, so that it does not compete with the contender for the
 		// machine, and it reads until n events are visible.
 		if cr, err = newCommittedReader(f.brokers, base); err == nil {
 			defer cr.close()
+			cr.tally = newTally(f.n)
 			err = cr.until(ctx, func() bool { return cr.records >= f.n }, p.alive, f.timeout)
 		}
 	}
@@ -142,22 +151,35 @@ func cmdCatchup(ctx context.Context, args []string) error {
 		if err := cr.until(ctx, func() bool { return cr.reached(end) }, func() error { return nil }, time.Minute); err != nil {
 			return err
 		}
-		if extra := cr.records - f.n; extra > 0 {
-			res.Note = fmt.Sprintf("%d more records than events (duplicates)", extra)
-		}
-		res.Note = strings.TrimPrefix(res.Note+"; ", "; ") + "read_committed: first record appended → last commit marker appended"
+		res.Missing, res.Repeated = cr.tally.counts()
+		res.Verified = true
+		res.Note = deliveryNote(res.Missing, res.Repeated) + "; read_committed: first record appended → last commit marker appended"
 		res.fillTimes(p.start, cr.first, cr.last)
 		res.print()
 		return nil
 	}
-	if extra := end.sum() - base.sum() - int64(f.n); extra > 0 {
-		res.Note = fmt.Sprintf("%d more records than events (duplicates)", extra)
+	// Whatever the contender wrote after the n-th record counts in the
+	// delivery check, which reads every record back.
+	final, err := endOffsets(ctx, adm, f.topics())
+	if err != nil {
+		return err
+	}
+	if res.Missing, res.Repeated, err = verifyCatchup(ctx, f.brokers, base, final, f.n); err != nil {
+		return err
+	}
+	res.Verified = true
+	res.Note = deliveryNote(res.Missing, res.Repeated)
+	if stalled {
+		res.Note += fmt.Sprintf("; stalled: no new record for %s", f.stall)
 	}
 	first, last, err := appendTimes(ctx, f.brokers, base, end)
 	if err != nil {
 		return err
 	}
 	res.fillTimes(p.start, first, last)
+	if res.Missing > 0 { // the rate of what it delivered
+		res.Throughput *= float64(f.n-res.Missing) / float64(f.n)
+	}
 	res.print()
 	return nil
 }
@@ -218,15 +240,16 @@ func cmdLive(ctx context.Context, args []string) error {
 	}
 
 	var (
-		omu  sync.Mutex
-		seen = map[string]time.Time{} // event id → visible to read_committed, or receipt with -received
+		omu      sync.Mutex
+		seen     = map[string]time.Time{} // event id → visible to read_committed, or receipt with -received
+		repeated atomic.Int64             // records of an event already seen
 	)
 	cctx, cancelConsumer := context.WithCancel(ctx)
 	defer cancelConsumer()
 	var cwg sync.WaitGroup
 	if received != "" {
 		cwg.Go(func() { tailReceived(cctx, received, &omu, seen) })
-	} else if err := consume(cctx, &cwg, f.common, adm, &omu, seen); err != nil {
+	} else if err := consume(cctx, &cwg, f.common, adm, &omu, seen, &repeated); err != nil {
 		return err
 	}
 
@@ -294,7 +317,10 @@ func cmdLive(ctx context.Context, args []string) error {
 	}
 	written := len(commits)
 	// Wait for every event to be consumed.
+	// A contender that lost events stops adding any: after f.stall without
+	// a new one the run is judged on what it delivered.
 	deadline := time.Now().Add(f.timeout)
+	last, progress := -1, time.Now()
 	for {
 		omu.Lock()
 		n := len(seen)
@@ -302,8 +328,15 @@ func cmdLive(ctx context.Context, args []string) error {
 		if n >= written {
 			break
 		}
+		if n != last {
+			last, progress = n, time.Now()
+		}
 		if err := p.alive(); err != nil {
 			return err
+		}
+		if f.stall > 0 && time.Since(progress) > f.stall {
+			logf("%s: %d of %d events, no new one for %s", f.label, n, written, f.stall)
+			break
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("only %d of %d events reached Kafka after %s", n, written, f.timeout)
@@ -370,9 +403,10 @@ func cmdLive(ctx context.Context, args []string) error {
 	if received != "" {
 		res.Note += "; commit → receipt of the commit message by a bare slot reader (no Kafka)"
 	}
-	if missing > 0 {
-		res.Missing = missing
-		res.Note += fmt.Sprintf("; %d events never seen", missing)
+	res.Missing, res.Repeated = missing, int(repeated.Load())
+	res.Verified = received == "" // a bare slot reader writes no Kafka records
+	if res.Verified {
+		res.Note += "; " + deliveryNote(res.Missing, res.Repeated)
 	}
 	res.print()
 	return nil
@@ -381,7 +415,7 @@ func cmdLive(ctx context.Context, args []string) error {
 // consume reads every record the contender appends from the current end of
 // the run's topics, noting in seen when each event id became visible to a
 // read_committed consumer.
-func consume(ctx context.Context, wg *sync.WaitGroup, c common, adm *kadm.Client, mu *sync.Mutex, seen map[string]time.Time) error {
+func consume(ctx context.Context, wg *sync.WaitGroup, c common, adm *kadm.Client, mu *sync.Mutex, seen map[string]time.Time, repeated *atomic.Int64) error {
 	base, err := endOffsets(ctx, adm, c.topics())
 	if err != nil {
 		return err
@@ -416,11 +450,16 @@ func consume(ctx context.Context, wg *sync.WaitGroup, c common, adm *kadm.Client
 			mu.Lock()
 			fetches.EachRecord(func(r *kgo.Record) {
 				vis.add(r, func(r *kgo.Record, at time.Time) {
-					for _, h := range r.Headers {
-						if h.Key == "id" {
-							seen[string(h.Value)] = at
-						}
+					id, ok := idOf(r)
+					if !ok {
+						repeated.Add(1) // not one of the writers' events
+						return
 					}
+					if _, dup := seen[id]; dup {
+						repeated.Add(1)
+						return // the first copy's time counts
+					}
+					seen[id] = at
 				})
 			})
 			mu.Unlock()

@@ -195,6 +195,14 @@ func judge(rs []result) []verdict {
 		t.exactlyOnce(),
 		t.shardsTarget(),
 	)
+	u := unavailable(rs)
+	vs = append(vs,
+		t.vsPeers("catch-up ≥ 2× the best peer", "catchup", catchup100, 0, throughput, true, peerFactor, kilo, " ev/s", u),
+		t.vsPeers("catch-up CPU per event ≤ 1/2 of the best peer's", "catchup", catchup100, 0, cpu, false, peerShare,
+			func(v float64) string { return fmt.Sprintf("%.2f", v) }, " CPU-s per 100k", u),
+		t.vsPeers("live p99 ≤ 1/2 of the best peer's", "live", live250, liveRate, p99, false, peerShare, ms, "", u),
+		delivery(rs),
+	)
 	for _, w := range []string{catchup100, catchup1} {
 		if v, ok := t.shardedOutboxd(w); ok {
 			vs = append(vs, v)

@@ -9,11 +9,11 @@ import (
 
 func catchupRun(label, workload string, throughput, cpu, rss, start float64) result {
 	return result{Mode: "catchup", Label: label, Workload: workload, Throughput: throughput,
-		CPUPer100k: cpu, PeakRSSMB: rss, StartupSec: start}
+		CPUPer100k: cpu, PeakRSSMB: rss, StartupSec: start, Verified: true}
 }
 
 func liveRun(label string, rate, p50, p99, rss float64) result {
-	return result{Mode: "live", Label: label, Workload: live250, TargetRate: rate, P50ms: p50, P99ms: p99, PeakRSSMB: rss}
+	return result{Mode: "live", Label: label, Workload: live250, TargetRate: rate, P50ms: p50, P99ms: p99, PeakRSSMB: rss, Verified: true}
 }
 
 // passing is a run in which every target holds on the medians, although
@@ -30,6 +30,7 @@ func passing() []result {
 			catchupRun("pg_recvlogical", w, 150000, 0.4, 10, 0),
 			catchupRun("pg_walread", w, 170000, 0.2, 10, 0),
 			catchupRun("outboxd_eos", w, 130000, 0.5, 70, 0.1),
+			catchupRun("go_pq_cdc_kafka", w, 50000, 1.2, 100, 0.5),
 		)
 	}
 	return append(rs,
@@ -37,6 +38,8 @@ func passing() []result {
 		liveRun("pg_walread", liveRate, 0.1, 0.8, 17), liveRun("kafka_raw", liveRate, 0.3, 1.5, 0),
 		liveRun("debezium_tuned", liveRate, 15, 2000, 1200),
 		liveRun("outboxd_eos", liveRate, 60, 110, 30),
+		liveRun("go_pq_cdc_kafka", liveRate, 100, 250, 40),
+		result{Mode: "unavailable", Label: "conduit", Note: "not served"},
 		shardsRun(shards1, 163000), shardsRun(shards2, 269000), shardsRun(shards4, 280000),
 	)
 }
@@ -67,10 +70,15 @@ func TestJudge(t *testing.T) {
 		{"catch-up RSS over a tenth", repeat(4, catchupRun("outboxd", catchup100, 150000, 0.45, 130, 0.08)), "catch-up peak RSS ≤ 1/10 of Debezium tuned's, 100-row tx"},
 		{"live RSS over a tenth", repeat(4, liveRun("outboxd", liveRate, 1.2, 8, 130)), "live peak RSS"},
 		{"p50 more than 1 ms above the floor", repeat(4, liveRun("outboxd", liveRate, 1.5, 8, 28)), "p50"},
-		{"p99 over a twentieth", repeat(4, liveRun("outboxd", liveRate, 1.2, 101, 28)), "p99"},
+		{"p99 over a twentieth", repeat(4, liveRun("outboxd", liveRate, 1.2, 101, 28)), "p99 ≤ 1/20"},
 		{"start-up over a twentieth of the faster Debezium", repeat(4, catchupRun("outboxd", catchup100, 150000, 0.45, 60, 0.45)), "start-up"},
 		{"2 slots under 1.5x one", repeat(4, shardsRun(shards2, 200000)), "2 sharded slots"},
 		{"exactly-once under 0.8x at-least-once", repeat(4, catchupRun("outboxd_eos", catchup100, 110000, 0.5, 70, 0.1)), "exactly-once"},
+		{"under 2x the best peer", repeat(4, catchupRun("go_pq_cdc_kafka", catchup100, 80000, 1.2, 100, 0.5)), "catch-up ≥ 2× the best peer"},
+		{"CPU over half the best peer's", repeat(4, catchupRun("go_pq_cdc_kafka", catchup100, 50000, 0.8, 100, 0.5)), "CPU per event ≤ 1/2"},
+		{"p99 over half the best peer's", repeat(4, liveRun("go_pq_cdc_kafka", liveRate, 10, 15, 40)), "p99 ≤ 1/2 "},
+		{"outboxd lost an event", []result{{Mode: "live", Label: "outboxd", Workload: live250, TargetRate: 1000, Verified: true, Missing: 1}}, "every event delivered"},
+		{"a peer's losses are counted, not judged", []result{{Mode: "catchup", Label: "go_pq_cdc_kafka", Workload: catchup1, Verified: true, Missing: 3, Repeated: 2}}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			failed := 0
@@ -103,6 +111,9 @@ func TestJudgeRatios(t *testing.T) {
 		"start-up to the first event in Kafka ≤ 1/20 of Debezium's, 100-row tx":  0.08 / 8, // the faster Debezium
 		"decoding with 2 sharded slots ≥ 1.5× one slot, 100-row tx":              269.0 / 163,
 		"exactly-once catch-up ≥ 0.8× at-least-once, 100-row tx":                 130.0 / 150, // outboxd_eos / outboxd
+		"catch-up ≥ 2× the best peer, 100-row tx":                                150.0 / 50,  // go_pq_cdc_kafka beats Debezium
+		"catch-up CPU per event ≤ 1/2 of the best peer's, 100-row tx":            0.45 / 1.2,
+		"live p99 ≤ 1/2 of the best peer's, 5k ev/s":                             9.0 / 250,
 	}
 	seen := 0
 	for _, v := range vs {
@@ -121,7 +132,9 @@ func TestJudgeRatios(t *testing.T) {
 }
 
 func TestJudgeWithoutContenders(t *testing.T) {
-	for _, v := range judge([]result{catchupRun("outboxd", catchup100, 1, 1, 1, 1)}) {
+	alone := catchupRun("outboxd", catchup100, 1, 1, 1, 1)
+	alone.Verified = false // a result from before the delivery check
+	for _, v := range judge([]result{alone}) {
 		if v.judged || v.pass || v.outcome() != "NOT RUN" {
 			t.Errorf("%s, %s: judged %v, pass %v without the contenders to compare with", v.target, v.on, v.judged, v.pass)
 		}
