@@ -13,7 +13,7 @@ set output dir.'/catchup-'.size.'.png'
 set title 'Catch-up throughput (events/s, first → last record appended; pg_recvlogical, pg_walread: decode only, start → exit)'
 set ylabel 'events/s'
 set logscale y
-plot for [c in 'pg_recvlogical pg_walread kafka_raw outboxd outboxd_b debezium_default debezium_tuned'] \
+plot for [c in 'pg_recvlogical pg_walread kafka_raw outboxd outboxd_eos outboxd_b go_pq_cdc_kafka conduit debezium_default debezium_tuned'] \
   '< grep "\"'.c.'\"" '.dir.'/catchup.dat' using 3:xtic(1) title c
 }
 
@@ -23,5 +23,5 @@ set output dir.'/live-'.size.'.png'
 set title 'Live: p99 commit → Kafka append latency (ms, log scale) by target rate (0/max = writers flat out)'
 set ylabel 'p99 ms'
 set logscale y
-plot for [c in 'outboxd outboxd_b debezium_default debezium_tuned'] \
+plot for [c in 'outboxd outboxd_eos outboxd_b go_pq_cdc_kafka conduit debezium_default debezium_tuned'] \
   '< grep "^\"'.c.'\"" '.dir.'/live.dat' using 4:xtic(2) title c
