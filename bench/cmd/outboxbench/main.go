@@ -19,6 +19,8 @@
 //	         rewrite the generated sections of BENCHMARKS.md and README.md
 //	walread  read a slot to /dev/null, optionally with SO_RCVLOWAT; report the walsender's CPU
 //	shards   read several slots of one fill in parallel, each through a row-filtered publication
+//	plan     run the benchmark plan (bench/run starts the services, then runs it): every section,
+//	         workload and contender, each run as one of the subcommands above, then the report
 //	unavailable  record that a contender could not be set up here, and why (a result line the report shows)
 package main
 
@@ -32,7 +34,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: outboxbench setup|slot|topics|fill|catchup|produce|live|idle|report|walread|shards|unavailable [flags]")
+		fmt.Fprintln(os.Stderr, "usage: outboxbench setup|slot|topics|fill|catchup|produce|live|idle|plan|report|walread|shards|unavailable [flags]")
 		os.Exit(2)
 	}
 	ctx := context.Background()
@@ -61,6 +63,8 @@ func main() {
 		err = cmdWalread(ctx, args)
 	case "shards":
 		err = cmdShards(ctx, args)
+	case "plan":
+		err = cmdPlan(ctx, args)
 	case "unavailable":
 		err = cmdUnavailable(args)
 	default:

@@ -23,6 +23,7 @@ func cmdReport(args []string) error {
 	fs := flag.NewFlagSet("report", flag.ExitOnError)
 	out := fs.String("out", "bench/results/latest", "results directory: read from and written to")
 	docs := fs.String("docs", "", "comma-separated documents whose generated sections are rewritten (e.g. BENCHMARKS.md,README.md)")
+	withPlots := fs.Bool("plots", false, "also render the PNGs with gnuplot (bench/plot.gp, run from the repository's root)")
 	_ = fs.Parse(args)
 	paths := fs.Args()
 	if len(paths) == 0 {
@@ -60,6 +61,9 @@ func cmdReport(args []string) error {
 				return err
 			}
 		}
+	}
+	if *withPlots {
+		plots(*out, size)
 	}
 	return nil
 }
