@@ -304,7 +304,7 @@ func (p *Pipeline) ownsMessage(owner string, lsn wal.LSN) bool {
 }
 
 // errUpdate marks an UPDATE refused by router.on_update: error.
-var errUpdate = errors.New("update on the outbox table")
+var errUpdate error = &kindError{text: "update on the outbox table", permanent: true}
 
 // deliver produces a routed record, or applies the poison policy to a row
 // that could not be routed (routeErr) or produced. source names where the row
