@@ -117,6 +117,16 @@ func anyWrapped(err error, is func(error) bool) bool {
 	return false
 }
 
+// hintError is err with what to do about it apart (Hint).
+type hintError struct {
+	err  error
+	hint string
+}
+
+func (e *hintError) Error() string { return e.err.Error() }
+func (e *hintError) Unwrap() error { return e.err }
+func (e *hintError) Hint() string  { return e.hint }
+
 // kindError is a sentinel of relay's own that classifies itself.
 type kindError struct {
 	text      string
