@@ -4,6 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -119,4 +125,68 @@ func TestHintOuterFirst(t *testing.T) {
 	if got := Hint(errors.New("plain")); got != "" {
 		t.Errorf("Hint of a plain error = %q, want none", got)
 	}
+}
+
+// TestNoDecisionReadsMessageText: no code of the engine branches on an
+// error's text (strings.Contains, HasPrefix, ... or a regexp on Error() or
+// a server's Message): servers speak other languages, and a reworded
+// message must not change a decision (issue 34 item 4). Errors answer for
+// themselves instead (TestErrorsClassifyThemselves).
+func TestNoDecisionReadsMessageText(t *testing.T) {
+	textFuncs := map[string]bool{"Contains": true, "ContainsAny": true, "HasPrefix": true, "HasSuffix": true, "Index": true,
+		"EqualFold": true, "Cut": true, "MatchString": true, "FindString": true, "FindStringSubmatch": true}
+	// The root module: the daemon and the libraries.
+	err := filepath.WalkDir("..", func(path string, d fs.DirEntry, err error) error {
+		switch {
+		case err != nil:
+			return err
+		case d.IsDir() && path != ".." && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata" || hasGoMod(path)):
+			return filepath.SkipDir // another module (test/) or no code
+		case d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go"):
+			return nil
+		}
+		fset := token.NewFileSet()
+		f, err := parser.ParseFile(fset, path, nil, 0)
+		if err != nil {
+			return err
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			call, ok := n.(*ast.CallExpr)
+			if !ok {
+				return true
+			}
+			fn, ok := call.Fun.(*ast.SelectorExpr)
+			if !ok || !textFuncs[fn.Sel.Name] {
+				return true
+			}
+			for _, arg := range call.Args {
+				if readsMessage(arg) {
+					t.Errorf("%s: %s reads an error's text to decide", fset.Position(call.Pos()), fn.Sel.Name)
+				}
+			}
+			return true
+		})
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func hasGoMod(dir string) bool {
+	_, err := os.Stat(filepath.Join(dir, "go.mod"))
+	return err == nil
+}
+
+// readsMessage reports an expression that is an error's text: x.Error()
+// or x.Message (pgconn.PgError's).
+func readsMessage(e ast.Expr) bool {
+	switch e := e.(type) {
+	case *ast.CallExpr:
+		sel, ok := e.Fun.(*ast.SelectorExpr)
+		return ok && sel.Sel.Name == "Error" && len(e.Args) == 0
+	case *ast.SelectorExpr:
+		return e.Sel.Name == "Message"
+	}
+	return false
 }
