@@ -24,8 +24,8 @@
 // last safe position is reported) and a new one starts from the slot's
 // confirmed position after a backoff. Errors that a restart cannot fix (a
 // row that cannot be routed, an invalidated or dropped slot, a dropped
-// publication, a decoding failure; IsPermanent tells them) end Run with the
-// error.
+// publication, a decoding failure; IsPermanent tells them, each error
+// answering for itself with a Permanent method) end Run with the error.
 //
 // Check runs the start-up checks and returns what it opened for the first
 // pipeline (its Postgres connection, the replication connection and the

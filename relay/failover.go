@@ -359,28 +359,6 @@ func (r *Relay) checkSlot(ctx context.Context, conn *pgx.Conn, info wal.SlotInfo
 	return err
 }
 
-// ExitSlotGone is outboxd's exit status when the slot is missing or
-// invalidated (SlotGone). A restart does not bring the slot back, and on
-// timeline 1 a restarted outboxd would create a new slot at the current
-// position, past every event the old one had not confirmed: service
-// managers must not restart on it (deploy/systemd/outboxd.service,
-// RestartPreventExitStatus).
-const ExitSlotGone = 3
-
-// SlotGone reports an error saying that the slot is missing or invalidated,
-// as the error itself tells (a SlotGone() bool method: wal.ErrSlotMissing
-// and wal.ErrSlotLost). A server's error is never taken for one by its text
-// or code alone: explain reads pg_replication_slots afresh and turns it
-// into outboxd's own, or leaves it to be retried (the next run's slot
-// inspection decides).
-func SlotGone(err error) bool {
-	var gone interface{ SlotGone() bool }
-	if errors.As(err, &gone) && gone.SlotGone() {
-		return true
-	}
-	return errors.Is(err, wal.ErrSlotMissing) || errors.Is(err, wal.ErrSlotLost)
-}
-
 // judgeGone decides a server error whose SQLSTATE may mean that the slot or
 // the publication is gone (42704 undefined_object: a dropped slot or
 // publication; 55000 object_not_in_prerequisite_state: an invalidated slot,

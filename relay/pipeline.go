@@ -169,8 +169,9 @@ func (p *Pipeline) Handle(item wal.Item) error {
 			p.updates.Inc()
 			switch {
 			case rcfg.OnUpdate == config.OnUpdateError:
-				return wal.Errorf(errUpdate, "UPDATE of an outbox row at LSN %s (xid %d) and router.on_update is error; outbox rows must only be inserted. "+
-					"To move past it, set router.on_update: warn or ignore and restart", m.LSN, m.XID)
+				return &wal.Error{Kind: errUpdate,
+					Msg:    fmt.Sprintf("UPDATE of an outbox row at LSN %s (xid %d) and router.on_update is error; outbox rows must only be inserted", m.LSN, m.XID),
+					Remedy: "to move past it, set router.on_update: warn or ignore and restart"}
 			case rcfg.OnUpdate == config.OnUpdateWarn && !p.warnedUpdate:
 				p.warnedUpdate = true
 				p.r.log.Warn("UPDATE on the outbox table is not delivered; outbox rows should only be inserted (counted in outboxd_wal_changes_total{op=\"update\"})",
@@ -304,7 +305,7 @@ func (p *Pipeline) ownsMessage(owner string, lsn wal.LSN) bool {
 }
 
 // errUpdate marks an UPDATE refused by router.on_update: error.
-var errUpdate = errors.New("update on the outbox table")
+var errUpdate error = &kindError{text: "update on the outbox table", permanent: true}
 
 // deliver produces a routed record, or applies the poison policy to a row
 // that could not be routed (routeErr) or produced. source names where the row
@@ -339,8 +340,8 @@ func (p *Pipeline) deliver(rec *router.Record, routeErr error, lsn wal.LSN, sour
 	}
 	r := p.r
 	if r.cfg.Router.Poison.Policy != config.PoisonDLQ {
-		return fmt.Errorf("%w. outboxd stopped without confirming past it. To move past it deliberately, set router.poison.policy: dlq "+
-			"(and router.poison.dlq_topic) and restart: the row goes to the dead-letter topic and streaming continues", poison)
+		return &hintError{err: fmt.Errorf("%w. outboxd stopped without confirming past it", poison),
+			hint: "to move past it deliberately, set router.poison.policy: dlq (and router.poison.dlq_topic) and restart: the row goes to the dead-letter topic and streaming continues"}
 	}
 	r.m.deadLettered.Inc()
 	r.log.Warn("outbox row sent to the dead-letter topic", "event_id", poison.EventID, "lsn", lsn.String(), "topic", r.cfg.Router.Poison.DLQTopic, "reason", poison.Reason)

@@ -231,8 +231,8 @@ func TestPipelineDeadLetter(t *testing.T) {
 			tp.handle(t, begin(0x200))
 			err := tp.Handle(tc.row)
 			var rowErr *router.RowError
-			if !errors.As(err, &rowErr) || !strings.Contains(err.Error(), tc.reason) || !strings.Contains(err.Error(), "router.poison.policy: dlq") {
-				t.Fatalf("Handle = %v, want the row's error naming %q and the dlq policy", err, tc.reason)
+			if !errors.As(err, &rowErr) || !strings.Contains(err.Error(), tc.reason) || !strings.Contains(Hint(err), "router.poison.policy: dlq") {
+				t.Fatalf("Handle = %v (hint %q), want the row's error naming %q and the dlq policy in the hint", err, Hint(err), tc.reason)
 			}
 			if !IsPermanent(err) {
 				t.Errorf("IsPermanent(%v) = false: a restart meets the same row", err)
@@ -289,8 +289,8 @@ func TestPipelineUpdate(t *testing.T) {
 			tp.handle(t, begin(0x200))
 			err := tp.Handle(change(wal.Update, 0x180, id1, "o-1", `{}`))
 			switch {
-			case tc.stops && (!errors.Is(err, errUpdate) || !IsPermanent(err)):
-				t.Errorf("Handle = %v, want the permanent errUpdate", err)
+			case tc.stops && (!errors.Is(err, errUpdate) || !IsPermanent(err) || !strings.Contains(Hint(err), "router.on_update: warn")):
+				t.Errorf("Handle = %v (hint %q), want the permanent errUpdate with what to do", err, Hint(err))
 			case !tc.stops && err != nil:
 				t.Errorf("Handle = %v, want nil", err)
 			}

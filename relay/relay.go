@@ -3,12 +3,10 @@ package relay
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxd/outboxd/config"
@@ -92,35 +90,6 @@ func (r *Relay) producer(start *Start) (*sink.Producer, error) {
 	return r.newProducer()
 }
 
-// IsPermanent reports whether err is one that a pipeline restart cannot fix:
-// Run returns it instead of restarting.
-func IsPermanent(err error) bool {
-	var rowErr *router.RowError
-	var layoutErr *router.LayoutError
-	var decErr *wal.DecodeError
-	var delivery *sink.DeliveryError
-	var pgErr *pgconn.PgError
-	var perm interface{ Permanent() bool } // an error that answers for itself
-	switch {
-	case errors.As(err, &perm) && perm.Permanent():
-		return true
-	case errors.As(err, &rowErr), errors.As(err, &layoutErr), errors.As(err, &decErr), errors.Is(err, errUpdate),
-		errors.Is(err, wal.ErrSlotMissing), errors.Is(err, wal.ErrSlotLost), errors.Is(err, wal.ErrPublicationMissing):
-		return true
-	case errors.As(err, &delivery) && delivery.Rejected():
-		return true
-	case errors.As(err, &pgErr):
-		// By SQLSTATE only. A gone slot or publication (42704, 55000) is
-		// not decided here: explain reads the catalogue (judgeGone).
-		switch pgErr.Code {
-		case "28000", "28P01", // authentication
-			"42501": // insufficient_privilege
-			return true
-		}
-	}
-	return false
-}
-
 // Run streams until ctx is done, restarting after retryable failures. While
 // another process holds the slot it waits as a standby and takes over when
 // the slot is released. It returns nil after a clean shutdown and the error
@@ -199,46 +168,6 @@ func (r *Relay) Run(ctx context.Context, start *Start) error {
 		}
 		backoff = min(backoff*2, maxBackoff)
 	}
-}
-
-// explain turns server errors whose meaning for the events is not obvious
-// into ones that say it and what to do. It decides by SQLSTATE and, for a
-// slot or publication that may be gone, by a fresh read of the catalogue
-// (judgeGone) on the server at addr (the run's; any host of postgres.dsn
-// when ""), never by the server's message text.
-func (r *Relay) explain(ctx context.Context, err error, addr string) error {
-	if r.cfg.Kafka.ExactlyOnce() {
-		err = sink.AsFenced(r.txnID, err) // a record refused as fenced
-	}
-	var delivery *sink.DeliveryError
-	if errors.As(err, &delivery) && delivery.Rejected() {
-		return fmt.Errorf("%w. Kafka will refuse it again, so outboxd stopped without confirming past it; fix the record or the topic's "+
-			"configuration and restart", delivery)
-	}
-	var pgErr *pgconn.PgError
-	switch {
-	case !errors.As(err, &pgErr):
-		return err
-	case wal.PublicationSkipped(pgErr):
-		return r.publicationDropped(pgErr)
-	}
-	return r.judgeGone(ctx, pgErr, err, addr)
-}
-
-// publicationDropped is the stop for a publication dropped while outboxd
-// used it (pgErr is what the server said).
-func (r *Relay) publicationDropped(pgErr *pgconn.PgError) error {
-	pg := r.cfg.Postgres
-	schema, table := pg.TableName()
-	create := wal.PublicationSQL(pg.Publication, schema, table)
-	if r.shard.Count > 1 {
-		create = shard.PublicationSQL(pg.Publication, schema, table, r.cfg.Router.KeyColumn, r.shard.Index, r.shard.Count)
-	}
-	return wal.Errorf(wal.ErrPublicationMissing, "publication %q was dropped while outboxd used it (%s): Postgres can no longer decode the slot, "+
-		"so the events committed after the slot's confirmed position stay in the slot, undelivered but not confirmed. "+
-		"Recreate it with %s and restart outboxd; transactions Postgres still cannot decode "+
-		"must be recovered from the outbox table or the application before the slot is advanced past them",
-		pg.Publication, pgErr.Message, create)
 }
 
 func (r *Relay) setState(state State, reason string) {

@@ -75,6 +75,10 @@ func (e *RowError) Error() string {
 	return fmt.Sprintf("cannot route outbox row %s at LSN %s in %s: %s", id, e.LSN, e.Table, e.Reason)
 }
 
+// Permanent reports that a restart cannot fix it: the row is routed again
+// as it is. (The caller may dead-letter it instead.)
+func (e *RowError) Permanent() bool { return true }
+
 // LayoutError reports a table that lacks a configured column, or has one of
 // a type the settings cannot use. It is a configuration error, not a poison
 // row: no row of that table can be routed.
@@ -92,6 +96,10 @@ func (e *LayoutError) Error() string {
 	return fmt.Sprintf("outbox table %s has no column %s; add it or set the router.*_column settings to the table's column names",
 		e.Table, strings.Join(e.Missing, ", "))
 }
+
+// Permanent reports that a restart cannot fix it: the settings or the
+// table must change.
+func (e *LayoutError) Permanent() bool { return true }
 
 // The fields a row is read into; additional fields follow.
 const (

@@ -812,7 +812,12 @@ type TopicRefusedError struct {
 }
 
 func (e *TopicRefusedError) Error() string {
-	return fmt.Sprintf("the brokers refused topic %q: %v; grant outboxd's principal Describe and Create on it (or create it and grant Describe and Write), or fix the topic name the row routes to", e.Topic, e.Err)
+	return fmt.Sprintf("the brokers refused topic %q: %v", e.Topic, e.Err)
+}
+
+// Hint says what to do.
+func (e *TopicRefusedError) Hint() string {
+	return "grant outboxd's principal Describe and Create on the topic (or create it and grant Describe and Write), or fix the topic name the row routes to"
 }
 
 func (e *TopicRefusedError) Unwrap() error { return e.Err }
@@ -1073,6 +1078,19 @@ func (e *DeliveryError) Rejected() bool {
 
 func (e *DeliveryError) Error() string {
 	return fmt.Sprintf("delivering event %s to topic %s: %v", e.EventID, e.Topic, e.Err)
+}
+
+// Permanent reports a record Kafka rejected (Rejected): sending it again
+// after a restart would fail again.
+func (e *DeliveryError) Permanent() bool { return e.Rejected() }
+
+// Hint says what to do about a rejected record, "" for any other failure,
+// which a restart retries.
+func (e *DeliveryError) Hint() string {
+	if !e.Rejected() {
+		return ""
+	}
+	return "Kafka will refuse the record again, so outboxd stopped without confirming past it; fix the record or the topic's configuration and restart"
 }
 
 func (e *DeliveryError) Unwrap() error { return e.Err }

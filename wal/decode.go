@@ -147,6 +147,10 @@ func (e *DecodeError) Error() string {
 	return fmt.Sprintf("decoding pgoutput message at LSN %s: %s", e.LSN, e.Msg)
 }
 
+// Permanent reports that a restart cannot fix it: Postgres decodes the same
+// bytes again.
+func (e *DecodeError) Permanent() bool { return true }
+
 // Decoder decodes one stream of pgoutput messages. The zero value is not
 // usable; call NewDecoder. A Decoder is not safe for concurrent use.
 type Decoder struct {

@@ -30,6 +30,11 @@
 //     transaction can take longer than the deadline, and the update is lost
 //     when the connection closes.
 //
+// Errors classify themselves: ErrSlotMissing, ErrSlotLost and
+// ErrPublicationMissing (matched with errors.Is) and DecodeError report
+// Permanent() true, the first two SlotGone() true too; an Error carries
+// what to do apart from what is wrong, in its Hint.
+//
 // Bytes handed out by the decoder (column values, message content) alias one
 // copy of the message made by the stream and stay valid after later reads.
 package wal

@@ -12,34 +12,51 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// Errors about the slot and publication that callers branch on.
+// Errors about the slot and publication that callers branch on with
+// errors.Is. Each answers for itself (the Permanent and SlotGone methods):
+// a restart cannot fix any of them, and the first two say that the slot is
+// gone, which outboxd's command exits on with a status of its own.
 var (
 	// ErrSlotMissing: the slot does not exist and may not be created.
-	ErrSlotMissing = errors.New("replication slot does not exist")
+	ErrSlotMissing error = &kind{text: "replication slot does not exist", permanent: true, slotGone: true}
 	// ErrSlotLost: Postgres invalidated the slot (wal_status = lost).
-	ErrSlotLost = errors.New("replication slot is invalidated")
+	ErrSlotLost error = &kind{text: "replication slot is invalidated", permanent: true, slotGone: true}
 	// ErrPublicationMissing: the publication does not exist and may not be created.
-	ErrPublicationMissing = errors.New("publication does not exist")
+	ErrPublicationMissing error = &kind{text: "publication does not exist", permanent: true}
 )
 
-// sentinelError has its own text and matches a sentinel with errors.Is.
-type sentinelError struct {
-	msg      string
-	sentinel error
+// kind is a sentinel error that classifies itself: Permanent reports that
+// a restart cannot fix what it says, SlotGone that the slot is missing or
+// invalidated.
+type kind struct {
+	text                string
+	permanent, slotGone bool
 }
 
-func (e *sentinelError) Error() string { return e.msg }
-func (e *sentinelError) Unwrap() error { return e.sentinel }
+func (k *kind) Error() string   { return k.text }
+func (k *kind) Permanent() bool { return k.permanent }
+func (k *kind) SlotGone() bool  { return k.slotGone }
 
-// SlotGone reports an error about a slot that is missing or invalidated.
-func (e *sentinelError) SlotGone() bool {
-	return e.sentinel == ErrSlotMissing || e.sentinel == ErrSlotLost
+// Error is an error of a kind callers match with errors.Is (ErrSlotMissing,
+// ErrSlotLost, ErrPublicationMissing, ...) that says what is wrong in its
+// own words and carries what to do apart: outboxd's command prints the
+// hint on a line of its own.
+type Error struct {
+	Kind   error  // the sentinel errors.Is matches, which classifies the error
+	Msg    string // what is wrong, one line
+	Remedy string // what to do, "" when the message says it
 }
+
+func (e *Error) Error() string { return e.Msg }
+func (e *Error) Unwrap() error { return e.Kind }
+
+// Hint returns what to do.
+func (e *Error) Hint() string { return e.Remedy }
 
 // Errorf returns an error with the formatted text that errors.Is matches to
 // sentinel.
 func Errorf(sentinel error, format string, args ...any) error {
-	return &sentinelError{msg: fmt.Sprintf(format, args...), sentinel: sentinel}
+	return &Error{Kind: sentinel, Msg: fmt.Sprintf(format, args...)}
 }
 
 // SlotActiveError reports a slot held by another process.
@@ -115,16 +132,25 @@ func CheckSlot(info SlotInfo, database, recreate string) error {
 	case info.InvalidationReason != "" && info.InvalidationReason != "wal_removed":
 		// Postgres 17 and later say why; wal_status is lost whatever the
 		// reason, so the reason is read first.
-		return Errorf(ErrSlotLost, "replication slot %q is invalidated (%s): Postgres can no longer decode it, so outbox events committed after its confirmed position %s may never be delivered; "+
-			"recover them from the outbox table or the application, then drop the slot (SELECT pg_drop_replication_slot('%s')) and %s",
-			info.Name, info.InvalidationReason, info.ConfirmedFlushLSN, info.Name, recreate)
+		return &Error{Kind: ErrSlotLost,
+			Msg: fmt.Sprintf("replication slot %q is invalidated (%s): Postgres can no longer decode it, so outbox events committed after its confirmed position %s may never be delivered",
+				info.Name, info.InvalidationReason, info.ConfirmedFlushLSN),
+			Remedy: dropLost(info.Name, recreate)}
 	case info.WALStatus == "lost" || info.InvalidationReason == "wal_removed":
-		return Errorf(ErrSlotLost, "replication slot %q is invalidated: Postgres removed WAL it still needed (max_slot_wal_keep_size), so outbox events committed while it lagged may never be delivered; "+
-			"recover them from the outbox table or the application, then drop the slot (SELECT pg_drop_replication_slot('%s')) and %s", info.Name, info.Name, recreate)
+		return &Error{Kind: ErrSlotLost,
+			Msg: fmt.Sprintf("replication slot %q is invalidated: Postgres removed WAL it still needed (max_slot_wal_keep_size), so outbox events committed while it lagged may never be delivered",
+				info.Name),
+			Remedy: dropLost(info.Name, recreate)}
 	case info.Active:
 		return &SlotActiveError{Slot: info.Name, PID: info.ActivePID}
 	}
 	return nil
+}
+
+// dropLost is the remedy for invalidated slot name; recreate completes it
+// (RecreateRemedy).
+func dropLost(name, recreate string) string {
+	return fmt.Sprintf("recover the events from the outbox table or the application, then drop the slot (SELECT pg_drop_replication_slot('%s')) and %s", name, recreate)
 }
 
 // FailoverMajor is the first Postgres major version with failover slots.

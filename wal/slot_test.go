@@ -91,13 +91,21 @@ func TestCheckSlotInvalidated(t *testing.T) {
 			if !errors.Is(err, ErrSlotLost) {
 				t.Fatalf("CheckSlot = %v, want ErrSlotLost", err)
 			}
+			var hinted interface{ Hint() string }
+			if !errors.As(err, &hinted) || hinted.Hint() == "" {
+				t.Fatalf("CheckSlot = %v, without a hint", err)
+			}
+			text := err.Error() + "\n" + hinted.Hint()
+			if strings.Contains(err.Error(), "drop the slot") {
+				t.Errorf("%q has the remedy, which is the hint's", err)
+			}
 			for _, w := range tc.want {
-				if !strings.Contains(err.Error(), w) {
-					t.Errorf("%q lacks %q", err, w)
+				if !strings.Contains(text, w) {
+					t.Errorf("%q lacks %q", text, w)
 				}
 			}
-			if strings.Contains(err.Error(), tc.unwanted) {
-				t.Errorf("%q has %q", err, tc.unwanted)
+			if strings.Contains(text, tc.unwanted) {
+				t.Errorf("%q has %q", text, tc.unwanted)
 			}
 		})
 	}

@@ -46,7 +46,7 @@ type StreamConfig struct {
 }
 
 // ErrSilentServer: nothing came from the server for StreamConfig.ReceiveTimeout.
-var ErrSilentServer = errors.New("no message from the server")
+var ErrSilentServer error = &kind{text: "no message from the server"} // retried: a new connection may hear
 
 // Stream is one replication session on one connection. See the package
 // documentation for who may call what.
@@ -418,7 +418,15 @@ func (s *Stream) Close(ctx context.Context) error {
 	if err == nil {
 		err = s.endCopy(ctx)
 	}
-	return errors.Join(err, s.conn.Close(ctx))
+	cerr := s.conn.Close(ctx)
+	switch {
+	case err == nil:
+		return cerr
+	case cerr != nil:
+		// One line, unlike errors.Join's: both errors count (errors.Is).
+		return fmt.Errorf("%w; closing the connection: %w", err, cerr)
+	}
+	return err
 }
 
 // endCopy ends the replication stream with CopyDone and waits until the

@@ -50,10 +50,19 @@ func main() {
 	defaultProcs(os.Getenv("GOMAXPROCS"), 1, runtimeProcs) // one shard until the configuration says more
 	defaultGC(os.Getenv("GOGC"))
 	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil {
-		if !errors.Is(err, errReported) {
-			fmt.Fprintf(os.Stderr, "outboxd: %v\n", err)
-		}
+		printError(os.Stderr, err)
 		os.Exit(exitCode(err))
+	}
+}
+
+// printError prints err, unless it was logged already, and then what to do
+// about it (relay.Hint) on a line of its own.
+func printError(w io.Writer, err error) {
+	if !errors.Is(err, errReported) {
+		fmt.Fprintf(w, "outboxd: %v\n", err)
+	}
+	if h := relay.Hint(err); h != "" {
+		fmt.Fprintf(w, "hint: %s\n", h)
 	}
 }
 

@@ -52,6 +52,31 @@ func TestExitCode(t *testing.T) {
 	}
 }
 
+// The error is printed on one line (unless it was logged already) and what
+// to do on a line of its own (issue 34 item 4).
+func TestPrintError(t *testing.T) {
+	lost := &wal.Error{Kind: wal.ErrSlotLost, Msg: `replication slot "outboxd" is invalidated`, Remedy: "drop the slot and start outboxd again"}
+	for _, tc := range []struct {
+		name string
+		err  error
+		want string
+	}{
+		{"plain", errors.New("cannot connect"), "outboxd: cannot connect\n"},
+		{"with a hint", fmt.Errorf("starting: %w", lost),
+			"outboxd: starting: replication slot \"outboxd\" is invalidated\nhint: drop the slot and start outboxd again\n"},
+		{"logged, with a hint", fmt.Errorf("%w: %w", errReported, lost), "hint: drop the slot and start outboxd again\n"},
+		{"logged", fmt.Errorf("%w: %w", errReported, errors.New("cannot connect")), ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var b bytes.Buffer
+			printError(&b, tc.err)
+			if b.String() != tc.want {
+				t.Errorf("printed %q, want %q", b.String(), tc.want)
+			}
+		})
+	}
+}
+
 // SIGTERM during the start-up checks is a clean stop (exit 0) only when the
 // checks fail on the cancellation; a real start-up failure that arrives
 // with the signal still exits 1, and either way the error is logged (review

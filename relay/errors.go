@@ -1,0 +1,173 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outboxd/outboxd/shard"
+	"github.com/outboxd/outboxd/sink"
+	"github.com/outboxd/outboxd/wal"
+)
+
+// Errors classify themselves, the way pgconn's SafeToRetry does: each
+// error type answers through one of these small interfaces, so that a new
+// error type needs no central switch. A false answer is no answer: an error
+// is permanent (or says the slot is gone) when any error it wraps says so.
+//
+//   - Permanent() bool: a pipeline restart cannot fix it (a rejected
+//     record, a poison row, an undecodable message, a missing slot or
+//     publication): Run returns it instead of restarting.
+//   - SlotGone() bool: the slot is missing or invalidated: the command
+//     exits with ExitSlotGone.
+//   - Hint() string: what to do, apart from what is wrong (Error()), which
+//     the command prints on a line of its own.
+//
+// A server's error is judged by its SQLSTATE (permanentCode) and, for a
+// slot or publication that may be gone, by a fresh read of the catalogue
+// (judgeGone), never by its message, which is in the server's language.
+type (
+	permanent interface{ Permanent() bool }
+	slotGone  interface{ SlotGone() bool }
+)
+
+// IsPermanent reports whether err is one that a pipeline restart cannot fix:
+// Run returns it instead of restarting.
+func IsPermanent(err error) bool {
+	return anyWrapped(err, func(e error) bool {
+		switch e := e.(type) {
+		case permanent:
+			return e.Permanent()
+		case *pgconn.PgError:
+			return permanentCode(e.Code)
+		}
+		return false
+	})
+}
+
+// permanentCode reports a SQLSTATE that a restart cannot fix. A gone slot
+// or publication (42704, 55000) is not decided here: explain reads the
+// catalogue (judgeGone).
+func permanentCode(code string) bool {
+	switch code {
+	case "28000", "28P01", // authentication
+		"42501": // insufficient_privilege
+		return true
+	}
+	return false
+}
+
+// SlotGone reports an error saying that the slot is missing or invalidated,
+// as the error itself tells (wal.ErrSlotMissing and wal.ErrSlotLost). A
+// server's error is never taken for one by its code alone: explain reads
+// pg_replication_slots afresh and turns it into outboxd's own, or leaves it
+// to be retried (the next run's slot inspection decides).
+func SlotGone(err error) bool {
+	return anyWrapped(err, func(e error) bool {
+		g, ok := e.(slotGone)
+		return ok && g.SlotGone()
+	})
+}
+
+// Hint returns what to do about err: the hint of the outermost error in its
+// chain that has one (a Hint() string method), "" when none has.
+func Hint(err error) string {
+	var h string
+	anyWrapped(err, func(e error) bool {
+		if e, ok := e.(interface{ Hint() string }); ok {
+			h = e.Hint()
+		}
+		return h != ""
+	})
+	return h
+}
+
+// ExitSlotGone is outboxd's exit status when the slot is missing or
+// invalidated (SlotGone). A restart does not bring the slot back, and on
+// timeline 1 a restarted outboxd would create a new slot at the current
+// position, past every event the old one had not confirmed: service
+// managers must not restart on it (deploy/systemd/outboxd.service,
+// RestartPreventExitStatus).
+const ExitSlotGone = 3
+
+// anyWrapped reports whether is holds for err or any error it wraps, through
+// Unwrap() error and Unwrap() []error (fmt.Errorf with several %w,
+// errors.Join).
+func anyWrapped(err error, is func(error) bool) bool {
+	for err != nil {
+		if is(err) {
+			return true
+		}
+		switch u := err.(type) {
+		case interface{ Unwrap() error }:
+			err = u.Unwrap()
+		case interface{ Unwrap() []error }:
+			for _, e := range u.Unwrap() {
+				if anyWrapped(e, is) {
+					return true
+				}
+			}
+			return false
+		default:
+			return false
+		}
+	}
+	return false
+}
+
+// hintError is err with what to do about it apart (Hint).
+type hintError struct {
+	err  error
+	hint string
+}
+
+func (e *hintError) Error() string { return e.err.Error() }
+func (e *hintError) Unwrap() error { return e.err }
+func (e *hintError) Hint() string  { return e.hint }
+
+// kindError is a sentinel of relay's own that classifies itself.
+type kindError struct {
+	text      string
+	permanent bool
+}
+
+func (e *kindError) Error() string   { return e.text }
+func (e *kindError) Permanent() bool { return e.permanent }
+
+// explain turns server errors whose meaning for the events is not obvious
+// into ones that say it and what to do. It decides by SQLSTATE and, for a
+// slot or publication that may be gone, by a fresh read of the catalogue
+// (judgeGone) on the server at addr (the run's; any host of postgres.dsn
+// when ""), never by the server's message text.
+func (r *Relay) explain(ctx context.Context, err error, addr string) error {
+	if r.cfg.Kafka.ExactlyOnce() {
+		err = sink.AsFenced(r.txnID, err) // a record refused as fenced
+	}
+	var pgErr *pgconn.PgError
+	switch {
+	case !errors.As(err, &pgErr):
+		return err
+	case wal.PublicationSkipped(pgErr):
+		return r.publicationDropped(pgErr)
+	}
+	return r.judgeGone(ctx, pgErr, err, addr)
+}
+
+// publicationDropped is the stop for a publication dropped while outboxd
+// used it (pgErr is what the server said).
+func (r *Relay) publicationDropped(pgErr *pgconn.PgError) error {
+	pg := r.cfg.Postgres
+	schema, table := pg.TableName()
+	create := wal.PublicationSQL(pg.Publication, schema, table)
+	if r.shard.Count > 1 {
+		create = shard.PublicationSQL(pg.Publication, schema, table, r.cfg.Router.KeyColumn, r.shard.Index, r.shard.Count)
+	}
+	return &wal.Error{Kind: wal.ErrPublicationMissing,
+		Msg: fmt.Sprintf("publication %q was dropped while outboxd used it (%s): Postgres can no longer decode the slot, "+
+			"so the events committed after the slot's confirmed position stay in the slot, undelivered but not confirmed",
+			pg.Publication, pgErr.Message),
+		Remedy: fmt.Sprintf("recreate the publication with %s and restart outboxd; transactions Postgres still cannot decode "+
+			"must be recovered from the outbox table or the application before the slot is advanced past them", create)}
+}
