@@ -433,24 +433,16 @@ func (p *Producer) readRange(ctx context.Context, isolation kgo.IsolationLevel, 
 	if from >= end {
 		return nil, false, nil
 	}
-	opts := []kgo.Opt{
-		kgo.SeedBrokers(p.cfg.Brokers...),
-		kgo.ClientID(p.cfg.ClientID),
-		kgo.FetchIsolationLevel(isolation),
-		kgo.KeepControlRecords(), // the markers tell where the stable end is
-		kgo.FetchMaxWait(100 * time.Millisecond),
-		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {partition: kgo.NewOffset().At(from)}}),
-	}
-	tlsCfg, err := p.cfg.TLS.Config()
+	opts, err := ClientOptions(p.cfg)
 	if err != nil {
 		return nil, false, err
 	}
-	if tlsCfg != nil {
-		opts = append(opts, kgo.DialTLSConfig(tlsCfg))
-	}
-	if mech := saslMechanism(p.cfg.SASL); mech != nil {
-		opts = append(opts, kgo.SASL(mech))
-	}
+	opts = append(opts,
+		kgo.FetchIsolationLevel(isolation),
+		kgo.KeepControlRecords(), // the markers tell where the stable end is
+		kgo.FetchMaxWait(100*time.Millisecond),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {partition: kgo.NewOffset().At(from)}}),
+	)
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return nil, false, fmt.Errorf("creating a Kafka client to read %s: %w", topic, err)

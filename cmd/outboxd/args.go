@@ -58,6 +58,7 @@ var subcommands = []subcommand{
 	}},
 	{"version", "outboxd version                          print the version", func(*flag.FlagSet, *invocation) {}},
 	{"debezium", "outboxd debezium convert FILE            convert a Debezium connector config", nil},
+	{"dlq", "outboxd dlq list|redrive [-topic T] ...  show dead letters, or send them to their\n                                           intended topics ('outboxd dlq -h')", nil},
 	{"help", "outboxd help [COMMAND]                   print this usage, or a command's flags", nil},
 }
 

@@ -86,6 +86,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if len(args) > 0 && args[0] == "debezium" {
 		return debezium.Command(args[1:], os.Stdin, stdout, stderr)
 	}
+	if len(args) > 0 && args[0] == "dlq" {
+		return dlqCommand(args[1:], stdout, stderr)
+	}
 	inv, err := parseArgs(args, stderr)
 	if err != nil {
 		if errors.Is(err, errHelp) {

@@ -1,0 +1,281 @@
+package dlq
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outboxd/outboxd/router"
+)
+
+// The headers the relay writes on a dead letter (relay.deadLetter).
+const (
+	HeaderReason         = "outboxd.error.reason"
+	HeaderSourceLSN      = "outboxd.source.lsn"
+	HeaderSourceTable    = "outboxd.source.table"
+	HeaderIntendedTopic  = "outboxd.intended.topic"
+	HeaderPayloadDropped = "outboxd.payload.dropped"
+	HeaderHeadersDropped = "outboxd.headers.dropped"
+)
+
+// The headers redrive writes.
+const (
+	// HeaderRedriven marks a marker record: the dead letter at
+	// "PARTITION/OFFSET" is in its intended topic.
+	HeaderRedriven = "outboxd.dlq.redriven"
+	// HeaderSupersedes is on a dead letter written again with a new
+	// reason: it replaces the one at "PARTITION/OFFSET".
+	HeaderSupersedes = "outboxd.dlq.supersedes"
+)
+
+// ownHeaders are the dead-letter topic's own headers: a redriven record
+// goes out without them.
+var ownHeaders = []string{HeaderReason, HeaderSourceLSN, HeaderSourceTable, HeaderIntendedTopic,
+	HeaderPayloadDropped, HeaderHeadersDropped, HeaderRedriven, HeaderSupersedes}
+
+// Status is where a dead letter stands.
+type Status string
+
+const (
+	Pending    Status = "pending"    // not redriven yet
+	Redriven   Status = "redriven"   // in its intended topic
+	Superseded Status = "superseded" // failed again: a later dead letter has the new reason
+)
+
+// Letter is one dead letter.
+type Letter struct {
+	Partition int32     `json:"partition"`
+	Offset    int64     `json:"offset"`
+	Time      time.Time `json:"time"` // when it was written to the dead-letter topic
+	EventID   string    `json:"event_id"`
+	Reason    string    `json:"reason"`
+	SourceLSN string    `json:"source_lsn"`
+	Table     string    `json:"source_table"`
+	Topic     string    `json:"intended_topic"`
+	Status    Status    `json:"status"`
+	// NotRedrivable says why redrive leaves the letter alone ("" when it
+	// can be redriven).
+	NotRedrivable string `json:"not_redrivable,omitempty"`
+
+	Key     []byte             `json:"-"`
+	Value   []byte             `json:"-"`
+	Headers []kgo.RecordHeader `json:"-"`
+}
+
+// ref is how markers and rewritten dead letters name a letter.
+func ref(partition int32, offset int64) string {
+	return fmt.Sprintf("%d/%d", partition, offset)
+}
+
+// Ref returns the letter's "PARTITION/OFFSET".
+func (l *Letter) Ref() string { return ref(l.Partition, l.Offset) }
+
+func header(hs []kgo.RecordHeader, key string) (string, bool) {
+	for i := len(hs) - 1; i >= 0; i-- {
+		if hs[i].Key == key {
+			return string(hs[i].Value), true
+		}
+	}
+	return "", false
+}
+
+// Topic is the dead letters of a topic read to its end, in offset order
+// within each partition.
+type Topic struct {
+	Name    string
+	Letters []*Letter
+}
+
+// Build reads the records of a dead-letter topic (markers, dead letters
+// and rewritten dead letters, in offset order within each partition) into
+// its dead letters and their status. idHeader is router.id_header.
+func Build(name, idHeader string, recs []*kgo.Record) *Topic {
+	t := &Topic{Name: name}
+	done := map[string]Status{}
+	for _, r := range recs {
+		if to, ok := header(r.Headers, HeaderRedriven); ok {
+			done[to] = Redriven
+			continue
+		}
+		if old, ok := header(r.Headers, HeaderSupersedes); ok {
+			done[old] = Superseded
+		}
+		l := &Letter{Partition: r.Partition, Offset: r.Offset, Time: r.Timestamp, Key: r.Key, Value: r.Value, Headers: r.Headers}
+		l.EventID, _ = header(r.Headers, idHeader)
+		l.Reason, _ = header(r.Headers, HeaderReason)
+		l.SourceLSN, _ = header(r.Headers, HeaderSourceLSN)
+		l.Table, _ = header(r.Headers, HeaderSourceTable)
+		l.Topic, _ = header(r.Headers, HeaderIntendedTopic)
+		l.NotRedrivable = notRedrivable(l, idHeader)
+		t.Letters = append(t.Letters, l)
+	}
+	for _, l := range t.Letters {
+		l.Status = Pending
+		if s, ok := done[l.Ref()]; ok {
+			l.Status = s
+		}
+	}
+	slices.SortStableFunc(t.Letters, func(a, b *Letter) int {
+		if a.Partition != b.Partition {
+			return int(a.Partition - b.Partition)
+		}
+		return int(a.Offset - b.Offset)
+	})
+	return t
+}
+
+// notRedrivable says why l cannot be sent to its intended topic as it is,
+// or "".
+func notRedrivable(l *Letter, idHeader string) string {
+	_, dropped := header(l.Headers, HeaderPayloadDropped)
+	_, hdropped := header(l.Headers, HeaderHeadersDropped)
+	switch {
+	case l.Topic == "":
+		return "no intended topic: the row could not be routed; fix the row and send it again from the outbox table (outboxd replay)"
+	case badTopic(l.Topic):
+		return fmt.Sprintf("the intended topic %q is not a Kafka topic name (1-249 letters, digits, '.', '_' or '-'); "+
+			"fix the row and send it again from the outbox table (outboxd replay)", l.Topic)
+	case dropped:
+		return "the dead letter lacks the payload (" + HeaderPayloadDropped + "); send the event again from the outbox table (outboxd replay)"
+	case hdropped:
+		return "the dead letter lacks the original headers (" + HeaderHeadersDropped + "); send the event again from the outbox table (outboxd replay)"
+	case l.EventID == "":
+		return fmt.Sprintf("no event id in header %q: consumers could not tell a second copy; send the event again from the outbox table (outboxd replay)", idHeader)
+	}
+	return ""
+}
+
+// Filter selects dead letters.
+type Filter struct {
+	IDs   []string  // event ids; none: every one
+	Since time.Time // dead-lettered at or after; zero: any time
+	All   bool      // redriven and superseded ones too
+}
+
+// Select returns the letters of t that f selects.
+func (t *Topic) Select(f Filter) []*Letter {
+	var out []*Letter
+	for _, l := range t.Letters {
+		switch {
+		case !f.All && l.Status != Pending:
+		case len(f.IDs) > 0 && !slices.Contains(f.IDs, l.EventID):
+		case !f.Since.IsZero() && l.Time.Before(f.Since):
+		default:
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// record returns the record that redrives l: its original key, value and
+// headers without the dead-letter topic's own, to its intended topic,
+// partitioned by its key as outboxd partitions (Kafka's murmur2).
+func (l *Letter) record() *router.Record {
+	rec := &router.Record{Topic: l.Topic, Key: l.Key, Value: l.Value, EventID: l.EventID, Partition: -1}
+	for _, h := range l.Headers {
+		if !slices.Contains(ownHeaders, h.Key) {
+			rec.Headers = append(rec.Headers, router.Header{Key: h.Key, Value: h.Value})
+		}
+	}
+	return rec
+}
+
+// marker returns the record that says l was redriven. It goes to l's
+// partition: retention, which removes a partition's oldest records first,
+// never removes a marker before its dead letter.
+func (l *Letter) marker(dlq, idHeader string) *router.Record {
+	return &router.Record{Topic: dlq, Key: l.Key, EventID: l.EventID, Partition: l.Partition, Headers: []router.Header{
+		{Key: HeaderRedriven, Value: []byte(l.Ref())},
+		{Key: idHeader, Value: []byte(l.EventID)},
+		{Key: HeaderIntendedTopic, Value: []byte(l.Topic)},
+	}}
+}
+
+// again returns l written again with reason, replacing l.
+func (l *Letter) again(dlq, reason string) *router.Record {
+	rec := &router.Record{Topic: dlq, Key: l.Key, Value: l.Value, EventID: l.EventID, Partition: l.Partition}
+	for _, h := range l.Headers {
+		if h.Key != HeaderReason && h.Key != HeaderSupersedes {
+			rec.Headers = append(rec.Headers, router.Header{Key: h.Key, Value: h.Value})
+		}
+	}
+	rec.Headers = append(rec.Headers,
+		router.Header{Key: HeaderReason, Value: []byte(reason)},
+		router.Header{Key: HeaderSupersedes, Value: []byte(l.Ref())})
+	return rec
+}
+
+// ParseSince reads -since: a duration back from now ("24h") or a time
+// (RFC 3339, or a date).
+func ParseSince(s string, now time.Time) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, nil
+	}
+	if d, err := time.ParseDuration(s); err == nil {
+		if d < 0 {
+			return time.Time{}, fmt.Errorf("-since %s: give a positive duration back from now (24h) or a time (2026-11-26T10:00:00Z)", s)
+		}
+		return now.Add(-d), nil
+	}
+	for _, layout := range []string{time.RFC3339Nano, "2006-01-02T15:04:05", "2006-01-02 15:04:05", "2006-01-02"} {
+		if t, err := time.ParseInLocation(layout, s, time.UTC); err == nil {
+			return t, nil
+		}
+	}
+	return time.Time{}, fmt.Errorf("-since %q is neither a duration (24h, 90m) nor a time (2026-11-26T10:00:00Z, 2026-11-26)", s)
+}
+
+// ParseIDs splits -id values: each may hold several ids separated by
+// commas.
+func ParseIDs(vals []string) []string {
+	var ids []string
+	for _, v := range vals {
+		for _, id := range strings.Split(v, ",") {
+			if id = strings.TrimSpace(id); id != "" {
+				ids = append(ids, id)
+			}
+		}
+	}
+	return ids
+}
+
+// age formats how long ago t was, to the two largest units.
+func age(now, t time.Time) string {
+	d := now.Sub(t)
+	if d < 0 {
+		d = 0
+	}
+	switch {
+	case d < time.Minute:
+		return strconv.Itoa(int(d.Seconds())) + "s"
+	case d < time.Hour:
+		return fmt.Sprintf("%dm%ds", int(d.Minutes()), int(d.Seconds())%60)
+	case d < 24*time.Hour:
+		return fmt.Sprintf("%dh%dm", int(d.Hours()), int(d.Minutes())%60)
+	}
+	return fmt.Sprintf("%dd%dh", int(d.Hours())/24, int(d.Hours())%24)
+}
+
+// printable returns b as text for a table cell: control characters and
+// invalid UTF-8 escaped, cut to n runes.
+func printable(s string, n int) string {
+	q := strconv.Quote(s)
+	q = q[1 : len(q)-1]
+	if r := []rune(q); len(r) > n {
+		q = string(r[:n-1]) + "…"
+	}
+	if q == "" {
+		return "-"
+	}
+	return q
+}
+
+// badTopic reports whether topic is not a Kafka topic name.
+func badTopic(topic string) bool {
+	return len(topic) > 249 || topic == "." || topic == ".." ||
+		strings.Trim(topic, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") != ""
+}

@@ -1,0 +1,320 @@
+package dlq
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kerr"
+
+	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/router"
+	"github.com/outboxd/outboxd/sink"
+)
+
+// Options are a redrive's.
+type Options struct {
+	Topic  string // the dead-letter topic
+	Filter Filter // which pending dead letters (Filter.All is ignored)
+	// Batch is how many dead letters go in one batch (one Kafka
+	// transaction in exactly_once); 0: 500.
+	Batch int
+}
+
+// Result is what a redrive did.
+type Result struct {
+	Redriven []*Letter  `json:"redriven"`       // now in their intended topics, and marked
+	Failed   []*Failure `json:"failed_again"`   // written again with the new reason
+	Skipped  []*Letter  `json:"not_redrivable"` // as they are (Letter.NotRedrivable)
+}
+
+// Failure is a dead letter that failed again.
+type Failure struct {
+	*Letter
+	Again string `json:"again"` // the new reason
+}
+
+// TransactionalID is the transactional id of a redrive of topic in
+// kafka.delivery: exactly_once.
+func TransactionalID(topic string) string { return "outboxd-dlq-redrive-" + topic }
+
+// Redrive sends the pending dead letters of opts.Topic that opts.Filter
+// selects to their intended topics, with their original key, value and
+// headers (the id header among them), and marks each in the dead-letter
+// topic; a dead letter that fails again is written again there with the
+// new reason. It reads the topic after initialising its producer, so that
+// in exactly_once it sees the outcome of any earlier run. On an error the
+// dead letters not marked yet stay pending: the next run sends them.
+func Redrive(ctx context.Context, cfg config.Config, opts Options, log *slog.Logger) (*Result, error) {
+	reg := prometheus.NewRegistry()
+	r := &run{cfg: cfg, dlq: opts.Topic, log: log, m: sink.NewMetrics(reg), res: &Result{}}
+	if cfg.Kafka.ExactlyOnce() {
+		r.tm = sink.NewTxnMetrics(reg)
+	}
+	if err := r.open(ctx); err != nil {
+		return nil, err
+	}
+	defer func() { r.p.Close() }()
+	t, err := Read(ctx, cfg.Kafka, cfg.Router.IDHeader, opts.Topic)
+	if err != nil {
+		return nil, err
+	}
+	f := opts.Filter
+	f.All = false
+	var todo []*Letter
+	for _, l := range t.Select(f) {
+		if l.NotRedrivable != "" {
+			r.res.Skipped = append(r.res.Skipped, l)
+		} else {
+			todo = append(todo, l)
+		}
+	}
+	n := opts.Batch
+	if n <= 0 {
+		n = 500
+	}
+	n = min(n, cfg.Kafka.MaxBufferedRecords)
+	for len(todo) > 0 {
+		b := todo[:min(n, len(todo))]
+		todo = todo[len(b):]
+		if err := r.batch(ctx, b); err != nil {
+			return r.res, err
+		}
+	}
+	return r.res, nil
+}
+
+// run is one redrive: its producer, replaced after a record Kafka failed
+// (a sink.Producer ends at its first failure), and what it did.
+type run struct {
+	cfg config.Config
+	dlq string
+	log *slog.Logger
+	m   *sink.Metrics
+	tm  *sink.TxnMetrics // exactly_once only
+	p   *sink.Producer
+	res *Result
+}
+
+func (r *run) eos() bool { return r.tm != nil }
+
+// open makes the producer: transactional in exactly_once (Init fences an
+// earlier run of the same topic and settles its last transaction).
+func (r *run) open(ctx context.Context) error {
+	var err error
+	if !r.eos() {
+		if r.p, err = sink.New(r.cfg.Kafka, r.m, r.log); err != nil {
+			return err
+		}
+		return r.p.Warm(ctx)
+	}
+	if r.p, err = sink.NewTransactional(r.cfg.Kafka, r.m, r.tm, r.log, TransactionalID(r.dlq)); err != nil {
+		return err
+	}
+	if err := r.p.Init(ctx); err != nil {
+		return err
+	}
+	return r.p.EnsurePositionsTopic(ctx)
+}
+
+// reopen ends the producer after a failure and makes a new one.
+func (r *run) reopen(ctx context.Context) error {
+	r.abort(ctx)
+	r.p.Close()
+	return r.open(ctx)
+}
+
+func (r *run) begin() error {
+	if r.eos() {
+		return r.p.Begin()
+	}
+	return nil
+}
+
+// abort aborts the open Kafka transaction, if any, with a short deadline of
+// its own (ctx may be done): an abandoned one would hold read_committed
+// consumers back until kafka.transaction_timeout.
+func (r *run) abort(ctx context.Context) {
+	if !r.eos() {
+		return
+	}
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := r.p.Abort(actx); err != nil {
+		r.log.Warn("aborting the redrive's Kafka transaction", "topic", r.dlq, "err", err)
+	}
+}
+
+// progress is the position a redrive commits with its transactions in
+// exactly_once (kafka.positions_topic, keyed by its transactional id). It
+// is informational: the markers in the dead-letter topic are the record.
+type progress struct {
+	Topic    string    `json:"dlq_topic"`
+	Redriven int       `json:"redriven"`
+	Failed   int       `json:"failed_again"`
+	At       time.Time `json:"at"`
+}
+
+func (r *run) commit(ctx context.Context) error {
+	if !r.eos() {
+		return nil
+	}
+	pos, _ := json.Marshal(progress{Topic: r.dlq, Redriven: len(r.res.Redriven), Failed: len(r.res.Failed), At: time.Now().UTC()})
+	return r.p.Commit(ctx, pos)
+}
+
+// batch redrives letters: it sends their records, then their markers (or,
+// for those that failed again, the rewritten dead letters), and in
+// exactly_once commits all of it in one Kafka transaction. When Kafka fails
+// a record, which fails every later one of the producer, it sends the
+// batch again one letter at a time with a new producer, to tell which
+// failed for its own reason.
+func (r *run) batch(ctx context.Context, letters []*Letter) (err error) {
+	if err := r.begin(); err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			r.abort(ctx)
+		}
+	}()
+	recs := make([]*router.Record, len(letters))
+	again := make([]string, len(letters)) // the new reason of those that failed again
+	for i, l := range letters {
+		recs[i] = l.record()
+	}
+	refused, failed, err := r.send(ctx, recs)
+	if err != nil {
+		return err
+	}
+	for i, e := range refused {
+		if e != nil {
+			again[i] = newReason(e)
+		}
+	}
+	if broke := errors.Join(failed...); broke != nil {
+		if err := r.reopen(ctx); err != nil {
+			return err
+		}
+		if len(letters) > 1 {
+			for _, l := range letters {
+				if err := r.batch(ctx, []*Letter{l}); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		if !recordFault(broke) {
+			return fmt.Errorf("redriving event %s to %s: %w", letters[0].EventID, letters[0].Topic, broke)
+		}
+		again[0] = newReason(broke)
+		if err := r.begin(); err != nil {
+			return err
+		}
+	}
+	settle := make([]*router.Record, len(letters))
+	for i, l := range letters {
+		if again[i] != "" {
+			settle[i] = l.again(r.dlq, again[i])
+		} else {
+			settle[i] = l.marker(r.dlq, r.cfg.Router.IDHeader)
+		}
+	}
+	refused, failed, err = r.send(ctx, settle)
+	if err == nil {
+		err = errors.Join(append(refused, failed...)...)
+	}
+	if err != nil {
+		return fmt.Errorf("marking redriven dead letters in %s: %w", r.dlq, err)
+	}
+	if err := r.commit(ctx); err != nil {
+		return err
+	}
+	for i, l := range letters {
+		if again[i] != "" {
+			r.res.Failed = append(r.res.Failed, &Failure{Letter: l, Again: again[i]})
+		} else {
+			r.res.Redriven = append(r.res.Redriven, l)
+		}
+	}
+	return nil
+}
+
+// send hands recs (nil ones are left out) to the producer and waits for
+// Kafka's answers. refused[i] is the error of a record the producer did not
+// take for its own reason (recordFault), failed[i] that of a record Kafka
+// failed; err ends the run.
+func (r *run) send(ctx context.Context, recs []*router.Record) (refused, failed []error, err error) {
+	refused, failed = make([]error, len(recs)), make([]error, len(recs))
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	for i, rec := range recs {
+		if rec == nil {
+			continue
+		}
+		wg.Add(1)
+		err := r.p.Produce(ctx, rec, func(err error) {
+			mu.Lock()
+			failed[i] = err
+			mu.Unlock()
+			wg.Done()
+		})
+		if err != nil {
+			wg.Done()
+			if !recordFault(err) {
+				return nil, nil, fmt.Errorf("redriving event %s to %s: %w", rec.EventID, rec.Topic, err)
+			}
+			refused[i] = err
+		}
+	}
+	all := make(chan struct{})
+	go func() { wg.Wait(); close(all) }()
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stall := make(chan error, 1)
+	go func() { stall <- r.p.Watch(wctx, nil) }()
+	select {
+	case <-all:
+		cancel()
+		<-stall
+		mu.Lock()
+		defer mu.Unlock()
+		return refused, failed, nil
+	case err := <-stall:
+		if err == nil {
+			err = ctx.Err()
+		}
+		return nil, nil, err // the caller closes the producer, which fails what is in flight
+	}
+}
+
+// recordFault reports whether err is the record's own: Kafka, or outboxd,
+// would refuse it again until its cause is fixed. Any other error (brokers
+// down, a stall, fencing) ends the run instead.
+func recordFault(err error) bool {
+	var row *router.RowError
+	var topic *sink.TopicRefusedError
+	var de *sink.DeliveryError
+	switch {
+	case errors.As(err, &row), errors.As(err, &topic):
+		return true
+	case errors.As(err, &de) && de.Rejected():
+		return true
+	}
+	return errors.Is(err, kerr.TopicAuthorizationFailed) || errors.Is(err, kerr.InvalidTopicException) ||
+		errors.Is(err, kerr.PolicyViolation)
+}
+
+// newReason is the reason written with a dead letter that failed again.
+func newReason(err error) string {
+	var row *router.RowError
+	if errors.As(err, &row) {
+		return "redrive: " + row.Reason
+	}
+	return "redrive: " + err.Error()
+}
