@@ -171,9 +171,10 @@ func (r *run) commit(ctx context.Context) error {
 // batch redrives letters: it sends their records, then their markers (or,
 // for those that failed again, the rewritten dead letters), and in
 // exactly_once commits all of it in one Kafka transaction. When Kafka fails
-// a record, which fails every later one of the producer, it sends the
-// batch again one letter at a time with a new producer, to tell which
-// failed for its own reason.
+// a record, which fails every later one of the producer, it goes on with a
+// new producer one letter at a time, to tell which failed for its own
+// reason; in at_least_once the records Kafka acknowledged before are not
+// sent again, only marked.
 func (r *run) batch(ctx context.Context, letters []*Letter) (err error) {
 	if err := r.begin(); err != nil {
 		return err
@@ -184,7 +185,6 @@ func (r *run) batch(ctx context.Context, letters []*Letter) (err error) {
 		}
 	}()
 	recs := make([]*router.Record, len(letters))
-	again := make([]string, len(letters)) // the new reason of those that failed again
 	for i, l := range letters {
 		recs[i] = l.record()
 	}
@@ -192,40 +192,57 @@ func (r *run) batch(ctx context.Context, letters []*Letter) (err error) {
 	if err != nil {
 		return err
 	}
+	again := make([]string, len(letters)) // the new reason of those that failed again
 	for i, e := range refused {
 		if e != nil {
 			again[i] = newReason(e)
 		}
 	}
-	if broke := errors.Join(failed...); broke != nil {
-		if err := r.reopen(ctx); err != nil {
-			return err
-		}
-		if len(letters) > 1 {
-			for _, l := range letters {
-				if err := r.batch(ctx, []*Letter{l}); err != nil {
-					return err
-				}
-			}
-			return nil
-		}
+	broke := errors.Join(failed...)
+	if broke == nil {
+		return r.settle(ctx, letters, again)
+	}
+	if err := r.reopen(ctx); err != nil {
+		return err
+	}
+	if len(letters) == 1 {
 		if !recordFault(broke) {
 			return fmt.Errorf("redriving event %s to %s: %w", letters[0].EventID, letters[0].Topic, broke)
 		}
-		again[0] = newReason(broke)
 		if err := r.begin(); err != nil {
 			return err
 		}
+		return r.settle(ctx, letters, []string{newReason(broke)})
 	}
-	settle := make([]*router.Record, len(letters))
+	var acked []*Letter
+	var ackedAgain []string
 	for i, l := range letters {
-		if again[i] != "" {
-			settle[i] = l.again(r.dlq, again[i])
-		} else {
-			settle[i] = l.marker(r.dlq, r.cfg.Router.IDHeader)
+		if !r.eos() && failed[i] == nil { // in Kafka already, or refused before it was sent
+			acked, ackedAgain = append(acked, l), append(ackedAgain, again[i])
+			continue
+		}
+		if err := r.batch(ctx, []*Letter{l}); err != nil {
+			return err
 		}
 	}
-	refused, failed, err = r.send(ctx, settle)
+	if len(acked) == 0 {
+		return nil
+	}
+	return r.settle(ctx, acked, ackedAgain)
+}
+
+// settle marks letters as redriven, or writes those with a new reason in
+// again again, and commits the open transaction (exactly_once).
+func (r *run) settle(ctx context.Context, letters []*Letter, again []string) error {
+	recs := make([]*router.Record, len(letters))
+	for i, l := range letters {
+		if again[i] != "" {
+			recs[i] = l.again(r.dlq, again[i])
+		} else {
+			recs[i] = l.marker(r.dlq, r.cfg.Router.IDHeader)
+		}
+	}
+	refused, failed, err := r.send(ctx, recs)
 	if err == nil {
 		err = errors.Join(append(refused, failed...)...)
 	}

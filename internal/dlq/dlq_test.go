@@ -1,0 +1,182 @@
+package dlq
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+func hdrs(kv ...string) []kgo.RecordHeader {
+	var hs []kgo.RecordHeader
+	for i := 0; i < len(kv); i += 2 {
+		hs = append(hs, kgo.RecordHeader{Key: kv[i], Value: []byte(kv[i+1])})
+	}
+	return hs
+}
+
+// deadLetter is a record as relay.deadLetter writes it.
+func deadLetter(p int32, off int64, id, topic string, extra ...string) *kgo.Record {
+	return &kgo.Record{Partition: p, Offset: off, Key: []byte("k-" + id), Value: []byte(`{"id":"` + id + `"}`),
+		Timestamp: time.Date(2026, 11, 26, 10, 0, int(off), 0, time.UTC),
+		Headers: hdrs(append([]string{"id", id, "eventType", "Placed", "tenantId", "acme",
+			HeaderReason, "partition 99 chosen by its partition column does not exist", HeaderSourceLSN, "0/16B3748",
+			HeaderSourceTable, "public.outbox", HeaderIntendedTopic, topic}, extra...)...)}
+}
+
+// A dead letter is pending until a marker or a rewritten dead letter
+// refers to it; those that cannot go back as they are say why.
+func TestBuild(t *testing.T) {
+	again := deadLetter(0, 3, "b", "orders-events", HeaderSupersedes, "0/1")
+	again.Headers = append(again.Headers, kgo.RecordHeader{Key: HeaderReason, Value: []byte("redrive: too large")})
+	recs := []*kgo.Record{
+		deadLetter(0, 0, "a", "orders-events"),
+		deadLetter(0, 1, "b", "orders-events"),
+		{Partition: 0, Offset: 2, Headers: hdrs(HeaderRedriven, "0/0", "id", "a")},
+		again,
+		deadLetter(1, 0, "c", ""),
+		deadLetter(1, 1, "d", "bad topic-events"),
+		deadLetter(1, 2, "e", "orders-events", HeaderPayloadDropped, "2000000 bytes"),
+		deadLetter(1, 3, "f", "orders-events", HeaderHeadersDropped, "9 headers"),
+		deadLetter(1, 4, "", "orders-events"),
+	}
+	top := Build("dlq", "id", recs)
+	type want struct {
+		status Status
+		reason string
+		why    string // in NotRedrivable
+	}
+	wants := map[string]want{
+		"0/0": {Redriven, "partition 99", ""},
+		"0/1": {Superseded, "partition 99", ""},
+		"0/3": {Pending, "redrive: too large", ""},
+		"1/0": {Pending, "partition 99", "no intended topic"},
+		"1/1": {Pending, "partition 99", "not a Kafka topic name"},
+		"1/2": {Pending, "partition 99", "lacks the payload"},
+		"1/3": {Pending, "partition 99", "lacks the original headers"},
+		"1/4": {Pending, "partition 99", `no event id in header "id"`},
+	}
+	if len(top.Letters) != len(wants) {
+		t.Fatalf("%d letters, want %d (markers are not letters)", len(top.Letters), len(wants))
+	}
+	for _, l := range top.Letters {
+		w, ok := wants[l.Ref()]
+		if !ok {
+			t.Errorf("unexpected letter %s", l.Ref())
+			continue
+		}
+		if l.Status != w.status || !strings.Contains(l.Reason, w.reason) || (w.why == "") != (l.NotRedrivable == "") ||
+			!strings.Contains(l.NotRedrivable, w.why) {
+			t.Errorf("%s: status %s, reason %q, not redrivable %q; want %s, %q, %q", l.Ref(), l.Status, l.Reason, l.NotRedrivable, w.status, w.reason, w.why)
+		}
+	}
+	if got := top.Select(Filter{}); len(got) != 6 {
+		t.Errorf("pending: %d letters, want 6", len(got))
+	}
+	if got := top.Select(Filter{All: true}); len(got) != 8 {
+		t.Errorf("all: %d letters, want 8", len(got))
+	}
+	if got := top.Select(Filter{IDs: []string{"b", "c"}}); len(got) != 2 || got[0].Ref() != "0/3" || got[1].Ref() != "1/0" {
+		t.Errorf("-id b,c selected %v, want 0/3 and 1/0", refs(got))
+	}
+	if got := top.Select(Filter{Since: time.Date(2026, 11, 26, 10, 0, 3, 0, time.UTC)}); len(got) != 3 {
+		t.Errorf("-since selected %v, want 0/3, 1/3 and 1/4", refs(got))
+	}
+}
+
+func refs(ls []*Letter) []string {
+	var out []string
+	for _, l := range ls {
+		out = append(out, l.Ref())
+	}
+	return out
+}
+
+// A redriven record is the original: key, value and headers, without the
+// dead-letter topic's own; the marker and the rewritten dead letter go to
+// the dead letter's partition.
+func TestRecords(t *testing.T) {
+	l := Build("dlq", "id", []*kgo.Record{deadLetter(2, 7, "a", "orders-events", HeaderSupersedes, "2/1")}).Letters[0]
+	rec := l.record()
+	var got []string
+	for _, h := range rec.Headers {
+		got = append(got, h.Key+"="+string(h.Value))
+	}
+	if strings.Join(got, " ") != "id=a eventType=Placed tenantId=acme" || rec.Topic != "orders-events" || rec.Partition != -1 ||
+		string(rec.Key) != "k-a" || string(rec.Value) != `{"id":"a"}` || rec.EventID != "a" {
+		t.Errorf("redriven record: topic %s partition %d key %q value %q headers %v", rec.Topic, rec.Partition, rec.Key, rec.Value, got)
+	}
+	m := l.marker("dlq", "id")
+	if m.Topic != "dlq" || m.Partition != 2 || m.Value != nil || m.Headers[0].Key != HeaderRedriven || string(m.Headers[0].Value) != "2/7" {
+		t.Errorf("marker: topic %s partition %d value %q headers %v", m.Topic, m.Partition, m.Value, m.Headers)
+	}
+	a := l.again("dlq", "redrive: refused")
+	b := Build("dlq", "id", []*kgo.Record{{Partition: a.Partition, Offset: 9, Key: a.Key, Value: a.Value, Headers: kgoHeaders(a.Headers)}}).Letters[0]
+	if b.Reason != "redrive: refused" || b.Topic != "orders-events" || b.SourceLSN != "0/16B3748" || b.EventID != "a" || a.Partition != 2 {
+		t.Errorf("written again: reason %q topic %q lsn %q id %q partition %d", b.Reason, b.Topic, b.SourceLSN, b.EventID, a.Partition)
+	}
+	if s, _ := header(b.Headers, HeaderSupersedes); s != "2/7" {
+		t.Errorf("written again supersedes %q, want 2/7", s)
+	}
+}
+
+func TestParseSince(t *testing.T) {
+	now := time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		in   string
+		want time.Time
+		err  string
+	}{
+		{"", time.Time{}, ""},
+		{"90m", now.Add(-90 * time.Minute), ""},
+		{"2026-11-26T10:00:00Z", time.Date(2026, 11, 26, 10, 0, 0, 0, time.UTC), ""},
+		{"2026-11-25", time.Date(2026, 11, 25, 0, 0, 0, 0, time.UTC), ""},
+		{"-1h", time.Time{}, "positive duration"},
+		{"yesterday", time.Time{}, "neither a duration"},
+	} {
+		got, err := ParseSince(tc.in, now)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("ParseSince(%q) = %v, want an error with %q", tc.in, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || !got.Equal(tc.want) {
+			t.Errorf("ParseSince(%q) = %v, %v; want %v", tc.in, got, err, tc.want)
+		}
+	}
+	if got := ParseIDs([]string{"a, b", "c", ""}); strings.Join(got, "|") != "a|b|c" {
+		t.Errorf("ParseIDs = %q", got)
+	}
+}
+
+func TestWrite(t *testing.T) {
+	top := Build("dlq", "id", []*kgo.Record{deadLetter(0, 0, "a", "orders-events"), deadLetter(0, 1, "b", "")})
+	now := time.Date(2026, 11, 26, 12, 30, 0, 0, time.UTC)
+	var buf bytes.Buffer
+	if err := WriteTable(&buf, top.Letters, now, false); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	if len(lines) != 3 || !strings.HasPrefix(lines[0], "PARTITION/OFFSET") ||
+		!strings.Contains(lines[1], "0/0") || !strings.Contains(lines[1], "2h30m") || !strings.Contains(lines[1], "orders-events") ||
+		!strings.Contains(lines[1], "0/16B3748") || !strings.Contains(lines[2], "[not redrivable]") {
+		t.Errorf("table:\n%s", buf.String())
+	}
+	buf.Reset()
+	if err := WriteJSON(&buf, top.Letters, now); err != nil {
+		t.Fatal(err)
+	}
+	dec := json.NewDecoder(&buf)
+	var first map[string]any
+	if err := dec.Decode(&first); err != nil {
+		t.Fatal(err)
+	}
+	if first["event_id"] != "a" || first["intended_topic"] != "orders-events" || first["source_lsn"] != "0/16B3748" ||
+		first["age_seconds"] != 9000.0 || first["status"] != "pending" || first["key"] != "k-a" {
+		t.Errorf("JSON: %v", first)
+	}
+}

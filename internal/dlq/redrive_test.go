@@ -1,0 +1,303 @@
+package dlq
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/router"
+)
+
+func kgoHeaders(hs []router.Header) []kgo.RecordHeader {
+	out := make([]kgo.RecordHeader, len(hs))
+	for i, h := range hs {
+		out[i] = kgo.RecordHeader{Key: h.Key, Value: h.Value}
+	}
+	return out
+}
+
+// bed is a kfake cluster with a dead-letter topic "dlq" (2 partitions),
+// "orders-events" (3) and "small-events" (3, max.message.bytes 100), and
+// the configuration of an outboxd on it.
+type bed struct {
+	c   *kfake.Cluster
+	cfg config.Config
+	cl  *kgo.Client
+	adm *kadm.Client
+	ctx context.Context
+}
+
+func newBed(t *testing.T, delivery config.Delivery) *bed {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	cfg := config.Default()
+	cfg.Kafka.Brokers = c.ListenAddrs()
+	cfg.Kafka.TopicPartitions, cfg.Kafka.TopicReplicationFactor = 3, 1
+	cfg.Kafka.DeliveryTimeout = 10 * time.Second
+	cfg.Kafka.Delivery = delivery
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.RequiredAcks(kgo.AllISRAcks()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	b := &bed{c: c, cfg: cfg, cl: cl, adm: kadm.NewClient(cl), ctx: ctx}
+	small := "100"
+	for _, tc := range []struct {
+		name    string
+		n       int32
+		configs map[string]*string
+	}{{"dlq", 2, nil}, {"orders-events", 3, nil}, {"small-events", 3, map[string]*string{"max.message.bytes": &small}}} {
+		if _, err := b.adm.CreateTopic(ctx, tc.n, 1, tc.configs, tc.name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return b
+}
+
+// seed writes dead letters as the relay does: one per id, to the
+// partition of its key, with a payload of size bytes.
+func (b *bed) seed(t *testing.T, topic string, size int, ids ...string) {
+	t.Helper()
+	for _, id := range ids {
+		r := deadLetter(0, 0, id, topic)
+		r.Topic, r.Partition, r.Offset, r.Timestamp = "dlq", 0, 0, time.Time{}
+		r.Value = []byte(`{"id":"` + id + `","pad":"` + strings.Repeat("x", size) + `"}`)
+		if err := b.cl.ProduceSync(b.ctx, r).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func (b *bed) redrive(t *testing.T, f Filter) *Result {
+	t.Helper()
+	res, err := Redrive(b.ctx, b.cfg, Options{Topic: "dlq", Filter: f, Batch: 3}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatalf("redrive: %v", err)
+	}
+	return res
+}
+
+// read returns the records of topic, read_committed.
+func (b *bed) read(t *testing.T, topic string) []*Letter {
+	t.Helper()
+	top, err := Read(b.ctx, b.cfg.Kafka, "id", topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return top.Letters
+}
+
+func ids[T interface{ id() string }](ls []T) []string {
+	var out []string
+	for _, l := range ls {
+		out = append(out, l.id())
+	}
+	slices.Sort(out)
+	return out
+}
+
+func (l *Letter) id() string  { return l.EventID }
+func (f *Failure) id() string { return f.EventID }
+
+func pendingIDs(t *testing.T, b *bed) []string {
+	t.Helper()
+	top, err := Read(b.ctx, b.cfg.Kafka, "id", "dlq")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ids(top.Select(Filter{}))
+}
+
+var modes = []config.Delivery{config.AtLeastOnce, config.ExactlyOnce}
+
+// list, redrive, still failing, twice: a dead letter goes back to its
+// intended topic as it was, once; one that fails again stays with the new
+// reason until its cause is fixed; a second run sends nothing again.
+func TestRedrive(t *testing.T) {
+	for _, mode := range modes {
+		t.Run(string(mode), func(t *testing.T) {
+			b := newBed(t, mode)
+			b.seed(t, "orders-events", 10, "a", "b", "c", "d")
+			b.seed(t, "small-events", 300, "big")
+			b.seed(t, "", 10, "unrouted")
+
+			res := b.redrive(t, Filter{})
+			if got := ids(res.Redriven); !slices.Equal(got, []string{"a", "b", "c", "d"}) {
+				t.Errorf("redriven %v, want a b c d", got)
+			}
+			if got := ids(res.Failed); !slices.Equal(got, []string{"big"}) || !strings.Contains(res.Failed[0].Again, "MESSAGE_TOO_LARGE") {
+				t.Errorf("failed again %v (%v), want big with MESSAGE_TOO_LARGE", got, res.Failed)
+			}
+			if got := ids(res.Skipped); !slices.Equal(got, []string{"unrouted"}) {
+				t.Errorf("not redrivable %v, want unrouted", got)
+			}
+			orders := b.read(t, "orders-events")
+			if got := ids(orders); !slices.Equal(got, []string{"a", "b", "c", "d"}) {
+				t.Fatalf("orders-events holds %v, want a b c d once each", got)
+			}
+			part := kgo.StickyKeyPartitioner(nil).ForTopic("orders-events")
+			for _, l := range orders {
+				var keys []string
+				for _, h := range l.Headers {
+					keys = append(keys, h.Key)
+				}
+				if strings.Join(keys, ",") != "id,eventType,tenantId" || string(l.Key) != "k-"+l.EventID ||
+					!strings.HasPrefix(string(l.Value), `{"id":"`+l.EventID+`"`) {
+					t.Errorf("redriven %s: key %q value %q headers %v; want the original's", l.EventID, l.Key, l.Value, keys)
+				}
+				if want := part.Partition(&kgo.Record{Key: l.Key}, 3); int32(want) != l.Partition {
+					t.Errorf("redriven %s on partition %d, murmur2 of its key gives %d", l.EventID, l.Partition, want)
+				}
+			}
+			top, err := Read(b.ctx, b.cfg.Kafka, "id", "dlq")
+			if err != nil {
+				t.Fatal(err)
+			}
+			pend := top.Select(Filter{})
+			if got := ids(pend); !slices.Equal(got, []string{"big", "unrouted"}) {
+				t.Fatalf("pending after the first run %v, want big unrouted", got)
+			}
+			for _, l := range pend {
+				if l.EventID == "big" && (!strings.HasPrefix(l.Reason, "redrive: ") || !strings.Contains(l.Reason, "MESSAGE_TOO_LARGE") ||
+					l.Topic != "small-events" || l.SourceLSN != "0/16B3748") {
+					t.Errorf("big written again with reason %q, topic %q, lsn %q", l.Reason, l.Topic, l.SourceLSN)
+				}
+			}
+
+			// Twice: nothing is sent again; big fails again.
+			res = b.redrive(t, Filter{})
+			if len(res.Redriven) != 0 || len(res.Failed) != 1 {
+				t.Errorf("second run redrove %v and failed %v, want nothing and big", ids(res.Redriven), ids(res.Failed))
+			}
+			if got := ids(b.read(t, "orders-events")); len(got) != 4 {
+				t.Errorf("after a second run orders-events holds %v, want a b c d once each", got)
+			}
+
+			// The cause fixed, big goes; a last run has nothing left.
+			big := "1000000"
+			if _, err := b.adm.AlterTopicConfigs(b.ctx, []kadm.AlterConfig{{Name: "max.message.bytes", Value: &big}}, "small-events"); err != nil {
+				t.Fatal(err)
+			}
+			res = b.redrive(t, Filter{})
+			if got := ids(res.Redriven); !slices.Equal(got, []string{"big"}) || len(res.Failed) != 0 {
+				t.Errorf("after the fix redriven %v, failed %v; want big", got, ids(res.Failed))
+			}
+			if got := ids(b.read(t, "small-events")); !slices.Equal(got, []string{"big"}) {
+				t.Errorf("small-events holds %v, want big", got)
+			}
+			if got := pendingIDs(t, b); !slices.Equal(got, []string{"unrouted"}) {
+				t.Errorf("pending %v, want unrouted", got)
+			}
+			if res := b.redrive(t, Filter{}); len(res.Redriven)+len(res.Failed) != 0 {
+				t.Errorf("a run with nothing pending redrove %v, failed %v", ids(res.Redriven), ids(res.Failed))
+			}
+		})
+	}
+}
+
+// -id and -since select: the others stay pending.
+func TestRedriveSelects(t *testing.T) {
+	b := newBed(t, config.AtLeastOnce)
+	b.seed(t, "orders-events", 10, "a", "b", "c")
+	if res := b.redrive(t, Filter{IDs: []string{"b"}}); !slices.Equal(ids(res.Redriven), []string{"b"}) {
+		t.Errorf("-id b redrove %v", ids(res.Redriven))
+	}
+	if res := b.redrive(t, Filter{Since: time.Now().Add(time.Hour)}); len(res.Redriven) != 0 {
+		t.Errorf("-since in the future redrove %v", ids(res.Redriven))
+	}
+	if got := pendingIDs(t, b); !slices.Equal(got, []string{"a", "c"}) {
+		t.Errorf("pending %v, want a c", got)
+	}
+}
+
+// A run that ends after its records reached the intended topic and before
+// they were marked (its markers refused, as a run killed there) leaves them
+// pending; the next run sends them again. A consumer that deduplicates on
+// the id sees each once; in exactly_once the first run's records were
+// aborted, and a read_committed consumer sees each once without
+// deduplicating.
+func TestRedriveResumes(t *testing.T) {
+	for _, mode := range modes {
+		t.Run(string(mode), func(t *testing.T) {
+			b := newBed(t, mode)
+			b.seed(t, "orders-events", 10, "a", "b", "c", "d", "e")
+			td, err := b.adm.ListTopics(b.ctx, "dlq")
+			if err != nil {
+				t.Fatal(err)
+			}
+			dlqID := td["dlq"].ID
+			var refuse, refused atomic.Bool
+			refuse.Store(true)
+			b.c.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+				b.c.KeepControl()
+				r := req.(*kmsg.ProduceRequest)
+				for _, rt := range r.Topics {
+					if (rt.Topic == "dlq" || rt.TopicID == dlqID) && refuse.Load() {
+						refused.Store(true)
+						return produceResp(r, kerr.ClusterAuthorizationFailed.Code), nil, true
+					}
+				}
+				return nil, nil, false
+			})
+			_, err = Redrive(b.ctx, b.cfg, Options{Topic: "dlq", Batch: 2}, slog.New(slog.DiscardHandler))
+			if err == nil || !refused.Load() {
+				t.Fatalf("the run whose markers were refused ended with %v", err)
+			}
+			t.Logf("first run: %v", err)
+			if got := pendingIDs(t, b); len(got) != 5 {
+				t.Fatalf("pending after the failed run %v, want all 5", got)
+			}
+			sent := len(b.read(t, "orders-events"))
+			if mode == config.ExactlyOnce && sent != 0 {
+				t.Errorf("a read_committed consumer sees %d records of the aborted run", sent)
+			}
+			refuse.Store(false)
+			res := b.redrive(t, Filter{})
+			if len(res.Redriven) != 5 {
+				t.Fatalf("resumed run redrove %v", ids(res.Redriven))
+			}
+			recs := b.read(t, "orders-events")
+			got := ids(recs)
+			got = slices.Compact(got)
+			if !slices.Equal(got, []string{"a", "b", "c", "d", "e"}) {
+				t.Errorf("deduplicated by id, orders-events holds %v, want a to e", got)
+			}
+			if mode == config.ExactlyOnce && len(recs) != 5 {
+				t.Errorf("read_committed, orders-events holds %d records, want 5", len(recs))
+			}
+			t.Logf("%s: %d records for 5 events", mode, len(recs))
+		})
+	}
+}
+
+func produceResp(r *kmsg.ProduceRequest, code int16) *kmsg.ProduceResponse {
+	resp := r.ResponseKind().(*kmsg.ProduceResponse)
+	for _, rt := range r.Topics {
+		st := kmsg.NewProduceResponseTopic()
+		st.Topic, st.TopicID = rt.Topic, rt.TopicID
+		for _, rp := range rt.Partitions {
+			sp := kmsg.NewProduceResponseTopicPartition()
+			sp.Partition, sp.ErrorCode = rp.Partition, code
+			st.Partitions = append(st.Partitions, sp)
+		}
+		resp.Topics = append(resp.Topics, st)
+	}
+	return resp
+}
