@@ -114,12 +114,18 @@ func TestRecords(t *testing.T) {
 		t.Errorf("marker: topic %s partition %d value %q headers %v", m.Topic, m.Partition, m.Value, m.Headers)
 	}
 	a := l.again("dlq", "redrive: refused")
-	b := Build("dlq", "id", []*kgo.Record{{Partition: a.Partition, Offset: 9, Key: a.Key, Value: a.Value, Headers: kgoHeaders(a.Headers)}}).Letters[0]
+	b := Build("dlq", "id", []*kgo.Record{{Partition: a.Partition, Offset: 9, Timestamp: time.Now(), Key: a.Key, Value: a.Value, Headers: kgoHeaders(a.Headers)}}).Letters[0]
 	if b.Reason != "redrive: refused" || b.Topic != "orders-events" || b.SourceLSN != "0/16B3748" || b.EventID != "a" || a.Partition != 2 {
 		t.Errorf("written again: reason %q topic %q lsn %q id %q partition %d", b.Reason, b.Topic, b.SourceLSN, b.EventID, a.Partition)
 	}
 	if s, _ := header(b.Headers, HeaderSupersedes); s != "2/7" {
 		t.Errorf("written again supersedes %q, want 2/7", s)
+	}
+	// Its age counts from the first dead-lettering, however often it is
+	// written again.
+	c := Build("dlq", "id", []*kgo.Record{{Partition: 2, Offset: 12, Timestamp: time.Now(), Headers: kgoHeaders(b.again("dlq", "x").Headers)}}).Letters[0]
+	if !b.Time.Equal(l.Time) || !c.Time.Equal(l.Time) {
+		t.Errorf("written again at %v and %v, first dead-lettered at %v: want the first time", b.Time, c.Time, l.Time)
 	}
 }
 

@@ -30,12 +30,17 @@ const (
 	// HeaderSupersedes is on a dead letter written again with a new
 	// reason: it replaces the one at "PARTITION/OFFSET".
 	HeaderSupersedes = "outboxd.dlq.supersedes"
+	// HeaderFirstTime is on a dead letter written again: when the event
+	// was first dead-lettered (RFC 3339), which its age and -since go by.
+	// The record's own timestamp is the time it was written again, so that
+	// time-based retention counts from then.
+	HeaderFirstTime = "outboxd.dlq.first.time"
 )
 
 // ownHeaders are the dead-letter topic's own headers: a redriven record
 // goes out without them.
 var ownHeaders = []string{HeaderReason, HeaderSourceLSN, HeaderSourceTable, HeaderIntendedTopic,
-	HeaderPayloadDropped, HeaderHeadersDropped, HeaderRedriven, HeaderSupersedes}
+	HeaderPayloadDropped, HeaderHeadersDropped, HeaderRedriven, HeaderSupersedes, HeaderFirstTime}
 
 // Status is where a dead letter stands.
 type Status string
@@ -50,7 +55,7 @@ const (
 type Letter struct {
 	Partition int32     `json:"partition"`
 	Offset    int64     `json:"offset"`
-	Time      time.Time `json:"time"` // when it was written to the dead-letter topic
+	Time      time.Time `json:"time"` // when the event was first dead-lettered
 	EventID   string    `json:"event_id"`
 	Reason    string    `json:"reason"`
 	SourceLSN string    `json:"source_lsn"`
@@ -105,6 +110,11 @@ func Build(name, idHeader string, recs []*kgo.Record) *Topic {
 			done[old] = Superseded
 		}
 		l := &Letter{Partition: r.Partition, Offset: r.Offset, Time: r.Timestamp, Key: r.Key, Value: r.Value, Headers: r.Headers}
+		if first, ok := header(r.Headers, HeaderFirstTime); ok {
+			if ft, err := time.Parse(time.RFC3339Nano, first); err == nil {
+				l.Time = ft
+			}
+		}
 		l.EventID, _ = header(r.Headers, idHeader)
 		l.Reason, _ = header(r.Headers, HeaderReason)
 		l.SourceLSN, _ = header(r.Headers, HeaderSourceLSN)
@@ -199,13 +209,14 @@ func (l *Letter) marker(dlq, idHeader string) *router.Record {
 func (l *Letter) again(dlq, reason string) *router.Record {
 	rec := &router.Record{Topic: dlq, Key: l.Key, Value: l.Value, EventID: l.EventID, Partition: l.Partition}
 	for _, h := range l.Headers {
-		if h.Key != HeaderReason && h.Key != HeaderSupersedes {
+		if h.Key != HeaderReason && h.Key != HeaderSupersedes && h.Key != HeaderFirstTime {
 			rec.Headers = append(rec.Headers, router.Header{Key: h.Key, Value: h.Value})
 		}
 	}
 	rec.Headers = append(rec.Headers,
 		router.Header{Key: HeaderReason, Value: []byte(reason)},
-		router.Header{Key: HeaderSupersedes, Value: []byte(l.Ref())})
+		router.Header{Key: HeaderSupersedes, Value: []byte(l.Ref())},
+		router.Header{Key: HeaderFirstTime, Value: []byte(l.Time.UTC().Format(time.RFC3339Nano))})
 	return rec
 }
 

@@ -74,16 +74,23 @@ func Redrive(ctx context.Context, cfg config.Config, opts Options, log *slog.Log
 			todo = append(todo, l)
 		}
 	}
+	log.Info("redriving dead letters", "topic", opts.Topic, "selected", len(todo), "not_redrivable", len(r.res.Skipped),
+		"delivery", cfg.Kafka.Delivery)
 	n := opts.Batch
 	if n <= 0 {
 		n = 500
 	}
 	n = min(n, cfg.Kafka.MaxBufferedRecords)
+	logged := time.Now()
 	for len(todo) > 0 {
 		b := todo[:min(n, len(todo))]
 		todo = todo[len(b):]
 		if err := r.batch(ctx, b); err != nil {
 			return r.res, err
+		}
+		if time.Since(logged) > 10*time.Second {
+			log.Info("redrive progress", "topic", opts.Topic, "redriven", len(r.res.Redriven), "failed_again", len(r.res.Failed), "left", len(todo))
+			logged = time.Now()
 		}
 	}
 	return r.res, nil
