@@ -1,0 +1,46 @@
+package main
+
+import (
+	"bytes"
+	"io"
+	"strings"
+	"testing"
+)
+
+// "outboxd dlq" takes a command, list or redrive, and that command's flags;
+// a wrong command line exits 2 and says what is wrong, -h exits 0.
+func TestDLQCommandLine(t *testing.T) {
+	t.Setenv("OUTBOXD_POSTGRES_DSN", "postgres://postgres@127.0.0.1:1/postgres?sslmode=disable&connect_timeout=1")
+	t.Setenv("OUTBOXD_KAFKA_BROKERS", "127.0.0.1:1")
+	t.Setenv("OUTBOXD_ROUTER_POISON_DLQ_TOPIC", "")
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string // in stderr
+	}{
+		{[]string{"dlq"}, 2, "name a command, list or redrive"},
+		{[]string{"dlq", "-h"}, 0, "outboxd dlq redrive [-config FILE]"},
+		{[]string{"dlq", "lsit"}, 2, `unknown command "lsit"; the commands are list and redrive`},
+		{[]string{"dlq", "list", "-h"}, 0, "show redriven and superseded dead letters too"},
+		{[]string{"dlq", "redrive", "-h"}, 0, "-dry-run"},
+		{[]string{"dlq", "redrive", "-all"}, 2, "flag provided but not defined: -all"},
+		{[]string{"dlq", "list", "-dry-run"}, 2, "flag provided but not defined: -dry-run"},
+		{[]string{"dlq", "list", "extra"}, 2, `unexpected argument "extra"`},
+		{[]string{"dlq", "list", "-since", "yesterday"}, 2, `-since "yesterday" is neither a duration`},
+		{[]string{"dlq", "list"}, 2, "no dead-letter topic: pass -topic, or set router.poison.dlq_topic"},
+		{[]string{"help"}, 0, "outboxd dlq list|redrive"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			var stderr bytes.Buffer
+			err := run(tc.args, io.Discard, &stderr)
+			code := 0
+			if err != nil {
+				code = exitCode(err)
+			}
+			if code != tc.code || !strings.Contains(stderr.String(), tc.want) {
+				t.Fatalf("outboxd %s: exit %d (%v), want %d with %q on stderr; stderr:\n%s",
+					strings.Join(tc.args, " "), code, err, tc.code, tc.want, stderr.String())
+			}
+		})
+	}
+}
