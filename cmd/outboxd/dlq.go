@@ -20,7 +20,7 @@ import (
 const dlqUsage = `Usage:
   outboxd dlq list [-config FILE] [-topic T] [-id ID] [-since S] [-all] [-json]
       show the dead letters: event id, age, intended topic, source LSN, reason
-  outboxd dlq redrive [-config FILE] [-topic T] [-id ID] [-since S] [-dry-run] [-json]
+  outboxd dlq redrive [-config FILE] [-topic T] [-id ID] [-since S] [-batch N] [-dry-run] [-json]
       send pending dead letters to their intended topics, once their cause is fixed
 
 The topic defaults to router.poison.dlq_topic. A redriven record goes to its
@@ -49,6 +49,7 @@ type dlqFlags struct {
 	config, topic, since string
 	ids                  idList
 	asJSON, all, dryRun  bool
+	batch                int
 }
 
 // idList is -id: repeated, or ids separated by commas.
@@ -91,11 +92,17 @@ func parseDLQ(args []string, stderr io.Writer) (string, dlqFlags, error) {
 		fs.BoolVar(&f.all, "all", false, "show redriven and superseded dead letters too, with a STATUS column")
 	} else {
 		fs.BoolVar(&f.dryRun, "dry-run", false, "list what would be redriven, and send nothing")
+		fs.IntVar(&f.batch, "batch", 500, "dead letters per `batch` (per Kafka transaction in exactly_once), at most kafka.max_buffered_records")
 	}
 	if err := fs.Parse(args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return "", f, errHelp
 		}
+		return "", f, errUsage
+	}
+	if cmd == "redrive" && f.batch < 1 {
+		fmt.Fprintf(stderr, "outboxd dlq %s: -batch %d: give at least 1\n\n", cmd, f.batch)
+		fs.Usage()
 		return "", f, errUsage
 	}
 	if fs.NArg() > 0 {
@@ -150,7 +157,7 @@ func dlqCommand(args []string, stdout, stderr io.Writer) error {
 		}
 		return dlq.WriteTable(stdout, letters, now, f.all)
 	}
-	res, err := dlq.Redrive(ctx, cfg, dlq.Options{Topic: topic, Filter: filter}, newLogger(cfg.Log, stderr))
+	res, err := dlq.Redrive(ctx, cfg, dlq.Options{Topic: topic, Filter: filter, Batch: f.batch}, newLogger(cfg.Log, stderr))
 	if res != nil {
 		if werr := writeRedrive(stdout, res, f.asJSON); werr != nil && err == nil {
 			err = werr

@@ -25,6 +25,7 @@ func TestDLQCommandLine(t *testing.T) {
 		{[]string{"dlq", "redrive", "-h"}, 0, "-dry-run"},
 		{[]string{"dlq", "redrive", "-all"}, 2, "flag provided but not defined: -all"},
 		{[]string{"dlq", "list", "-dry-run"}, 2, "flag provided but not defined: -dry-run"},
+		{[]string{"dlq", "redrive", "-batch", "0"}, 2, "-batch 0: give at least 1"},
 		{[]string{"dlq", "list", "extra"}, 2, `unexpected argument "extra"`},
 		{[]string{"dlq", "list", "-since", "yesterday"}, 2, `-since "yesterday" is neither a duration`},
 		{[]string{"dlq", "list"}, 2, "no dead-letter topic: pass -topic, or set router.poison.dlq_topic"},
