@@ -359,20 +359,7 @@ func verify(t *testing.T, c *kfake.Cluster, txns []fakeTxn) int {
 
 // produceResp answers req with code for every partition.
 func produceResp(req kmsg.Request, code int16) *kmsg.ProduceResponse {
-	r := req.(*kmsg.ProduceRequest)
-	resp := r.ResponseKind().(*kmsg.ProduceResponse)
-	for _, rt := range r.Topics {
-		t := kmsg.NewProduceResponseTopic()
-		t.Topic, t.TopicID = rt.Topic, rt.TopicID
-		for _, rp := range rt.Partitions {
-			p := kmsg.NewProduceResponseTopicPartition()
-			p.Partition = rp.Partition
-			p.ErrorCode = code
-			t.Partitions = append(t.Partitions, p)
-		}
-		resp.Topics = append(resp.Topics, t)
-	}
-	return resp
+	return kfaketest.ProduceResponse(req, code)
 }
 
 // everyNth injects fault into every nth produce request, limit times.

@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/internal/kfaketest"
 	"github.com/outboxd/outboxd/router"
 )
 
@@ -251,7 +252,7 @@ func TestRedriveResumes(t *testing.T) {
 				for _, rt := range r.Topics {
 					if (rt.Topic == "dlq" || rt.TopicID == dlqID) && refuse.Load() {
 						refused.Store(true)
-						return produceResp(r, kerr.ClusterAuthorizationFailed.Code), nil, true
+						return kfaketest.ProduceResponse(r, kerr.ClusterAuthorizationFailed.Code), nil, true
 					}
 				}
 				return nil, nil, false
@@ -285,19 +286,4 @@ func TestRedriveResumes(t *testing.T) {
 			t.Logf("%s: %d records for 5 events", mode, len(recs))
 		})
 	}
-}
-
-func produceResp(r *kmsg.ProduceRequest, code int16) *kmsg.ProduceResponse {
-	resp := r.ResponseKind().(*kmsg.ProduceResponse)
-	for _, rt := range r.Topics {
-		st := kmsg.NewProduceResponseTopic()
-		st.Topic, st.TopicID = rt.Topic, rt.TopicID
-		for _, rp := range rt.Partitions {
-			sp := kmsg.NewProduceResponseTopicPartition()
-			sp.Partition, sp.ErrorCode = rp.Partition, code
-			st.Partitions = append(st.Partitions, sp)
-		}
-		resp.Topics = append(resp.Topics, st)
-	}
-	return resp
 }

@@ -65,3 +65,22 @@ func HoldProduce(c *kfake.Cluster) (release func()) {
 	})
 	return func() { hold.Store(false) }
 }
+
+// ProduceResponse answers req, a produce request, with code for every
+// partition it names.
+func ProduceResponse(req kmsg.Request, code int16) *kmsg.ProduceResponse {
+	r := req.(*kmsg.ProduceRequest)
+	resp := r.ResponseKind().(*kmsg.ProduceResponse)
+	for _, rt := range r.Topics {
+		t := kmsg.NewProduceResponseTopic()
+		t.Topic, t.TopicID = rt.Topic, rt.TopicID
+		for _, rp := range rt.Partitions {
+			p := kmsg.NewProduceResponseTopicPartition()
+			p.Partition = rp.Partition
+			p.ErrorCode = code
+			t.Partitions = append(t.Partitions, p)
+		}
+		resp.Topics = append(resp.Topics, t)
+	}
+	return resp
+}
