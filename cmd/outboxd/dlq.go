@@ -166,6 +166,10 @@ func dlqCommand(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("redriving %s (what is done is marked; run it again to resume): %w", topic, err)
 	}
+	if len(res.NotPending) > 0 {
+		return fmt.Errorf("no pending dead letter in %s for event %s; 'outboxd dlq list -all -id ID' shows what became of one",
+			topic, strings.Join(res.NotPending, ", "))
+	}
 	if n := len(res.Failed) + len(res.Skipped); n > 0 {
 		return fmt.Errorf("%d dead letters of %s were not redriven; 'outboxd dlq list -topic %s' shows why", n, topic, topic)
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -31,6 +32,9 @@ type Result struct {
 	Redriven []*Letter  `json:"redriven"`       // now in their intended topics, and marked
 	Failed   []*Failure `json:"failed_again"`   // written again with the new reason
 	Skipped  []*Letter  `json:"not_redrivable"` // as they are (Letter.NotRedrivable)
+	// NotPending are the ids Filter.IDs asked for that have no pending dead
+	// letter: never dead-lettered, or redriven already.
+	NotPending []string `json:"not_pending,omitempty"`
 }
 
 // Failure is a dead letter that failed again.
@@ -67,7 +71,13 @@ func Redrive(ctx context.Context, cfg config.Config, opts Options, log *slog.Log
 	f := opts.Filter
 	f.All = false
 	var todo []*Letter
-	for _, l := range t.Select(f) {
+	sel := t.Select(f)
+	for _, id := range f.IDs {
+		if !slices.ContainsFunc(sel, func(l *Letter) bool { return l.EventID == id }) {
+			r.res.NotPending = append(r.res.NotPending, id)
+		}
+	}
+	for _, l := range sel {
 		if l.NotRedrivable != "" {
 			r.res.Skipped = append(r.res.Skipped, l)
 		} else {

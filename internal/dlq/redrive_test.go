@@ -217,8 +217,11 @@ func TestRedrive(t *testing.T) {
 func TestRedriveSelects(t *testing.T) {
 	b := newBed(t, config.AtLeastOnce)
 	b.seed(t, "orders-events", 10, "a", "b", "c")
-	if res := b.redrive(t, Filter{IDs: []string{"b"}}); !slices.Equal(ids(res.Redriven), []string{"b"}) {
-		t.Errorf("-id b redrove %v", ids(res.Redriven))
+	if res := b.redrive(t, Filter{IDs: []string{"b"}}); !slices.Equal(ids(res.Redriven), []string{"b"}) || len(res.NotPending) != 0 {
+		t.Errorf("-id b redrove %v (not pending: %v)", ids(res.Redriven), res.NotPending)
+	}
+	if res := b.redrive(t, Filter{IDs: []string{"b", "x"}}); len(res.Redriven) != 0 || !slices.Equal(res.NotPending, []string{"b", "x"}) {
+		t.Errorf("-id b,x after b was redriven: redrove %v, not pending %v; want nothing and b, x", ids(res.Redriven), res.NotPending)
 	}
 	if res := b.redrive(t, Filter{Since: time.Now().Add(time.Hour)}); len(res.Redriven) != 0 {
 		t.Errorf("-since in the future redrove %v", ids(res.Redriven))
