@@ -60,10 +60,14 @@ func Redrive(ctx context.Context, cfg config.Config, opts Options, log *slog.Log
 	if cfg.Kafka.ExactlyOnce() {
 		r.tm = sink.NewTxnMetrics(reg)
 	}
+	defer func() {
+		if r.p != nil {
+			r.p.Close()
+		}
+	}()
 	if err := r.open(ctx); err != nil {
 		return nil, err
 	}
-	defer func() { r.p.Close() }()
 	t, err := Read(ctx, cfg.Kafka, cfg.Router.IDHeader, opts.Topic)
 	if err != nil {
 		return nil, err
@@ -123,16 +127,19 @@ func (r *run) eos() bool { return r.tm != nil }
 // open makes the producer: transactional in exactly_once (Init fences an
 // earlier run of the same topic and settles its last transaction).
 func (r *run) open(ctx context.Context) error {
-	var err error
 	if !r.eos() {
-		if r.p, err = sink.New(r.cfg.Kafka, r.m, r.log); err != nil {
+		p, err := sink.New(r.cfg.Kafka, r.m, r.log)
+		if err != nil {
 			return err
 		}
+		r.p = p
 		return r.p.Warm(ctx)
 	}
-	if r.p, err = sink.NewTransactional(r.cfg.Kafka, r.m, r.tm, r.log, TransactionalID(r.dlq)); err != nil {
+	p, err := sink.NewTransactional(r.cfg.Kafka, r.m, r.tm, r.log, TransactionalID(r.dlq))
+	if err != nil {
 		return err
 	}
+	r.p = p
 	if err := r.p.Init(ctx); err != nil {
 		return err
 	}
@@ -143,6 +150,7 @@ func (r *run) open(ctx context.Context) error {
 func (r *run) reopen(ctx context.Context) error {
 	r.abort(ctx)
 	r.p.Close()
+	r.p = nil
 	return r.open(ctx)
 }
 
@@ -157,7 +165,7 @@ func (r *run) begin() error {
 // its own (ctx may be done): an abandoned one would hold read_committed
 // consumers back until kafka.transaction_timeout.
 func (r *run) abort(ctx context.Context) {
-	if !r.eos() {
+	if !r.eos() || r.p == nil {
 		return
 	}
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
