@@ -77,7 +77,7 @@ type Pipeline struct {
 	producer Producer
 	fail     context.CancelCauseFunc
 	tables   *outboxTables
-	eos      *eos // exactly_once only (eos.go)
+	eos      *exactlyOnce // exactly_once only (eos.go)
 	// takesUnowned: router.messages.unowned is deliver.
 	takesUnowned bool
 
@@ -112,7 +112,7 @@ func (p *Pipeline) Handle(item wal.Item) error {
 	if p.past {
 		return nil // beyond an old shard's window: the new shards deliver it
 	}
-	if p.eos != nil && p.eos.skipping {
+	if p.eos != nil && p.eos.skipping() {
 		return p.eos.skip(item) // in Kafka before this run
 	}
 	switch m := item.(type) {
