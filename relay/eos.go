@@ -25,27 +25,55 @@ import (
 // transaction holding its last record commits, so the ack rule confirms the
 // slot only to committed positions.
 
-// producerFor returns the pipeline's producer: in exactly-once mode a
-// transactional one, whose id needs the system identifier that conn (the
-// run's replication connection, before START_REPLICATION) reports; the
-// run's positions carry it too (Relay.system), so that reading them at the
-// start needs no second replication connection. Nothing is fenced until
-// Init. warm is what Check opened, for the first pipeline.
-func (r *Relay) producerFor(ctx context.Context, conn *pgconn.PgConn, warm *Start) (*sink.Producer, error) {
+// producerFor returns the pipeline's producer and, in exactly-once mode,
+// the run's server as conn (the run's replication connection, before
+// START_REPLICATION) shows it: a transactional producer, whose id needs
+// the server's system identifier, and the timeline, WAL end and timeline
+// history that the position read from Kafka is judged by (startEOS), so
+// that the Kafka side opens no connection to Postgres. Nothing is fenced
+// until Init. warm is what Check opened, for the first pipeline.
+func (r *Relay) producerFor(ctx context.Context, conn *pgconn.PgConn, warm *Start) (*sink.Producer, runServer, error) {
 	if !r.cfg.Kafka.ExactlyOnce() {
-		return r.producer(warm)
+		p, err := r.producer(warm)
+		return p, runServer{}, err
 	}
 	if p := warm.takeProducer(); p != nil { // Check warmed a plain client
 		p.Close()
 	}
 	sys, err := pglogrepl.IdentifySystem(ctx, conn)
 	if err != nil {
-		return nil, fmt.Errorf("reading the system identifier for the exactly-once position: %w", err)
+		return nil, runServer{}, fmt.Errorf("reading the system identifier for the exactly-once position: %w", err)
 	}
-	r.system = sys.SystemID
+	server := runServer{system: sys.SystemID, server: eos.Server{Timeline: int(sys.Timeline), WALEnd: sys.XLogPos}}
+	server.server.End = timelineEnds(ctx, conn, server.server.Timeline)
 	id := r.transactionalID(sys.SystemID)
 	r.txnID = id
-	return sink.NewTransactional(r.cfg.Kafka, r.sinkM, r.txnM, r.log, id)
+	producer, err := sink.NewTransactional(r.cfg.Kafka, r.sinkM, r.txnM, r.log, id)
+	return producer, server, err
+}
+
+// runServer is the run's server as its replication connection showed it
+// in the connect stage (exactly-once only).
+type runServer struct {
+	system string // the system identifier, in the transactional id and the positions
+	server eos.Server
+}
+
+// timelineEnds reads the history of timeline tli on conn, when there is
+// one (after the first timeline), and returns a function that finds where
+// an earlier timeline ended in it. A failure to read it is that function's
+// to return: only a position written on an earlier timeline needs it.
+func timelineEnds(ctx context.Context, conn *pgconn.PgConn, tli int) func(old int) (wal.LSN, bool, error) {
+	if tli <= 1 {
+		return func(int) (wal.LSN, bool, error) { return 0, false, nil }
+	}
+	history, err := wal.ReadHistory(ctx, conn, tli)
+	return func(old int) (wal.LSN, bool, error) {
+		if err != nil {
+			return 0, false, err
+		}
+		return history.End(old)
+	}
 }
 
 // transactionalID is the run's transactional id on the database with
@@ -102,34 +130,32 @@ func (r *Relay) newExactlyOnce(producer transactions, tracker *checkpoint.Tracke
 
 // startEOS initialises the transactional producer (fencing the previous
 // holder of the id, whose open transaction Kafka aborts), reads the last
-// committed position and confirms it. Before it fences anyone it looks at
-// the id's last position, committed or not: when another deployment's id
-// it is, it refuses without disturbing that deployment; when it cannot
-// read it, the run fails before Init and the next one tries again.
-//
-// The Kafka calls (each bounded by kafka.delivery_timeout) hold no
-// replication connection of their own: the system identifier is the one
-// producerFor read on the run's connection. Only then is a second one
-// opened, for a moment, for the server's timeline (positionOnServer):
-// walsenders are few (max_wal_senders), and shards and standbys need theirs.
-func (r *Relay) startEOS(ctx context.Context, p *Pipeline, producer *sink.Producer) (*exactlyOnce, error) {
-	system := r.system
-	owner := r.positionOwner(producer.TransactionalID(), system)
+// committed position, applies it to the run's server (as the connect stage
+// read it) and confirms it. Before it fences anyone it looks at the id's
+// last position, committed or not: when another deployment's id it is, it
+// refuses without disturbing that deployment; when it cannot read it, the
+// run fails before Init and the next one tries again. It opens no
+// connection to Postgres.
+func (r *Relay) startEOS(ctx context.Context, p *Pipeline, producer *sink.Producer, server runServer) (*exactlyOnce, error) {
+	owner := r.positionOwner(producer.TransactionalID(), server.system)
 	if err := fence(ctx, producer, owner); err != nil {
 		return nil, err
 	}
-	pos, found, err := readPosition(ctx, producer.ReadPosition, owner)
+	read, found, err := readPosition(ctx, producer.ReadPosition, owner)
 	if err != nil {
 		return nil, err
 	}
-	if pos, err = r.positionOnServer(ctx, pos, system, p.tables.db.Addr); err != nil {
+	resumed, err := eos.Resume(read, server.server, r.cfg.Kafka.PositionsTopic)
+	if err != nil {
 		return nil, err
 	}
+	r.warnResumed(read, resumed)
+	pos := resumed.Position
 	r.txnM.SetPositionRead(uint64(pos.LSN))
 	p.tracker.Idle(pos.LSN) // nothing is registered yet: confirms it when it is past the slot
 	r.log.Info("exactly-once: resuming after the position committed in Kafka", "transactional_id", producer.TransactionalID(),
 		"lsn", pos.LSN.String(), "split_txn", pos.Txn.String(), "split_rows", pos.Rows, "found", found, "slot", r.cfg.Postgres.Slot)
-	return r.newExactlyOnce(producer, p.tracker, p.fail, system, pos), nil
+	return r.newExactlyOnce(producer, p.tracker, p.fail, server.system, pos), nil
 }
 
 // fence peeks at the id's last position and initialises the producer,
@@ -166,13 +192,15 @@ func readPosition(ctx context.Context, read func(context.Context) ([]byte, bool,
 	return eos.Read(value, owner)
 }
 
-// positionOnServer returns pos as it applies to the server now (eos.Resume),
-// on a replication connection opened for it and closed at once. The
-// timeline and WAL end are read after Init: the previous holder committed
-// positions until Init fenced it. system is the run's system identifier:
-// a connection that reaches another database is refused. addr is the
-// run's server (pg.Addr): another writable host of postgres.dsn, an old
-// primary of the same database, would give an earlier timeline.
+// positionOnServer returns pos as it applies to the server at addr now
+// (eos.Resume), on a replication connection opened for it and closed at
+// once: a reshard's reading of an old shard's position (deliveredPosition).
+// The timeline and WAL end are read after Init: the previous holder
+// committed positions until Init fenced it. system is the old shards'
+// system identifier: a connection that reaches another database is
+// refused. addr is the server the reshard observes (pg.Addr): another
+// writable host of postgres.dsn, an old primary of the same database,
+// would give an earlier timeline.
 func (r *Relay) positionOnServer(ctx context.Context, pos eos.Position, system, addr string) (eos.Position, error) {
 	if pos.LSN == 0 {
 		return pos, nil // nothing to judge
@@ -226,8 +254,8 @@ func (r *Relay) warnResumed(pos eos.Position, resumed eos.Resumed) {
 
 // pipeEOS is pipe in exactly-once mode: besides the batches it wakes up to
 // commit a Kafka transaction that is due while nothing arrives.
-func (r *Relay) pipeEOS(ctx context.Context, batches <-chan []wal.Item, p *Pipeline, producer *sink.Producer) (err error) {
-	x, err := r.startEOS(ctx, p, producer)
+func (r *Relay) pipeEOS(ctx context.Context, batches <-chan []wal.Item, p *Pipeline, producer *sink.Producer, server runServer) (err error) {
+	x, err := r.startEOS(ctx, p, producer, server)
 	if err != nil {
 		return err
 	}

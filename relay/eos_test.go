@@ -94,7 +94,6 @@ func newEOSRig(t *testing.T, deliveryTimeout time.Duration) *eosRig {
 		t.Fatal(err)
 	}
 	const system = "7441234567890123456"
-	r.system = system // what producerFor read on the run's connection
 	return &eosRig{r: r, c: c, dials: &dials, system: system}
 }
 
@@ -114,11 +113,17 @@ func (g *eosRig) pipeline(t *testing.T, ctx context.Context, id string) (*Pipeli
 	return p, producer, run
 }
 
+// server is the run's server as producerFor would have read it on the
+// run's replication connection: timeline 1, its WAL far ahead.
+func (g *eosRig) server() runServer {
+	return runServer{system: g.system, server: eos.Server{Timeline: 1, WALEnd: 0xFFFF_FFFF}}
+}
+
 // start runs startEOS with a transactional producer of id.
 func (g *eosRig) start(t *testing.T, ctx context.Context, id string) (*exactlyOnce, error) {
 	t.Helper()
 	p, producer, run := g.pipeline(t, ctx, id)
-	return g.r.startEOS(run, p, producer)
+	return g.r.startEOS(run, p, producer, g.server())
 }
 
 // otherHolder initialises id on c as another producer would, and leaves a
@@ -144,8 +149,8 @@ func otherHolder(t *testing.T, ctx context.Context, c *kfake.Cluster, id string,
 // kafka.delivery_timeout, a run's start fails before Init: the id's holder,
 // with its transaction open, is not fenced and commits it (review of the
 // exactly-once changes, finding 3). And the Kafka calls hold no
-// replication connection: startEOS dials Postgres only after them, so a
-// start blocked on Kafka does not keep a second walsender (finding 2).
+// replication connection: startEOS never dials Postgres, so a start blocked
+// on Kafka does not keep a second walsender (finding 2).
 func TestStartEOSUnreadablePositions(t *testing.T) {
 	g := newEOSRig(t, 2*time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -168,6 +173,36 @@ func TestStartEOSUnreadablePositions(t *testing.T) {
 	}
 	if err := other.EndTransaction(ctx, kgo.TryCommit); err != nil {
 		t.Errorf("the id's other holder cannot commit its open transaction: startEOS fenced it: %v", err)
+	}
+}
+
+// The start applies the position to the server as the connect stage read
+// it on the run's replication connection, and opens no connection to
+// Postgres (issue 34 item 1): a position of timeline 1 past where the
+// server's timeline 2 began is moved back to the switch point, and
+// confirmed there.
+func TestStartEOSOpensNoPostgresConnection(t *testing.T) {
+	g := newEOSRig(t, 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const id = "outboxd-promoted"
+	ours := otherHolder(t, ctx, g.c, id, eos.Position{LSN: 0x200, Timeline: 1, Slot: g.r.cfg.Postgres.Slot, System: g.system}.Encode(time.Now()))
+	if err := ours.EndTransaction(ctx, kgo.TryCommit); err != nil {
+		t.Fatal(err)
+	}
+	server := g.server()
+	server.server.Timeline = 2
+	server.server.End = func(old int) (wal.LSN, bool, error) { return 0x150, old == 1, nil }
+	p, producer, run := g.pipeline(t, ctx, id)
+	x, err := g.r.startEOS(run, p, producer, server)
+	if err != nil {
+		t.Fatalf("startEOS: %v", err)
+	}
+	if n := g.dials.Load(); n != 0 {
+		t.Errorf("startEOS opened %d Postgres connections; want none: the connect stage read the server", n)
+	}
+	if got := x.tracker.Confirmed(); got != 0x150 {
+		t.Errorf("confirmed %s at the start, want the switch point 0/150", got)
 	}
 }
 
@@ -231,7 +266,7 @@ func TestPipeEOSBeginIsABoundary(t *testing.T) {
 	batches <- []wal.Item{begin(0x400), change(wal.Insert, 0x300, id2, "o-2", `{"n": 2}`)} // T2 goes on, its Commit far off
 	began := time.Now()
 	done := make(chan error, 1)
-	go func() { done <- g.r.pipeEOS(run, batches, p, producer) }()
+	go func() { done <- g.r.pipeEOS(run, batches, p, producer, g.server()) }()
 	consumer, err := kgo.NewClient(kgo.SeedBrokers(g.c.ListenAddrs()...), kgo.ConsumeTopics("order-events"),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.FetchMaxWait(50*time.Millisecond))
 	if err != nil {

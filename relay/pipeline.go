@@ -26,7 +26,7 @@ func (r *Relay) pipe(ctx context.Context, batches <-chan []wal.Item, tracker *ch
 	p.stopReading = stopReading
 	defer p.Close()
 	if r.cfg.Kafka.ExactlyOnce() {
-		return r.pipeEOS(ctx, batches, p, producer) // eos.go
+		return r.pipeEOS(ctx, batches, p, producer, slot.server) // eos.go
 	}
 	return p.Run(batches)
 }
