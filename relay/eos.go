@@ -407,15 +407,15 @@ func (x *exactlyOnce) end(ctx context.Context, err error) error {
 	if err == nil && ctx.Err() == nil && !x.producer.InTransaction() {
 		return nil
 	}
-	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	abortCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	err = x.producer.AsFenced(err)
 	var fenced *sink.FencedError
 	if !errors.As(err, &fenced) {
 		// The run may be ending for another reason first (the stream lost
 		// the slot's connection): ask Kafka whether it was fenced.
-		pctx, cancel := context.WithTimeout(actx, 2*time.Second)
-		if f, ferr := x.producer.Fenced(pctx); ferr == nil && f {
+		askCtx, cancel := context.WithTimeout(abortCtx, 2*time.Second)
+		if newer, askErr := x.producer.Fenced(askCtx); askErr == nil && newer {
 			fenced = &sink.FencedError{TransactionalID: x.producer.TransactionalID(),
 				Err: errors.New("the transaction coordinator holds a newer producer epoch")}
 			err = fenced
@@ -431,12 +431,12 @@ func (x *exactlyOnce) end(ctx context.Context, err error) error {
 	if cause != nil {
 		x.fail(cause)
 	}
-	aerr := x.producer.Abort(actx)
-	if fenced == nil && errors.As(aerr, &fenced) {
+	abortErr := x.producer.Abort(abortCtx)
+	if fenced == nil && errors.As(abortErr, &fenced) {
 		return fenced // too late to be the run's cause, but the pipeline's error
 	}
-	if aerr != nil && err == nil && ctx.Err() == nil {
-		return aerr
+	if abortErr != nil && err == nil && ctx.Err() == nil {
+		return abortErr
 	}
 	return err
 }
