@@ -14,13 +14,13 @@
 //
 // The caller's duties, for one run, in order:
 //
-//  1. Before the run streams, read the server's system identifier,
-//     timeline and WAL end (IDENTIFY_SYSTEM) and initialise the
-//     transactional producer, which fences the id's previous holder. Read
-//     the id's last committed position and DecodePosition it; refuse it
-//     with Own when it names another slot or database (a *RefusedError:
-//     stop, do not retry), and apply it to the server with Resume (its
-//     Server.End reads the timeline's history when asked).
+//  1. Read the server's system identifier, timeline and WAL end
+//     (IDENTIFY_SYSTEM) and the timeline's history (TIMELINE_HISTORY) on
+//     the run's replication connection before it streams. Once the run
+//     holds the slot, initialise the transactional producer, which fences
+//     the id's previous holder, and Read the id's last committed position:
+//     one that names another slot or database is a *RefusedError (stop, do
+//     not retry). Apply it to the server with Resume.
 //  2. Confirm the resumed position to the slot when nothing is registered
 //     yet, and create the Machine with New, giving it the confirmed
 //     position.
