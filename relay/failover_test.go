@@ -17,6 +17,7 @@ import (
 
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/internal/dialtest"
+	"github.com/outboxd/outboxd/internal/eos"
 	"github.com/outboxd/outboxd/internal/pg"
 	"github.com/outboxd/outboxd/wal"
 )
@@ -322,7 +323,7 @@ func TestRunConnectionsPinned(t *testing.T) {
 			return tables.resolveTypes(ctx, &wal.Relation{Namespace: "public", Name: "outbox", Columns: []wal.Column{{Name: "c", TypeOID: 16500}}})
 		}},
 		{"slot position", func() error { _, err := read(ctx); return err }},
-		{"exactly-once timeline", func() error { _, err := r.positionOnServer(ctx, position{LSN: 1, Timeline: 1}, "", at); return err }},
+		{"exactly-once timeline", func() error { _, err := r.positionOnServer(ctx, eos.Position{LSN: 1, Timeline: 1}, "", at); return err }},
 		{"judgeGone", func() error {
 			if got := r.explain(ctx, gone, at); got != error(gone) {
 				return fmt.Errorf("explain = %v, want the server's error as it was (the catalogue is unreadable)", got)

@@ -26,7 +26,7 @@ func (r *Relay) pipe(ctx context.Context, batches <-chan []wal.Item, tracker *ch
 	p.stopReading = stopReading
 	defer p.Close()
 	if r.cfg.Kafka.ExactlyOnce() {
-		return r.pipeEOS(ctx, batches, p, producer) // eos.go
+		return r.pipeEOS(ctx, batches, p, producer, slot.server) // eos.go
 	}
 	return p.Run(batches)
 }
@@ -77,7 +77,7 @@ type Pipeline struct {
 	producer Producer
 	fail     context.CancelCauseFunc
 	tables   *outboxTables
-	eos      *eos // exactly_once only (eos.go)
+	eos      *exactlyOnce // exactly_once only (eos.go)
 	// takesUnowned: router.messages.unowned is deliver.
 	takesUnowned bool
 
@@ -112,7 +112,7 @@ func (p *Pipeline) Handle(item wal.Item) error {
 	if p.past {
 		return nil // beyond an old shard's window: the new shards deliver it
 	}
-	if p.eos != nil && p.eos.skipping {
+	if p.eos != nil && p.eos.skipping() {
 		return p.eos.skip(item) // in Kafka before this run
 	}
 	switch m := item.(type) {

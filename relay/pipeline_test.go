@@ -17,6 +17,7 @@ import (
 
 	"github.com/outboxd/outboxd/checkpoint"
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/internal/eos"
 	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/sink"
@@ -470,7 +471,7 @@ func TestPipelineReplayDecidesAlike(t *testing.T) {
 			t.Fatal(err)
 		}
 		tp := newTestPipeline(t, nil)
-		tp.eos = &eos{r: tp.r, producer: producer, tracker: tp.tracker, fail: tp.fail, pos: position{LSN: 0x100, Txn: 0x300, Rows: rows}}
+		tp.eos = tp.r.newExactlyOnce(producer, tp.tracker, tp.fail, "", eos.Position{LSN: 0x100, Txn: 0x300, Rows: rows})
 		tp.handle(t, items...)
 		producer.Close()
 		if got := delivered(tp); !slices.Equal(got, all[rows:]) {

@@ -26,7 +26,6 @@ type Relay struct {
 	sinkM  *sink.Metrics
 	txnM   *sink.TxnMetrics // exactly_once only
 	txnID  string           // exactly_once: the last pipeline's transactional id
-	system string           // exactly_once: the system identifier producerFor read on the run's replication connection
 
 	reg     prometheus.Registerer
 	standby pg.Lazy // a standby's connection for its polls

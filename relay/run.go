@@ -60,11 +60,12 @@ func (r *Relay) connectStage(ctx context.Context, warm *Start) (connected, error
 	if err != nil {
 		return connected{}, err
 	}
-	producer, err := r.producerFor(ctx, conn, warm)
+	producer, server, err := r.producerFor(ctx, conn, warm)
 	if err != nil {
 		conn.Close(context.Background())
 		return connected{}, err
 	}
+	slot.server = server
 	return connected{slot: slot, conn: conn, producer: producer}, nil
 }
 
@@ -332,6 +333,9 @@ type slotStart struct {
 	// events (catalogue lookups, the slot's position, the exactly-once
 	// timeline) goes there and nowhere else.
 	addr string
+	// server is, in exactly-once mode, the server as the run's replication
+	// connection showed it before START_REPLICATION (producerFor).
+	server runServer
 }
 
 // connect inspects the slot and opens the replication connection, on the

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/internal/eos"
 	"github.com/outboxd/outboxd/internal/pg"
 	"github.com/outboxd/outboxd/internal/reshard"
 	"github.com/outboxd/outboxd/internal/slotlag"
@@ -389,7 +390,7 @@ func (s *Shards) drain(ctx context.Context, db *reshard.PG, shards []shard.Shard
 // instance may have committed Kafka transactions past its slot's confirmed
 // position (the next exactly-once start would confirm them); a cutover
 // before them would make the new shards, under their own ids, deliver
-// them again. It reads as the exactly-once start does (eos.fence, then the
+// them again. It reads as the exactly-once start does (fence, then the
 // committed position, then positionOnServer), fencing every old id before
 // reading any position: Kafka settles the transactions a killed instance
 // left open, which would otherwise hold the read of the shared positions
@@ -402,10 +403,15 @@ func (s *Shards) delivered(ctx context.Context, db *reshard.PG, old []shard.Shar
 	if err != nil {
 		return nil, err
 	}
-	var fenced []*eos
+	type oldID struct {
+		r        *Relay
+		producer *sink.Producer
+		owner    eos.Owner
+	}
+	var fenced []oldID
 	defer func() {
-		for _, e := range fenced {
-			e.producer.Close()
+		for _, o := range fenced {
+			o.producer.Close()
 		}
 	}()
 	for _, sh := range old {
@@ -417,15 +423,15 @@ func (s *Shards) delivered(ctx context.Context, db *reshard.PG, old []shard.Shar
 		if err != nil {
 			return nil, err
 		}
-		e := &eos{r: r, producer: producer, system: system}
-		fenced = append(fenced, e)
-		if err := e.fence(ctx); err != nil {
+		o := oldID{r: r, producer: producer, owner: r.positionOwner(producer.TransactionalID(), system)}
+		fenced = append(fenced, o)
+		if err := fence(ctx, producer, o.owner); err != nil {
 			return nil, oldShardError(sh, s.cfg.Kafka.PositionsTopic, err)
 		}
 	}
 	out := make(map[string]shard.LSN, len(old))
-	for i, e := range fenced {
-		lsn, err := e.r.deliveredPosition(ctx, db, e, addr)
+	for i, o := range fenced {
+		lsn, err := o.r.deliveredPosition(ctx, db, o.producer, o.owner, addr)
 		if err != nil {
 			return nil, oldShardError(old[i], s.cfg.Kafka.PositionsTopic, err)
 		}
@@ -450,14 +456,14 @@ func (s *Shards) systemID(ctx context.Context, addr string) (string, error) {
 // refused position (another deployment's id) stops the reshard.
 func oldShardError(sh shard.Shard, topic string, err error) error {
 	err = fmt.Errorf("reading the position of old shard %s in %s: %w", sh.Slot, topic, err)
-	var refused *refusedError
+	var refused *eos.RefusedError
 	if errors.As(err, &refused) {
 		return &reshard.PermanentError{Err: err}
 	}
 	return err
 }
 
-// deliveredPosition returns, after e.fence, the end of what the run's
+// deliveredPosition returns, after fence, the end of what the run's
 // transactional id committed to Kafka: the position's LSN, or, when the
 // position says only part of a Postgres transaction's rows are in Kafka,
 // that transaction's end (reshard.PG.TxnEnd), so that the old shard
@@ -466,12 +472,12 @@ func oldShardError(sh shard.Shard, topic string, err error) error {
 // server's) is refused here too, and one from an earlier timeline is taken
 // as that start takes it (positionOnServer, on the server at addr, the
 // one the reshard observes).
-func (r *Relay) deliveredPosition(ctx context.Context, db *reshard.PG, e *eos, addr string) (shard.LSN, error) {
-	pos, found, err := e.position(ctx, e.producer.ReadPosition)
+func (r *Relay) deliveredPosition(ctx context.Context, db *reshard.PG, producer *sink.Producer, owner eos.Owner, addr string) (shard.LSN, error) {
+	pos, found, err := readPosition(ctx, producer.ReadPosition, owner)
 	if err != nil || !found {
 		return 0, err
 	}
-	if pos, err = r.positionOnServer(ctx, pos, e.system, addr); err != nil {
+	if pos, err = r.positionOnServer(ctx, pos, owner.System, addr); err != nil {
 		return 0, err
 	}
 	lsn := pos.LSN
@@ -488,7 +494,7 @@ func (r *Relay) deliveredPosition(ctx context.Context, db *reshard.PG, e *eos, a
 				"split_txn", pos.Txn.String(), "split_rows", pos.Rows, "slot", r.cfg.Postgres.Slot)
 		}
 	}
-	r.log.Info("exactly-once: the old shard's position committed in Kafka", "transactional_id", e.producer.TransactionalID(),
+	r.log.Info("exactly-once: the old shard's position committed in Kafka", "transactional_id", owner.ID,
 		"lsn", pos.LSN.String(), "split_txn", pos.Txn.String(), "split_rows", pos.Rows, "delivered_to", lsn.String(), "slot", r.cfg.Postgres.Slot)
 	return lsn, nil
 }

@@ -244,12 +244,29 @@ func TimelineSwitch(ctx context.Context, conn *pgconn.PgConn, tli int) (LSN, err
 // current (its switch point in current's history), and false when current's
 // history does not pass through old.
 func TimelineEnd(ctx context.Context, conn *pgconn.PgConn, current, old int) (LSN, bool, error) {
-	res, err := pglogrepl.TimelineHistory(ctx, conn, int32(current))
+	h, err := ReadHistory(ctx, conn, current)
 	if err != nil {
-		return 0, false, fmt.Errorf("reading the history of timeline %d: %w", current, err)
+		return 0, false, err
 	}
-	return timelineEnd(res.Content, old)
+	return h.End(old)
 }
+
+// History is a timeline's history file.
+type History []byte
+
+// ReadHistory reads the history of timeline tli (after the first) with
+// TIMELINE_HISTORY on conn, a replication connection.
+func ReadHistory(ctx context.Context, conn *pgconn.PgConn, tli int) (History, error) {
+	res, err := pglogrepl.TimelineHistory(ctx, conn, int32(tli))
+	if err != nil {
+		return nil, fmt.Errorf("reading the history of timeline %d: %w", tli, err)
+	}
+	return res.Content, nil
+}
+
+// End returns where timeline old ended in the history (its switch point),
+// and false when the history does not pass through old.
+func (h History) End(old int) (LSN, bool, error) { return timelineEnd(h, old) }
 
 // timelineEnd finds old's line ("parent-timeline<TAB>switch-LSN<TAB>reason")
 // in a timeline history file.
