@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/internal/eos"
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/shard"
 	"github.com/outboxd/outboxd/sink"
@@ -53,7 +54,7 @@ func TestErrorsClassifyThemselves(t *testing.T) {
 		{"sharded publication dropped", sharded.publicationDropped(pubGone), true, false, true},
 		{"record rejected by Kafka", &sink.DeliveryError{Topic: "t", EventID: "e1", Err: kerr.MessageTooLarge}, true, false, true},
 		{"topic refused", &sink.TopicRefusedError{Topic: "t", Err: kerr.TopicAuthorizationFailed}, true, false, true},
-		{"foreign position", &refusedError{errors.New("the position of transactional id \"x\" was written for another slot")}, true, false, false},
+		{"foreign position", eos.Own(eos.Position{Slot: "other"}, eos.Owner{Slot: "outboxd", ID: "x", Topic: "outboxd-positions"}), true, false, false},
 		{"authentication", fmt.Errorf("connecting: %w", &pgconn.PgError{Code: "28P01", Message: "Passwort-Authentifizierung fehlgeschlagen"}), true, false, false},
 		{"permanent beside a retriable one", fmt.Errorf("%w; %w", context.DeadlineExceeded, wal.Errorf(wal.ErrSlotLost, "invalidated")), true, true, false},
 		// Retriable: the next run may succeed.
