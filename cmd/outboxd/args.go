@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"strings"
+
+	"github.com/outboxd/outboxd/internal/replay"
 )
 
 // invocation is what the command line asks for: the subcommand ("run" when
@@ -17,6 +19,7 @@ type invocation struct {
 	asJSON bool   // status: -json
 	to     int    // reshard: -to
 	url    string // status, healthcheck: -url
+	replay replay.Options
 }
 
 // subcommand is one of outboxd's subcommands: its line of the usage and the
@@ -56,6 +59,7 @@ var subcommands = []subcommand{
 		configFlag(fs, inv)
 		urlFlag(fs, inv)
 	}},
+	{"replay", replayUsage, replayFlags},
 	{"version", "outboxd version                          print the version", func(*flag.FlagSet, *invocation) {}},
 	{"debezium", "outboxd debezium convert FILE            convert a Debezium connector config", nil},
 	{"dlq", "outboxd dlq list|redrive [-topic T] ...  show dead letters, or send them to their\n                                           intended topics ('outboxd dlq -h')", nil},

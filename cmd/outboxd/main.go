@@ -127,6 +127,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 	switch cmd {
 	case "migrate":
 		return admin.Migrate(ctx, cfg, log)
+	case "replay":
+		return runReplay(ctx, cfg, inv.replay, log, stdout)
 	case "reshard":
 		s, err := relay.NewShards(cfg, log, prometheus.NewRegistry())
 		if err != nil {
