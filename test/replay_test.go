@@ -1,0 +1,140 @@
+package test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Issue 35 section 3: outboxd replay beside a running outboxd delivering
+// live load. A range written before is replayed, the replay is SIGKILLed
+// mid-way and resumed. The replayed records are exactly the rows still in
+// the table that match the WHERE (rows deleted since are not), routed and
+// partitioned as the daemon routes them, each key's in the table's order,
+// each marked with outboxd.replay; the resumed run repeats at most the page
+// in flight; and the live load is delivered whole meanwhile.
+func TestReplayBesideLiveDelivery(t *testing.T) {
+	d := newDB(t)
+	// An order column that grows with every row, so that the rows of one
+	// transaction keep their insert order (created_at is the
+	// transaction's start).
+	d.exec(t, `ALTER TABLE outbox ADD COLUMN n bigint GENERATED ALWAYS AS IDENTITY`)
+	daemon := start(t, d.env())
+	daemon.waitStreaming()
+
+	// The range to replay, written (and delivered) before the replay.
+	past := newLedger()
+	spec := loadSpec{Prefix: d.name + "_old", Types: 3, IDs: 40, Writers: 4, Events: 4000, TxSizes: []int{1, 5, 20}, RollbackPct: 5, DeletePct: 10}
+	if err := runLoad(context.Background(), d, spec, past); err != nil {
+		t.Fatal(err)
+	}
+	// The live load runs throughout the replay, on other topics.
+	live := newLedger()
+	liveDone := make(chan error, 1)
+	liveCtx, stopLive := context.WithCancel(context.Background())
+	defer stopLive()
+	go func() {
+		liveDone <- runLoad(liveCtx, d, loadSpec{Prefix: d.name + "_new", Types: 3, IDs: 40, Writers: 2, Events: 3000,
+			TxSizes: []int{1, 3}, RollbackPct: 5, Pace: 5 * time.Millisecond}, live)
+	}()
+
+	where := fmt.Sprintf("aggregate_type LIKE '%s\\_old\\_%%'", d.name)
+	const batch = 200
+	args := []string{"replay", "-where", where, "-order", "n", "-rate", "2000", "-batch", fmt.Sprint(batch), "-progress", "500ms"}
+	replay := start(t, d.env(), args...)
+	run := regexp.MustCompile(`replay (\S+) started`).FindStringSubmatch(replay.waitLog(`replay \S+ started`, 30*time.Second))[1]
+	t.Logf("replay run %s", run)
+
+	// SIGKILL once a third of the rows are recorded as sent.
+	// outboxd_replay is where the run records its progress (-state-table).
+	var want int
+	if err := d.pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE `+where).Scan(&want); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for sent := 0; sent < want/3; {
+		if time.Now().After(deadline) {
+			t.Fatalf("the replay recorded %d of %d rows as sent within 30 s", sent, want)
+		}
+		var raw []byte
+		err := d.pool.QueryRow(context.Background(), `SELECT state::text FROM outboxd_replay WHERE run_id = $1`, run).Scan(&raw)
+		if err == nil {
+			var st struct{ Sent int }
+			if err := json.Unmarshal(raw, &st); err != nil {
+				t.Fatal(err)
+			}
+			sent = st.Sent
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// Into the next page, so that records are in flight (a page takes
+	// 100 ms at 2,000 records/s); the checks hold wherever the kill lands.
+	time.Sleep(50 * time.Millisecond)
+	replay.stop(syscall.SIGKILL, 10*time.Second)
+	t.Logf("killed the replay; resuming it")
+
+	resumed := start(t, d.env(), "replay", "-resume", run, "-progress", "500ms")
+	if code := resumed.waitExit(60 * time.Second); code != 0 {
+		t.Fatalf("the resumed replay exited %d:\n%s", code, resumed.logs.String())
+	}
+	resumed.waitLog(`replay `+regexp.QuoteMeta(run)+` of public.outbox finished: \d+ rows sent`, time.Second)
+	t.Logf("resumed replay: %s", regexp.MustCompile(`msg="replay ended".*`).FindString(resumed.logs.String()))
+
+	// The live load, delivered whole by the daemon meanwhile.
+	stopLive()
+	r := verifyLoad(t, live, liveDone)
+	t.Logf("live load: %s", r)
+
+	// The rows the replay had to send: those still in the table that match.
+	expect := newLedger()
+	rows, err := d.pool.Query(context.Background(), `SELECT id::text FROM outbox WHERE `+where)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		e, ok := past.committed[id]
+		if !ok {
+			t.Fatalf("row %s matches the WHERE but was never committed by the load", id)
+		}
+		expect.add(true, e)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	deleted := len(past.committed) - len(expect.committed)
+	if deleted == 0 {
+		t.Fatal("the load deleted no row: the test would not show that deleted rows are not replayed")
+	}
+	replayed := func(recs []*kgo.Record) []*kgo.Record {
+		var out []*kgo.Record
+		for _, rec := range recs {
+			if v := header(rec, "outboxd.replay"); v != "" {
+				if v != run {
+					t.Fatalf("record %s carries outboxd.replay %q, want the run's id %q", header(rec, "id"), v, run)
+				}
+				out = append(out, rec)
+			}
+		}
+		return out
+	}
+	all := readUntil(t, past.topics(), time.Minute, 2*time.Second, func(recs []*kgo.Record) bool {
+		return allDelivered(expect)(replayed(recs))
+	})
+	recs := replayed(all)
+	rep := check(expect, recs, partitionsOf(t, past.topics()...))
+	t.Logf("replay: %s (%d rows matched, %d deleted since they were written; %d records in the topics in all)", rep, len(expect.committed), deleted, len(all))
+	rep.failOnLoss(t)
+	if rep.Duplicates > batch {
+		t.Errorf("the resumed replay sent %d rows again, more than the %d of the page in flight", rep.Duplicates, batch)
+	}
+}
