@@ -134,7 +134,9 @@ func (r *Replay) send(ctx context.Context) error {
 	}
 	if r.state.Finished.IsZero() {
 		r.state.Finished = time.Now().UTC()
-		return r.store.save(context.WithoutCancel(ctx), r.state)
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		return r.store.save(sctx, r.state)
 	}
 	return nil
 }

@@ -12,7 +12,9 @@ import (
 // around it rather than filter rows: a ';' (a second statement), a
 // parenthesis it closes without opening or leaves open, and an
 // unterminated string, quoted identifier or comment. It reads SQL's
-// lexical structure only (quotes, E” strings, dollar quotes, comments);
+// lexical structure only (strings, escape strings, quoted identifiers,
+// dollar quotes, comments) and refuses parameters ($1), which would take
+// the values the replay binds;
 // whether the condition is valid is for Postgres to say, in a READ ONLY
 // transaction (see Open).
 func CheckWhere(clause string) error {
@@ -39,9 +41,12 @@ func CheckWhere(clause string) error {
 			}
 			i = end
 		case c == '$' && (i == 0 || !identChar(clause[i-1])):
+			if i+1 < len(clause) && clause[i+1] >= '0' && clause[i+1] <= '9' {
+				return fmt.Errorf("-where holds a parameter ($%c...) at character %d; write the value into the condition", clause[i+1], i+1)
+			}
 			tag, ok := dollarTag(clause[i:])
 			if !ok {
-				i++ // a parameter ($1), which Postgres refuses itself
+				i++
 				continue
 			}
 			end := strings.Index(clause[i+len(tag):], tag)
