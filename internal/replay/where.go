@@ -14,9 +14,8 @@ import (
 // unterminated string, quoted identifier or comment. It reads SQL's
 // lexical structure only (strings, escape strings, quoted identifiers,
 // dollar quotes, comments) and refuses parameters ($1), which would take
-// the values the replay binds;
-// whether the condition is valid is for Postgres to say, in a READ ONLY
-// transaction (see Open).
+// the values the replay binds. Whether the condition is valid is for
+// Postgres to say, in a READ ONLY transaction (see Open).
 func CheckWhere(clause string) error {
 	if strings.TrimSpace(clause) == "" {
 		return errors.New("-where is empty; give the condition the rows to replay match, e.g. -where \"created_at >= '2026-01-01'\" (-where true replays every row)")
