@@ -178,10 +178,10 @@ func Open(ctx context.Context, cfg config.Config, opts Options, log *slog.Logger
 			return nil, err
 		}
 	}
-	if err := r.store.lock(ctx, r.state.Run); err != nil {
-		return nil, err
-	}
 	if opts.Resume == "" {
+		if err := r.store.lock(ctx, r.state.Run); err != nil {
+			return nil, err
+		}
 		if err := r.store.save(ctx, r.state); err != nil {
 			return nil, err
 		}
@@ -202,6 +202,11 @@ func Open(ctx context.Context, cfg config.Config, opts Options, log *slog.Logger
 // with it.
 func (r *Replay) resume(ctx context.Context, opts Options) (State, error) {
 	if err := r.store.ensure(ctx); err != nil {
+		return State{}, err
+	}
+	// Locked before it is read: a process that held it until now may have
+	// moved it on.
+	if err := r.store.lock(ctx, opts.Resume); err != nil {
 		return State{}, err
 	}
 	st, err := r.store.load(ctx, opts.Resume)
