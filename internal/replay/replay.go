@@ -177,8 +177,6 @@ func Open(ctx context.Context, cfg config.Config, opts Options, log *slog.Logger
 		if err := r.store.ensure(ctx); err != nil {
 			return nil, err
 		}
-	}
-	if opts.Resume == "" {
 		if err := r.store.lock(ctx, r.state.Run); err != nil {
 			return nil, err
 		}
