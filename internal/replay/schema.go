@@ -45,6 +45,16 @@ func readTable(ctx context.Context, conn *pgx.Conn, schema, name, keyColumn stri
 	if err != nil {
 		return t, fmt.Errorf("reading table %s: %w", qualified, err)
 	}
+	// outboxd delivers every row (logical decoding applies no row-level
+	// security); a replay reading fewer would send an incomplete set.
+	var rls bool
+	if err := conn.QueryRow(ctx, `SELECT row_security_active($1::oid)`, oid).Scan(&rls); err != nil {
+		return t, fmt.Errorf("reading the row security of %s: %w", qualified, err)
+	}
+	if rls {
+		return t, fmt.Errorf("row-level security applies to the role of postgres.dsn on %s: a replay would see only the rows its policies show, "+
+			"while outboxd delivers every row; replay as the table's owner or a role with BYPASSRLS", qualified)
+	}
 	// The base type of each column through domains, with the key column's
 	// nullability, type modifier and default, as the daemon's start-up
 	// check reads them for its router.
