@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"regexp"
+	"slices"
 	"syscall"
 	"testing"
 	"time"
@@ -48,6 +50,19 @@ func TestReplayBesideLiveDelivery(t *testing.T) {
 		bad.waitLog(want, time.Second)
 	}
 
+	// The live events' commit-to-ack latency before and during the replay,
+	// logged (never asserted: the machine is shared).
+	// The window before starts once the range written above is delivered.
+	ackLatency := "outboxd_sink_commit_to_ack_seconds"
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
+		if n, _ := daemon.metric(ackLatency + "_count"); int(n) >= len(past.committed) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("outboxd did not deliver the %d events written before the replay within a minute", len(past.committed))
+		}
+	}
+
 	// The live load runs beside the replay, on other topics: at least 7.5 s
 	// (750 transactions a writer, 10 ms apart), longer than the replay.
 	live := newLedger()
@@ -56,6 +71,12 @@ func TestReplayBesideLiveDelivery(t *testing.T) {
 		liveDone <- runLoad(context.Background(), d, loadSpec{Prefix: d.name + "_new", Types: 3, IDs: 40, Writers: 2, Events: 3000,
 			TxSizes: []int{1, 3}, RollbackPct: 5, Pace: 10 * time.Millisecond}, live)
 	}()
+	// The window before the replay starts once the live topics exist (the
+	// first events wait for their creation).
+	waitCommitted(t, live, 200)
+	liveStart := buckets(t, daemon, ackLatency)
+	waitCommitted(t, live, 600)
+	replayStart := buckets(t, daemon, ackLatency)
 
 	where := fmt.Sprintf("aggregate_type LIKE '%s\\_old\\_%%'", d.name)
 	const batch = 200
@@ -100,7 +121,8 @@ func TestReplayBesideLiveDelivery(t *testing.T) {
 	t.Logf("resumed replay: %s", regexp.MustCompile(`msg="replay ended".*`).FindString(resumed.logs.String()))
 
 	// The live load, delivered whole by the daemon meanwhile.
-	t.Logf("live events committed when the replay ended: %d", live.committedCount())
+	t.Logf("live events committed when the replay ended: %d; their commit-to-ack p99 (histogram bucket) before the replay: %s, during it: %s",
+		live.committedCount(), p99(liveStart, replayStart), p99(replayStart, buckets(t, daemon, ackLatency)))
 	verifyLoad(t, live, liveDone)
 
 	// The rows the replay had to send: those still in the table that match.
@@ -149,4 +171,38 @@ func TestReplayBesideLiveDelivery(t *testing.T) {
 	if rep.Duplicates > batch {
 		t.Errorf("the resumed replay sent %d rows again, more than the %d of the page in flight", rep.Duplicates, batch)
 	}
+}
+
+// buckets returns the cumulative bucket counts of an unlabelled histogram
+// of p's, by upper bound.
+func buckets(t *testing.T, p *proc, name string) map[float64]uint64 {
+	t.Helper()
+	mfs, ok := p.scrape()
+	if !ok || mfs[name] == nil || len(mfs[name].GetMetric()) != 1 {
+		t.Fatalf("outboxd exports no histogram %s", name)
+	}
+	out := map[float64]uint64{}
+	for _, b := range mfs[name].GetMetric()[0].GetHistogram().GetBucket() {
+		out[b.GetUpperBound()] = b.GetCumulativeCount()
+	}
+	return out
+}
+
+// p99 returns the upper bound of the bucket that holds the 99th percentile
+// of the observations between two readings of a histogram.
+func p99(from, to map[float64]uint64) string {
+	bounds := slices.Sorted(maps.Keys(to))
+	if len(bounds) == 0 {
+		return "none"
+	}
+	total := to[bounds[len(bounds)-1]] - from[bounds[len(bounds)-1]]
+	if total == 0 {
+		return "no events"
+	}
+	for _, b := range bounds {
+		if float64(to[b]-from[b]) >= 0.99*float64(total) {
+			return fmt.Sprintf("<= %gs of %d events", b, total)
+		}
+	}
+	return fmt.Sprintf("> %gs of %d events", bounds[len(bounds)-1], total)
 }
