@@ -27,19 +27,24 @@
 // publication, a decoding failure; IsPermanent tells them, each error
 // answering for itself with a Permanent method) end Run with the error.
 //
-// Check runs the start-up checks and returns what it opened for the first
-// pipeline (its Postgres connection, the replication connection and the
-// warmed Kafka client) as a *Start; Run takes that value, and the first
-// pipeline streams on it instead of connecting again. Run(ctx, nil) opens
-// its own. A *Start that will not be given to Run is closed with its Close.
-// Check and Run must not run at the same time.
+// Check runs the start-up checks (package internal/preflight) and returns
+// what they found and opened as a *Checked: the slot's history, the table
+// schema the router is built from, and for the first pipeline the Postgres
+// connection, the replication connection and the warmed Kafka client. Run
+// takes that value, and the first pipeline streams on it instead of
+// connecting again. Run(ctx, nil) opens its own. A *Checked that will not be
+// given to Run is closed with its Close. Check and Run must not run at the
+// same time. Each run returns what it achieved to Run's loop; no field of
+// Relay is written by one run for the next.
 //
-// Shards (shards.go) runs a whole outboxd: with postgres.shards: N > 1 one
+// Shards (shards.go) runs a whole outboxd (Start, then Run of the Started
+// value it returns): with postgres.shards: N > 1 one
 // Relay per shard (each on its own slot and publication, with its own
 // connections, producer, tracker and metrics labelled with its slot) under
 // one errgroup, after the reshard loop of package internal/reshard has
 // brought the database to N shards; an old shard drains with its reshard
-// window (Relay.window). With one shard it is one Relay, as before.
+// window (Relay.window, set by Shards before Run). With one shard it is one
+// Relay, as before.
 //
 // Shutdown (ctx done): the stream stops at the next transaction boundary,
 // in-flight records get until shutdown_timeout to be acknowledged, and the

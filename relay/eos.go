@@ -32,12 +32,12 @@ import (
 // history that the position read from Kafka is judged by (startEOS), so
 // that the Kafka side opens no connection to Postgres. Nothing is fenced
 // until Init. warm is what Check opened, for the first pipeline.
-func (r *Relay) producerFor(ctx context.Context, conn *pgconn.PgConn, warm *Start) (*sink.Producer, runServer, error) {
+func (r *Relay) producerFor(ctx context.Context, conn *pgconn.PgConn, warm *Checked) (*sink.Producer, runServer, error) {
 	if !r.cfg.Kafka.ExactlyOnce() {
 		p, err := r.producer(warm)
 		return p, runServer{}, err
 	}
-	if p := warm.takeProducer(); p != nil { // Check warmed a plain client
+	if p := warm.TakeProducer(); p != nil { // Check warmed a plain client
 		p.Close()
 	}
 	sys, err := pglogrepl.IdentifySystem(ctx, conn)
@@ -122,9 +122,10 @@ type exactlyOnce struct {
 }
 
 // newExactlyOnce returns the driver of a run that resumes from resume on
-// tracker, which confirmed resume already when it was past the slot.
-func (r *Relay) newExactlyOnce(producer transactions, tracker *checkpoint.Tracker, fail context.CancelCauseFunc, system string, resume eos.Position) *exactlyOnce {
-	machine := eos.New(eos.LimitsOf(r.cfg.Kafka), r.cfg.Postgres.Slot, system, r.timeline, resume, tracker.Confirmed())
+// tracker, which confirmed resume already when it was past the slot, with
+// timeline the server's as the run's slot inspection left it.
+func (r *Relay) newExactlyOnce(producer transactions, tracker *checkpoint.Tracker, fail context.CancelCauseFunc, system string, timeline int, resume eos.Position) *exactlyOnce {
+	machine := eos.New(eos.LimitsOf(r.cfg.Kafka), r.cfg.Postgres.Slot, system, timeline, resume, tracker.Confirmed())
 	return &exactlyOnce{machine: machine, producer: producer, tracker: tracker, fail: fail}
 }
 
@@ -155,7 +156,7 @@ func (r *Relay) startEOS(ctx context.Context, p *Pipeline, producer *sink.Produc
 	p.tracker.Idle(pos.LSN) // nothing is registered yet: confirms it when it is past the slot
 	r.log.Info("exactly-once: resuming after the position committed in Kafka", "transactional_id", producer.TransactionalID(),
 		"lsn", pos.LSN.String(), "split_txn", pos.Txn.String(), "split_rows", pos.Rows, "found", found, "slot", r.cfg.Postgres.Slot)
-	return r.newExactlyOnce(producer, p.tracker, p.fail, server.system, pos), nil
+	return r.newExactlyOnce(producer, p.tracker, p.fail, server.system, p.timeline, pos), nil
 }
 
 // fence peeks at the id's last position and initialises the producer,
@@ -205,7 +206,7 @@ func (r *Relay) positionOnServer(ctx context.Context, pos eos.Position, system, 
 	if pos.LSN == 0 {
 		return pos, nil // nothing to judge
 	}
-	repl, err := r.replicationAt(ctx, addr)
+	repl, err := r.check.ReplicationAt(ctx, addr)
 	if err != nil {
 		return pos, err
 	}

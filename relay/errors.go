@@ -3,11 +3,10 @@ package relay
 import (
 	"context"
 	"errors"
-	"fmt"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/outboxd/outboxd/shard"
+	"github.com/outboxd/outboxd/internal/preflight"
 	"github.com/outboxd/outboxd/sink"
 	"github.com/outboxd/outboxd/wal"
 )
@@ -27,7 +26,7 @@ import (
 //
 // A server's error is judged by its SQLSTATE (permanentCode) and, for a
 // slot or publication that may be gone, by a fresh read of the catalogue
-// (judgeGone), never by its message, which is in the server's language.
+// (preflight.Checker.JudgeGone), never by its message, which is in the server's language.
 type (
 	permanent interface{ Permanent() bool }
 	slotGone  interface{ SlotGone() bool }
@@ -49,7 +48,7 @@ func IsPermanent(err error) bool {
 
 // permanentCode reports a SQLSTATE that a restart cannot fix. A gone slot
 // or publication (42704, 55000) is not decided here: explain reads the
-// catalogue (judgeGone).
+// catalogue (preflight.Checker.JudgeGone).
 func permanentCode(code string) bool {
 	switch code {
 	case "28000", "28P01", // authentication
@@ -139,9 +138,10 @@ func (e *kindError) Permanent() bool { return e.permanent }
 // explain turns server errors whose meaning for the events is not obvious
 // into ones that say it and what to do. It decides by SQLSTATE and, for a
 // slot or publication that may be gone, by a fresh read of the catalogue
-// (judgeGone) on the server at addr (the run's; any host of postgres.dsn
-// when ""), never by the server's message text.
-func (r *Relay) explain(ctx context.Context, err error, addr string) error {
+// (preflight.Checker.JudgeGone, with the slot's history) on the server at
+// addr (the run's; any host of postgres.dsn when ""), never by the server's
+// message text.
+func (r *Relay) explain(ctx context.Context, err error, addr string, history *preflight.History) error {
 	if r.cfg.Kafka.ExactlyOnce() {
 		err = sink.AsFenced(r.txnID, err) // a record refused as fenced
 	}
@@ -150,24 +150,7 @@ func (r *Relay) explain(ctx context.Context, err error, addr string) error {
 	case !errors.As(err, &pgErr):
 		return err
 	case wal.PublicationSkipped(pgErr):
-		return r.publicationDropped(pgErr)
+		return r.check.PublicationDropped(pgErr)
 	}
-	return r.judgeGone(ctx, pgErr, err, addr)
-}
-
-// publicationDropped is the stop for a publication dropped while outboxd
-// used it (pgErr is what the server said).
-func (r *Relay) publicationDropped(pgErr *pgconn.PgError) error {
-	pg := r.cfg.Postgres
-	schema, table := pg.TableName()
-	create := wal.PublicationSQL(pg.Publication, schema, table)
-	if r.shard.Count > 1 {
-		create = shard.PublicationSQL(pg.Publication, schema, table, r.cfg.Router.KeyColumn, r.shard.Index, r.shard.Count)
-	}
-	return &wal.Error{Kind: wal.ErrPublicationMissing,
-		Msg: fmt.Sprintf("publication %q was dropped while outboxd used it (%s): Postgres can no longer decode the slot, "+
-			"so the events committed after the slot's confirmed position stay in the slot, undelivered but not confirmed",
-			pg.Publication, pgErr.Message),
-		Remedy: fmt.Sprintf("recreate the publication with %s and restart outboxd; transactions Postgres still cannot decode "+
-			"must be recovered from the outbox table or the application before the slot is advanced past them", create)}
+	return r.check.JudgeGone(ctx, pgErr, err, addr, history)
 }

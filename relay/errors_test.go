@@ -18,6 +18,7 @@ import (
 
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/internal/eos"
+	"github.com/outboxd/outboxd/internal/preflight"
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/shard"
 	"github.com/outboxd/outboxd/sink"
@@ -32,8 +33,8 @@ import (
 func TestErrorsClassifyThemselves(t *testing.T) {
 	cfg := config.Default()
 	cfg.Postgres.Publication, cfg.Postgres.Table = "outboxd", "public.outbox"
-	r := &Relay{cfg: cfg, shard: shard.Shard{Index: 0, Count: 1}}
-	sharded := &Relay{cfg: cfg, shard: shard.Shard{Index: 1, Count: 2}}
+	r := preflight.New(cfg, shard.Shard{Index: 0, Count: 1}, nil, nil, nil)
+	sharded := preflight.New(cfg, shard.Shard{Index: 1, Count: 2}, nil, nil, nil)
 	pubGone := &pgconn.PgError{Severity: "WARNUNG", SeverityUnlocalized: "WARNING", Code: "55000", Routine: "LoadPublications",
 		Message: "übersprungene Publikation »outboxd«"}
 	lost := wal.CheckSlot(wal.SlotInfo{Name: "outboxd", Plugin: "pgoutput", Database: "app", WALStatus: "lost"}, "app", wal.RecreateRemedy(1, "outboxd", false))
@@ -50,8 +51,8 @@ func TestErrorsClassifyThemselves(t *testing.T) {
 		{"slot missing", fmt.Errorf("starting: %w", wal.Errorf(wal.ErrSlotMissing, "replication slot %q does not exist", "outboxd")), true, true, false},
 		{"slot invalidated", lost, true, true, true},
 		{"publication missing", wal.Errorf(wal.ErrPublicationMissing, "publication %q does not exist", "outboxd"), true, false, false},
-		{"publication dropped", r.publicationDropped(pubGone), true, false, true},
-		{"sharded publication dropped", sharded.publicationDropped(pubGone), true, false, true},
+		{"publication dropped", r.PublicationDropped(pubGone), true, false, true},
+		{"sharded publication dropped", sharded.PublicationDropped(pubGone), true, false, true},
 		{"record rejected by Kafka", &sink.DeliveryError{Topic: "t", EventID: "e1", Err: kerr.MessageTooLarge}, true, false, true},
 		{"topic refused", &sink.TopicRefusedError{Topic: "t", Err: kerr.TopicAuthorizationFailed}, true, false, true},
 		{"foreign position", eos.Own(eos.Position{Slot: "other"}, eos.Owner{Slot: "outboxd", ID: "x", Topic: "outboxd-positions"}), true, false, false},
@@ -63,7 +64,7 @@ func TestErrorsClassifyThemselves(t *testing.T) {
 		{"fenced by another outboxd", &sink.FencedError{TransactionalID: "x", Err: kerr.ProducerFenced}, false, false, false},
 		{"silent server", wal.Errorf(wal.ErrSilentServer, "nothing came from the server"), false, false, false},
 		{"slot held by another process", &wal.SlotActiveError{Slot: "outboxd", PID: 42}, false, false, false},
-		{"split brain", &SplitBrainError{Server: "a:5432", Timeline: 1, Seen: 2}, false, false, false},
+		{"split brain", &preflight.SplitBrainError{Server: "a:5432", Timeline: 1, Seen: 2}, false, false, false},
 		{"reshard under way", &ReshardWaitError{Reason: "a reshard is under way"}, false, false, false},
 		{"server shutting down", &pgconn.PgError{Code: "57P01", Message: "terminating connection"}, false, false, false},
 		{"slot or publication gone, not yet judged", &pgconn.PgError{Code: "42704", Message: `replication slot "outboxd" does not exist`}, false, false, false},
@@ -97,7 +98,7 @@ func TestPublicationDroppedSaysWhatToDo(t *testing.T) {
 	cfg.Postgres.Publication, cfg.Postgres.Table, cfg.Router.KeyColumn = "outboxd", "public.outbox", "aggregate_id"
 	pubGone := &pgconn.PgError{SeverityUnlocalized: "WARNING", Code: "55000", Routine: "LoadPublications", Message: "skipped"}
 	for _, sh := range []shard.Shard{{Index: 0, Count: 1}, {Index: 1, Count: 2}} {
-		err := (&Relay{cfg: cfg, shard: sh}).publicationDropped(pubGone)
+		err := preflight.New(cfg, sh, nil, nil, nil).PublicationDropped(pubGone)
 		want := wal.PublicationSQL("outboxd", "public", "outbox")
 		if sh.Count > 1 {
 			want = shard.PublicationSQL("outboxd", "public", "outbox", "aggregate_id", sh.Index, sh.Count)

@@ -10,9 +10,9 @@ import (
 
 	"github.com/outboxd/outboxd/checkpoint"
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/internal/tables"
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/shard"
-	"github.com/outboxd/outboxd/sink"
 	"github.com/outboxd/outboxd/wal"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -20,13 +20,20 @@ import (
 // pipe consumes the stream's batches in order: it routes inserts and
 // messages and hands them to the producer, registering each with the tracker
 // first.
-func (r *Relay) pipe(ctx context.Context, batches <-chan []wal.Item, tracker *checkpoint.Tracker, producer *sink.Producer, fail context.CancelCauseFunc, slot slotStart, stopReading func()) error {
-	p := r.NewPipeline(ctx, tracker, producer, fail, slot.outboxID)
-	p.tables.db.Addr = slot.addr // the lookups read the catalogue of the server the run streams from
-	p.stopReading = stopReading
+func (r *Relay) pipe(ctx context.Context, batches <-chan []wal.Item, rn *pipelineRun) error {
+	// The lookups read the catalogue of the server the run streams from.
+	p, err := r.newPipeline(ctx, rn.tracker, rn.producer, rn.fail, rn.slot.OutboxID, rn.slot.Addr, rn.schema)
+	if err != nil {
+		return err
+	}
+	p.window, p.timeline = rn.window, rn.slot.Timeline
+	p.stopReading = func() {
+		rn.windowEnded.Store(true) // for the drain stage
+		rn.stopReading()
+	}
 	defer p.Close()
 	if r.cfg.Kafka.ExactlyOnce() {
-		return r.pipeEOS(ctx, batches, p, producer, slot.server) // eos.go
+		return r.pipeEOS(ctx, batches, p, rn.producer, rn.server) // eos.go
 	}
 	return p.Run(batches)
 }
@@ -45,12 +52,44 @@ type Producer interface {
 // the outbox table's relation ID when the run started (0: not known). Only
 // the goroutine that calls Run or Handle may use it; Close it after.
 func (r *Relay) NewPipeline(ctx context.Context, tracker *checkpoint.Tracker, producer Producer, fail context.CancelCauseFunc, outboxID uint32) *Pipeline {
-	tables := newOutboxTables(r.cfg.Postgres, r.log, outboxID, r.router.SetBaseType)
-	return &Pipeline{r: r, ctx: ctx, tracker: tracker, producer: producer, fail: fail,
-		tables: tables, takesUnowned: r.cfg.Router.Messages.Unowned != config.UnownedIgnore,
-		inserts: r.m.changes.WithLabelValues("insert"), updates: r.m.changes.WithLabelValues("update"),
+	p, err := r.newPipeline(ctx, tracker, producer, fail, outboxID, "", router.Schema{})
+	if err != nil {
+		panic(err) // New built a router of r.cfg.Router
+	}
+	return p
+}
+
+// newPipeline is NewPipeline with the router built from schema, for the
+// relay's window, with the catalogue lookups on the server at addr.
+func (r *Relay) newPipeline(ctx context.Context, tracker *checkpoint.Tracker, producer Producer, fail context.CancelCauseFunc, outboxID uint32, addr string, schema router.Schema) (*Pipeline, error) {
+	rt, err := router.New(r.cfg.Router, schema)
+	if err != nil {
+		return nil, err
+	}
+	p := &Pipeline{r: r, ctx: ctx, tracker: tracker, producer: producer, fail: fail, router: rt, schema: schema, window: r.window,
+		takesUnowned: r.cfg.Router.Messages.Unowned != config.UnownedIgnore,
+		inserts:      r.m.changes.WithLabelValues("insert"), updates: r.m.changes.WithLabelValues("update"),
 		deletes: r.m.changes.WithLabelValues("delete"), messages: r.m.changes.WithLabelValues("message"), nontx: r.m.changes.WithLabelValues("message_nontransactional"),
 		others: r.m.changes.WithLabelValues("message_other_outbox"), unowned: r.m.changes.WithLabelValues("message_unowned")}
+	p.tables = tables.New(r.cfg.Postgres, r.log, outboxID, addr, p.learnBaseType)
+	return p, nil
+}
+
+// learnBaseType rebuilds the pipeline's router with one more domain, whose
+// columns it reads as base: pgoutput names the domain.
+func (p *Pipeline) learnBaseType(domain, base uint32) error {
+	bases := make(map[uint32]uint32, len(p.schema.Bases)+1)
+	for d, b := range p.schema.Bases {
+		bases[d] = b
+	}
+	bases[domain] = base
+	schema := router.Schema{Key: p.schema.Key, Bases: bases}
+	rt, err := router.New(p.r.cfg.Router, schema)
+	if err != nil {
+		return err
+	}
+	p.router, p.schema = rt, schema
+	return nil
 }
 
 // Run handles every item of batches in order until the channel is closed
@@ -67,7 +106,7 @@ func (p *Pipeline) Run(batches <-chan []wal.Item) error {
 }
 
 // Close closes the connection the pipeline opened for catalog lookups.
-func (p *Pipeline) Close() { p.tables.close() }
+func (p *Pipeline) Close() { p.tables.Close() }
 
 // Pipeline is the pipeline goroutine's state for one run.
 type Pipeline struct {
@@ -76,7 +115,14 @@ type Pipeline struct {
 	tracker  *checkpoint.Tracker
 	producer Producer
 	fail     context.CancelCauseFunc
-	tables   *outboxTables
+	tables   *tables.Outbox
+	// router routes the run's rows, built from schema: the table schema
+	// the start-up checks read, with the domains the run met since.
+	router *router.Router
+	schema router.Schema
+	// window is the relay's reshard window as the run took it (Relay.window).
+	window   shard.Window
+	timeline int          // the server's timeline as the run's inspection left it, for exactly-once positions
 	eos      *exactlyOnce // exactly_once only (eos.go)
 	// takesUnowned: router.messages.unowned is deliver.
 	takesUnowned bool
@@ -89,9 +135,9 @@ type Pipeline struct {
 	warnedOther  bool          // a message naming another outbox table was logged
 	warnedLeft   bool          // an unowned message left (unowned: ignore) was logged
 	rec          router.Record // each insert's record: the producer keeps none of it
-	// past: an old shard met the end of its reshard window (Relay.window)
-	// and handles nothing more; stopReading ends the stream there.
-	past        bool
+	// pastWindow: an old shard met the end of its reshard window and
+	// handles nothing more; stopReading ends the stream there.
+	pastWindow  bool
 	stopReading func()
 	// before: the transaction being read ends at or before the window's
 	// After (a new shard after a reshard): the old shards delivered it.
@@ -109,7 +155,7 @@ type Pipeline struct {
 // idle tracker advance.
 func (p *Pipeline) Handle(item wal.Item) error {
 	rcfg := p.r.cfg.Router
-	if p.past {
+	if p.pastWindow {
 		return nil // beyond an old shard's window: the new shards deliver it
 	}
 	if p.eos != nil && p.eos.skipping() {
@@ -120,8 +166,8 @@ func (p *Pipeline) Handle(item wal.Item) error {
 		// The commit record starts at FinalLSN and ends at the transaction's
 		// end LSN; a cutover is never inside a record, so the transaction
 		// ends after it exactly when its commit starts at or after it.
-		if w := p.r.window; w.Upto != 0 && w.Past(m.FinalLSN+1) {
-			p.pastWindow()
+		if w := p.window; w.Upto != 0 && w.Past(m.FinalLSN+1) {
+			p.endWindow()
 			return nil
 		}
 		if !m.SentTime.IsZero() {
@@ -141,7 +187,7 @@ func (p *Pipeline) Handle(item wal.Item) error {
 		txn, fail := p.tracker.BeginAt(m.CommitTime), p.fail
 		p.txn, p.commitTime = txn, m.CommitTime
 		// Delivered by the old shards: confirmed in order, nothing sent.
-		p.before = m.FinalLSN < p.r.window.After
+		p.before = m.FinalLSN < p.window.After
 		if p.eos != nil {
 			p.eos.hold(txn)
 		}
@@ -157,13 +203,13 @@ func (p *Pipeline) Handle(item wal.Item) error {
 		if p.before {
 			return nil
 		}
-		if ours, err := p.tables.has(p.ctx, m.Relation); !ours || err != nil {
+		if ours, err := p.tables.Has(p.ctx, m.Relation); !ours || err != nil {
 			return err // nil: another table in a shared publication
 		}
 		switch m.Op {
 		case wal.Insert:
 			p.inserts.Inc()
-			err := p.r.router.RouteInto(m, &p.rec)
+			err := p.router.RouteInto(m, &p.rec)
 			return p.deliver(&p.rec, err, m.LSN, m.Relation.QualifiedName)
 		case wal.Update:
 			p.updates.Inc()
@@ -217,11 +263,11 @@ func (p *Pipeline) Handle(item wal.Item) error {
 		p.messages.Inc()
 		var rec *router.Record
 		if err == nil {
-			rec, err = p.r.router.RouteFields(m, fields, p.commitTime)
+			rec, err = p.router.RouteFields(m, fields, p.commitTime)
 		}
 		return p.deliver(rec, err, m.LSN, func() string { return "message " + m.Prefix })
 	case *wal.Commit:
-		if w := p.r.window; w.Upto != 0 && !w.Delivers(m.EndLSN) {
+		if w := p.window; w.Upto != 0 && !w.Delivers(m.EndLSN) {
 			p.r.log.Warn("an old shard delivered a transaction that ends after the reshard's cutover; the new shards deliver it again",
 				"end_lsn", m.EndLSN.String(), "cutover", w.Upto.String(), "slot", p.r.cfg.Postgres.Slot)
 		}
@@ -234,8 +280,8 @@ func (p *Pipeline) Handle(item wal.Item) error {
 		}
 	case wal.Keepalive:
 		p.tracker.Idle(m.WALEnd)
-		if w := p.r.window; w.Upto != 0 && p.tracker.Confirmed() >= w.Upto {
-			p.pastWindow() // idle up to the cutover: nothing more to deliver
+		if w := p.window; w.Upto != 0 && p.tracker.Confirmed() >= w.Upto {
+			p.endWindow() // idle up to the cutover: nothing more to deliver
 		}
 	default:
 		// A new item type must be handled here: dropping a keepalive would
@@ -245,13 +291,12 @@ func (p *Pipeline) Handle(item wal.Item) error {
 	return nil
 }
 
-// pastWindow ends an old shard's delivery at its reshard window's end:
+// endWindow ends an old shard's delivery at its reshard window's end:
 // nothing more is handled, and the stream stops at the next transaction
 // boundary; the drain stage confirms the cutover once every record before
 // it is acknowledged.
-func (p *Pipeline) pastWindow() {
-	p.past = true
-	p.r.past.Store(true)
+func (p *Pipeline) endWindow() {
+	p.pastWindow = true
 	if p.stopReading != nil {
 		p.stopReading()
 	}

@@ -471,7 +471,7 @@ func TestPipelineReplayDecidesAlike(t *testing.T) {
 			t.Fatal(err)
 		}
 		tp := newTestPipeline(t, nil)
-		tp.eos = tp.r.newExactlyOnce(producer, tp.tracker, tp.fail, "", eos.Position{LSN: 0x100, Txn: 0x300, Rows: rows})
+		tp.eos = tp.r.newExactlyOnce(producer, tp.tracker, tp.fail, "", 0, eos.Position{LSN: 0x100, Txn: 0x300, Rows: rows})
 		tp.handle(t, items...)
 		producer.Close()
 		if got := delivered(tp); !slices.Equal(got, all[rows:]) {

@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/outboxd/outboxd/checkpoint"
 	"github.com/outboxd/outboxd/internal/pg"
+	"github.com/outboxd/outboxd/internal/preflight"
+	"github.com/outboxd/outboxd/router"
+	"github.com/outboxd/outboxd/shard"
 	"github.com/outboxd/outboxd/sink"
 	"github.com/outboxd/outboxd/wal"
 	"golang.org/x/sync/errgroup"
@@ -28,45 +31,49 @@ var errShutdownTimeout = errors.New("shutdown_timeout reached")
 //   - drain: wait for Kafka's acknowledgements, send the final status and
 //     end the stream.
 //
-// addr is the server the run streamed from (pg.Addr; "" when the connect
-// stage failed), for explain to read the catalogue there.
-func (r *Relay) runOnce(ctx context.Context, warm *Start) (addr string, err error) {
-	c, err := r.connectStage(ctx, warm)
+// It returns what the run achieved (outcome), with the server it streamed
+// from for explain to read the catalogue there.
+func (r *Relay) runOnce(ctx context.Context, a attempt) (outcome, error) {
+	c, err := r.connectStage(ctx, a)
 	if err != nil {
-		return "", err
+		return outcome{}, err
 	}
 	defer c.producer.Close()
-	rn, err := r.startStage(ctx, c)
+	rn, err := r.startStage(ctx, c, a)
 	if err != nil {
-		return c.slot.addr, err
+		return outcome{addr: c.slot.Addr}, err
 	}
 	defer rn.release()
 	err = r.streamStage(ctx, rn)
-	return c.slot.addr, r.drainStage(ctx, rn, err)
+	done, err := r.drainStage(ctx, rn, err)
+	done.addr = c.slot.Addr
+	return done, err
 }
 
 // connected is what the connect stage opened.
 type connected struct {
-	slot     slotStart
+	slot     preflight.Slot
 	conn     *pgconn.PgConn // the replication connection
 	producer *sink.Producer
+	// server is, in exactly-once mode, the server as the run's replication
+	// connection showed it before START_REPLICATION (producerFor).
+	server runServer
 }
 
 // connectStage inspects the slot and opens the replication connection and
-// the producer, on what Check opened (warm) for the first run. It leaves
+// the producer, on what Check opened (a.first) for the first run. It leaves
 // nothing open when it fails.
-func (r *Relay) connectStage(ctx context.Context, warm *Start) (connected, error) {
-	slot, conn, err := r.connect(ctx, warm)
+func (r *Relay) connectStage(ctx context.Context, a attempt) (connected, error) {
+	slot, conn, err := r.check.Connect(ctx, a.first, a.history, a.standby)
 	if err != nil {
 		return connected{}, err
 	}
-	producer, server, err := r.producerFor(ctx, conn, warm)
+	producer, server, err := r.producerFor(ctx, conn, a.first)
 	if err != nil {
 		conn.Close(context.Background())
 		return connected{}, err
 	}
-	slot.server = server
-	return connected{slot: slot, conn: conn, producer: producer}, nil
+	return connected{slot: slot, conn: conn, producer: producer, server: server}, nil
 }
 
 // pipelineRun is one run past its start stage.
@@ -74,6 +81,12 @@ type pipelineRun struct {
 	connected
 	tracker *checkpoint.Tracker
 	stream  *wal.Stream
+	// window is the relay's reshard window with the end the reshard gate
+	// gave this run; windowEnded: the pipeline met its end (an old shard
+	// past its cutover).
+	window      shard.Window
+	windowEnded atomic.Bool
+	schema      router.Schema // the table schema the run's router is built from
 	// hard ends the run at once: shutdown_timeout after the caller's ctx
 	// ends (with errShutdownTimeout as its cause), or when the run returns.
 	// It does not end with the caller's ctx itself, so that a shutdown
@@ -96,15 +109,14 @@ type pipelineRun struct {
 // shutdown timer on the caller's ctx, and starts replication from the
 // slot's confirmed position. On failure it has closed the replication
 // connection; the caller closes the producer either way.
-func (r *Relay) startStage(ctx context.Context, c connected) (*pipelineRun, error) {
+func (r *Relay) startStage(ctx context.Context, c connected, a attempt) (*pipelineRun, error) {
 	pg := r.cfg.Postgres
 	hard, cancelHard := context.WithCancelCause(context.WithoutCancel(ctx))
 	stopTimer := context.AfterFunc(ctx, func() {
 		time.AfterFunc(r.cfg.ShutdownTimeout, func() { cancelHard(errShutdownTimeout) })
 	})
 	run, fail := context.WithCancelCause(hard)
-	rn := &pipelineRun{connected: c, tracker: checkpoint.New(c.slot.confirmed), hard: hard, ctx: run, fail: fail}
-	r.past.Store(false)
+	rn := &pipelineRun{connected: c, tracker: checkpoint.New(c.slot.Confirmed), hard: hard, ctx: run, fail: fail, window: r.window, schema: a.schema}
 	rn.release = func() {
 		fail(nil)
 		stopTimer()
@@ -114,7 +126,7 @@ func (r *Relay) startStage(ctx context.Context, c connected) (*pipelineRun, erro
 		Slot: pg.Slot, Publication: pg.Publication, StatusInterval: pg.StatusInterval, ConfirmInterval: pg.ConfirmInterval,
 		ReceiveTimeout: r.receiveTimeout(run, c.conn),
 		Messages:       r.cfg.Router.Messages.Prefix != "",
-	}, 0, func() wal.LSN { return r.window.Confirm(rn.tracker.Confirmed()) })
+	}, 0, func() wal.LSN { return rn.window.Confirm(rn.tracker.Confirmed()) })
 	if err != nil {
 		c.conn.Close(context.Background())
 		rn.release()
@@ -127,12 +139,16 @@ func (r *Relay) startStage(ctx context.Context, c connected) (*pipelineRun, erro
 	// The slot is ours now: a reshard under way may forbid streaming it,
 	// or streaming it past its cutover (issue 32 item 5).
 	lc := r.lazyConn()
-	lc.Addr = c.slot.addr // the run's server: the gate and the slot position read there
-	if err := r.reshardGate(ctx, lc, c.slot.confirmed); err != nil {
+	lc.Addr = c.slot.Addr // the run's server: the gate and the slot position read there
+	upto, err := r.reshardGate(ctx, lc, c.slot.Confirmed)
+	if err != nil {
 		lc.Close()
 		c.conn.Close(context.Background())
 		rn.release()
 		return nil, err
+	}
+	if !r.drain {
+		rn.window.Upto = upto
 	}
 	rn.stream = stream
 	tracker, producer := rn.tracker, c.producer
@@ -167,11 +183,11 @@ func (r *Relay) startStage(ctx context.Context, c connected) (*pipelineRun, erro
 		closeSlotConn()
 		release()
 	}
-	if r.Status().State == StateStandby {
+	if a.standby != nil {
 		r.log.Info("took over the slot from the previous holder", "slot", pg.Slot)
 	}
 	r.setState(StateStreaming, "")
-	start := c.slot.confirmed
+	start := c.slot.Confirmed
 	r.status.setApplied(start) // the slot's confirmed position, read as the run connected
 	r.log.Info("streaming", "slot", pg.Slot, "lsn", start.String(), "publication", pg.Publication)
 	return rn, nil
@@ -194,14 +210,14 @@ func (r *Relay) streamStage(ctx context.Context, rn *pipelineRun) error {
 	g.Go(func() error {
 		defer close(items)
 		if err := rn.stream.Run(gctx, graceful, items); err != nil {
-			return &streamError{err}
+			return &preflight.StreamError{Err: err}
 		}
 		return nil
 	})
 	watch, stopWatch := context.WithCancel(gctx)
 	g.Go(func() error {
 		defer stopWatch() // the watchdog ends with the pipeline, also on a clean stop
-		return r.pipe(gctx, items, rn.tracker, rn.producer, rn.fail, rn.slot, rn.stopReading)
+		return r.pipe(gctx, items, rn)
 	})
 	g.Go(func() error { return rn.producer.Watch(watch, rn.tracker.Waiting) })
 	err := g.Wait()
@@ -215,8 +231,8 @@ func (r *Relay) streamStage(ctx context.Context, rn *pipelineRun) error {
 // clean stop it waits until Kafka acknowledged every record (bounded by
 // hard), then sends the final status and ends the stream, with 5 s for it,
 // or 1 s after a failure (the connection may be broken: the exit is not
-// held up). It returns the run's error.
-func (r *Relay) drainStage(ctx context.Context, rn *pipelineRun, err error) error {
+// held up). It returns what the run achieved and its error.
+func (r *Relay) drainStage(ctx context.Context, rn *pipelineRun, err error) (outcome, error) {
 	pg := r.cfg.Postgres
 	if err == nil {
 		// A record that fails now never acknowledges: waiting on rn.ctx,
@@ -232,11 +248,11 @@ func (r *Relay) drainStage(ctx context.Context, rn *pipelineRun, err error) erro
 			}
 		}
 	}
-	if err == nil && r.past.Load() {
+	if err == nil && rn.windowEnded.Load() {
 		// An old shard past its window: everything before the cutover is
 		// acknowledged, and the transaction past it proves the slot holds
 		// nothing else up to there. Confirm the cutover itself.
-		rn.tracker.Idle(r.window.Upto)
+		rn.tracker.Idle(rn.window.Upto)
 	}
 	// A shutdown timeout is no failure of the connection, and is when the
 	// server may be in the middle of a large transaction: it gets the
@@ -255,17 +271,16 @@ func (r *Relay) drainStage(ctx context.Context, rn *pipelineRun, err error) erro
 	if cerr != nil && (err == nil || timedOut) {
 		r.log.Warn("final status update failed; Postgres keeps the previous confirmed position", "err", cerr, "slot", pg.Slot)
 	}
-	confirmed := r.window.Confirm(rn.tracker.Confirmed())
-	if err == nil && cerr == nil && r.window.Done(confirmed) {
-		r.windowDone = true
-		r.log.Info("delivered every transaction up to the reshard's cutover", "slot", pg.Slot, "cutover", r.window.Upto.String())
+	done := outcome{confirmed: rn.window.Confirm(rn.tracker.Confirmed()), cutover: rn.window.Upto}
+	if err == nil && cerr == nil && rn.window.Done(done.confirmed) {
+		done.windowDelivered = true
+		r.log.Info("delivered every transaction up to the reshard's cutover", "slot", pg.Slot, "cutover", rn.window.Upto.String())
 	}
-	r.m.confirmedLSN.Set(float64(confirmed))
-	r.confirmed = max(r.confirmed, confirmed)
+	r.m.confirmedLSN.Set(float64(done.confirmed))
 	if err == nil && ctx.Err() != nil {
-		r.log.Info("stopped", "slot", pg.Slot, "lsn", confirmed.String())
+		r.log.Info("stopped", "slot", pg.Slot, "lsn", done.confirmed.String())
 	}
-	return err
+	return done, err
 }
 
 // awaitAcks waits until Kafka has acknowledged every record tracker holds,
@@ -322,170 +337,4 @@ func (r *Relay) slotPosition(lc *pg.Lazy) (read func(context.Context) (wal.LSN, 
 		return info.ConfirmedFlushLSN, err
 	}
 	return read, lc.Close
-}
-
-// slotStart is what a pipeline's slot inspection read.
-type slotStart struct {
-	confirmed wal.LSN // the slot's confirmed position: where the run starts
-	outboxID  uint32  // the outbox table's relation ID (0: no such table now)
-	// addr is the server the slot was read on (pg.Addr), where the run
-	// streams from: every connection of the run that decides about its
-	// events (catalogue lookups, the slot's position, the exactly-once
-	// timeline) goes there and nowhere else.
-	addr string
-	// server is, in exactly-once mode, the server as the run's replication
-	// connection showed it before START_REPLICATION (producerFor).
-	server runServer
-}
-
-// connect inspects the slot and opens the replication connection, on the
-// connections in warm (Check's) when there are any. It opens both
-// connections side by side, to start sooner, except in standby: there the
-// slot is expected to be held, and a replication connection per poll would
-// take a walsender place from the holder.
-func (r *Relay) connect(ctx context.Context, warm *Start) (slotStart, *pgconn.PgConn, error) {
-	if warm != nil && warm.conn != nil { // the first pipeline: Check's connections
-		conn, repl := warm.conn, warm.repl
-		warm.conn, warm.repl = nil, nil
-		slot, err := r.inspectSlotOn(ctx, conn)
-		closed := conn.IsClosed() || (repl != nil && repl.IsClosed())
-		if !closed && err == nil && repl == nil {
-			repl, err = r.replicationBeside(ctx, conn)
-		}
-		conn.Close(context.WithoutCancel(ctx))
-		if closed { // the server closed one while it waited: open new ones
-			if repl != nil {
-				repl.Close(context.Background())
-			}
-			return r.connect(ctx, nil)
-		}
-		if err != nil {
-			if repl != nil {
-				repl.Close(context.Background())
-			}
-			return slotStart{}, nil, err
-		}
-		return slot, repl, nil
-	}
-	if r.Status().State == StateStandby {
-		// A standby polls on one connection, kept until it takes over
-		// (or a poll fails), not one per poll.
-		conn, err := r.standby.Get(ctx)
-		if err != nil {
-			return slotStart{}, nil, err
-		}
-		slot, err := r.inspectSlotOn(ctx, conn)
-		var active *wal.SlotActiveError
-		if errors.As(err, &active) {
-			return slotStart{}, nil, err
-		}
-		if err == nil { // a takeover
-			err = r.refuseSplitBrain(ctx, conn, r.primaries(ctx))
-		}
-		var repl *pgconn.PgConn
-		if err == nil {
-			repl, err = r.replicationBeside(ctx, conn)
-		}
-		r.standby.Close()
-		return slot, repl, err
-	}
-	type opened struct {
-		conn *pgconn.PgConn
-		err  error
-	}
-	repl := make(chan opened, 1)
-	go func() {
-		conn, err := r.connectReplication(ctx)
-		repl <- opened{conn, err}
-	}()
-	others := make(chan []pg.Primary, 1)
-	go func() { others <- r.primaries(ctx) }()
-	slot, conn, err := r.inspectSlot(ctx)
-	if err == nil {
-		if err = r.refuseSplitBrain(ctx, conn, <-others); err != nil {
-			conn.Close(context.WithoutCancel(ctx))
-		}
-	}
-	o := <-repl
-	if err != nil {
-		if o.conn != nil {
-			o.conn.Close(context.Background())
-		}
-		return slotStart{}, nil, err
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	// Opened side by side, the two may have reached different servers of
-	// postgres.dsn (two writable hosts): the run streams from the one the
-	// slot was read on, or not at all.
-	if o.conn = besideOrClose(conn, o.conn); o.conn == nil {
-		o.conn, o.err = r.replicationBeside(ctx, conn)
-	}
-	if o.err != nil {
-		return slotStart{}, nil, o.err
-	}
-	return slot, o.conn, nil
-}
-
-// primaries asks every host of postgres.dsn and postgres.standby_dsns,
-// within 5 s, whether it is a primary and on which timeline (pg.Primaries;
-// nothing to ask with one host): at every pipeline start but the first
-// (Check asked) and at every takeover, a process that has not seen the
-// newest timeline (a standby instance, or one restarted while the new
-// primary was away) must not stream from an old primary.
-func (r *Relay) primaries(ctx context.Context) []pg.Primary {
-	return pg.Primaries(ctx, r.cfg.Postgres, 5*time.Second)
-}
-
-// inspectSlot checks the slot before a run, on a connection of its own,
-// which it returns open unless it fails.
-func (r *Relay) inspectSlot(ctx context.Context) (slotStart, *pgx.Conn, error) {
-	conn, err := pg.Connect(ctx, r.cfg.Postgres)
-	if err != nil {
-		return slotStart{}, nil, err
-	}
-	slot, err := r.inspectSlotOn(ctx, conn)
-	if err != nil {
-		conn.Close(context.WithoutCancel(ctx))
-		return slotStart{}, nil, err
-	}
-	return slot, conn, nil
-}
-
-// inspectSlotOn is inspectSlot on an open connection.
-func (r *Relay) inspectSlotOn(ctx context.Context, conn *pgx.Conn) (slotStart, error) {
-	if err := refuseStandby(ctx, conn); err != nil {
-		return slotStart{}, err
-	}
-	if tli, err := wal.Timeline(ctx, conn); err == nil {
-		system := pg.SystemID(ctx, conn)
-		if err := r.refuseOlderTimeline(serverAddr(conn), system, tli); err != nil {
-			return slotStart{}, err
-		}
-		r.sawTimeline(serverAddr(conn), system, tli) // also while another process holds the slot
-	}
-	info, ok, err := wal.InspectSlot(ctx, conn, r.cfg.Postgres.Slot)
-	if err != nil {
-		return slotStart{}, err
-	}
-	if info.Active {
-		r.confirmed = 0 // another process holds the slot (Relay.confirmed)
-	}
-	if !ok {
-		return slotStart{}, r.slotMissing(ctx, conn)
-	}
-	// The outbox table's relation ID tells its rows after a rename.
-	var db string
-	var outboxID uint32
-	schema, table := r.cfg.Postgres.TableName()
-	if err := conn.QueryRow(ctx, "SELECT current_database(), coalesce(to_regclass($1)::oid, 0)", pgx.Identifier{schema, table}.Sanitize()).
-		Scan(&db, &outboxID); err != nil {
-		return slotStart{}, fmt.Errorf("reading current database: %w", err)
-	}
-	if err := r.checkSlot(ctx, conn, info, db); err != nil {
-		return slotStart{}, err
-	}
-	if err := r.noteSlot(ctx, conn, info); err != nil {
-		return slotStart{}, err
-	}
-	return slotStart{confirmed: info.ConfirmedFlushLSN, outboxID: outboxID, addr: pg.Addr(conn.PgConn().Conn())}, nil
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/internal/eos"
 	"github.com/outboxd/outboxd/internal/pg"
+	"github.com/outboxd/outboxd/internal/preflight"
 	"github.com/outboxd/outboxd/internal/reshard"
 	"github.com/outboxd/outboxd/internal/slotlag"
 	"github.com/outboxd/outboxd/shard"
@@ -29,8 +30,9 @@ import (
 // postgres.shards: 1 and nothing to reshard it is one Relay, as before
 // sharding: the same slot, publication, metrics and status.
 //
-// Start runs the reshard loop and the start-up checks; Run supervises the
-// shards under one errgroup: the first to fail permanently ends them all.
+// Start runs the reshard loop and the start-up checks and returns the
+// Started shards, whose Run supervises them under one errgroup: the first
+// to fail permanently ends them all.
 type Shards struct {
 	cfg config.Config
 	log *slog.Logger
@@ -38,18 +40,24 @@ type Shards struct {
 
 	streams []*Relay // the shards to stream, in shard order
 	lags    []*slotlag.Monitor
-	starts  []*Start
 
 	mu       sync.Mutex
-	note     string            // what the reshard loop is doing, while it runs
-	draining map[string]*Relay // old shards, by slot, while resharding
+	note     string               // what the reshard loop is doing, while it runs
+	draining map[string]*oldShard // old shards, by slot, while resharding
+}
+
+// oldShard is an old shard drained by this process's reshard loop, with
+// the slot's history as its last drain left it.
+type oldShard struct {
+	relay   *Relay
+	history preflight.History
 }
 
 // NewShards returns the Shards of a validated cfg, with the metrics of each
 // shard on reg: with a constant label slot="<the shard's slot>" when
 // postgres.shards > 1, without one otherwise.
 func NewShards(cfg config.Config, log *slog.Logger, reg prometheus.Registerer) (*Shards, error) {
-	s := &Shards{cfg: cfg, log: log, reg: reg, draining: map[string]*Relay{}}
+	s := &Shards{cfg: cfg, log: log, reg: reg, draining: map[string]*oldShard{}}
 	n := cfg.Postgres.Shards
 	if n <= 1 {
 		r, err := New(cfg, log, reg)
@@ -87,65 +95,80 @@ func newShardRelay(cfg config.Config, log *slog.Logger, reg prometheus.Registere
 	if sh.Count > 1 {
 		log = log.With("shard", fmt.Sprintf("%d/%d", sh.Index, sh.Count))
 	}
-	r, err := New(cfg, log, reg)
+	r, err := newShard(cfg, log, reg, sh)
 	if err != nil {
 		return nil, err
 	}
-	r.shard, r.window = sh, w
+	r.window = w
 	return r, nil
 }
 
 // Start reshards when the slots in the database are not those of
 // postgres.shards (or a reshard is recorded), makes the shards'
-// publications, and runs each shard's start-up checks. It returns the first
-// error, with everything it opened closed.
-func (s *Shards) Start(ctx context.Context) error {
+// publications, and runs each shard's start-up checks. It returns the
+// shards ready to stream, or the first error, with everything it opened
+// closed.
+func (s *Shards) Start(ctx context.Context) (*Started, error) {
 	if err := s.reshard(ctx, false); err != nil {
-		return err
+		return nil, err
 	}
 	s.setNote("")
-	starts := make([]*Start, len(s.streams))
+	checked := make([]*Checked, len(s.streams))
 	g, gctx := errgroup.WithContext(ctx)
 	for i, r := range s.streams {
 		g.Go(func() error {
-			st, err := r.Check(gctx)
-			starts[i] = st
+			c, err := r.Check(gctx)
+			checked[i] = c
 			if err != nil && len(s.streams) > 1 {
 				err = fmt.Errorf("shard %d of %d (slot %s): %w", r.shard.Index, r.shard.Count, r.cfg.Postgres.Slot, err)
 			}
 			return err
 		})
 	}
+	started := &Started{shards: s, checked: checked}
 	if err := g.Wait(); err != nil {
-		for _, st := range starts {
-			st.Close()
-		}
-		return err
+		started.Close()
+		return nil, err
 	}
-	s.starts = starts
-	return nil
+	return started, nil
+}
+
+// Started is the shards past their start-up checks, each with what its
+// checks found and opened (Checked). Run streams them; when Run will not
+// be called, Close closes what the checks opened.
+type Started struct {
+	shards  *Shards
+	checked []*Checked // by shard, in shard order
 }
 
 // Run streams every shard until ctx is done or one fails permanently, which
-// ends the others; it returns that error.
-func (s *Shards) Run(ctx context.Context) error {
+// ends the others; it returns that error. It takes over what the checks
+// opened.
+func (st *Started) Run(ctx context.Context) error {
+	s := st.shards
 	g, gctx := errgroup.WithContext(ctx)
 	// A shard's end (cleanly or not) ends the slot-lag monitors.
 	runCtx, endAll := context.WithCancel(gctx)
 	defer endAll()
 	var pipes sync.WaitGroup
 	for i, r := range s.streams {
-		var start *Start
-		if i < len(s.starts) {
-			start = s.starts[i]
-		}
+		checked := st.checked[i]
+		st.checked[i] = nil // Run closes it
 		pipes.Add(1)
-		g.Go(func() error { defer pipes.Done(); return r.Run(runCtx, start) })
+		g.Go(func() error { defer pipes.Done(); return r.Run(runCtx, checked) })
 		g.Go(func() error { return s.lags[i].Run(runCtx, r.SlotConfirmed) })
 	}
-	s.starts = nil
 	go func() { pipes.Wait(); endAll() }()
 	return g.Wait()
+}
+
+// Close closes what the checks opened and Run has not taken over. It is
+// safe more than once.
+func (st *Started) Close() {
+	for i, c := range st.checked {
+		c.Close()
+		st.checked[i] = nil
+	}
 }
 
 // Status reports the shards' state: with one shard and nothing being
@@ -156,8 +179,8 @@ func (s *Shards) Status() Status {
 	s.mu.Lock()
 	note := s.note
 	var drains []*Relay
-	for _, r := range s.draining {
-		drains = append(drains, r)
+	for _, old := range s.draining {
+		drains = append(drains, old.relay)
 	}
 	s.mu.Unlock()
 	if len(s.streams) == 1 && note == "" && len(drains) == 0 {
@@ -334,7 +357,7 @@ func (s *Shards) lockedReshard(ctx context.Context, db *reshard.PG) error {
 // Their metrics go to a registry of their own, so that they leave no
 // series behind once the reshard is over.
 func (s *Shards) drain(ctx context.Context, db *reshard.PG, shards []shard.Shard, w shard.Window) error {
-	var relays []*Relay
+	var olds []*oldShard
 	for _, sh := range shards {
 		if sh.Count > 1 {
 			if err := db.EnsureShardPublication(ctx, sh.Publication, sh.Index, sh.Count); err != nil {
@@ -342,41 +365,47 @@ func (s *Shards) drain(ctx context.Context, db *reshard.PG, shards []shard.Shard
 			}
 		}
 		s.mu.Lock()
-		r := s.draining[sh.Slot]
+		old := s.draining[sh.Slot]
 		s.mu.Unlock()
-		if r == nil {
-			var err error
-			if r, err = newShardRelay(s.cfg, s.log, prometheus.NewRegistry(), sh, w); err != nil {
+		if old == nil {
+			r, err := newShardRelay(s.cfg, s.log, prometheus.NewRegistry(), sh, w)
+			if err != nil {
 				return err
 			}
 			r.drain = true
+			old = &oldShard{relay: r}
 			s.mu.Lock()
-			s.draining[sh.Slot] = r
+			s.draining[sh.Slot] = old
 			s.mu.Unlock()
 		}
-		r.window, r.windowDone = w, false
-		relays = append(relays, r)
+		old.relay.window = w
+		olds = append(olds, old)
 	}
+	delivered := make([]bool, len(olds))
 	defer func() {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		for _, r := range relays {
-			if r.windowDone {
-				delete(s.draining, r.cfg.Postgres.Slot)
+		for i, old := range olds {
+			if delivered[i] {
+				delete(s.draining, old.relay.cfg.Postgres.Slot)
 			}
 		}
 	}()
 	g, gctx := errgroup.WithContext(ctx)
-	for _, r := range relays {
+	for i, old := range olds {
+		r := old.relay
 		g.Go(func() error {
-			start, err := r.Check(gctx)
+			checked, err := r.check.Check(gctx, old.history)
+			old.history = checked.History
 			if err != nil {
 				return fmt.Errorf("old shard %s: %w", r.cfg.Postgres.Slot, err)
 			}
-			if err := r.Run(gctx, start); err != nil {
+			ended, err := r.supervise(gctx, &checked, r.runOnce, realClock{})
+			old.history, delivered[i] = ended.history, ended.windowDelivered
+			if err != nil {
 				return &reshard.PermanentError{Err: err} // Run returns only what a restart cannot fix
 			}
-			if !r.windowDone && gctx.Err() == nil {
+			if !ended.windowDelivered && gctx.Err() == nil {
 				return errors.New("an old shard stopped before the reshard's cutover")
 			}
 			return nil
@@ -510,14 +539,14 @@ type ReshardWaitError struct{ Reason string }
 func (e *ReshardWaitError) Error() string { return e.Reason }
 
 // reshardGate decides, once the run has taken its slot, whether it may
-// stream it (shard.GateFor, on conn): it sets the run's window end to the
-// cutover of a reshard under way for an old shard's slot, and returns a
-// *ReshardWaitError when it must not stream now (issue 32 item 5).
+// stream it (shard.GateFor, on conn): it returns the cutover of a reshard
+// under way for an old shard's slot (0: none), which ends the run's window,
+// and a *ReshardWaitError when it must not stream now (issue 32 item 5).
 // confirmed is the slot's confirmed position as the run started.
-func (r *Relay) reshardGate(ctx context.Context, lc *pg.Lazy, confirmed wal.LSN) error {
+func (r *Relay) reshardGate(ctx context.Context, lc *pg.Lazy, confirmed wal.LSN) (upto wal.LSN, err error) {
 	conn, err := lc.Get(ctx)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	base := r.cfg.Postgres.Slot
 	if sh := r.shard; sh.Count > 1 {
@@ -527,17 +556,14 @@ func (r *Relay) reshardGate(ctx context.Context, lc *pg.Lazy, confirmed wal.LSN)
 	pc.Slot = base
 	locked, plan, err := reshard.ReadGate(ctx, conn, pc)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if r.drain {
 		confirmed = 0 // the resharding instance's own drain ends at the cutover
 	}
 	g := shard.GateFor(base, r.cfg.Postgres.Slot, plan, locked, confirmed)
 	if g.Wait != "" {
-		return &ReshardWaitError{Reason: g.Wait}
+		return 0, &ReshardWaitError{Reason: g.Wait}
 	}
-	if !r.drain {
-		r.window.Upto = g.Upto
-	}
-	return nil
+	return g.Upto, nil
 }

@@ -112,14 +112,14 @@ func TestMessageKey(t *testing.T) {
 	}
 }
 
-// An old shard during a reshard (Relay.window with Upto X): transactions
+// An old shard during a reshard (its window with Upto X): transactions
 // ending at or before X are delivered; the first whose commit starts at or
 // after X is not, stops the stream and makes the pipeline handle nothing
 // more; the position confirmed never passes X.
 func TestPipelineStopsAtTheWindowsEnd(t *testing.T) {
 	tp := newTestPipeline(t, nil)
 	const x = 0x400
-	tp.r.window = shard.Window{Upto: x}
+	tp.window = shard.Window{Upto: x}
 	stopped := 0
 	tp.stopReading = func() { stopped++ }
 	tp.handle(t, begin(0x300), change(wal.Insert, 0x2f0, id1, "o-1", `{}`), commit(0x310))
@@ -128,30 +128,30 @@ func TestPipelineStopsAtTheWindowsEnd(t *testing.T) {
 	if n := len(tp.prod.recs); n != 1 || header(tp.prod.recs[0], "id") != id1 {
 		t.Fatalf("%d records handed over, want only the one of the transaction before the cutover", n)
 	}
-	if stopped != 1 || !tp.past || !tp.r.past.Load() {
-		t.Errorf("stopReading called %d times, past %v; want once and past", stopped, tp.past)
+	if stopped != 1 || !tp.pastWindow {
+		t.Errorf("stopReading called %d times, past the window %v; want once and past", stopped, tp.pastWindow)
 	}
 	tp.prod.ackAll(nil)
 	if got := tp.tracker.Confirmed(); got != 0x310 {
 		t.Errorf("confirmed %s, want 0/310, the end of the delivered transaction", got)
 	}
 	tp.tracker.Idle(x) // what the drain stage does once all is acknowledged
-	if got := tp.r.window.Confirm(tp.tracker.Confirmed()); got != x {
+	if got := tp.window.Confirm(tp.tracker.Confirmed()); got != x {
 		t.Errorf("confirmed %s after the drain, want the cutover", got)
 	}
 
 	// Idle: a keepalive reaching the cutover ends the window too, and the
 	// position sent is capped at it.
 	idle := newTestPipeline(t, nil)
-	idle.r.window = shard.Window{Upto: x}
+	idle.window = shard.Window{Upto: x}
 	idle.stopReading = func() { stopped++ }
 	idle.handle(t, wal.Keepalive{WALEnd: 0x380})
-	if idle.past {
+	if idle.pastWindow {
 		t.Error("past the window before the WAL reached the cutover")
 	}
 	idle.handle(t, wal.Keepalive{WALEnd: 0x480})
-	if !idle.past || idle.r.window.Confirm(idle.tracker.Confirmed()) != x {
-		t.Errorf("after a keepalive past the cutover: past %v, confirm %s", idle.past, idle.r.window.Confirm(idle.tracker.Confirmed()))
+	if !idle.pastWindow || idle.window.Confirm(idle.tracker.Confirmed()) != x {
+		t.Errorf("after a keepalive past the cutover: past the window %v, confirm %s", idle.pastWindow, idle.window.Confirm(idle.tracker.Confirmed()))
 	}
 }
 
@@ -231,13 +231,13 @@ func TestAwaitAcksReportsAStall(t *testing.T) {
 	t.Logf("reported after %s: %v", time.Since(started).Round(time.Millisecond), stall)
 }
 
-// Issue 32 item 6: a new shard after a reshard (Relay.window with After X)
+// Issue 32 item 6: a new shard after a reshard (its window with After X)
 // delivers nothing of a transaction ending at or before X, which the old
 // shards delivered, but confirms it in order, and delivers what ends after.
 func TestPipelineSkipsUpToTheWindowsStart(t *testing.T) {
 	tp := newTestPipeline(t, nil)
 	const x = 0x400
-	tp.r.window = shard.Window{After: x}
+	tp.window = shard.Window{After: x}
 	tp.handle(t, begin(0x300), change(wal.Insert, 0x2f0, id1, "o-1", `{}`), commit(0x310),
 		begin(x-0x10), change(wal.Insert, 0x3e0, id1, "o-2", `{}`), commit(x),
 		begin(x), change(wal.Insert, 0x3f0, id2, "o-3", `{}`), commit(x+0x10))

@@ -219,11 +219,10 @@ func TestRouteOptionsGolden(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r, err := router.New(tt.cfg)
+			r, err := router.New(tt.cfg, router.Schema{Key: tt.key})
 			if err != nil {
 				t.Fatal(err)
 			}
-			r.SetKeyColumn(tt.key)
 			ch := wide().change(0x3000, tt.row)
 			if strings.HasPrefix(tt.name, "preset_debezium") {
 				ch = debTable.change(0x3000, debRow)
@@ -278,7 +277,7 @@ func TestRouteMessageGolden(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r, err := router.New(tt.cfg)
+			r, err := router.New(tt.cfg, router.Schema{})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -149,12 +149,23 @@ type Router struct {
 // starts afresh.
 const maxTopicCache = 4096
 
-// New returns a Router for a validated cfg.
-func New(cfg config.Router) (*Router, error) {
+// Schema is what the catalogue says of the outbox table beyond its
+// relation, which routing depends on: the start-up checks read it
+// (package internal/preflight), and a run adds the domains it meets.
+type Schema struct {
+	Key KeyColumn
+	// Bases maps a domain's type OID to its base type, so that a column
+	// of the domain is read as the base type: pgoutput names the domain.
+	Bases map[uint32]uint32
+}
+
+// New returns a Router for a validated cfg and the table schema (the zero
+// Schema when the catalogue was not read).
+func New(cfg config.Router, schema Schema) (*Router, error) {
 	if cfg.TopicTemplate == "" {
 		return nil, fmt.Errorf("router: empty topic template")
 	}
-	r := &Router{cfg: cfg, parts: strings.Split(cfg.TopicTemplate, Placeholder)}
+	r := &Router{cfg: cfg, parts: strings.Split(cfg.TopicTemplate, Placeholder), key: schema.Key, bases: schema.Bases}
 	if cfg.TopicRegex != "" {
 		// Kafka's RegexRouter, which Debezium's EventRouter uses, rewrites
 		// only a value the regex matches as a whole (Matcher.matches).
@@ -164,16 +175,8 @@ func New(cfg config.Router) (*Router, error) {
 		}
 		r.re = re
 	}
-	optional := func(s string) string {
-		if s == "-" {
-			return ""
-		}
-		return s
-	}
-	r.names = []string{cfg.IDColumn, cfg.RouteByColumn, cfg.KeyColumn, cfg.PayloadColumn,
-		optional(cfg.EventTypeColumn), cfg.TimestampColumn, cfg.TraceparentColumn, cfg.TopicColumn, cfg.HeadersColumn}
+	r.names = fieldNames(cfg)
 	for _, f := range cfg.AdditionalFields {
-		r.names = append(r.names, f.Column)
 		r.envelope = r.envelope || f.Placement == config.PlacementEnvelope
 	}
 	r.cells = make([]cell, len(r.names))
@@ -181,7 +184,7 @@ func New(cfg config.Router) (*Router, error) {
 	if h := cfg.DebeziumHeaders; h.Enabled {
 		runID := h.RunID
 		if runID == "" {
-			runID = randomUUID()
+			runID = RunID()
 		}
 		r.context = []Header{
 			{Key: "__debezium.context.connectorLogicalName", Value: []byte(h.ConnectorLogicalName)},
@@ -193,8 +196,28 @@ func New(cfg config.Router) (*Router, error) {
 	return r, nil
 }
 
-// randomUUID returns a random (version 4) UUID in its text form.
-func randomUUID() string {
+// fieldNames returns the names of the fields a row is read into: the
+// configured columns ("" for none), then the additional fields.
+func fieldNames(cfg config.Router) []string {
+	optional := func(s string) string {
+		if s == "-" {
+			return ""
+		}
+		return s
+	}
+	names := []string{cfg.IDColumn, cfg.RouteByColumn, cfg.KeyColumn, cfg.PayloadColumn,
+		optional(cfg.EventTypeColumn), cfg.TimestampColumn, cfg.TraceparentColumn, cfg.TopicColumn, cfg.HeadersColumn}
+	for _, f := range cfg.AdditionalFields {
+		names = append(names, f.Column)
+	}
+	return names
+}
+
+// RunID returns a new run id for Debezium's context headers (a random,
+// version 4 UUID in its text form), for a router.debezium_headers.run_id
+// that is empty: a caller that builds several Routers for one run sets it
+// once.
+func RunID() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
 	b[6] = b[6]&0x0F | 0x40
@@ -202,11 +225,12 @@ func randomUUID() string {
 	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
 }
 
-// Columns returns the columns a table must have for r to route its rows.
-func (r *Router) Columns() []string {
+// Columns returns the columns a table must have for a Router of cfg to
+// route its rows.
+func Columns(cfg config.Router) []string {
 	var cols []string
-	for i, n := range r.names {
-		if n != "" && (i < nFixed || r.cfg.AdditionalMissing == config.AdditionalMissingError) {
+	for i, n := range fieldNames(cfg) {
+		if n != "" && (i < nFixed || cfg.AdditionalMissing == config.AdditionalMissingError) {
 			cols = append(cols, n)
 		}
 	}
@@ -324,12 +348,6 @@ type KeyColumn struct {
 	Domain bool
 }
 
-// SetKeyColumn tells the router what the catalog says of the key column.
-func (r *Router) SetKeyColumn(k KeyColumn) {
-	r.key = k
-	r.rel = nil // the cached layout was checked without it
-}
-
 // stringKeyRefusal says why key_encoding string cannot reproduce
 // StringConverter's bytes for a key column of type oid, or "" when it can:
 // Java's toString of the value Debezium (with its default
@@ -354,16 +372,6 @@ func (r *Router) stringKeyRefusal(oid uint32) string {
 		return "it is money, whose text depends on the server's lc_monetary"
 	}
 	return fmt.Sprintf("its type (OID %d) has no Debezium toString that outboxd reproduces", oid)
-}
-
-// SetBaseType tells the router that type OID domain is a domain over base,
-// so that a column of it is read as base: pgoutput names the domain.
-func (r *Router) SetBaseType(domain, base uint32) {
-	if r.bases == nil {
-		r.bases = map[uint32]uint32{}
-	}
-	r.bases[domain] = base
-	r.rel = nil // the cached layout's types may change
 }
 
 // Route maps one inserted outbox row to a record. It returns a *RowError for

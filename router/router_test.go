@@ -175,7 +175,7 @@ func TestRouteGolden(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r, err := router.New(tt.cfg)
+			r, err := router.New(tt.cfg, router.Schema{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -262,7 +262,7 @@ func quote(v []byte) string {
 func TestRouteExact(t *testing.T) {
 	cfg := config.Default().Router
 	cfg.RequireKey = false
-	r, err := router.New(cfg)
+	r, err := router.New(cfg, router.Schema{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -310,7 +310,7 @@ func TestRouteExact(t *testing.T) {
 
 // TestRouteRowErrorFields checks the fields callers branch on.
 func TestRouteRowErrorFields(t *testing.T) {
-	r, err := router.New(config.Default().Router)
+	r, err := router.New(config.Default().Router, router.Schema{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -342,7 +342,7 @@ func TestRouteRowErrorFields(t *testing.T) {
 // for a new *wal.Relation (after ALTER TABLE), and again when handed an older
 // one.
 func TestRouteNewRelation(t *testing.T) {
-	r, err := router.New(config.Default().Router)
+	r, err := router.New(config.Default().Router, router.Schema{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -380,26 +380,21 @@ func TestRouteNewRelation(t *testing.T) {
 func TestNew(t *testing.T) {
 	c := config.Default().Router
 	c.TopicTemplate = ""
-	if _, err := router.New(c); err == nil {
+	if _, err := router.New(c, router.Schema{}); err == nil {
 		t.Error("New accepted an empty topic template")
 	}
-	r, err := router.New(config.Default().Router)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got, want := strings.Join(r.Columns(), ","), "id,aggregate_type,aggregate_id,payload,event_type"; got != want {
+	if got, want := strings.Join(router.Columns(config.Default().Router), ","), "id,aggregate_type,aggregate_id,payload,event_type"; got != want {
 		t.Errorf("Columns() = %s, want %s", got, want)
 	}
 	c = config.Default().Router
 	c.EventTypeColumn = ""
-	r, _ = router.New(c)
-	if got, want := strings.Join(r.Columns(), ","), "id,aggregate_type,aggregate_id,payload"; got != want {
+	if got, want := strings.Join(router.Columns(c), ","), "id,aggregate_type,aggregate_id,payload"; got != want {
 		t.Errorf("Columns() without event type = %s, want %s", got, want)
 	}
 }
 
 func BenchmarkRoute(b *testing.B) {
-	r, err := router.New(config.Default().Router)
+	r, err := router.New(config.Default().Router, router.Schema{})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -415,7 +410,7 @@ func BenchmarkRoute(b *testing.B) {
 // TestRouteBadCharacterNamed requires the topic error to name the character
 // the user wrote, not one byte of its UTF-8 encoding.
 func TestRouteBadCharacterNamed(t *testing.T) {
-	r, err := router.New(config.Default().Router)
+	r, err := router.New(config.Default().Router, router.Schema{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -438,7 +433,7 @@ func TestRouteIntoReusedRecord(t *testing.T) {
 	cfg := config.Default().Router
 	cfg.RequireKey = false
 	cfg.AdditionalFields = []config.Field{{Column: "part", Placement: "partition"}, {Column: "tenant", Placement: "header"}}
-	r, err := router.New(cfg)
+	r, err := router.New(cfg, router.Schema{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -199,24 +199,25 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		log.Info("serving metrics and health", "addr", srv.Addr())
 		g.Go(func() error { return srv.Run(runCtx) })
 	}
-	if stopped, err := startUp(ctx, r.Start, log, cfg.Postgres.Slot); stopped || err != nil {
+	started, err := r.Start(ctx)
+	if stopped, err := startUpEnded(ctx, err, log, cfg.Postgres.Slot); stopped || err != nil {
 		endAll()
 		_ = g.Wait()
 		return err
 	}
-	g.Go(func() error { defer endAll(); return r.Run(runCtx) })
+	g.Go(func() error { defer endAll(); return started.Run(runCtx) })
 	return g.Wait()
 }
 
-// startUp runs the start-up checks (start). SIGTERM or SIGINT during them
-// cancels ctx, and they then fail on the cancellation (a connection cut
-// short, blamed on postgres.dsn): nothing was read yet, so that is a clean
+// startUpEnded judges how the start-up checks ended (err). SIGTERM or
+// SIGINT during them cancels ctx, and they then fail on the cancellation (a
+// connection cut short, blamed on postgres.dsn): nothing was read yet, so
+// that is a clean
 // stop (stopped, exit 0), as one while streaming is, logged at Info with
 // the error. Any other error is returned, even when a signal came too: a
 // real start-up failure (Kafka SASL or TLS, wal_level, a reshard that
 // stalls) must not exit 0.
-func startUp(ctx context.Context, start func(context.Context) error, log *slog.Logger, slot string) (stopped bool, err error) {
-	err = start(ctx)
+func startUpEnded(ctx context.Context, err error, log *slog.Logger, slot string) (stopped bool, _ error) {
 	if err == nil {
 		return false, nil
 	}

@@ -101,9 +101,9 @@ func TestStartUpStoppedBySignal(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var logs bytes.Buffer
 			log := slog.New(slog.NewTextHandler(&logs, nil))
-			stopped, err := startUp(tc.ctx, func(context.Context) error { return tc.err }, log, "outboxd")
+			stopped, err := startUpEnded(tc.ctx, tc.err, log, "outboxd")
 			if stopped != tc.stopped || (err == nil) != tc.stopped {
-				t.Fatalf("startUp = %v, %v; want stopped %v and the error returned otherwise", stopped, err, tc.stopped)
+				t.Fatalf("startUpEnded = %v, %v; want stopped %v and the error returned otherwise", stopped, err, tc.stopped)
 			}
 			if tc.stopped {
 				if !strings.Contains(logs.String(), `msg="stopped during the start-up checks"`) || !strings.Contains(logs.String(), "err=") {
@@ -116,7 +116,7 @@ func TestStartUpStoppedBySignal(t *testing.T) {
 			}
 		})
 	}
-	if stopped, err := startUp(cancelled, func(context.Context) error { return nil }, slog.New(slog.DiscardHandler), "outboxd"); stopped || err != nil {
+	if stopped, err := startUpEnded(cancelled, nil, slog.New(slog.DiscardHandler), "outboxd"); stopped || err != nil {
 		t.Errorf("a start that succeeds: %v, %v", stopped, err)
 	}
 }

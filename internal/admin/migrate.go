@@ -58,15 +58,11 @@ func Migrate(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	}
 	// Columns of other settings (timestamp, traceparent, headers,
 	// additional fields) are not made: say which ones outboxd will miss.
-	rt, err := router.New(cfg.Router)
-	if err != nil {
-		return err
-	}
 	present, err := pg.TableColumns(ctx, conn, schema, table)
 	if err != nil {
 		return fmt.Errorf("reading the columns of %s: %w", cfg.Postgres.Table, err)
 	}
-	if missing := pg.MissingColumns(present, rt.Columns()); len(missing) > 0 {
+	if missing := pg.MissingColumns(present, router.Columns(cfg.Router)); len(missing) > 0 {
 		log.Warn("the router reads columns the table lacks; add them, or outboxd will not start", "table", cfg.Postgres.Table, "columns", strings.Join(missing, ","))
 	}
 	log.Info("outbox table ready", "table", cfg.Postgres.Table)

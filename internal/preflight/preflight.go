@@ -1,10 +1,11 @@
-package relay
+package preflight
 
 import (
 	"context"
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -20,29 +21,58 @@ import (
 	"github.com/outboxd/outboxd/wal"
 )
 
-// connectReplication opens a logical replication connection.
-func (r *Relay) connectReplication(ctx context.Context) (*pgconn.PgConn, error) {
-	r.log.Debug("opening a replication connection", "slot", r.cfg.Postgres.Slot)
-	return pg.ConnectReplication(ctx, r.cfg.Postgres)
+// Checker runs the start-up checks of one slot (one shard of the
+// configured layout) and the inspection of the slot before each pipeline.
+// It holds only what the configuration says; what the checks learn of the
+// slot's history travels in a *History the caller owns.
+type Checker struct {
+	cfg         config.Config
+	shard       shard.Shard
+	log         *slog.Logger
+	newProducer func() (*sink.Producer, error)
+	progress    func() Progress
 }
 
-// replicationBeside opens the replication connection to the server conn
+// Progress is what this process last confirmed, as its status reports it,
+// for the message of a slot lost in a promotion.
+type Progress struct {
+	SentLSN      string    // the last position sent to Postgres as confirmed, "" when none
+	CommitTime   time.Time // the commit time of the last confirmed transaction, zero when none
+	ConfirmedLSN string    // the slot's confirmed position as Postgres applied it, "" when unknown
+}
+
+// New returns the Checker of shard sh (Index 0 of Count 1 when unsharded)
+// of a validated cfg, whose postgres.slot and postgres.publication are the
+// shard's. newProducer opens the Kafka client the checks warm; progress
+// reports what this process confirmed.
+func New(cfg config.Config, sh shard.Shard, log *slog.Logger, newProducer func() (*sink.Producer, error), progress func() Progress) *Checker {
+	return &Checker{cfg: cfg, shard: sh, log: log, newProducer: newProducer, progress: progress}
+}
+
+// ConnectReplication opens a logical replication connection to any host
+// of postgres.dsn.
+func (c *Checker) ConnectReplication(ctx context.Context) (*pgconn.PgConn, error) {
+	c.log.Debug("opening a replication connection", "slot", c.cfg.Postgres.Slot)
+	return pg.ConnectReplication(ctx, c.cfg.Postgres)
+}
+
+// ReplicationBeside opens the replication connection to the server conn
 // is connected to, whichever host of postgres.dsn that is.
-func (r *Relay) replicationBeside(ctx context.Context, conn *pgx.Conn) (*pgconn.PgConn, error) {
-	return r.replicationAt(ctx, pg.Addr(conn.PgConn().Conn()))
+func (c *Checker) ReplicationBeside(ctx context.Context, conn *pgx.Conn) (*pgconn.PgConn, error) {
+	return c.ReplicationAt(ctx, pg.Addr(conn.PgConn().Conn()))
 }
 
-// replicationAt opens a replication connection to the server at addr
+// ReplicationAt opens a replication connection to the server at addr
 // (pg.Addr), or to any host of postgres.dsn when addr is "".
-func (r *Relay) replicationAt(ctx context.Context, addr string) (*pgconn.PgConn, error) {
-	r.log.Debug("opening a replication connection", "slot", r.cfg.Postgres.Slot, "at", addr)
-	return pg.ConnectReplicationAt(ctx, r.cfg.Postgres, addr)
+func (c *Checker) ReplicationAt(ctx context.Context, addr string) (*pgconn.PgConn, error) {
+	c.log.Debug("opening a replication connection", "slot", c.cfg.Postgres.Slot, "at", addr)
+	return pg.ConnectReplicationAt(ctx, c.cfg.Postgres, addr)
 }
 
-// besideOrClose returns repl, a replication connection opened side by side
+// BesideOrClose returns repl, a replication connection opened side by side
 // with conn, when both reached the same server; else it closes repl and
-// returns nil, and the caller opens one beside conn (replicationBeside).
-func besideOrClose(conn *pgx.Conn, repl *pgconn.PgConn) *pgconn.PgConn {
+// returns nil, and the caller opens one beside conn (ReplicationBeside).
+func BesideOrClose(conn *pgx.Conn, repl *pgconn.PgConn) *pgconn.PgConn {
 	if repl == nil || conn == nil || pg.Addr(repl.Conn()) == pg.Addr(conn.PgConn().Conn()) {
 		return repl
 	}
@@ -50,16 +80,56 @@ func besideOrClose(conn *pgx.Conn, repl *pgconn.PgConn) *pgconn.PgConn {
 	return nil
 }
 
-// Check runs the start-up checks and prepares the publication and slot. Each
+// Checked is what Check found and opened: the table schema the router is
+// built from, the slot's history, and the connections and Kafka client for
+// the first pipeline, so that its first event does not wait for them to be
+// opened again. Each of Conn, Repl and Producer is nil when Check could not
+// open it (the first pipeline opens its own); whoever takes one closes it.
+type Checked struct {
+	Schema   router.Schema
+	History  History
+	Conn     *pgx.Conn      // Check's connection, for the first slot inspection
+	Repl     *pgconn.PgConn // the replication connection, beside Conn
+	Producer *sink.Producer // the Kafka client, warmed by sink.Producer.Warm
+}
+
+// Close closes the connections and the client no one took. It is safe on
+// a nil *Checked and more than once.
+func (o *Checked) Close() {
+	if o == nil {
+		return
+	}
+	if o.Conn != nil {
+		o.Conn.Close(context.Background())
+	}
+	if o.Repl != nil {
+		o.Repl.Close(context.Background())
+	}
+	if o.Producer != nil {
+		o.Producer.Close()
+	}
+	o.Conn, o.Repl, o.Producer = nil, nil, nil
+}
+
+// TakeProducer returns the warmed client, nil when there is none (or o is
+// nil), and leaves nil in its place.
+func (o *Checked) TakeProducer() *sink.Producer {
+	if o == nil {
+		return nil
+	}
+	p := o.Producer
+	o.Producer = nil
+	return p
+}
+
+// Check runs the start-up checks and prepares the publication and slot,
+// from the slot's history h (the zero History in a fresh process). Each
 // failure is one line that says what is wrong and what to do. The Postgres
 // and the Kafka checks run side by side, and the replication connection is
-// opened beside them. Check returns what it opened (its Postgres connection,
-// the replication connection and the Kafka client, warmed by
-// sink.Producer.Warm) as a *Start for Run's first pipeline, so that the
-// first event does not wait for connections to be opened again. On error
-// it has closed everything and returns a nil *Start.
-func (r *Relay) Check(ctx context.Context) (*Start, error) {
-	side, cancel := context.WithCancel(ctx)
+// opened beside them. On error it has closed everything it opened, and
+// only the History of what it returns is set.
+func (c *Checker) Check(ctx context.Context, h History) (Checked, error) {
+	besideChecks, cancel := context.WithCancel(ctx)
 	defer cancel()
 	type warmed struct {
 		p   *sink.Producer
@@ -67,32 +137,32 @@ func (r *Relay) Check(ctx context.Context) (*Start, error) {
 	}
 	kafka := make(chan warmed, 1)
 	go func() {
-		p, err := r.checkKafka(side)
+		p, err := c.checkKafka(besideChecks)
 		kafka <- warmed{p, err}
 	}()
 	repl := make(chan *pgconn.PgConn, 1)
 	go func() {
 		// A failure here is left to the first pipeline, which connects
 		// again and reports it; the checks name most causes first.
-		conn, _ := r.connectReplication(side)
+		conn, _ := c.ConnectReplication(besideChecks)
 		repl <- conn
 	}()
-	conn, held, err := r.checkPostgres(ctx)
+	conn, found, err := c.checkPostgres(ctx, &h)
 	if err != nil {
 		cancel() // an unreachable broker need not hold up the Postgres error
 	}
 	// With two writable hosts in postgres.dsn the two connections may have
 	// reached different servers: the first pipeline then opens the
 	// replication connection beside conn.
-	s := &Start{conn: conn, repl: besideOrClose(conn, <-repl)}
-	if held && s.repl != nil {
+	out := Checked{Schema: found.schema, History: h, Conn: conn, Repl: BesideOrClose(conn, <-repl)}
+	if found.slotHeld && out.Repl != nil {
 		// The first pipeline will wait as a standby: give the walsender
 		// place back at once.
-		s.repl.Close(context.Background())
-		s.repl = nil
+		out.Repl.Close(context.Background())
+		out.Repl = nil
 	}
 	k := <-kafka
-	s.producer = k.p
+	out.Producer = k.p
 	switch {
 	case err == nil:
 		err = k.err
@@ -100,69 +170,37 @@ func (r *Relay) Check(ctx context.Context) (*Start, error) {
 		err = fmt.Errorf("%w; also %w", err, k.err) // both are wrong: say so at once, in one line
 	}
 	if err != nil {
-		s.Close()
-		return nil, err
+		out.Close()
+		return Checked{History: h}, err
 	}
-	return s, nil
+	return out, nil
 }
 
-// Start is what Check opened for Run's first pipeline. Run takes it over;
-// when Run will not be called, Close closes it. Each field is nil once the
-// pipeline took it, or when Check could not open it.
-type Start struct {
-	conn     *pgx.Conn      // Check's connection, for the first slot inspection
-	repl     *pgconn.PgConn // the replication connection
-	producer *sink.Producer // the Kafka client, warmed
-}
-
-// Close closes what the first pipeline has not taken. It is safe on a nil
-// *Start and more than once.
-func (s *Start) Close() {
-	if s == nil {
-		return
-	}
-	if s.conn != nil {
-		s.conn.Close(context.Background())
-	}
-	if s.repl != nil {
-		s.repl.Close(context.Background())
-	}
-	if s.producer != nil {
-		s.producer.Close()
-	}
-	*s = Start{}
-}
-
-// takeProducer returns the warmed client and leaves nil in its place.
-func (s *Start) takeProducer() *sink.Producer {
-	if s == nil {
-		return nil
-	}
-	p := s.producer
-	s.producer = nil
-	return p
+// found is what the Postgres checks learned.
+type found struct {
+	schema   router.Schema
+	slotHeld bool // another process is streaming from the slot
 }
 
 // checkPostgres checks the server, the role and the table, prepares the
-// publication and slot, and returns its open connection. held reports a
-// slot that another process is streaming from.
-func (r *Relay) checkPostgres(ctx context.Context) (conn *pgx.Conn, held bool, err error) {
-	conn, err = pg.Connect(ctx, r.cfg.Postgres)
+// publication and slot, and returns its open connection with what it found.
+func (c *Checker) checkPostgres(ctx context.Context, h *History) (*pgx.Conn, found, error) {
+	conn, err := pg.Connect(ctx, c.cfg.Postgres)
 	if err != nil {
-		return nil, false, err
+		return nil, found{}, err
 	}
-	held, err = r.checkOn(ctx, conn)
+	f, err := c.checkOn(ctx, conn, h)
 	if err != nil {
 		conn.Close(context.WithoutCancel(ctx))
-		return nil, false, err
+		return nil, found{}, err
 	}
-	return conn, held, nil
+	return conn, f, nil
 }
 
 // checkOn is checkPostgres on an open connection.
-func (r *Relay) checkOn(ctx context.Context, conn *pgx.Conn) (held bool, err error) {
+func (c *Checker) checkOn(ctx context.Context, conn *pgx.Conn, h *History) (found, error) {
 	if err := refuseStandby(ctx, conn); err != nil {
-		return false, err
+		return found{}, err
 	}
 	// Every host of postgres.dsn and postgres.standby_dsns is asked, beside
 	// the checks, whether it is a primary: a fresh process has seen no
@@ -170,30 +208,32 @@ func (r *Relay) checkOn(ctx context.Context, conn *pgx.Conn) (held bool, err err
 	probe, cancel := context.WithCancel(ctx)
 	defer cancel()
 	others := make(chan []pg.Primary, 1)
-	go func() { others <- pg.Primaries(probe, r.cfg.Postgres, 5*time.Second) }()
+	go func() { others <- pg.Primaries(probe, c.cfg.Postgres, 5*time.Second) }()
 	major, version, err := pg.ServerMajor(ctx, conn)
 	if err != nil {
-		return false, err
+		return found{}, err
 	}
-	if err := checkFailoverVersion(major, version, r.cfg.Postgres.FailoverSlot); err != nil {
-		return false, err
+	if err := checkFailoverVersion(major, version, c.cfg.Postgres.FailoverSlot); err != nil {
+		return found{}, err
 	}
-	r.major = major
-	if err := checkServer(ctx, conn, r.cfg.Postgres, r.router.Columns()); err != nil {
-		return false, err
+	h.major = major
+	if err := checkServer(ctx, conn, c.cfg.Postgres, router.Columns(c.cfg.Router)); err != nil {
+		return found{}, err
 	}
-	if err := r.checkColumnTypes(ctx, conn); err != nil {
-		return false, err
+	schema, err := c.checkColumnTypes(ctx, conn)
+	if err != nil {
+		return found{}, err
 	}
-	if err := r.refuseSplitBrain(ctx, conn, <-others); err != nil {
-		return false, err
+	if err := RefuseSplitBrain(ctx, conn, h, <-others); err != nil {
+		return found{}, err
 	}
-	return r.ensureSlot(ctx, conn)
+	slotHeld, err := c.ensureSlot(ctx, conn, h)
+	return found{schema: schema, slotHeld: slotHeld}, err
 }
 
 // checkKafka checks that a broker answers and returns the warmed client.
-func (r *Relay) checkKafka(ctx context.Context) (*sink.Producer, error) {
-	p, err := r.newProducer()
+func (c *Checker) checkKafka(ctx context.Context) (*sink.Producer, error) {
+	p, err := c.newProducer()
 	if err != nil {
 		return nil, err
 	}
@@ -201,7 +241,7 @@ func (r *Relay) checkKafka(ctx context.Context) (*sink.Producer, error) {
 	defer cancel()
 	if err := p.Warm(pctx); err != nil {
 		p.Close()
-		return nil, kafkaError(r.cfg.Kafka, err)
+		return nil, kafkaError(c.cfg.Kafka, err)
 	}
 	return p, nil
 }
@@ -292,14 +332,15 @@ func checkServer(ctx context.Context, conn *pgx.Conn, cfg config.Postgres, colum
 }
 
 // checkColumnTypes reads the base type of each outbox column (through
-// domains) and lets the router refuse the ones its settings cannot use. It
+// domains) and lets a router built on them refuse the ones its settings
+// cannot use; it returns the schema the router is built from. It
 // reads the key column's nullability, type modifier and default with them,
 // which Debezium's key depends on: its key schema is optional when the key
 // column may be NULL (as pgjdbc tells it: the column's or its domain's NOT
 // NULL) and carries the column's default; a numeric's declared scale
 // decides its form.
-func (r *Relay) checkColumnTypes(ctx context.Context, conn *pgx.Conn) error {
-	schema, table := r.cfg.Postgres.TableName()
+func (c *Checker) checkColumnTypes(ctx context.Context, conn *pgx.Conn) (router.Schema, error) {
+	schema, table := c.cfg.Postgres.TableName()
 	rows, err := conn.Query(ctx, `WITH RECURSIVE b(name, oid, typmod, not_null, def, domain) AS (
 			SELECT a.attname::text, a.atttypid, a.atttypmod, a.attnotnull OR (t.typtype = 'd' AND t.typnotnull),
 				coalesce(pg_get_expr(d.adbin, d.adrelid), ''), t.typtype = 'd'
@@ -312,7 +353,7 @@ func (r *Relay) checkColumnTypes(ctx context.Context, conn *pgx.Conn) error {
 		SELECT b.name, b.oid, b.typmod, b.not_null, b.def, b.domain FROM b JOIN pg_type t ON t.oid = b.oid WHERE t.typtype <> 'd'`,
 		pgx.Identifier{schema, table}.Sanitize())
 	if err != nil {
-		return fmt.Errorf("reading the column types of %s: %w", r.cfg.Postgres.Table, err)
+		return router.Schema{}, fmt.Errorf("reading the column types of %s: %w", c.cfg.Postgres.Table, err)
 	}
 	types := map[string]uint32{}
 	var name, def string
@@ -322,27 +363,31 @@ func (r *Relay) checkColumnTypes(ctx context.Context, conn *pgx.Conn) error {
 	key := router.KeyColumn{}
 	_, err = pgx.ForEachRow(rows, []any{&name, &oid, &typmod, &notNull, &def, &domain}, func() error {
 		types[name] = oid
-		if name == r.cfg.Router.KeyColumn {
+		if name == c.cfg.Router.KeyColumn {
 			key = router.KeyColumn{Optional: !notNull, TypeMod: typmod, Default: def, Domain: domain}
 		}
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("reading the column types of %s: %w", r.cfg.Postgres.Table, err)
+		return router.Schema{}, fmt.Errorf("reading the column types of %s: %w", c.cfg.Postgres.Table, err)
 	}
-	r.router.SetKeyColumn(key)
-	return r.router.CheckTypes(r.cfg.Postgres.Table, types)
+	tableSchema := router.Schema{Key: key}
+	rt, err := router.New(c.cfg.Router, tableSchema)
+	if err != nil {
+		return router.Schema{}, err
+	}
+	return tableSchema, rt.CheckTypes(c.cfg.Postgres.Table, types)
 }
 
 // ensureSlot creates the publication and slot when missing and allowed, and
-// refuses an unusable slot; held reports a slot that another process is
+// refuses an unusable slot; slotHeld reports a slot that another process is
 // streaming from.
-func (r *Relay) ensureSlot(ctx context.Context, conn *pgx.Conn) (held bool, err error) {
-	pc := r.cfg.Postgres
+func (c *Checker) ensureSlot(ctx context.Context, conn *pgx.Conn, h *History) (slotHeld bool, err error) {
+	pc := c.cfg.Postgres
 	schema, table := pc.TableName()
 	var pub wal.Publication
-	if r.shard.Count > 1 {
-		pub, err = r.checkShardPublication(ctx, conn)
+	if c.shard.Count > 1 {
+		pub, err = c.checkShardPublication(ctx, conn)
 	} else {
 		pub, err = wal.EnsurePublication(ctx, conn, pc.Publication, schema, table, pc.CreatePublication)
 	}
@@ -350,18 +395,18 @@ func (r *Relay) ensureSlot(ctx context.Context, conn *pgx.Conn) (held bool, err 
 		return false, err
 	}
 	if pub.Columns != nil {
-		if missing := pg.MissingColumns(pub.Columns, r.router.Columns()); len(missing) > 0 {
+		if missing := pg.MissingColumns(pub.Columns, router.Columns(c.cfg.Router)); len(missing) > 0 {
 			return false, wal.ColumnListError(pc.Publication, schema, table, pub.Columns, missing)
 		}
 	}
 	switch {
 	case pub.Created:
-		r.log.Info("created publication", "publication", pc.Publication, "table", pc.Table, "publish", wal.PublishActions)
-	case pub.NoUpdates && r.cfg.Router.OnUpdate != "ignore" && r.shard.Count == 1: // a shard's publication publishes inserts only
-		r.log.Warn("the publication leaves UPDATEs out, so router.on_update ("+string(r.cfg.Router.OnUpdate)+") never sees an updated outbox row; "+
+		c.log.Info("created publication", "publication", pc.Publication, "table", pc.Table, "publish", wal.PublishActions)
+	case pub.NoUpdates && c.cfg.Router.OnUpdate != "ignore" && c.shard.Count == 1: // a shard's publication publishes inserts only
+		c.log.Warn("the publication leaves UPDATEs out, so router.on_update ("+string(c.cfg.Router.OnUpdate)+") never sees an updated outbox row; "+
 			wal.AlterPublicationSQL(pc.Publication)+" publishes them", "publication", pc.Publication)
 	case pub.Deletes:
-		r.log.Info("the publication publishes DELETEs, which outboxd ignores; if rows are deleted after insert, Postgres decodes and sends "+
+		c.log.Info("the publication publishes DELETEs, which outboxd ignores; if rows are deleted after insert, Postgres decodes and sends "+
 			"every delete for nothing. Unless another reader of the publication needs them, "+wal.AlterPublicationSQL(pc.Publication)+
 			" leaves them out from that point in the WAL, on the same slot", "publication", pc.Publication)
 	}
@@ -370,7 +415,7 @@ func (r *Relay) ensureSlot(ctx context.Context, conn *pgx.Conn) (held bool, err 
 		return false, err
 	}
 	if !ok {
-		if err := r.refuseAfterPromotion(ctx, conn); err != nil {
+		if err := c.refuseAfterPromotion(ctx, conn); err != nil {
 			return false, err
 		}
 		if !pc.CreateSlot {
@@ -381,53 +426,53 @@ func (r *Relay) ensureSlot(ctx context.Context, conn *pgx.Conn) (held bool, err 
 		if err != nil {
 			return false, err
 		}
-		r.log.Info("created replication slot; events committed from here on will be delivered", "slot", pc.Slot, "lsn", lsn.String(), "failover", pc.FailoverSlot)
+		c.log.Info("created replication slot; events committed from here on will be delivered", "slot", pc.Slot, "lsn", lsn.String(), "failover", pc.FailoverSlot)
 		info = wal.SlotInfo{Name: pc.Slot, Failover: pc.FailoverSlot, ConfirmedFlushLSN: lsn}
-		if err := r.noteSlot(ctx, conn, info); err != nil {
+		if err := c.noteSlot(ctx, conn, info, h); err != nil {
 			return false, err
 		}
-		r.logFailover(ctx, conn, r.major, info)
+		c.logFailover(ctx, conn, h.major, info)
 		return false, nil
 	}
 	// Noted here too for an instance that starts as a standby (another
 	// holds the slot), whose pipeline starts see only a held slot.
-	if err := r.noteSlot(ctx, conn, info); err != nil {
+	if err := c.noteSlot(ctx, conn, info, h); err != nil {
 		return false, err
 	}
 	var db string
 	if err := conn.QueryRow(ctx, "SELECT current_database()").Scan(&db); err != nil {
 		return false, fmt.Errorf("reading current database: %w", err)
 	}
-	err = r.checkSlot(ctx, conn, info, db)
+	err = c.checkSlot(ctx, conn, info, db)
 	var active *wal.SlotActiveError
 	if errors.As(err, &active) {
-		r.log.Warn(err.Error(), "slot", pc.Slot)
-		held = true
+		c.log.Warn(err.Error(), "slot", pc.Slot)
+		slotHeld = true
 	} else if err != nil {
 		return false, err
 	}
-	if pc.FailoverSlot && !info.Failover && !held { // a held slot cannot be altered; its holder alters it at its start
+	if pc.FailoverSlot && !info.Failover && !slotHeld { // a held slot cannot be altered; its holder alters it at its start
 		// As Debezium does with slot.failover: the slot keeps its position.
-		if err := r.alterToFailover(ctx); err != nil {
-			r.log.Warn("the slot is not a failover slot and could not be altered to one; run "+wal.AlterSlotFailoverSQL(pc.Slot)+
+		if err := c.alterToFailover(ctx); err != nil {
+			c.log.Warn("the slot is not a failover slot and could not be altered to one; run "+wal.AlterSlotFailoverSQL(pc.Slot)+
 				" on a replication connection (psql \"dbname=... replication=database\") while outboxd is stopped",
 				"slot", pc.Slot, "err", err)
 		} else {
 			info.Failover = true
-			r.log.Info("altered the replication slot to a failover slot (postgres.failover_slot: true)", "slot", pc.Slot)
+			c.log.Info("altered the replication slot to a failover slot (postgres.failover_slot: true)", "slot", pc.Slot)
 		}
 	}
-	r.logFailover(ctx, conn, r.major, info)
-	return held, nil
+	c.logFailover(ctx, conn, h.major, info)
+	return slotHeld, nil
 }
 
 // checkShardPublication checks that a shard's publication, made before the
 // shards start (Shards.Start), publishes the outbox table with a row filter,
 // and returns its column list.
-func (r *Relay) checkShardPublication(ctx context.Context, conn *pgx.Conn) (wal.Publication, error) {
-	pc := r.cfg.Postgres
+func (c *Checker) checkShardPublication(ctx context.Context, conn *pgx.Conn) (wal.Publication, error) {
+	pc := c.cfg.Postgres
 	schema, table := pc.TableName()
-	create := shard.PublicationSQL(pc.Publication, schema, table, r.cfg.Router.KeyColumn, r.shard.Index, r.shard.Count)
+	create := shard.PublicationSQL(pc.Publication, schema, table, c.cfg.Router.KeyColumn, c.shard.Index, c.shard.Count)
 	var filter *string
 	var columns []string
 	err := conn.QueryRow(ctx, `SELECT to_jsonb(pt) ->> 'rowfilter', coalesce(to_jsonb(pt) -> 'attnames', 'null')
@@ -435,14 +480,14 @@ func (r *Relay) checkShardPublication(ctx context.Context, conn *pgx.Conn) (wal.
 		pc.Publication, schema, table).Scan(&filter, &columns)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return wal.Publication{}, wal.Errorf(wal.ErrPublicationMissing, "publication %q of shard %d of %d does not exist or does not include %s.%s; drop it if it exists and create it with %s",
-			pc.Publication, r.shard.Index, r.shard.Count, schema, table, create)
+			pc.Publication, c.shard.Index, c.shard.Count, schema, table, create)
 	}
 	if err != nil {
 		return wal.Publication{}, fmt.Errorf("reading tables of publication %q: %w", pc.Publication, err)
 	}
 	if filter == nil {
 		return wal.Publication{}, fmt.Errorf("publication %q of shard %d of %d publishes every row of %s.%s, so every shard would deliver every event; drop it and create it with %s",
-			pc.Publication, r.shard.Index, r.shard.Count, schema, table, create)
+			pc.Publication, c.shard.Index, c.shard.Count, schema, table, create)
 	}
 	return wal.Publication{Columns: columns}, nil
 }

@@ -1,4 +1,4 @@
-package relay
+package preflight
 
 import (
 	"context"
@@ -27,30 +27,30 @@ func checkFailoverVersion(major int, version string, failover bool) error {
 // logFailover logs the failover state at start-up: each note at Info, or
 // at Warn for what the operator should fix. A failure to read it is logged
 // too: it does not stop streaming.
-func (r *Relay) logFailover(ctx context.Context, conn *pgx.Conn, major int, slot wal.SlotInfo) {
-	f, err := pg.ReadFailover(ctx, conn, r.cfg.Postgres, major, slot, true)
+func (c *Checker) logFailover(ctx context.Context, conn *pgx.Conn, major int, slot wal.SlotInfo) {
+	f, err := pg.ReadFailover(ctx, conn, c.cfg.Postgres, major, slot, true)
 	if err != nil {
-		r.log.Warn("cannot tell whether a standby could take over with the slot", "slot", r.cfg.Postgres.Slot, "err", err)
+		c.log.Warn("cannot tell whether a standby could take over with the slot", "slot", c.cfg.Postgres.Slot, "err", err)
 		return
 	}
-	for _, n := range f.Notes(r.cfg.Postgres.Slot) {
+	for _, n := range f.Notes(c.cfg.Postgres.Slot) {
 		level := slog.LevelInfo
 		if n.Warn {
 			level = slog.LevelWarn
 		}
-		r.log.Log(ctx, level, n.Text, "slot", r.cfg.Postgres.Slot, "failover", f.SlotFailover)
+		c.log.Log(ctx, level, n.Text, "slot", c.cfg.Postgres.Slot, "failover", f.SlotFailover)
 	}
 }
 
 // alterToFailover makes the existing slot a failover slot, as
 // postgres.failover_slot asks, over a replication connection of its own.
-func (r *Relay) alterToFailover(ctx context.Context) error {
-	repl, err := r.connectReplication(ctx)
+func (c *Checker) alterToFailover(ctx context.Context) error {
+	repl, err := c.ConnectReplication(ctx)
 	if err != nil {
 		return err
 	}
 	defer repl.Close(context.WithoutCancel(ctx))
-	return wal.AlterSlotFailover(ctx, repl, r.cfg.Postgres.Slot)
+	return wal.AlterSlotFailover(ctx, repl, c.cfg.Postgres.Slot)
 }
 
 // refuseStandby refuses a server in recovery: a standby has no slot of
@@ -82,8 +82,8 @@ func refuseStandby(ctx context.Context, conn *pgx.Conn) error {
 // timeline it cannot read refuses too. With postgres.create_slot false it
 // refuses only a known later timeline, with the promotion's message, and
 // leaves the rest to the caller.
-func (r *Relay) refuseAfterPromotion(ctx context.Context, conn *pgx.Conn) error {
-	pg := r.cfg.Postgres
+func (c *Checker) refuseAfterPromotion(ctx context.Context, conn *pgx.Conn) error {
+	pg := c.cfg.Postgres
 	tli, err := wal.Timeline(ctx, conn)
 	switch {
 	case err != nil && !pg.CreateSlot, tli == 1:
@@ -93,7 +93,7 @@ func (r *Relay) refuseAfterPromotion(ctx context.Context, conn *pgx.Conn) error 
 			"If no outboxd used %q on this server or the one it was promoted from, create it with %s and start outboxd",
 			pg.Slot, err, pg.Slot, wal.CreateSlotSQL(pg.Slot, pg.FailoverSlot))
 	}
-	at := r.switchPoint(ctx, tli)
+	at := c.switchPoint(ctx, tli)
 	return wal.Errorf(wal.ErrSlotMissing, "replication slot %q does not exist, and this server is on timeline %d: it was promoted from a standby%s or restored from a backup, which keeps only synchronised failover slots. "+
 		"If outboxd used %q before, %s. Then create the slot with %s and start outboxd; it creates the slot itself only on timeline 1",
 		pg.Slot, tli, at, pg.Slot, missingAfterPromotion(at, "its last confirmed position (its last outboxd_checkpoint_confirmed_lsn)"), wal.CreateSlotSQL(pg.Slot, pg.FailoverSlot))
@@ -112,8 +112,8 @@ func missingAfterPromotion(at, since string) string {
 
 // switchPoint returns " at LSN X" where timeline tli began, or "" when it
 // cannot be read.
-func (r *Relay) switchPoint(ctx context.Context, tli int) string {
-	repl, err := r.connectReplication(ctx)
+func (c *Checker) switchPoint(ctx context.Context, tli int) string {
+	repl, err := c.ConnectReplication(ctx)
 	if err != nil {
 		return ""
 	}
@@ -128,14 +128,14 @@ func (r *Relay) switchPoint(ctx context.Context, tli int) string {
 // slotMissing explains a slot that is gone when a pipeline starts: dropped
 // by someone, or left behind by a promotion (the timeline changed since
 // the last run).
-func (r *Relay) slotMissing(ctx context.Context, conn *pgx.Conn) error {
-	pg := r.cfg.Postgres
+func (c *Checker) slotMissing(ctx context.Context, conn *pgx.Conn, h *History) error {
+	pg := c.cfg.Postgres
 	tli, err := wal.Timeline(ctx, conn)
-	if err == nil && r.timeline > 0 && tli > r.timeline {
-		return r.promoted(ctx, tli, r.lostWhy())
+	if err == nil && h.timeline > 0 && tli > h.timeline {
+		return c.promoted(ctx, tli, h.lostWhy(), h)
 	}
 	what := "was dropped while outboxd used it"
-	if err != nil || r.timeline <= 0 {
+	if err != nil || h.timeline <= 0 {
 		what = "is missing: dropped while outboxd used it, or lost in a promotion that outboxd could not see (it could not read the timeline)"
 	}
 	return wal.Errorf(wal.ErrSlotMissing, "replication slot %q %s; events committed since its last confirmed position may never be delivered. "+
@@ -143,11 +143,11 @@ func (r *Relay) slotMissing(ctx context.Context, conn *pgx.Conn) error {
 }
 
 // lostWhy says why the slot did not survive the promotion.
-func (r *Relay) lostWhy() string {
+func (h *History) lostWhy() string {
 	switch {
-	case r.major > 0 && r.major < wal.FailoverMajor:
-		return fmt.Sprintf("Postgres %d has no failover slots", r.major)
-	case r.slotFailover:
+	case h.major > 0 && h.major < wal.FailoverMajor:
+		return fmt.Sprintf("Postgres %d has no failover slots", h.major)
+	case h.slotFailover:
 		return "its copy on the standby was not synchronised and persisted yet"
 	}
 	return "it was not a failover slot"
@@ -155,9 +155,9 @@ func (r *Relay) lostWhy() string {
 
 // promoted is the stop for a slot lost in a promotion to timeline tli:
 // why says why the slot outboxd used is not there.
-func (r *Relay) promoted(ctx context.Context, tli int, why string) error {
-	pg := r.cfg.Postgres
-	st := r.Status()
+func (c *Checker) promoted(ctx context.Context, tli int, why string, h *History) error {
+	pg := c.cfg.Postgres
+	st := c.progress()
 	// SentLSN and ConfirmedCommitTime are set together, as this process
 	// confirms; ConfirmedLSN, the slot's position as Postgres applied it,
 	// may be another run's and does not go with the commit time.
@@ -165,16 +165,16 @@ func (r *Relay) promoted(ctx context.Context, tli int, why string) error {
 	switch {
 	case st.SentLSN != "":
 		since = "LSN " + st.SentLSN
-		if !st.ConfirmedCommitTime.IsZero() {
-			since += " (the last confirmed transaction committed at " + st.ConfirmedCommitTime.UTC().Format(time.RFC3339Nano) + ")"
+		if !st.CommitTime.IsZero() {
+			since += " (the last confirmed transaction committed at " + st.CommitTime.UTC().Format(time.RFC3339Nano) + ")"
 		}
 	case st.ConfirmedLSN != "":
 		since = "LSN " + st.ConfirmedLSN
 	}
-	at := r.switchPoint(ctx, tli)
+	at := c.switchPoint(ctx, tli)
 	return wal.Errorf(wal.ErrSlotMissing, "replication slot %q is missing: the server is a standby promoted to timeline %d%s (outboxd last saw timeline %d), and %s. "+
 		"So %s; then create the slot with %s and start outboxd",
-		pg.Slot, tli, at, r.timeline, why, missingAfterPromotion(at, since), wal.CreateSlotSQL(pg.Slot, pg.FailoverSlot))
+		pg.Slot, tli, at, h.timeline, why, missingAfterPromotion(at, since), wal.CreateSlotSQL(pg.Slot, pg.FailoverSlot))
 }
 
 // SplitBrainError refuses a server that is writable on an older timeline
@@ -209,11 +209,11 @@ func (e *SplitBrainError) Error() string {
 // of that cluster (SplitBrainError). Timelines of different clusters (a
 // pg_upgrade starts again at 1) say nothing of each other; an unknown
 // identifier ("") is taken for the same cluster.
-func (r *Relay) refuseOlderTimeline(server, system string, tli int) error {
-	if tli <= 0 || tli >= r.newest || !sameCluster(system, r.newestSystem) {
+func (h *History) refuseOlderTimeline(server, system string, tli int) error {
+	if tli <= 0 || tli >= h.newest || !sameCluster(system, h.newestSystem) {
 		return nil
 	}
-	return &SplitBrainError{Server: server, Timeline: tli, Newer: r.newestAt, Seen: r.newest}
+	return &SplitBrainError{Server: server, Timeline: tli, Newer: h.newestAt, Seen: h.newest}
 }
 
 // sameCluster reports whether two system identifiers may be of one
@@ -223,12 +223,12 @@ func sameCluster(a, b string) bool { return a == "" || b == "" || a == b }
 // sawTimeline records tli of cluster system, read on server, as the highest
 // seen when it is, or when it is the first seen of another cluster (after a
 // pg_upgrade, the old cluster's timelines no longer count).
-func (r *Relay) sawTimeline(server, system string, tli int) {
-	if tli > r.newest || !sameCluster(system, r.newestSystem) {
-		r.newest, r.newestAt, r.newestSystem = tli, server, system
+func (h *History) sawTimeline(server, system string, tli int) {
+	if tli > h.newest || !sameCluster(system, h.newestSystem) {
+		h.newest, h.newestAt, h.newestSystem = tli, server, system
 	}
-	if r.newestSystem == "" {
-		r.newestSystem = system
+	if h.newestSystem == "" {
+		h.newestSystem = system
 	}
 }
 
@@ -250,13 +250,13 @@ func refuseNewerPrimary(server, system string, tli int, others []pg.Primary) err
 // older timeline than this process saw, or than another primary among
 // others (pg.Primaries). A timeline it cannot read refuses nothing here:
 // ensureSlot judges that.
-func (r *Relay) refuseSplitBrain(ctx context.Context, conn *pgx.Conn, others []pg.Primary) error {
+func RefuseSplitBrain(ctx context.Context, conn *pgx.Conn, h *History, others []pg.Primary) error {
 	tli, err := wal.Timeline(ctx, conn)
 	if err != nil {
 		return nil
 	}
 	system := pg.SystemID(ctx, conn)
-	if err := r.refuseOlderTimeline(serverAddr(conn), system, tli); err != nil {
+	if err := h.refuseOlderTimeline(serverAddr(conn), system, tli); err != nil {
 		return err
 	}
 	return refuseNewerPrimary(serverAddr(conn), system, tli, others)
@@ -301,10 +301,10 @@ func replacedWhy(saved, tli int, info wal.SlotInfo, confirmed wal.LSN) string {
 // (replacedWhy). A timeline it cannot read keeps the one it saw last, with
 // a warning the first time; it never saves an unknown one. It fails only
 // when the connection does.
-func (r *Relay) noteSlot(ctx context.Context, conn *pgx.Conn, info wal.SlotInfo) error {
-	if r.major == 0 {
+func (c *Checker) noteSlot(ctx context.Context, conn *pgx.Conn, info wal.SlotInfo, h *History) error {
+	if h.major == 0 {
 		var err error
-		if r.major, _, err = pg.ServerMajor(ctx, conn); err != nil {
+		if h.major, _, err = pg.ServerMajor(ctx, conn); err != nil {
 			return err
 		}
 	}
@@ -312,29 +312,29 @@ func (r *Relay) noteSlot(ctx context.Context, conn *pgx.Conn, info wal.SlotInfo)
 	system := pg.SystemID(ctx, conn)
 	switch {
 	case err != nil:
-		if !r.timelineWarned {
-			r.timelineWarned = true
-			r.log.Warn("cannot read the server's timeline; keeping the one last seen, so a slot lost to a promotion may be reported as dropped", "slot", r.cfg.Postgres.Slot, "err", err)
+		if !h.timelineWarned {
+			h.timelineWarned = true
+			c.log.Warn("cannot read the server's timeline; keeping the one last seen, so a slot lost to a promotion may be reported as dropped", "slot", c.cfg.Postgres.Slot, "err", err)
 		}
-	case tli < r.timeline && sameCluster(system, r.timelineSystem):
-		return r.refuseOlderTimeline(serverAddr(conn), system, tli)
-	case tli < r.timeline:
+	case tli < h.timeline && sameCluster(system, h.timelineSystem):
+		return h.refuseOlderTimeline(serverAddr(conn), system, tli)
+	case tli < h.timeline:
 		// Another cluster with the slot: a pg_upgrade (Postgres 17 and
 		// later keep logical slots) starts again at timeline 1.
-		r.log.Warn("the server is another database cluster than the one the slot was last used on (pg_upgrade?); using its slot",
-			"slot", r.cfg.Postgres.Slot, "system_identifier", system, "was", r.timelineSystem, "timeline", tli, "was_timeline", r.timeline)
-		r.timeline, r.timelineSystem = tli, system
-		r.sawTimeline(serverAddr(conn), system, tli)
-	case tli == r.timeline:
-		r.sawSlot(info)
+		c.log.Warn("the server is another database cluster than the one the slot was last used on (pg_upgrade?); using its slot",
+			"slot", c.cfg.Postgres.Slot, "system_identifier", system, "was", h.timelineSystem, "timeline", tli, "was_timeline", h.timeline)
+		h.timeline, h.timelineSystem = tli, system
+		h.sawTimeline(serverAddr(conn), system, tli)
+	case tli == h.timeline:
+		h.sawSlot(info)
 	default:
-		if why := replacedWhy(r.timeline, tli, info, r.confirmed); why != "" {
-			return r.promoted(ctx, tli, why)
+		if why := replacedWhy(h.timeline, tli, info, h.confirmed); why != "" {
+			return c.promoted(ctx, tli, why, h)
 		}
-		r.timeline, r.timelineSystem = tli, system
-		r.sawTimeline(serverAddr(conn), system, tli)
+		h.timeline, h.timelineSystem = tli, system
+		h.sawTimeline(serverAddr(conn), system, tli)
 	}
-	r.slotFailover = info.Failover
+	h.slotFailover = info.Failover
 	return nil
 }
 
@@ -342,24 +342,24 @@ func (r *Relay) noteSlot(ctx context.Context, conn *pgx.Conn, info wal.SlotInfo)
 // (Relay.confirmed) once the slot is seen held by another process or
 // past what this process confirmed: another instance confirms it now, and
 // its copy may lawfully be further than this process ever confirmed.
-func (r *Relay) sawSlot(info wal.SlotInfo) {
-	if info.Active || info.ConfirmedFlushLSN > r.confirmed {
-		r.confirmed = 0
+func (h *History) sawSlot(info wal.SlotInfo) {
+	if info.Active || info.ConfirmedFlushLSN > h.confirmed {
+		h.confirmed = 0
 	}
 }
 
 // checkSlot is wal.CheckSlot with the remedy for an invalidated slot worded
 // for this server's timeline.
-func (r *Relay) checkSlot(ctx context.Context, conn *pgx.Conn, info wal.SlotInfo, db string) error {
+func (c *Checker) checkSlot(ctx context.Context, conn *pgx.Conn, info wal.SlotInfo, db string) error {
 	err := wal.CheckSlot(info, db, "")
 	if errors.Is(err, wal.ErrSlotLost) {
 		tli, _ := wal.Timeline(ctx, conn) // 0, unknown: the remedy that works on any timeline
-		err = wal.CheckSlot(info, db, wal.RecreateRemedy(tli, r.cfg.Postgres.Slot, r.cfg.Postgres.FailoverSlot))
+		err = wal.CheckSlot(info, db, wal.RecreateRemedy(tli, c.cfg.Postgres.Slot, c.cfg.Postgres.FailoverSlot))
 	}
 	return err
 }
 
-// judgeGone decides a server error whose SQLSTATE may mean that the slot or
+// JudgeGone decides a server error whose SQLSTATE may mean that the slot or
 // the publication is gone (42704 undefined_object: a dropped slot or
 // publication; 55000 object_not_in_prerequisite_state: an invalidated slot,
 // among other things) by reading pg_replication_slots afresh, never by the message, which is in the server's language
@@ -371,13 +371,13 @@ func (r *Relay) checkSlot(ctx context.Context, conn *pgx.Conn, info wal.SlotInfo
 // the slot again. The catalogue read is the one of the server at addr, where
 // the error came from (any host of postgres.dsn when ""): another writable
 // host would answer for a slot the run did not use.
-func (r *Relay) judgeGone(ctx context.Context, pgErr *pgconn.PgError, err error, addr string) error {
+func (c *Checker) JudgeGone(ctx context.Context, pgErr *pgconn.PgError, err error, addr string, h *History) error {
 	if pgErr.Code != "42704" && pgErr.Code != "55000" {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	conn, cerr := pg.ConnectAt(ctx, r.cfg.Postgres, addr)
+	conn, cerr := pg.ConnectAt(ctx, c.cfg.Postgres, addr)
 	if cerr != nil {
 		return err
 	}
@@ -385,23 +385,23 @@ func (r *Relay) judgeGone(ctx context.Context, pgErr *pgconn.PgError, err error,
 	if refuseStandby(ctx, conn) != nil {
 		return err
 	}
-	if tli, terr := wal.Timeline(ctx, conn); terr == nil && r.refuseOlderTimeline(serverAddr(conn), pg.SystemID(ctx, conn), tli) != nil {
+	if tli, terr := wal.Timeline(ctx, conn); terr == nil && h.refuseOlderTimeline(serverAddr(conn), pg.SystemID(ctx, conn), tli) != nil {
 		return err // an old primary: its catalogue says nothing of the slot outboxd used
 	}
-	info, ok, ierr := wal.InspectSlot(ctx, conn, r.cfg.Postgres.Slot)
+	info, ok, ierr := wal.InspectSlot(ctx, conn, c.cfg.Postgres.Slot)
 	switch {
 	case ierr != nil:
 		return err
 	case !ok:
-		return fmt.Errorf("%w (the server said: %s)", r.slotMissing(ctx, conn), pgErr.Message)
+		return fmt.Errorf("%w (the server said: %s)", c.slotMissing(ctx, conn, h), pgErr.Message)
 	}
 	var db string
 	if conn.QueryRow(ctx, "SELECT current_database()").Scan(&db) == nil {
-		if lost := r.checkSlot(ctx, conn, info, db); errors.Is(lost, wal.ErrSlotLost) {
+		if lost := c.checkSlot(ctx, conn, info, db); errors.Is(lost, wal.ErrSlotLost) {
 			return lost
 		}
 	}
-	var streamed *streamError
+	var streamed *StreamError
 	if pgErr.Code == "42704" && errors.As(err, &streamed) {
 		// The slot is in place and the stream had started on it, so the
 		// undefined object is the publication, at the point in the WAL
@@ -409,14 +409,14 @@ func (r *Relay) judgeGone(ctx context.Context, pgErr *pgconn.PgError, err error,
 		// again now does not matter). A 42704 from elsewhere (a slot
 		// dropped before START_REPLICATION and created again since, a
 		// catalogue lookup) is retried: the next run's inspection judges.
-		return r.publicationDropped(pgErr)
+		return c.PublicationDropped(pgErr)
 	}
 	return err
 }
 
-// streamError is an error the replication stream ended with, after
+// StreamError is an error the replication stream ended with, after
 // START_REPLICATION succeeded: one the walsender raised while decoding.
-type streamError struct{ err error }
+type StreamError struct{ Err error }
 
-func (e *streamError) Error() string { return e.err.Error() }
-func (e *streamError) Unwrap() error { return e.err }
+func (e *StreamError) Error() string { return e.Err.Error() }
+func (e *StreamError) Unwrap() error { return e.Err }

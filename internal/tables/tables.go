@@ -1,4 +1,9 @@
-package relay
+// Package tables tells the outbox table's changes from those of other
+// tables that the publication also publishes, by relation ID and the
+// catalogue, and learns the base types of the outbox columns' domains. One
+// Outbox serves one pipeline run: only its goroutine may use it, and it
+// reads the catalogue of the server the run streams from, nowhere else.
+package tables
 
 import (
 	"context"
@@ -13,7 +18,7 @@ import (
 	"github.com/outboxd/outboxd/wal"
 )
 
-// outboxTables tells the outbox table's changes from those of other tables
+// Outbox tells the outbox table's changes from those of other tables
 // that the publication also publishes. Matching the name alone is not
 // enough: a table renamed while outboxd runs keeps its relation ID under a
 // new name, and a publication without publish_via_partition_root (outboxd
@@ -21,7 +26,7 @@ import (
 // the slot) publishes a partition's rows under the partition's name. Those
 // rows are outbox events; dropping them would confirm them undelivered.
 // Tables that inherit from the outbox table are other tables.
-type outboxTables struct {
+type Outbox struct {
 	publication string
 	schema      string
 	table       string
@@ -34,23 +39,28 @@ type outboxTables struct {
 	// pgoutput names a column's declared type, which for a domain is the
 	// domain. Its base type tells how to read the value (a domain over bytea
 	// is sent as hex text): baseType learns each domain's.
-	baseType func(domain, base uint32)
+	baseType func(domain, base uint32) error
 	typed    *wal.Relation   // the last outbox relation whose types were looked at
 	types    map[uint32]bool // user-defined type OIDs already looked up
 }
 
-// newOutboxTables starts from outboxID, the outbox table's relation ID when
-// the run started (0 if unknown).
-func newOutboxTables(pgc config.Postgres, log *slog.Logger, outboxID uint32, baseType func(domain, base uint32)) *outboxTables {
+// New returns the Outbox of a run that streams from the server at addr
+// (pg.Addr; "" for any host of postgres.dsn), starting from outboxID, the
+// outbox table's relation ID when the run started (0 if unknown). baseType
+// is told each domain's base type as the run meets it; its error fails Has.
+func New(pgc config.Postgres, log *slog.Logger, outboxID uint32, addr string, baseType func(domain, base uint32) error) *Outbox {
 	schema, table := pgc.TableName()
-	return &outboxTables{publication: pgc.Publication, schema: schema, table: table, log: log, outboxID: outboxID, others: map[uint32]bool{},
-		db: pg.Lazy{PG: pgc}, baseType: baseType, types: map[uint32]bool{}}
+	return &Outbox{publication: pgc.Publication, schema: schema, table: table, log: log, outboxID: outboxID, others: map[uint32]bool{},
+		db: pg.Lazy{PG: pgc, Addr: addr}, baseType: baseType, types: map[uint32]bool{}}
 }
 
-// has reports whether rel's rows are outbox rows. A relation of another name
+// Addr is the server whose catalogue it reads (pg.Addr).
+func (t *Outbox) Addr() string { return t.db.Addr }
+
+// Has reports whether rel's rows are outbox rows. A relation of another name
 // is looked up in the catalog once per run, and so are the outbox's
 // user-defined column types.
-func (t *outboxTables) has(ctx context.Context, rel *wal.Relation) (bool, error) {
+func (t *Outbox) Has(ctx context.Context, rel *wal.Relation) (bool, error) {
 	ours, err := t.is(ctx, rel)
 	if ours && err == nil && rel != t.typed {
 		err = t.resolveTypes(ctx, rel)
@@ -58,7 +68,7 @@ func (t *outboxTables) has(ctx context.Context, rel *wal.Relation) (bool, error)
 	return ours, err
 }
 
-func (t *outboxTables) is(ctx context.Context, rel *wal.Relation) (bool, error) {
+func (t *Outbox) is(ctx context.Context, rel *wal.Relation) (bool, error) {
 	if rel.Namespace == t.schema && rel.Name == t.table {
 		t.outboxID = rel.ID
 		return true, nil
@@ -96,7 +106,7 @@ const firstUserOID = 16384
 
 // resolveTypes looks up the base type of each domain among rel's column
 // types that it has not seen yet.
-func (t *outboxTables) resolveTypes(ctx context.Context, rel *wal.Relation) error {
+func (t *Outbox) resolveTypes(ctx context.Context, rel *wal.Relation) error {
 	var oids []uint32
 	for _, c := range rel.Columns {
 		if c.TypeOID >= firstUserOID && !t.types[c.TypeOID] {
@@ -118,10 +128,7 @@ func (t *outboxTables) resolveTypes(ctx context.Context, rel *wal.Relation) erro
 			return fmt.Errorf("looking up the column types of %s: %w", rel.QualifiedName(), err)
 		}
 		var domain, base uint32
-		_, err = pgx.ForEachRow(rows, []any{&domain, &base}, func() error {
-			t.baseType(domain, base)
-			return nil
-		})
+		_, err = pgx.ForEachRow(rows, []any{&domain, &base}, func() error { return t.baseType(domain, base) })
 		if err != nil {
 			return fmt.Errorf("looking up the column types of %s: %w", rel.QualifiedName(), err)
 		}
@@ -135,7 +142,7 @@ func (t *outboxTables) resolveTypes(ctx context.Context, rel *wal.Relation) erro
 
 // lookup reports whether relation id exists and whether it is a partition
 // of the outbox table (by its configured name or its ID), at any depth.
-func (t *outboxTables) lookup(ctx context.Context, id uint32) (exists, partition bool, err error) {
+func (t *Outbox) lookup(ctx context.Context, id uint32) (exists, partition bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	conn, err := t.db.Get(ctx)
@@ -149,4 +156,5 @@ func (t *outboxTables) lookup(ctx context.Context, id uint32) (exists, partition
 	return exists, partition, err
 }
 
-func (t *outboxTables) close() { t.db.Close() }
+// Close closes the connection of the lookups.
+func (t *Outbox) Close() { t.db.Close() }
