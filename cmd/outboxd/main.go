@@ -212,11 +212,10 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 // startUpEnded judges how the start-up checks ended (err). SIGTERM or
 // SIGINT during them cancels ctx, and they then fail on the cancellation (a
 // connection cut short, blamed on postgres.dsn): nothing was read yet, so
-// that is a clean
-// stop (stopped, exit 0), as one while streaming is, logged at Info with
-// the error. Any other error is returned, even when a signal came too: a
-// real start-up failure (Kafka SASL or TLS, wal_level, a reshard that
-// stalls) must not exit 0.
+// that is a clean stop (stopped, exit 0), as one while streaming is, logged
+// at Info with the error. Any other error is returned, even when a signal
+// came too: a real start-up failure (Kafka SASL or TLS, wal_level, a
+// reshard that stalls) must not exit 0.
 func startUpEnded(ctx context.Context, err error, log *slog.Logger, slot string) (stopped bool, _ error) {
 	if err == nil {
 		return false, nil
