@@ -21,7 +21,7 @@ type table struct {
 	// rel is the table as pgoutput describes it to the daemon: its columns
 	// in order, without generated columns (which pgoutput does not send),
 	// each with its base type (pgoutput names a domain; the daemon's router
-	// learns its base type, SetBaseType).
+	// is built with its base type, router.Schema.Bases).
 	rel      *wal.Relation
 	types    map[string]uint32 // column → base type, for router.CheckTypes
 	key      router.KeyColumn  // what the catalog says of router.key_column
@@ -115,11 +115,11 @@ func readTable(ctx context.Context, conn *pgx.Conn, schema, name, keyColumn stri
 }
 
 // newRouter returns the router the daemon routes t's rows with: built from
-// cfg and told what the catalog says of t's columns, as the daemon's
-// start-up check tells it (relay's checkColumnTypes), so that it refuses
-// what the daemon would refuse.
+// cfg and what the catalog says of t's key column, as the daemon's is from
+// its start-up checks (internal/preflight's checkColumnTypes), so that it
+// refuses what the daemon would refuse.
 func newRouter(cfg config.Router, t table) (*router.Router, error) {
-	rt, err := router.New(cfg)
+	rt, err := router.New(cfg, router.Schema{Key: t.key})
 	if err != nil {
 		return nil, err
 	}
@@ -127,11 +127,10 @@ func newRouter(cfg config.Router, t table) (*router.Router, error) {
 	for _, c := range t.rel.Columns {
 		present = append(present, c.Name)
 	}
-	if missing := pg.MissingColumns(present, rt.Columns()); len(missing) > 0 {
+	if missing := pg.MissingColumns(present, router.Columns(cfg)); len(missing) > 0 {
 		return nil, fmt.Errorf("outbox table %s has no column %s; add it or set the router.*_column settings to the table's column names",
 			t.name, strings.Join(missing, ", "))
 	}
-	rt.SetKeyColumn(t.key)
 	if err := rt.CheckTypes(t.name, t.types); err != nil {
 		return nil, err
 	}
