@@ -2,9 +2,9 @@ package eos
 
 import "fmt"
 
-// Server is the run's server as IDENTIFY_SYSTEM shows it, read after the
-// producer was initialised (the previous holder of the id committed
-// positions until then).
+// Server is the run's server as IDENTIFY_SYSTEM shows it, read in the
+// connect stage on the run's replication connection, before
+// START_REPLICATION and before the producer is initialised (DESIGN.md).
 type Server struct {
 	Timeline int
 	WALEnd   LSN
@@ -71,8 +71,8 @@ func checkTimeline(pos Position, tli int, walEnd LSN, topic string) (history boo
 		return true, nil
 	case pos.LSN > walEnd:
 		return false, fmt.Errorf("the position in %s (LSN %s) is past this server's WAL (%s): the database was restored from a backup, "+
-			"or the position is another server's; outboxd would skip what the server commits up to it. "+
-			"Set a new kafka.transactional_id (or delete the position's key from %[1]s) to start from the slot", topic, pos.LSN, walEnd)
+			"or the position is another server's, or another instance held the slot during this start (then the next run, which is retried, reads a later WAL end); "+
+			"outboxd would skip what the server commits up to it. If it persists, set a new kafka.transactional_id (or delete the position's key from %[1]s) to start from the slot", topic, pos.LSN, walEnd)
 	}
 	return false, nil
 }
