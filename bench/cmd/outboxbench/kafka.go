@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -30,6 +31,7 @@ func cmdTopics(ctx context.Context, args []string) error {
 	c.register(fs)
 	partitions := fs.Int("partitions", 6, "partitions per topic")
 	del := fs.Bool("delete", false, "delete the prefix's topics instead of creating them")
+	maxMessage := fs.Int("max-message-bytes", 0, "the topics' max.message.bytes (0: the broker's default)")
 	_ = fs.Parse(args)
 	cl, adm, err := newAdmin(c.brokers)
 	if err != nil {
@@ -39,29 +41,37 @@ func cmdTopics(ctx context.Context, args []string) error {
 	if *del {
 		// So that every run meets a broker of the same size: partitions
 		// left behind add to its state and may lengthen its collections.
-		resp, err := adm.DeleteTopics(ctx, c.topics()...)
-		if err != nil {
-			return fmt.Errorf("deleting topics: %w", err)
-		}
-		for _, r := range resp {
-			if r.Err != nil && !errors.Is(r.Err, kerr.UnknownTopicOrPartition) {
-				return fmt.Errorf("deleting topic %s: %w", r.Topic, r.Err)
+		for chunk := range slices.Chunk(c.topics(), 100) { // the cost section's 1,000 topics, a request at a time
+			resp, err := adm.DeleteTopics(ctx, chunk...)
+			if err != nil {
+				return fmt.Errorf("deleting topics: %w", err)
+			}
+			for _, r := range resp {
+				if r.Err != nil && !errors.Is(r.Err, kerr.UnknownTopicOrPartition) {
+					return fmt.Errorf("deleting topic %s: %w", r.Topic, r.Err)
+				}
 			}
 		}
 		return nil
 	}
 	cfg := map[string]*string{"message.timestamp.type": new("LogAppendTime")}
-	resp, err := adm.CreateTopics(ctx, int32(*partitions), 1, cfg, c.topics()...)
-	if err != nil {
-		return fmt.Errorf("creating topics: %w", err)
+	if *maxMessage > 0 {
+		cfg["max.message.bytes"] = new(strconv.Itoa(*maxMessage))
 	}
-	for _, r := range resp {
-		if r.Err != nil && !errors.Is(r.Err, kerr.TopicAlreadyExists) {
-			return fmt.Errorf("creating topic %s: %w", r.Topic, r.Err)
+	for chunk := range slices.Chunk(c.topics(), 100) {
+		resp, err := adm.CreateTopics(ctx, int32(*partitions), 1, cfg, chunk...)
+		if err != nil {
+			return fmt.Errorf("creating topics: %w", err)
+		}
+		for _, r := range resp {
+			if r.Err != nil && !errors.Is(r.Err, kerr.TopicAlreadyExists) {
+				return fmt.Errorf("creating topic %s: %w", r.Topic, r.Err)
+			}
 		}
 	}
 	// Wait for leaders so that nobody's first records hit an unknown topic.
-	deadline := time.Now().Add(30 * time.Second)
+	wait := 30*time.Second + time.Duration(c.types)*100*time.Millisecond
+	deadline := time.Now().Add(wait)
 	for {
 		td, err := adm.ListTopics(ctx, c.topics()...)
 		ok := err == nil
@@ -81,7 +91,7 @@ func cmdTopics(ctx context.Context, args []string) error {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("topics have no leaders after 30s")
+			return fmt.Errorf("topics have no leaders after %s", wait)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

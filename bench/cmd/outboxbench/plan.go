@@ -25,11 +25,11 @@ import (
 // (catchup, live, idle, produce, shards) whose result line it appends to the
 // run's results, and at the end renders the report.
 
-// sections in the order a run without arguments takes them; deletes runs
-// only when named.
+// sections in the order a run without arguments takes them (a full run
+// adds cost, which takes long); deletes runs only when named.
 var (
 	defaultSections   = []string{"catchup", "sizes", "live", "idle", "shards"}
-	knownSections     = append(slices.Clone(defaultSections), "deletes")
+	knownSections     = append(slices.Clone(defaultSections), "cost", "deletes")
 	defaultContenders = []string{"pg_recvlogical", "pg_walread", "kafka_raw", "outboxd", "outboxd_eos", "outboxd_s2", "outboxd_s4",
 		"go_pq_cdc_kafka", "conduit", "debezium_default", "debezium_tuned"}
 )
@@ -37,11 +37,13 @@ var (
 // sizeDefaults are the numbers of a size, before OUTBOXD_BENCH_* overrides.
 type sizeDefaults struct {
 	events, liveSeconds, idleSeconds, repeat, shardEvents int
+	sections                                              []string
 }
 
 var sizes = map[string]sizeDefaults{
-	"small": {events: 50000, liveSeconds: 15, idleSeconds: 20, repeat: 1, shardEvents: 200000},
-	"full":  {events: 1000000, liveSeconds: 30, idleSeconds: 60, repeat: 3, shardEvents: 1000000},
+	"small": {events: 50000, liveSeconds: 15, idleSeconds: 20, repeat: 1, shardEvents: 200000, sections: defaultSections},
+	"full": {events: 1000000, liveSeconds: 30, idleSeconds: 60, repeat: 3, shardEvents: 1000000,
+		sections: append(slices.Clone(defaultSections), "cost")},
 }
 
 // plan is one run of the harness: its settings and the paths bench/run
@@ -112,7 +114,7 @@ func cmdPlan(ctx context.Context, args []string) error {
 	}
 	p.sections = rest
 	if len(p.sections) == 0 {
-		p.sections = defaultSections
+		p.sections = def.sections
 	}
 	for _, s := range p.sections {
 		if !slices.Contains(knownSections, s) {
@@ -173,7 +175,7 @@ func cmdPlan(ctx context.Context, args []string) error {
 	}
 	// Only a complete full run, written where it is staged by default,
 	// becomes the run the report cites.
-	p.publish = p.size == "full" && slices.Equal(p.sections, defaultSections) && os.Getenv("OUTBOXD_BENCH_CONTENDERS") == "" &&
+	p.publish = p.size == "full" && slices.Equal(p.sections, def.sections) && os.Getenv("OUTBOXD_BENCH_CONTENDERS") == "" &&
 		os.Getenv("OUTBOXD_BENCH_RESULTS") == "" &&
 		os.Getenv("OUTBOXD_BENCH_EVENTS")+os.Getenv("OUTBOXD_BENCH_LIVE_SECONDS")+os.Getenv("OUTBOXD_BENCH_RATES")+
 			os.Getenv("OUTBOXD_BENCH_SHARD_EVENTS")+p.outboxdEnv == ""
@@ -203,7 +205,7 @@ func (p *plan) run(ctx context.Context) error {
 	if err := os.MkdirAll(p.results, 0o755); err != nil {
 		return err
 	}
-	for _, pat := range []string{"results-*.jsonl", "results-*.md", "report.md", "*.dat", "*.png"} {
+	for _, pat := range []string{"results-*.jsonl", "results-*.md", "report.md", "*.dat", "*.png", "*.svg"} {
 		old, _ := filepath.Glob(filepath.Join(p.results, pat))
 		for _, f := range old {
 			_ = os.Remove(f)
@@ -249,13 +251,19 @@ func (p *plan) run(ctx context.Context) error {
 	for _, section := range p.sections {
 		switch section {
 		case "catchup":
-			p.catchupWorkload(ctx, "catchup-100tx", p.n, 100, 250, nil, catchupAll)
-			p.catchupWorkload(ctx, "catchup-1tx", p.n, p.n, 250, nil, catchupAll)
+			p.catchupWorkload(ctx, workload{name: "catchup-100tx", n: p.n, tx: 100, size: 250}, catchupAll)
+			p.catchupWorkload(ctx, workload{name: "catchup-1tx", n: p.n, tx: p.n, size: 250}, catchupAll)
 		case "deletes":
-			p.catchupWorkload(ctx, "catchup-100tx-delete", p.n, 100, 250, []string{"-delete"}, catchupAll)
+			p.catchupWorkload(ctx, workload{name: "catchup-100tx-delete", n: p.n, tx: 100, size: 250, fillExtra: []string{"-delete"}}, catchupAll)
 		case "sizes":
-			p.catchupWorkload(ctx, "catchup-100tx-4KB", p.n/10, 100, 4096, nil, catchupAll)
-			p.catchupWorkload(ctx, "catchup-100tx-64KB", p.n/100, 100, 65536, nil, catchupAll)
+			p.catchupWorkload(ctx, workload{name: "catchup-100tx-4KB", n: p.n / 10, tx: 100, size: 4096}, catchupAll)
+			p.catchupWorkload(ctx, workload{name: "catchup-100tx-64KB", n: p.n / 100, tx: 100, size: 65536}, catchupAll)
+		case "cost":
+			if p.has("outboxd") {
+				for _, w := range costWorkloads(p.n) {
+					p.catchupWorkload(ctx, w, []string{"outboxd"})
+				}
+			}
 		case "live":
 			p.liveSection(ctx)
 		case "idle":
@@ -429,15 +437,17 @@ func (p *plan) slot(ctx context.Context, name string, drop bool) {
 	}
 }
 
-func (p *plan) topics(ctx context.Context, prefix string) {
-	if err := p.sub(ctx, io.Discard, "topics", "-dsn", p.dsn, "-brokers", p.brokers, "-prefix", prefix); err != nil {
+// topics creates a run's topics; extra are more flags of the topics
+// subcommand (-types, -max-message-bytes).
+func (p *plan) topics(ctx context.Context, prefix string, extra ...string) {
+	if err := p.sub(ctx, io.Discard, append([]string{"topics", "-dsn", p.dsn, "-brokers", p.brokers, "-prefix", prefix}, extra...)...); err != nil {
 		p.log("  creating topics %s* failed", prefix)
 	}
 }
 
 // untopics deletes a run's topics, so that later runs meet a broker of the same size.
-func (p *plan) untopics(ctx context.Context, prefix string) {
-	if err := p.sub(ctx, io.Discard, "topics", "-dsn", p.dsn, "-brokers", p.brokers, "-prefix", prefix, "-delete"); err != nil {
+func (p *plan) untopics(ctx context.Context, prefix string, extra ...string) {
+	if err := p.sub(ctx, io.Discard, append([]string{"topics", "-dsn", p.dsn, "-brokers", p.brokers, "-prefix", prefix, "-delete"}, extra...)...); err != nil {
 		p.log("  deleting topics %s* failed", prefix)
 	}
 }
@@ -686,12 +696,34 @@ func catchupSlot(prefix, c string, rep int) string {
 
 var notName = regexp.MustCompile(`[^a-z0-9]`)
 
+// workload is one catch-up workload: its fill and what its runs add.
+type workload struct {
+	name          string
+	n, tx, size   int
+	types         int      // aggregate types, one topic each; 0: the default 10
+	fillExtra     []string // more flags of fill
+	maxMessage    int      // > 0: the topics' max.message.bytes and outboxd's kafka.max_message_bytes (the 1 MB events)
+	outboxdEnvAdd string   // more of outboxd's environment (the cost section's settings)
+}
+
+// topicFlags are the flags of the topics subcommand for w's topics.
+func (w workload) topicFlags() []string {
+	var f []string
+	if w.types > 0 {
+		f = append(f, "-types", strconv.Itoa(w.types))
+	}
+	if w.maxMessage > 0 {
+		f = append(f, "-max-message-bytes", strconv.Itoa(w.maxMessage+w.maxMessage/10))
+	}
+	return f
+}
+
 // catchupWorkload fills the outbox once (every contender's slots made
 // first) and lets each contender drain its own slot, catchupRepeat times.
-func (p *plan) catchupWorkload(ctx context.Context, name string, n, tx, size int, fillExtra, contenders []string) {
-	prefix := notName.ReplaceAllString(name, "_")
-	p.log("catch-up %s: %d events, %d rows/tx, %d B", name, n, tx, size)
-	p.topics(ctx, prefix)
+func (p *plan) catchupWorkload(ctx context.Context, w workload, contenders []string) {
+	prefix := notName.ReplaceAllString(w.name, "_")
+	p.log("catch-up %s: %d events, %d rows/tx, %d B", w.name, w.n, w.tx, w.size)
+	p.topics(ctx, prefix, w.topicFlags()...)
 	for rep := 1; rep <= p.catchupRepeat; rep++ { // every slot starts before the events
 		for _, c := range contenders {
 			if shardCount(c) != 0 {
@@ -704,8 +736,11 @@ func (p *plan) catchupWorkload(ctx context.Context, name string, n, tx, size int
 		}
 	}
 	var lsn strings.Builder
-	args := append([]string{"fill", "-dsn", p.dsn, "-prefix", prefix, "-n", strconv.Itoa(n), "-tx", strconv.Itoa(tx), "-size", strconv.Itoa(size)}, fillExtra...)
-	if err := p.sub(ctx, &lsn, args...); err != nil {
+	args := []string{"fill", "-dsn", p.dsn, "-prefix", prefix, "-n", strconv.Itoa(w.n), "-tx", strconv.Itoa(w.tx), "-size", strconv.Itoa(w.size)}
+	if w.types > 0 {
+		args = append(args, "-types", strconv.Itoa(w.types))
+	}
+	if err := p.sub(ctx, &lsn, append(args, w.fillExtra...)...); err != nil {
 		p.log("  fill failed: %v", err)
 		return
 	}
@@ -716,10 +751,10 @@ func (p *plan) catchupWorkload(ctx context.Context, name string, n, tx, size int
 		k := (rep - 1) % len(contenders)
 		for _, c := range append(slices.Clone(contenders[k:]), contenders[:k]...) {
 			p.quiesce(ctx)
-			p.catchupRun(ctx, name, n, size, endLSN, c, catchupSlot(prefix, c, rep))
+			p.catchupRun(ctx, w, endLSN, c, catchupSlot(prefix, c, rep))
 		}
 	}
-	p.untopics(ctx, prefix)
+	p.untopics(ctx, prefix, w.topicFlags()...)
 	p.shardUnpublish(ctx, contenders)
 	if err := p.sql(ctx, "CHECKPOINT"); err != nil { // let Postgres recycle the WAL before the next workload
 		p.log("  %v", err)
@@ -727,11 +762,15 @@ func (p *plan) catchupWorkload(ctx context.Context, name string, n, tx, size int
 }
 
 // catchupRun lets one contender drain its slot.
-func (p *plan) catchupRun(ctx context.Context, name string, n, size int, endLSN, c, slot string) {
-	prefix := notName.ReplaceAllString(name, "_")
+func (p *plan) catchupRun(ctx context.Context, w workload, endLSN, c, slot string) {
+	prefix := notName.ReplaceAllString(w.name, "_")
+	n := w.n
 	logPath := filepath.Join(p.dir, "runs", slot+".log")
-	common := []string{"-slot", slot, "-prefix", prefix, "-label", c, "-workload", name, "-n", strconv.Itoa(n), "-size", strconv.Itoa(size),
+	common := []string{"-slot", slot, "-prefix", prefix, "-label", c, "-workload", w.name, "-n", strconv.Itoa(n), "-size", strconv.Itoa(w.size),
 		"-log", logPath, "-rss", filepath.Join(p.dir, "runs", slot+".rss")}
+	if w.types > 0 {
+		common = append(common, "-types", strconv.Itoa(w.types))
+	}
 	p.log("  %s", c)
 	catchup := func(extra []string, argv []string) {
 		args := append(append(append([]string{"catchup"}, common...), extra...), "--")
@@ -744,11 +783,20 @@ func (p *plan) catchupRun(ctx context.Context, name string, n, size int, endLSN,
 	case c == "pg_walread": // the same decoding, read by a reader the kernel wakes per 32 KB
 		catchup([]string{"-until-exit"}, []string{p.ob, "walread", "-dsn", p.dsn, "-slot", slot, "-end", endLSN, "-lowat", "32768"})
 	case c == "kafka_raw":
-		p.result(ctx, c, "", "produce", "-prefix", prefix, "-label", c, "-workload", name, "-n", strconv.Itoa(n), "-size", strconv.Itoa(size))
+		args := []string{"produce", "-prefix", prefix, "-label", c, "-workload", w.name, "-n", strconv.Itoa(n), "-size", strconv.Itoa(w.size)}
+		if w.types > 0 {
+			args = append(args, "-types", strconv.Itoa(w.types))
+		}
+		p.result(ctx, c, "", args...)
 	case c == "outboxd" || c == "outboxd_b" || c == "outboxd_eos" || shardCount(c) != 0:
 		// outboxd_sN: -slot is the shards' base name (outboxbench reads the
 		// worst shard's slot lag); timed until the last shard's last record.
 		argv := p.outboxdCmd(c, slot)
+		env := w.outboxdEnvAdd
+		if w.maxMessage > 0 {
+			env += fmt.Sprintf(" OUTBOXD_KAFKA_MAX_MESSAGE_BYTES=%d", w.maxMessage)
+		}
+		argv = slices.Insert(argv, len(argv)-1, strings.Fields(env)...) // before the binary
 		var extra []string
 		if exactlyOnce(argv) { // timed as a read_committed consumer sees it
 			extra = []string{"-read-committed"}
