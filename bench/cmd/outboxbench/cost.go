@@ -172,7 +172,7 @@ func fasterThanLinear(xs, ys []float64) bool {
 type curve struct {
 	file, title   string
 	xName, yName  string // axis names
-	xUnit, yUnit  string // the model's units: "topic", "µs per event"
+	xUnit         string // the model's unit of x: "topic", "payload byte"
 	xs, ys        []float64
 	xFmt          func(float64) string
 	fit           line
