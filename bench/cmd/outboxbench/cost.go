@@ -402,7 +402,11 @@ func svgPlot(c curve) string {
 	if c.super {
 		color = "#c00"
 	}
-	fmt.Fprintf(&b, `<text x="20" y="%.0f" font-size="11" fill="%s">dashed: %s</text>`+"\n", h-22, color, html.EscapeString(c.model()))
+	model, flag, _ := strings.Cut(c.model(), "; ") // the flag on a line of its own
+	fmt.Fprintf(&b, `<text x="20" y="%.0f" font-size="11">dashed: %s</text>`+"\n", h-30, html.EscapeString(model))
+	if flag != "" {
+		fmt.Fprintf(&b, `<text x="20" y="%.0f" font-size="11" fill="%s">%s</text>`+"\n", h-12, color, html.EscapeString(flag))
+	}
 	b.WriteString("</svg>\n")
 	return b.String()
 }
