@@ -284,6 +284,14 @@ func (b benchRun) body() string {
 				ms(median(col(func(r result) float64 { return r.P999ms }))), pgSend, median(col(cpu)), rss(steadyRSS), rss(peakRSS), drained)
 		}
 	}
+	md.WriteString(b.rest())
+	return md.String()
+}
+
+// rest is what body and docBody end with: the idle outbox, the shards
+// and the peers that were not set up.
+func (b benchRun) rest() string {
+	var md strings.Builder
 	var idle []result
 	for _, r := range b.rs {
 		if r.Mode == "idle" {
@@ -299,6 +307,57 @@ func (b benchRun) body() string {
 	}
 	md.WriteString(b.shardsBody())
 	md.WriteString(peersBody(b.rs))
+	return md.String()
+}
+
+// docBody is BENCHMARKS.md's shorter form of body, so that a run of every
+// contender keeps the document under 25 KB: the targets, then one row per
+// contender with its medians (report.md has every column and spread).
+func (b benchRun) docBody() string {
+	var md strings.Builder
+	md.WriteString(b.setting() + "\n\n### Targets\n\n")
+	writeTargets(&md, b.verdicts)
+	md.WriteString("### Medians by contender\n\n" +
+		"Catch-up in events/s (outboxd_eos: until a read_committed consumer has every event; pg_recvlogical and pg_walread: decode only), " +
+		"and the CPU and peak RSS of the 100-row catch-up; live p50 / p99 from the writer's commit to visibility to a read_committed consumer. " +
+		"Every column and spread: [report.md](bench/results/latest/report.md).\n\n")
+	md.WriteString("| contender | 100-row tx | one tx | 4 KB | 64 KB | CPU-s per 100k | peak RSS |")
+	for _, r := range rates {
+		md.WriteString(" live " + rateName(r) + " |")
+	}
+	md.WriteString("\n|---|--:|--:|--:|--:|--:|--:|" + strings.Repeat("--:|", len(rates)) + "\n")
+	t := b.t
+	for _, c := range catchupOrder {
+		var cells []string
+		ran := false
+		for _, w := range workloads[:4] {
+			cell := "–"
+			if v, ok := t.median("catchup", w, c, 0, throughput); ok {
+				cell, ran = kilo(v), true
+			}
+			cells = append(cells, cell)
+		}
+		cp, rss := "–", "–"
+		if v, ok := t.median("catchup", catchup100, c, 0, cpu); ok && v > 0 {
+			cp = fmt.Sprintf("%.2f", v)
+		}
+		if v, ok := t.median("catchup", catchup100, c, 0, peakRSS); ok && v > 0 {
+			rss = mb(v)
+		}
+		cells = append(cells, cp, rss)
+		for _, r := range rates {
+			cell := "–"
+			if v50, ok := t.median("live", live250, c, r, p50); ok {
+				v99, _ := t.median("live", live250, c, r, p99)
+				cell, ran = ms(v50)+" / "+ms(v99), true
+			}
+			cells = append(cells, cell)
+		}
+		if ran {
+			fmt.Fprintf(&md, "| %s | %s |\n", c, strings.Join(cells, " | "))
+		}
+	}
+	md.WriteString(b.rest())
 	return md.String()
 }
 
@@ -392,7 +451,7 @@ func markers(name string) (begin, end string) {
 func (b benchRun) sections(doc string) map[string]string {
 	switch filepath.Base(doc) {
 	case "BENCHMARKS.md":
-		return map[string]string{"results": b.body()}
+		return map[string]string{"results": b.docBody()}
 	case "README.md":
 		return map[string]string{"comparison": b.readme()}
 	}

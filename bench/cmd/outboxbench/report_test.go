@@ -67,3 +67,15 @@ func TestReplaceSection(t *testing.T) {
 		t.Error("replaceSection without markers: no error")
 	}
 }
+
+// TestBenchmarksSize keeps BENCHMARKS.md under 25 KB (issue 36), its
+// generated section included: a run of more contenders makes it longer.
+func TestBenchmarksSize(t *testing.T) {
+	data, err := os.ReadFile("../../../BENCHMARKS.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(data) >= 25000 {
+		t.Errorf("BENCHMARKS.md is %d bytes: trim it under 25,000 (every row and spread is in bench/results/latest/report.md)", len(data))
+	}
+}
