@@ -323,7 +323,7 @@ func TestLatencyBucketsFitAlert(t *testing.T) {
 }
 
 // TestLastErrorWhereServed: /healthz answers {"status":"ok"} only (see
-// metrics.TestEndpoints); last_error is in /status and /readyz's body. The
+// httpserver.TestEndpoints); last_error is in /status and /readyz's body. The
 // runbook and the alerts must send operators there.
 func TestLastErrorWhereServed(t *testing.T) {
 	wrong := regexp.MustCompile(`healthz[^.|\n]{0,80}last_error|last_error[^.|\n]{0,80}healthz`)
