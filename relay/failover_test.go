@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -21,6 +20,7 @@ import (
 	"github.com/outboxd/outboxd/internal/pg"
 	"github.com/outboxd/outboxd/internal/preflight"
 	"github.com/outboxd/outboxd/internal/tables"
+	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/wal"
 )
 
@@ -62,13 +62,7 @@ func TestDecisionsByCode(t *testing.T) {
 // whatever its message says and in whatever language (issue 32 item 18).
 // It needs the test bed's Postgres (OUTBOXD_TEST_PG_DSN).
 func TestJudgeGoneReadsCatalogue(t *testing.T) {
-	dsn := os.Getenv("OUTBOXD_TEST_PG_DSN")
-	if dsn == "" {
-		if os.Getenv("CI") != "" {
-			t.Fatal("OUTBOXD_TEST_PG_DSN is not set")
-		}
-		t.Skip("OUTBOXD_TEST_PG_DSN is not set; start scripts/testbed/pg-start and source its env")
-	}
+	dsn := testenv.PostgresDSN(t)
 	ctx := context.Background()
 	admin, err := pgx.Connect(ctx, dsn)
 	if err != nil {

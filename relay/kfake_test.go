@@ -48,8 +48,8 @@ var textOutboxRel = &wal.Relation{ID: 16400, Namespace: "public", Name: "outbox"
 }}
 
 type fakeTxn struct {
-	lsn   checkpoint.LSN // the commit's end LSN
-	items []wal.Item     // Begin, the inserts, Commit
+	lsn   wal.LSN    // the commit's end LSN
+	items []wal.Item // Begin, the inserts, Commit
 	ids   []string
 	seqs  []int
 }
@@ -62,14 +62,14 @@ func workload(n int) []fakeTxn {
 	text := func(s string) wal.Datum { return wal.Datum{Kind: wal.DatumText, Data: []byte(s)} }
 	for i := range txns {
 		tx := &txns[i]
-		tx.lsn = checkpoint.LSN(100 * (i + 1))
+		tx.lsn = wal.LSN(100 * (i + 1))
 		commitTime := time.Now()
 		tx.items = append(tx.items, &wal.Begin{XID: uint32(i + 1), FinalLSN: tx.lsn - 10, CommitTime: commitTime})
 		for j := range 1 + (i*7)%5 {
 			key := fmt.Sprintf("k%02d", (i*3+j*11)%20)
 			seq[key]++
 			id++
-			tx.items = append(tx.items, &wal.Change{Op: wal.Insert, XID: uint32(i + 1), LSN: tx.lsn - 50 + checkpoint.LSN(j), CommitTime: commitTime,
+			tx.items = append(tx.items, &wal.Change{Op: wal.Insert, XID: uint32(i + 1), LSN: tx.lsn - 50 + wal.LSN(j), CommitTime: commitTime,
 				Relation: textOutboxRel, Tuple: []wal.Datum{text(fmt.Sprint(id)), text("orders"), text(key), text("OrderChanged"),
 					text(fmt.Sprintf(`{"seq": %d}`, seq[key]))}})
 			tx.ids = append(tx.ids, fmt.Sprint(id))
@@ -156,7 +156,7 @@ func runRelay(t *testing.T, c *kfake.Cluster, txns []fakeTxn, maxRuns int, tt fa
 	var mu sync.Mutex
 	acked := map[string]bool{}
 	var out faultOutcome
-	confirmed := checkpoint.LSN(0)
+	confirmed := wal.LSN(0)
 	last := txns[len(txns)-1].lsn
 	for confirmed < last {
 		if out.runs == maxRuns {
@@ -182,7 +182,7 @@ func runRelay(t *testing.T, c *kfake.Cluster, txns []fakeTxn, maxRuns int, tt fa
 		// The stream's part: one batch per transaction after the confirmed
 		// position, until the run ends (a failure cancels it).
 		batches := make(chan []wal.Item, 8)
-		go func(from checkpoint.LSN) {
+		go func(from wal.LSN) {
 			defer close(batches)
 			for _, tx := range txns {
 				if tx.lsn <= from {
