@@ -71,7 +71,7 @@ func promtool(t *testing.T) string {
 	if err == nil {
 		return p
 	}
-	const how = "promtool is not installed; install Debian's prometheus package (apt-get install -y --no-install-recommends prometheus), which scripts/test does"
+	const how = "promtool is not installed; install Debian's prometheus package: apt-get install -y --no-install-recommends prometheus"
 	if os.Getenv("CI") != "" {
 		t.Fatal(how)
 	}
