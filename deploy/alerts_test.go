@@ -71,7 +71,8 @@ func promtool(t *testing.T) string {
 	if err == nil {
 		return p
 	}
-	const how = "promtool is not installed; install Debian's prometheus package: apt-get install -y --no-install-recommends prometheus"
+	const how = "promtool is not installed; run scripts/testbed/promtool-fetch (make test does) and put the directory it prints on PATH, " +
+		"or install Debian's prometheus package: apt-get install -y --no-install-recommends prometheus"
 	if os.Getenv("CI") != "" {
 		t.Fatal(how)
 	}
