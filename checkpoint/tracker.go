@@ -8,16 +8,13 @@ import (
 	"github.com/jackc/pglogrepl"
 )
 
-// LSN is a Postgres WAL position.
-type LSN = pglogrepl.LSN
-
 // Tracker tracks transactions in commit order and computes the highest
 // position that is safe to confirm. See the package documentation.
 type Tracker struct {
 	mu        sync.Mutex
 	queue     []*Txn // transactions not yet confirmed, in commit order
 	head      int    // index of the first live entry in queue
-	confirmed LSN
+	confirmed pglogrepl.LSN
 	// confirmedAt is the commit time of the last confirmed transaction;
 	// confirmedTxns counts confirmed transactions.
 	confirmedAt   time.Time
@@ -35,13 +32,13 @@ type Txn struct {
 	t         *Tracker
 	pending   int
 	committed bool
-	end       LSN
+	end       pglogrepl.LSN
 	at        time.Time
 	handed    time.Time // when Commit was called: every record handed over
 }
 
 // New returns a Tracker whose confirmed position starts at start.
-func New(start LSN) *Tracker {
+func New(start pglogrepl.LSN) *Tracker {
 	return &Tracker{confirmed: start}
 }
 
@@ -92,7 +89,7 @@ func (x *Txn) Ack() {
 
 // Commit closes x: all its records have been added, and end is the end LSN
 // of its commit record.
-func (x *Txn) Commit(end LSN) {
+func (x *Txn) Commit(end pglogrepl.LSN) {
 	t := x.t
 	t.mu.Lock()
 	x.committed = true
@@ -144,7 +141,7 @@ func (t *Tracker) advance() {
 
 // Idle advances the confirmed position to walEnd when no transaction is open
 // or waiting for acknowledgements. It reports whether it did.
-func (t *Tracker) Idle(walEnd LSN) bool {
+func (t *Tracker) Idle(walEnd pglogrepl.LSN) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.head < len(t.queue) || walEnd <= t.confirmed {
@@ -175,7 +172,7 @@ func (t *Tracker) Waiting() time.Time {
 }
 
 // Confirmed returns the highest position that is safe to confirm.
-func (t *Tracker) Confirmed() LSN {
+func (t *Tracker) Confirmed() pglogrepl.LSN {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.confirmed
@@ -184,7 +181,7 @@ func (t *Tracker) Confirmed() LSN {
 // Position returns the confirmed position, the commit time of the last
 // confirmed transaction (zero if unknown), and how many transactions this
 // tracker has confirmed.
-func (t *Tracker) Position() (lsn LSN, commitTime time.Time, txns uint64) {
+func (t *Tracker) Position() (lsn pglogrepl.LSN, commitTime time.Time, txns uint64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.confirmed, t.confirmedAt, t.confirmedTxns

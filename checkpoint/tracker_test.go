@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/outboxd/outboxd/checkpoint"
 )
 
@@ -19,23 +20,23 @@ import (
 type op struct {
 	do   string // begin, add, ack, commit, idle
 	tx   string
-	n    int            // add/ack: how many records; idle: unused
-	lsn  checkpoint.LSN // commit: end LSN; idle: WAL end
-	want checkpoint.LSN // Confirmed() after the step
-	idle bool           // idle: expected return value
+	n    int           // add/ack: how many records; idle: unused
+	lsn  pglogrepl.LSN // commit: end LSN; idle: WAL end
+	want pglogrepl.LSN // Confirmed() after the step
+	idle bool          // idle: expected return value
 }
 
-func begin(tx string, want checkpoint.LSN) op { return op{do: "begin", tx: tx, want: want} }
-func add(tx string, n int, want checkpoint.LSN) op {
+func begin(tx string, want pglogrepl.LSN) op { return op{do: "begin", tx: tx, want: want} }
+func add(tx string, n int, want pglogrepl.LSN) op {
 	return op{do: "add", tx: tx, n: n, want: want}
 }
-func ack(tx string, n int, want checkpoint.LSN) op {
+func ack(tx string, n int, want pglogrepl.LSN) op {
 	return op{do: "ack", tx: tx, n: n, want: want}
 }
-func commit(tx string, end, want checkpoint.LSN) op {
+func commit(tx string, end, want pglogrepl.LSN) op {
 	return op{do: "commit", tx: tx, lsn: end, want: want}
 }
-func idle(walEnd checkpoint.LSN, advanced bool, want checkpoint.LSN) op {
+func idle(walEnd pglogrepl.LSN, advanced bool, want pglogrepl.LSN) op {
 	return op{do: "idle", lsn: walEnd, idle: advanced, want: want}
 }
 
@@ -199,11 +200,11 @@ func TestTrackerCompaction(t *testing.T) {
 	for i := range txs {
 		txs[i] = tr.Begin()
 		txs[i].Add()
-		txs[i].Commit(checkpoint.LSN(i + 1))
+		txs[i].Commit(pglogrepl.LSN(i + 1))
 	}
 	for i := range 2001 {
 		txs[i].Ack()
-		if got, want := tr.Confirmed(), checkpoint.LSN(i+1); got != want {
+		if got, want := tr.Confirmed(), pglogrepl.LSN(i+1); got != want {
 			t.Fatalf("after acking %d: Confirmed() = %s, want %s", i, got, want)
 		}
 	}
@@ -214,7 +215,7 @@ func TestTrackerCompaction(t *testing.T) {
 	for i := n; i < n+10; i++ {
 		x := tr.Begin()
 		x.Add()
-		x.Commit(checkpoint.LSN(i + 1))
+		x.Commit(pglogrepl.LSN(i + 1))
 		txs = append(txs, x)
 	}
 	for i := len(txs) - 1; i > 2001; i-- {
@@ -224,7 +225,7 @@ func TestTrackerCompaction(t *testing.T) {
 		}
 	}
 	txs[2001].Ack()
-	if got, want := tr.Confirmed(), checkpoint.LSN(len(txs)); got != want {
+	if got, want := tr.Confirmed(), pglogrepl.LSN(len(txs)); got != want {
 		t.Fatalf("Confirmed() = %s, want %s", got, want)
 	}
 	if tr.Pending() != 0 || tr.InFlight() != 0 {
@@ -377,10 +378,10 @@ func TestWaitAcked(t *testing.T) {
 // every record acked.
 type model struct {
 	mu        sync.Mutex
-	start     checkpoint.LSN
+	start     pglogrepl.LSN
 	remaining []int
 	committed []bool
-	ends      []checkpoint.LSN
+	ends      []pglogrepl.LSN
 	prefix    int // transactions [0, prefix) are done
 }
 
@@ -395,13 +396,13 @@ func (m *model) begin() int {
 
 func (m *model) add(i int) { m.mu.Lock(); m.remaining[i]++; m.mu.Unlock() }
 func (m *model) ack(i int) { m.mu.Lock(); m.remaining[i]--; m.mu.Unlock() }
-func (m *model) commit(i int, end checkpoint.LSN) {
+func (m *model) commit(i int, end pglogrepl.LSN) {
 	m.mu.Lock()
 	m.committed[i], m.ends[i] = true, end
 	m.mu.Unlock()
 }
 
-func (m *model) position() checkpoint.LSN {
+func (m *model) position() pglogrepl.LSN {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for m.prefix < len(m.remaining) && m.committed[m.prefix] && m.remaining[m.prefix] == 0 {
@@ -427,7 +428,7 @@ func TestTrackerMatchesModel(t *testing.T) {
 				i int
 			}
 			var unacked []rec
-			end := checkpoint.LSN(start)
+			end := pglogrepl.LSN(start)
 			check := func(what string) {
 				t.Helper()
 				if got, want := tr.Confirmed(), m.position(); got != want {
@@ -454,7 +455,7 @@ func TestTrackerMatchesModel(t *testing.T) {
 					unacked = append(unacked, rec{x, i})
 					ackSome() // acks may arrive before the commit
 				}
-				end += checkpoint.LSN(1 + rng.IntN(100))
+				end += pglogrepl.LSN(1 + rng.IntN(100))
 				m.commit(i, end)
 				x.Commit(end)
 				check(fmt.Sprintf("commit of tx %d", i))
@@ -467,7 +468,7 @@ func TestTrackerMatchesModel(t *testing.T) {
 				check(fmt.Sprintf("ack of a record of tx %d", r.i))
 			}
 			if got := tr.Confirmed(); got != end {
-				t.Fatalf("Confirmed() = %s at the end, want the last end LSN %s", got, end)
+				t.Fatalf("Confirmed() = %s at the end, want the last end pglogrepl.LSN %s", got, end)
 			}
 			if tr.Pending() != 0 || tr.InFlight() != 0 {
 				t.Fatalf("Pending %d, InFlight %d at the end", tr.Pending(), tr.InFlight())
@@ -494,19 +495,19 @@ func TestTrackerConcurrentAcks(t *testing.T) {
 	}
 	records := make(chan rec, 64)
 	var (
-		ends    sync.Map // checkpoint.LSN -> true
+		ends    sync.Map // pglogrepl.LSN -> true
 		lastEnd atomic.Uint64
 		stop    = make(chan struct{})
 		errs    = make(chan error, ackers+2)
 		wg      sync.WaitGroup
 	)
-	ends.Store(checkpoint.LSN(start), true)
+	ends.Store(pglogrepl.LSN(start), true)
 
 	// Producer: commit order, like the relay.
 	wg.Go(func() {
 		defer close(records)
 		rng := rand.New(rand.NewPCG(1, 2))
-		end := checkpoint.LSN(start)
+		end := pglogrepl.LSN(start)
 		for range txCount {
 			i := m.begin()
 			x := tr.Begin()
@@ -515,7 +516,7 @@ func TestTrackerConcurrentAcks(t *testing.T) {
 				x.Add()
 				records <- rec{x, i}
 			}
-			end += checkpoint.LSN(1 + rng.IntN(50))
+			end += pglogrepl.LSN(1 + rng.IntN(50))
 			ends.Store(end, true)
 			m.commit(i, end) // the model learns first: it must stay an upper bound
 			x.Commit(end)
@@ -549,7 +550,7 @@ func TestTrackerConcurrentAcks(t *testing.T) {
 	// Reader: what a standby status update would see.
 	var readerWG sync.WaitGroup
 	readerWG.Go(func() {
-		prev := checkpoint.LSN(start)
+		prev := pglogrepl.LSN(start)
 		for {
 			select {
 			case <-stop:
@@ -566,7 +567,7 @@ func TestTrackerConcurrentAcks(t *testing.T) {
 				errs <- fmt.Errorf("Confirmed() went back from %s to %s", prev, got)
 				return
 			case !isEnd:
-				errs <- fmt.Errorf("Confirmed() = %s is no transaction's end LSN", got)
+				errs <- fmt.Errorf("Confirmed() = %s is no transaction's end pglogrepl.LSN", got)
 				return
 			}
 			prev = got
@@ -579,8 +580,8 @@ func TestTrackerConcurrentAcks(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
-	if got, want := tr.Confirmed(), checkpoint.LSN(lastEnd.Load()); got != want {
-		t.Errorf("Confirmed() = %s after every ack, want the last end LSN %s", got, want)
+	if got, want := tr.Confirmed(), pglogrepl.LSN(lastEnd.Load()); got != want {
+		t.Errorf("Confirmed() = %s after every ack, want the last end pglogrepl.LSN %s", got, want)
 	}
 	if tr.Pending() != 0 || tr.InFlight() != 0 {
 		t.Errorf("Pending %d, InFlight %d at the end", tr.Pending(), tr.InFlight())
@@ -604,7 +605,7 @@ func BenchmarkAddAck(b *testing.B) {
 // BenchmarkTransaction measures a one-record transaction end to end.
 func BenchmarkTransaction(b *testing.B) {
 	tr := checkpoint.New(0)
-	var end checkpoint.LSN
+	var end pglogrepl.LSN
 	b.ReportAllocs()
 	for b.Loop() {
 		end++
@@ -618,7 +619,7 @@ func BenchmarkTransaction(b *testing.B) {
 // BenchmarkAddAckBatch adds 100 records, commits, then acks them.
 func BenchmarkAddAckBatch(b *testing.B) {
 	tr := checkpoint.New(0)
-	var end checkpoint.LSN
+	var end pglogrepl.LSN
 	b.ReportAllocs()
 	for b.Loop() {
 		end++
@@ -657,7 +658,7 @@ func BenchmarkTransactionParallel(b *testing.B) {
 		for pb.Next() {
 			x := tr.Begin()
 			x.Add()
-			x.Commit(checkpoint.LSN(end.Add(1)))
+			x.Commit(pglogrepl.LSN(end.Add(1)))
 			x.Ack()
 		}
 	})
@@ -716,7 +717,7 @@ func TestWaitRoom(t *testing.T) {
 			t.Fatal(err)
 		}
 		x := tr.Begin()
-		x.Commit(checkpoint.LSN(20 + i))
+		x.Commit(pglogrepl.LSN(20 + i))
 	}
 	if got := tr.Pending(); got != 4 {
 		t.Fatalf("Pending() = %d, want 4", got)

@@ -71,7 +71,8 @@ func promtool(t *testing.T) string {
 	if err == nil {
 		return p
 	}
-	const how = "promtool is not installed; install Debian's prometheus package (apt-get install -y --no-install-recommends prometheus), which scripts/test does"
+	const how = "promtool is not installed; run scripts/testbed/promtool-fetch (make test does) and put the directory it prints on PATH, " +
+		"or install Debian's prometheus package: apt-get install -y --no-install-recommends prometheus"
 	if os.Getenv("CI") != "" {
 		t.Fatal(how)
 	}
@@ -323,7 +324,7 @@ func TestLatencyBucketsFitAlert(t *testing.T) {
 }
 
 // TestLastErrorWhereServed: /healthz answers {"status":"ok"} only (see
-// metrics.TestEndpoints); last_error is in /status and /readyz's body. The
+// httpserver.TestEndpoints); last_error is in /status and /readyz's body. The
 // runbook and the alerts must send operators there.
 func TestLastErrorWhereServed(t *testing.T) {
 	wrong := regexp.MustCompile(`healthz[^.|\n]{0,80}last_error|last_error[^.|\n]{0,80}healthz`)

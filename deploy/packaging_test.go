@@ -26,7 +26,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/outboxd/outboxd/config"
-	"github.com/outboxd/outboxd/relay"
+	"github.com/outboxd/outboxd/internal/status"
 )
 
 const (
@@ -692,9 +692,9 @@ func TestSystemdUnit(t *testing.T) {
 	for _, v := range svc["RestartPreventExitStatus"] {
 		prevent = append(prevent, strings.Fields(v)...)
 	}
-	for _, code := range []int{relay.ExitSlotGone, exitUsage} {
+	for _, code := range []int{status.ExitSlotGone, exitUsage} {
 		if !slices.Contains(prevent, strconv.Itoa(code)) {
-			t.Errorf("[Service] RestartPreventExitStatus=%v, want %d among them (relay.ExitSlotGone 3, a wrong command line 2)", prevent, code)
+			t.Errorf("[Service] RestartPreventExitStatus=%v, want %d among them (status.ExitSlotGone 3, a wrong command line 2)", prevent, code)
 		}
 	}
 	exec := strings.Fields(svc["ExecStart"][0])

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/outboxd/outboxd/internal/testenv"
+	"github.com/outboxd/outboxd/internal/testenv/daemon"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -51,10 +52,10 @@ func newDB(t testing.TB, prefix string) *testDB {
 	return d
 }
 
-// startRelay runs outboxd's relay in-process on d until cleanup.
+// startRelay runs outboxd on d until cleanup.
 func startRelay(t *testing.T, d *testDB) {
 	t.Helper()
-	testenv.StartRelay(t, testenv.RelayConfig(d.dsn, d.name, d.brokers))
+	daemon.Start(t, daemon.Config(d.dsn, d.name, d.brokers))
 }
 
 // readTopic consumes topic from the start until want records arrived or the

@@ -12,6 +12,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outboxd/outboxd/internal/quote"
 )
 
 // Event is one outbox event.
@@ -216,13 +218,13 @@ func New(cfg Config) (*Writer, error) {
 	if !ok {
 		schema, table = "public", cfg.Table
 	}
-	w := &Writer{cfg: cfg, table: pgx.Identifier{schema, table}.Sanitize(), idCol: quote(c.ID)}
+	w := &Writer{cfg: cfg, table: pgx.Identifier{schema, table}.Sanitize(), idCol: ident(c.ID)}
 	if owned {
 		w.owner = schema + "." + table
 	}
 	for _, name := range []string{c.ID, c.AggregateType, c.AggregateID, c.EventType, c.Payload, c.Traceparent, c.Partition, c.Headers, c.IdempotencyKey} {
 		if name != "" {
-			w.cols = append(w.cols, quote(name))
+			w.cols = append(w.cols, ident(name))
 		}
 	}
 	w.perRow = len(w.cols)
@@ -230,7 +232,7 @@ func New(cfg Config) (*Writer, error) {
 	return w, nil
 }
 
-func quote(name string) string { return pgx.Identifier{name}.Sanitize() }
+func ident(name string) string { return pgx.Identifier{name}.Sanitize() }
 
 // Statement is one SQL statement and its arguments.
 type Statement struct {
@@ -471,7 +473,7 @@ func (w *Writer) messages(events []Event, ids []uuid.UUID) ([]Statement, error) 
 		}
 		if len(args) == 0 {
 			b.WriteString("SELECT pg_logical_emit_message(true, ")
-			b.WriteString(quoteLiteral(w.cfg.MessagePrefix))
+			b.WriteString(quote.Literal(w.cfg.MessagePrefix))
 			b.WriteString(", content) FROM (VALUES ")
 		} else {
 			b.WriteString(", ")
@@ -533,11 +535,6 @@ func (w *Writer) message(e Event, id uuid.UUID, n int) ([]byte, error) {
 		b = append(append(append(b, k...), ':'), v...)
 	}
 	return append(b, '}'), nil
-}
-
-// quoteLiteral quotes s as an SQL string literal (standard_conforming_strings).
-func quoteLiteral(s string) string {
-	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
 }
 
 // Write writes events in tx, in one round trip, and returns their ids. It

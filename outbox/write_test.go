@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/outboxd/outboxd/internal/testenv"
+	"github.com/outboxd/outboxd/internal/testenv/daemon"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -209,12 +210,12 @@ func TestMessagesDeliveredByOutboxd(t *testing.T) {
 		body jsonb, span text, meta jsonb)`); err != nil {
 		t.Fatal(err)
 	}
-	cfg := testenv.RelayConfig(d.dsn, d.name, d.brokers)
+	cfg := daemon.Config(d.dsn, d.name, d.brokers)
 	cfg.Postgres.Table = "app.events"
 	r := &cfg.Router
 	r.IDColumn, r.RouteByColumn, r.KeyColumn, r.EventTypeColumn = "event_id", "aggregatetype", "aggregateid", "type"
 	r.PayloadColumn, r.TraceparentColumn, r.HeadersColumn = "body", "span", "meta"
-	testenv.StartRelay(t, cfg)
+	daemon.Start(t, cfg)
 
 	// The writer names the same fields as the router settings above, with
 	// outboxd's default id and event type headers.

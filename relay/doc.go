@@ -7,7 +7,7 @@
 //   - the stream goroutine owns the replication connection: it receives,
 //     decodes, sends standby status and hands wal.Items to a bounded
 //     channel;
-//   - the pipeline goroutine (a Pipeline) consumes that channel in order,
+//   - the pipeline goroutine (a pipeline) consumes that channel in order,
 //     routes inserts and hands records to the producer, registering each
 //     with the tracker first;
 //   - franz-go's goroutines call each record's done function, which acks the
@@ -16,8 +16,8 @@
 //     no acknowledgement for kafka.delivery_timeout.
 //
 // A run goes through four stages, connect, start, stream and drain
-// (run.go; DESIGN.md gives each stage's shutdown rules). The Pipeline takes
-// its producer as the small Producer interface, so its routing, delivery
+// (run.go; DESIGN.md gives each stage's shutdown rules). The pipeline takes
+// its producer as the small producer interface, so its routing, delivery
 // and dead-letter paths are tested without Kafka.
 //
 // Run supervises runs: a failed run is torn down (the producer is closed, the

@@ -137,7 +137,7 @@ func (r *Relay) newExactlyOnce(producer transactions, tracker *checkpoint.Tracke
 // refuses without disturbing that deployment; when it cannot read it, the
 // run fails before Init and the next one tries again. It opens no
 // connection to Postgres.
-func (r *Relay) startEOS(ctx context.Context, p *Pipeline, producer *sink.Producer, server runServer) (*exactlyOnce, error) {
+func (r *Relay) startEOS(ctx context.Context, p *pipeline, producer *sink.Producer, server runServer) (*exactlyOnce, error) {
 	owner := r.positionOwner(producer.TransactionalID(), server.system)
 	if err := fence(ctx, producer, owner); err != nil {
 		return nil, err
@@ -255,7 +255,7 @@ func (r *Relay) warnResumed(pos eos.Position, resumed eos.Resumed) {
 
 // pipeEOS is pipe in exactly-once mode: besides the batches it wakes up to
 // commit a Kafka transaction that is due while nothing arrives.
-func (r *Relay) pipeEOS(ctx context.Context, batches <-chan []wal.Item, p *Pipeline, producer *sink.Producer, server runServer) (err error) {
+func (r *Relay) pipeEOS(ctx context.Context, batches <-chan []wal.Item, p *pipeline, producer *sink.Producer, server runServer) (err error) {
 	x, err := r.startEOS(ctx, p, producer, server)
 	if err != nil {
 		return err

@@ -99,7 +99,7 @@ func newEOSRig(t *testing.T, deliveryTimeout time.Duration) *eosRig {
 
 // pipeline returns a pipeline on a transactional producer of id, and its
 // context.
-func (g *eosRig) pipeline(t *testing.T, ctx context.Context, id string) (*Pipeline, *sink.Producer, context.Context) {
+func (g *eosRig) pipeline(t *testing.T, ctx context.Context, id string) (*pipeline, *sink.Producer, context.Context) {
 	t.Helper()
 	producer, err := sink.NewTransactional(g.r.cfg.Kafka, g.r.sinkM, g.r.txnM, g.r.log, id)
 	if err != nil {
@@ -108,7 +108,7 @@ func (g *eosRig) pipeline(t *testing.T, ctx context.Context, id string) (*Pipeli
 	t.Cleanup(producer.Close)
 	run, fail := context.WithCancelCause(ctx)
 	t.Cleanup(func() { fail(nil) })
-	p := g.r.NewPipeline(run, checkpoint.New(0x100), producer, fail, 0)
+	p := pipelineOn(t, g.r, run, checkpoint.New(0x100), producer, fail)
 	t.Cleanup(p.Close)
 	return p, producer, run
 }

@@ -20,7 +20,7 @@ import (
 //     record, a poison row, an undecodable message, a missing slot or
 //     publication): Run returns it instead of restarting.
 //   - SlotGone() bool: the slot is missing or invalidated: the command
-//     exits with ExitSlotGone.
+//     exits with status.ExitSlotGone.
 //   - Hint() string: what to do, apart from what is wrong (Error()), which
 //     the command prints on a line of its own.
 //
@@ -82,14 +82,6 @@ func Hint(err error) string {
 	})
 	return h
 }
-
-// ExitSlotGone is outboxd's exit status when the slot is missing or
-// invalidated (SlotGone). A restart does not bring the slot back, and on
-// timeline 1 a restarted outboxd would create a new slot at the current
-// position, past every event the old one had not confirmed: service
-// managers must not restart on it (deploy/systemd/outboxd.service,
-// RestartPreventExitStatus).
-const ExitSlotGone = 3
 
 // anyWrapped reports whether is holds for err or any error it wraps, through
 // Unwrap() error and Unwrap() []error (fmt.Errorf with several %w,

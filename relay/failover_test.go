@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -21,6 +20,7 @@ import (
 	"github.com/outboxd/outboxd/internal/pg"
 	"github.com/outboxd/outboxd/internal/preflight"
 	"github.com/outboxd/outboxd/internal/tables"
+	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/wal"
 )
 
@@ -62,19 +62,13 @@ func TestDecisionsByCode(t *testing.T) {
 // whatever its message says and in whatever language (issue 32 item 18).
 // It needs the test bed's Postgres (OUTBOXD_TEST_PG_DSN).
 func TestJudgeGoneReadsCatalogue(t *testing.T) {
-	dsn := os.Getenv("OUTBOXD_TEST_PG_DSN")
-	if dsn == "" {
-		if os.Getenv("CI") != "" {
-			t.Fatal("OUTBOXD_TEST_PG_DSN is not set")
-		}
-		t.Skip("OUTBOXD_TEST_PG_DSN is not set; start scripts/testbed/pg-start and source its env")
-	}
+	dsn := testenv.PostgresDSN(t)
 	ctx := context.Background()
 	admin, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer admin.Close(ctx)
+	t.Cleanup(func() { admin.Close(ctx) }) // after the slot is dropped: a deferred Close left it behind
 	slot := fmt.Sprintf("judge_%d", time.Now().UnixNano())
 	if _, err := admin.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, slot); err != nil {
 		t.Fatal(err)

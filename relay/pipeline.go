@@ -38,35 +38,27 @@ func (r *Relay) pipe(ctx context.Context, batches <-chan []wal.Item, rn *pipelin
 	return p.Run(batches)
 }
 
-// Producer is what a Pipeline uses of *sink.Producer: Produce hands rec
+// producer is what a pipeline uses of *sink.Producer: Produce hands rec
 // over, or returns why it could not (done is then never called); once
 // handed over, done is called once with the outcome, from another
 // goroutine. Produce keeps no reference to rec once it returns.
-type Producer interface {
+type producer interface {
 	Produce(ctx context.Context, rec *router.Record, done func(error)) error
 }
 
-// NewPipeline returns the pipeline of one at-least-once run: it routes the
+// newPipeline returns the pipeline of one at-least-once run: it routes the
 // stream's items and hands the records to producer, registering each with
 // tracker first; a record that fails calls fail with its error. outboxID is
 // the outbox table's relation ID when the run started (0: not known). Only
 // the goroutine that calls Run or Handle may use it; Close it after.
-func (r *Relay) NewPipeline(ctx context.Context, tracker *checkpoint.Tracker, producer Producer, fail context.CancelCauseFunc, outboxID uint32) *Pipeline {
-	p, err := r.newPipeline(ctx, tracker, producer, fail, outboxID, "", router.Schema{})
-	if err != nil {
-		panic(err) // New built a router of r.cfg.Router
-	}
-	return p
-}
-
-// newPipeline is NewPipeline with the router built from schema, for the
-// relay's window, with the catalogue lookups on the server at addr.
-func (r *Relay) newPipeline(ctx context.Context, tracker *checkpoint.Tracker, producer Producer, fail context.CancelCauseFunc, outboxID uint32, addr string, schema router.Schema) (*Pipeline, error) {
+// Its router is built from schema; the catalogue lookups read the server at
+// addr.
+func (r *Relay) newPipeline(ctx context.Context, tracker *checkpoint.Tracker, producer producer, fail context.CancelCauseFunc, outboxID uint32, addr string, schema router.Schema) (*pipeline, error) {
 	rt, err := router.New(r.cfg.Router, schema)
 	if err != nil {
 		return nil, err
 	}
-	p := &Pipeline{r: r, ctx: ctx, tracker: tracker, producer: producer, fail: fail, router: rt, schema: schema, window: r.window,
+	p := &pipeline{r: r, ctx: ctx, tracker: tracker, producer: producer, fail: fail, router: rt, schema: schema, window: r.window,
 		takesUnowned: r.cfg.Router.Messages.Unowned != config.UnownedIgnore,
 		inserts:      r.m.changes.WithLabelValues("insert"), updates: r.m.changes.WithLabelValues("update"),
 		deletes: r.m.changes.WithLabelValues("delete"), messages: r.m.changes.WithLabelValues("message"), nontx: r.m.changes.WithLabelValues("message_nontransactional"),
@@ -77,7 +69,7 @@ func (r *Relay) newPipeline(ctx context.Context, tracker *checkpoint.Tracker, pr
 
 // learnBaseType rebuilds the pipeline's router with one more domain, whose
 // columns it reads as base: pgoutput names the domain.
-func (p *Pipeline) learnBaseType(domain, base uint32) error {
+func (p *pipeline) learnBaseType(domain, base uint32) error {
 	bases := make(map[uint32]uint32, len(p.schema.Bases)+1)
 	for d, b := range p.schema.Bases {
 		bases[d] = b
@@ -94,7 +86,7 @@ func (p *Pipeline) learnBaseType(domain, base uint32) error {
 
 // Run handles every item of batches in order until the channel is closed
 // or an item fails.
-func (p *Pipeline) Run(batches <-chan []wal.Item) error {
+func (p *pipeline) Run(batches <-chan []wal.Item) error {
 	for batch := range batches {
 		for _, item := range batch {
 			if err := p.Handle(item); err != nil {
@@ -106,14 +98,14 @@ func (p *Pipeline) Run(batches <-chan []wal.Item) error {
 }
 
 // Close closes the connection the pipeline opened for catalog lookups.
-func (p *Pipeline) Close() { p.tables.Close() }
+func (p *pipeline) Close() { p.tables.Close() }
 
-// Pipeline is the pipeline goroutine's state for one run.
-type Pipeline struct {
+// pipeline is the pipeline goroutine's state for one run.
+type pipeline struct {
 	r        *Relay
 	ctx      context.Context
 	tracker  *checkpoint.Tracker
-	producer Producer
+	producer producer
 	fail     context.CancelCauseFunc
 	tables   *tables.Outbox
 	// router routes the run's rows, built from schema: the table schema
@@ -153,7 +145,7 @@ type Pipeline struct {
 // the outbox prefix is delivered, an update follows router.on_update, a
 // Commit closes the transaction at its end LSN, and a Keepalive lets an
 // idle tracker advance.
-func (p *Pipeline) Handle(item wal.Item) error {
+func (p *pipeline) Handle(item wal.Item) error {
 	rcfg := p.r.cfg.Router
 	if p.pastWindow {
 		return nil // beyond an old shard's window: the new shards deliver it
@@ -295,7 +287,7 @@ func (p *Pipeline) Handle(item wal.Item) error {
 // nothing more is handled, and the stream stops at the next transaction
 // boundary; the drain stage confirms the cutover once every record before
 // it is acknowledged.
-func (p *Pipeline) endWindow() {
+func (p *pipeline) endWindow() {
 	p.pastWindow = true
 	if p.stopReading != nil {
 		p.stopReading()
@@ -321,7 +313,7 @@ func messageKey(content []byte, field string) (key []byte, keyed bool) {
 // outboxd's, and one that names none is the deployment's with
 // router.messages.unowned: deliver. A message it leaves is counted, and the
 // first of each kind in a run logged.
-func (p *Pipeline) ownsMessage(owner string, lsn wal.LSN) bool {
+func (p *pipeline) ownsMessage(owner string, lsn wal.LSN) bool {
 	table := p.r.cfg.Postgres.Table
 	switch {
 	case owner == table:
@@ -355,7 +347,7 @@ var errUpdate error = &kindError{text: "update on the outbox table", permanent: 
 // deliver produces a routed record, or applies the poison policy to a row
 // that could not be routed (routeErr) or produced. source names where the row
 // came from, for errors only.
-func (p *Pipeline) deliver(rec *router.Record, routeErr error, lsn wal.LSN, source func() string) error {
+func (p *pipeline) deliver(rec *router.Record, routeErr error, lsn wal.LSN, source func() string) error {
 	if p.eos != nil {
 		if skip, err := p.eos.row(p.ctx, rec); skip || err != nil {
 			return err
@@ -440,7 +432,7 @@ func (r *Relay) deadLetter(p *router.RowError) *router.Record {
 
 // produce registers rec with txn and hands it to the producer; done is
 // txn's callback (fails the run, or acknowledges one record of txn).
-func produce(ctx context.Context, txn *checkpoint.Txn, rec *router.Record, producer Producer, done func(error)) error {
+func produce(ctx context.Context, txn *checkpoint.Txn, rec *router.Record, producer producer, done func(error)) error {
 	txn.Add()
 	err := producer.Produce(ctx, rec, done)
 	if err != nil {

@@ -70,11 +70,22 @@ func (f *fakeProducer) ackAll(err error) {
 
 // testPipeline is one run of the pipeline on a fake producer.
 type testPipeline struct {
-	*Pipeline
+	*pipeline
 	r       *Relay
 	prod    *fakeProducer
 	tracker *checkpoint.Tracker
 	run     context.Context // ends, with the failure as its cause, when a record fails
+}
+
+// pipelineOn is the pipeline of a run on prod, with the router of r's
+// configuration and no server for its catalogue lookups.
+func pipelineOn(t testing.TB, r *Relay, run context.Context, tracker *checkpoint.Tracker, prod producer, fail context.CancelCauseFunc) *pipeline {
+	t.Helper()
+	p, err := r.newPipeline(run, tracker, prod, fail, 0, "", router.Schema{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
 
 func newTestPipeline(t *testing.T, tune func(*config.Config)) *testPipeline {
@@ -91,9 +102,9 @@ func newTestPipeline(t *testing.T, tune func(*config.Config)) *testPipeline {
 	t.Cleanup(func() { fail(nil) })
 	prod := &fakeProducer{}
 	tracker := checkpoint.New(0x100)
-	p := r.NewPipeline(run, tracker, prod, fail, 0)
+	p := pipelineOn(t, r, run, tracker, prod, fail)
 	t.Cleanup(p.Close)
-	return &testPipeline{Pipeline: p, r: r, prod: prod, tracker: tracker, run: run}
+	return &testPipeline{pipeline: p, r: r, prod: prod, tracker: tracker, run: run}
 }
 
 // handle hands items to the pipeline and fails the test on an error.

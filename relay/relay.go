@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/internal/pause"
 	"github.com/outboxd/outboxd/internal/pg"
 	"github.com/outboxd/outboxd/internal/preflight"
 	"github.com/outboxd/outboxd/router"
@@ -122,7 +123,7 @@ type clock interface {
 type realClock struct{}
 
 func (realClock) Now() time.Time                                  { return time.Now() }
-func (realClock) Sleep(ctx context.Context, d time.Duration) bool { return sleep(ctx, d) }
+func (realClock) Sleep(ctx context.Context, d time.Duration) bool { return pause.For(ctx, d) }
 
 // attempt is what the supervisor hands to one pipeline run.
 type attempt struct {
@@ -250,17 +251,5 @@ func (r *Relay) setState(state State, reason string) {
 		// keep reporting the buffer it had while it held the slot.
 		r.m.inFlight.Set(0)
 		r.m.bufferFill.Set(0)
-	}
-}
-
-// sleep waits d or until ctx is done; it reports whether d passed.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/outboxd/outboxd/internal/pause"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 
@@ -321,7 +323,7 @@ func (s *Shards) lockedReshard(ctx context.Context, db *reshard.PG) error {
 			break
 		}
 		s.setNote("another outboxd is resharding slot " + pc.Slot + "; waiting for it")
-		if !sleep(ctx, pc.StandbyPollInterval) {
+		if !pause.For(ctx, pc.StandbyPollInterval) {
 			return ctx.Err()
 		}
 	}
@@ -329,7 +331,7 @@ func (s *Shards) lockedReshard(ctx context.Context, db *reshard.PG) error {
 	rc := reshard.Config{Slot: pc.Slot, Publication: pc.Publication, Want: pc.Shards,
 		Poll: max(pc.StandbyPollInterval, time.Second), Progress: s.setNote}
 	if s.cfg.Kafka.ExactlyOnce() {
-		rc.Delivered = func(ctx context.Context, old []shard.Shard) (map[string]shard.LSN, error) {
+		rc.Delivered = func(ctx context.Context, old []shard.Shard) (map[string]wal.LSN, error) {
 			return s.delivered(ctx, db, old)
 		}
 	}
@@ -426,7 +428,7 @@ func (s *Shards) drain(ctx context.Context, db *reshard.PG, shards []shard.Shard
 // partition back until they time out, and no instance of the old layout
 // can commit past what is read. The old shards' drain then resumes from
 // these positions.
-func (s *Shards) delivered(ctx context.Context, db *reshard.PG, old []shard.Shard) (map[string]shard.LSN, error) {
+func (s *Shards) delivered(ctx context.Context, db *reshard.PG, old []shard.Shard) (map[string]wal.LSN, error) {
 	addr := pg.Addr(db.Conn.PgConn().Conn()) // the server the reshard observes
 	system, err := s.systemID(ctx, addr)
 	if err != nil {
@@ -458,7 +460,7 @@ func (s *Shards) delivered(ctx context.Context, db *reshard.PG, old []shard.Shar
 			return nil, oldShardError(sh, s.cfg.Kafka.PositionsTopic, err)
 		}
 	}
-	out := make(map[string]shard.LSN, len(old))
+	out := make(map[string]wal.LSN, len(old))
 	for i, o := range fenced {
 		lsn, err := o.r.deliveredPosition(ctx, db, o.producer, o.owner, addr)
 		if err != nil {
@@ -501,7 +503,7 @@ func oldShardError(sh shard.Shard, topic string, err error) error {
 // server's) is refused here too, and one from an earlier timeline is taken
 // as that start takes it (positionOnServer, on the server at addr, the
 // one the reshard observes).
-func (r *Relay) deliveredPosition(ctx context.Context, db *reshard.PG, producer *sink.Producer, owner eos.Owner, addr string) (shard.LSN, error) {
+func (r *Relay) deliveredPosition(ctx context.Context, db *reshard.PG, producer *sink.Producer, owner eos.Owner, addr string) (wal.LSN, error) {
 	pos, found, err := readPosition(ctx, producer.ReadPosition, owner)
 	if err != nil || !found {
 		return 0, err

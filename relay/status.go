@@ -5,52 +5,29 @@ import (
 	"sync"
 	"time"
 
+	report "github.com/outboxd/outboxd/internal/status" // the relay's own status type is named status
 	"github.com/outboxd/outboxd/wal"
 )
 
-// State is the relay's state, as /readyz, /status and outboxd_relay_state
-// report it.
-type State string
+// Status and State are what the relay reports about itself; they live in
+// the leaf package status, which the HTTP server and the admin commands
+// read without importing the relay.
+type (
+	Status = report.Status
+	State  = report.State
+)
 
 // The relay's states.
 const (
-	StateStarting  State = "starting"  // checking, or restarting after a failure
-	StateStreaming State = "streaming" // a pipeline holds the slot
-	StateStandby   State = "standby"   // another process holds the slot
-	StateStopped   State = "stopped"   // Run returned
+	StateStarting  = report.Starting
+	StateStreaming = report.Streaming
+	StateStandby   = report.Standby
+	StateStopped   = report.Stopped
 )
 
 // stuckAfter: with records in flight and the confirmed position unchanged
 // this long, the relay is not ready.
 const stuckAfter = 30 * time.Second
-
-// Status is what a running outboxd reports about itself.
-type Status struct {
-	State  State     `json:"state"`
-	Since  time.Time `json:"since"`
-	Reason string    `json:"reason,omitempty"` // why not ready, when not
-	Slot   string    `json:"slot"`
-	// ConfirmedLSN is the slot's confirmed position as Postgres applied it
-	// (its confirmed_flush_lsn in pg_replication_slots, read when the
-	// stream starts and every postgres.slot_lag_interval); SentLSN is the
-	// position outboxd last sent in a status update, which Postgres applies
-	// a moment later. ConfirmedCommitTime is the commit time of the last
-	// transaction this process confirmed. A standby shows none of them: the
-	// slot is another process's.
-	ConfirmedLSN        string    `json:"confirmed_lsn,omitempty"`
-	SentLSN             string    `json:"sent_lsn,omitempty"`
-	ConfirmedCommitTime time.Time `json:"confirmed_commit_time,omitzero"`
-	ReceivedLSN         string    `json:"received_lsn,omitempty"`
-	InFlight            int       `json:"in_flight"`
-	LastError           string    `json:"last_error,omitempty"`
-	LastErrorTime       time.Time `json:"last_error_time,omitzero"`
-	Version             string    `json:"version,omitempty"`
-	// Shards, with postgres.shards > 1 or while resharding, is each
-	// shard's own Status (its Slot names it); the fields above are then
-	// their summary: the worst state, the first reason, the latest error,
-	// the records in flight of all.
-	Shards []Status `json:"shards,omitempty"`
-}
 
 // status is the relay's self-report, updated by the pipeline.
 type status struct {

@@ -3,6 +3,8 @@ package shard
 import (
 	"errors"
 	"fmt"
+
+	"github.com/outboxd/outboxd/internal/quote"
 )
 
 // MinVersion is the first Postgres major version with publication row
@@ -31,7 +33,7 @@ func PublicationSQL(name, schema, table, column string, i, n int) string {
 		where = " WHERE (" + Filter(column, i, n) + ")"
 	}
 	return fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s.%s%s WITH (publish = '%s', publish_via_partition_root = true)",
-		quoteIdent(name), quoteIdent(schema), quoteIdent(table), where, Publish)
+		quote.Ident(name), quote.Ident(schema), quote.Ident(table), where, Publish)
 }
 
 // KeyColumnSQL reads what the shard filters need of the key column. Its
@@ -70,13 +72,13 @@ func (k *KeyColumn) Fields() []any {
 func KeyColumnError(k KeyColumn, schema, table, column string) error {
 	switch {
 	case !k.TableExists:
-		return fmt.Errorf("the outbox table %s.%s does not exist; create it, or check postgres.schema and postgres.table", quoteIdent(schema), quoteIdent(table))
+		return fmt.Errorf("the outbox table %s.%s does not exist; create it, or check postgres.schema and postgres.table", quote.Ident(schema), quote.Ident(table))
 	case !k.Exists:
-		return fmt.Errorf("the key column %q is not a column of %s.%s; check router.key_column", column, quoteIdent(schema), quoteIdent(table))
+		return fmt.Errorf("the key column %q is not a column of %s.%s; check router.key_column", column, quote.Ident(schema), quote.Ident(table))
 	case !k.Text:
-		return fmt.Errorf("the key column %q of %s.%s is %s; the shard filters hash it with hashtext(), which outboxd computes only for text and varchar: key by a text or varchar column, or set postgres.shards: 1", column, quoteIdent(schema), quoteIdent(table), k.Type)
+		return fmt.Errorf("the key column %q of %s.%s is %s; the shard filters hash it with hashtext(), which outboxd computes only for text and varchar: key by a text or varchar column, or set postgres.shards: 1", column, quote.Ident(schema), quote.Ident(table), k.Type)
 	case !k.Deterministic:
-		return fmt.Errorf("the key column %q of %s.%s has the nondeterministic collation %s, under which hashtext() hashes a sort key outboxd cannot compute; give the column a deterministic collation (ALTER TABLE ... ALTER COLUMN %s TYPE %s COLLATE \"default\"), or set postgres.shards: 1", column, quoteIdent(schema), quoteIdent(table), k.Collation, quoteIdent(column), k.Type)
+		return fmt.Errorf("the key column %q of %s.%s has the nondeterministic collation %s, under which hashtext() hashes a sort key outboxd cannot compute; give the column a deterministic collation (ALTER TABLE ... ALTER COLUMN %s TYPE %s COLLATE \"default\"), or set postgres.shards: 1", column, quote.Ident(schema), quote.Ident(table), k.Collation, quote.Ident(column), k.Type)
 	}
 	return nil
 }
@@ -223,7 +225,7 @@ func FilterCheckSQL(actual, column string, i, n int) string {
 	count(*) FILTER (WHERE outboxd_k IS NOT NULL AND ` + differs + `),
 	coalesce(min(outboxd_k) FILTER (WHERE outboxd_k IS NOT NULL AND ` + differs + `), '')
 FROM (SELECT outboxd_k, coalesce((` + actual + `), false) AS outboxd_a, coalesce((` + Filter(column, i, n) + `), false) AS outboxd_e
-	FROM (SELECT v AS ` + quoteIdent(column) + `, v AS outboxd_k
+	FROM (SELECT v AS ` + quote.Ident(column) + `, v AS outboxd_k
 		FROM (SELECT NULL::text UNION ALL SELECT 'outboxd filter check ' || g FROM generate_series(1, 1000) g) AS keys(v)) AS t) AS c`
 }
 
@@ -240,7 +242,7 @@ func (c *FilterCheck) Fields() []any { return []any{&c.NullDiffers, &c.KeysDiffe
 // AlterFilterSQL returns the statement that gives the publication name of
 // shard i of n Filter's row filter, keeping its other settings.
 func AlterFilterSQL(name, schema, table, column string, i, n int) string {
-	return fmt.Sprintf("ALTER PUBLICATION %s SET TABLE %s.%s WHERE (%s)", quoteIdent(name), quoteIdent(schema), quoteIdent(table), Filter(column, i, n))
+	return fmt.Sprintf("ALTER PUBLICATION %s SET TABLE %s.%s WHERE (%s)", quote.Ident(name), quote.Ident(schema), quote.Ident(table), Filter(column, i, n))
 }
 
 // ErrStaleFilter is returned by FilterCheckError for a publication of shard
@@ -273,5 +275,5 @@ func FilterCheckError(c FilterCheck, err error, name, schema, table, column stri
 // NullKeysSQL returns the query that finds the outbox rows with a NULL key,
 // for the operator to check against what reached Kafka.
 func NullKeysSQL(schema, table, column string) string {
-	return fmt.Sprintf("SELECT * FROM %s.%s WHERE %s IS NULL", quoteIdent(schema), quoteIdent(table), quoteIdent(column))
+	return fmt.Sprintf("SELECT * FROM %s.%s WHERE %s IS NULL", quote.Ident(schema), quote.Ident(table), quote.Ident(column))
 }

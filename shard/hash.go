@@ -5,7 +5,8 @@ import (
 	"fmt"
 	"math/bits"
 	"strconv"
-	"strings"
+
+	"github.com/outboxd/outboxd/internal/quote"
 )
 
 // Max is the largest shard count. Each shard is a slot and a walsender, so
@@ -134,7 +135,7 @@ func Expr(column string, n int) string {
 	if n == 1 {
 		return "0"
 	}
-	return "mod(hashtext(" + quoteIdent(column) + ")::bigint & 4294967295, " + strconv.Itoa(n) + ")"
+	return "mod(hashtext(" + quote.Ident(column) + ")::bigint & 4294967295, " + strconv.Itoa(n) + ")"
 }
 
 // Filter returns the row filter (without the WHERE and its parentheses)
@@ -148,7 +149,7 @@ func Filter(column string, i, n int) string {
 	checkShard(i, n)
 	f := fmt.Sprintf("%s = %d", Expr(column, n), i)
 	if i == 0 && n > 1 {
-		f = quoteIdent(column) + " IS NULL OR " + f
+		f = quote.Ident(column) + " IS NULL OR " + f
 	}
 	return f
 }
@@ -165,6 +166,3 @@ func checkShard(i, n int) {
 		panic(fmt.Sprintf("shard: index %d is not in [0, %d)", i, n))
 	}
 }
-
-// quoteIdent quotes a Postgres identifier.
-func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }

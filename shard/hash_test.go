@@ -7,6 +7,8 @@ import (
 	"math/bits"
 	"strings"
 	"testing"
+
+	"github.com/jackc/pglogrepl"
 )
 
 // hashtext() of these keys, from Postgres 17 (little-endian, UTF8, default
@@ -318,7 +320,7 @@ func TestWindow(t *testing.T) {
 		t.Error("the zero window is not open")
 	}
 	old := Window{Upto: 100}
-	for end, want := range map[LSN]bool{99: true, 100: true, 101: false} {
+	for end, want := range map[pglogrepl.LSN]bool{99: true, 100: true, 101: false} {
 		if old.Delivers(end) != want || old.Past(end) == want {
 			t.Errorf("Upto 100, end %d: delivers %v past %v", end, old.Delivers(end), old.Past(end))
 		}

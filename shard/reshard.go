@@ -5,6 +5,10 @@ import (
 	"maps"
 	"slices"
 	"strings"
+
+	"github.com/outboxd/outboxd/internal/quote"
+
+	"github.com/jackc/pglogrepl"
 )
 
 // Phase is the recorded step of a reshard in progress.
@@ -30,13 +34,13 @@ const (
 type Plan struct {
 	From, To int
 	Phase    Phase
-	Cutover  LSN // X; zero before Draining
+	Cutover  pglogrepl.LSN // X; zero before Draining
 }
 
 // Slot is a logical slot as pg_replication_slots shows it.
 type Slot struct {
 	Name      string
-	Confirmed LSN // confirmed_flush_lsn
+	Confirmed pglogrepl.LSN // confirmed_flush_lsn
 	Active    bool
 }
 
@@ -57,7 +61,7 @@ type View struct {
 	// committed past its slot's confirmed position; the cutover is taken
 	// at or past it. Nil when not read (at-least-once mode, or before the
 	// Cutover action asks for it).
-	Delivered map[string]LSN
+	Delivered map[string]pglogrepl.LSN
 }
 
 // Kind is what an Action asks the caller to do.
@@ -130,9 +134,9 @@ type Action struct {
 	// AND to_shards = ...), and observe again when no row matched: another
 	// instance has moved on.
 	Plan         Plan
-	Shards       []Shard // Stream, Drain, Cutover (the old shards)
-	Window       Window  // Drain
-	Cutover      LSN     // Cutover, Advance
+	Shards       []Shard       // Stream, Drain, Cutover (the old shards)
+	Window       Window        // Drain
+	Cutover      pglogrepl.LSN // Cutover, Advance
 	Slots        []string
 	Publications []string
 	Reason       string // Wait
@@ -226,7 +230,7 @@ func planned(v View, p Plan) (Action, error) {
 		if len(pubs) > 0 || len(ms) > 0 {
 			return Action{Kind: Create, Publications: pubs, Slots: ms}, nil
 		}
-		var x LSN
+		var x pglogrepl.LSN
 		for _, s := range append(slices.Clone(old), nu...) {
 			sl := slots[s.Slot]
 			if sl.Active {
@@ -396,7 +400,7 @@ func presentPubs(v View, shards []Shard) []string {
 // configured slot name. outboxd creates it on the first reshard; it is
 // empty when no reshard is in progress.
 func StateTableSQL(schema string) string {
-	return "CREATE TABLE IF NOT EXISTS " + quoteIdent(schema) + `.outboxd_reshard (
+	return "CREATE TABLE IF NOT EXISTS " + quote.Ident(schema) + `.outboxd_reshard (
     slot        text        PRIMARY KEY,
     from_shards integer     NOT NULL CHECK (from_shards BETWEEN 1 AND ` + fmt.Sprint(Max) + `),
     to_shards   integer     NOT NULL CHECK (to_shards BETWEEN 1 AND ` + fmt.Sprint(Max) + `),
@@ -411,7 +415,7 @@ type Gate struct {
 	// Upto, when not zero, is the cutover: the slot is an old shard's
 	// during a reshard, and the pipeline delivers up to it only
 	// (Window{Upto: Upto}).
-	Upto LSN
+	Upto pglogrepl.LSN
 	// Wait, when not empty, says why the pipeline must not stream the slot
 	// now: it lets the slot go and looks again after a while.
 	Wait string
@@ -436,7 +440,7 @@ type Gate struct {
 //   - otherwise, without a recorded X, a slot is streamed freely only when
 //     locked: no reshard loop runs, and one that starts later sees the
 //     slot held and records no cutover while it is.
-func GateFor(base, slot string, plan *Plan, locked bool, confirmed LSN) Gate {
+func GateFor(base, slot string, plan *Plan, locked bool, confirmed pglogrepl.LSN) Gate {
 	_, n, ok := Parse(base, slot)
 	if !ok {
 		return Gate{}

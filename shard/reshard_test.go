@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/jackc/pglogrepl"
 )
 
 // cluster models what Next observes and what its actions do: a WAL of
@@ -19,7 +21,7 @@ import (
 type cluster struct {
 	t       *testing.T
 	rng     *rand.Rand
-	head    LSN
+	head    pglogrepl.LSN
 	txns    []txn
 	slots   map[string]*Slot
 	pubs    map[string]bool
@@ -31,7 +33,7 @@ type cluster struct {
 }
 
 type txn struct {
-	end LSN
+	end pglogrepl.LSN
 	key string
 }
 
@@ -59,7 +61,7 @@ func newCluster(t *testing.T, seed uint64, from int) *cluster {
 }
 
 func (c *cluster) write() {
-	c.head += LSN(16 + c.rng.IntN(64))
+	c.head += pglogrepl.LSN(16 + c.rng.IntN(64))
 	c.txns = append(c.txns, txn{c.head, fmt.Sprintf("k%d", c.rng.IntN(16))})
 }
 
@@ -377,7 +379,9 @@ func TestReshardRandomKillsAndFlips(t *testing.T) {
 }
 
 func TestNext(t *testing.T) {
-	slot := func(name string, lsn LSN, active bool) Slot { return Slot{Name: name, Confirmed: lsn, Active: active} }
+	slot := func(name string, lsn pglogrepl.LSN, active bool) Slot {
+		return Slot{Name: name, Confirmed: lsn, Active: active}
+	}
 	for _, tc := range []struct {
 		name string
 		v    View
@@ -418,13 +422,13 @@ func TestNext(t *testing.T) {
 			v: View{Want: 4, Plan: &Plan{2, 4, Creating, 0}, Publications: []string{"outboxd_0of4", "outboxd_1of4", "outboxd_2of4", "outboxd_3of4"},
 				Slots: []Slot{slot("outboxd_0of2", 8, false), slot("outboxd_1of2", 6, false),
 					slot("outboxd_0of4", 9, false), slot("outboxd_1of4", 9, false), slot("outboxd_2of4", 9, false), slot("outboxd_3of4", 9, false)},
-				Delivered: map[string]LSN{"outboxd_0of2": 8, "outboxd_1of2": 14, "outboxd_0of4": 99}},
+				Delivered: map[string]pglogrepl.LSN{"outboxd_0of2": 8, "outboxd_1of2": 14, "outboxd_0of4": 99}},
 			want: Action{Kind: Cutover, Plan: Plan{2, 4, Creating, 0}, Cutover: 14,
 				Shards: []Shard{{0, 2, "outboxd_0of2", "outboxd_0of2"}, {1, 2, "outboxd_1of2", "outboxd_1of2"}}}},
 		{name: "positions in Kafka behind the slots change nothing",
 			v: View{Want: 2, Plan: &Plan{1, 2, Creating, 0}, Publications: []string{"outboxd_0of2", "outboxd_1of2"},
 				Slots:     []Slot{slot("outboxd", 12, false), slot("outboxd_0of2", 9, false), slot("outboxd_1of2", 7, false)},
-				Delivered: map[string]LSN{"outboxd": 10}},
+				Delivered: map[string]pglogrepl.LSN{"outboxd": 10}},
 			want: Action{Kind: Cutover, Plan: Plan{1, 2, Creating, 0}, Cutover: 12, Shards: []Shard{{0, 1, "outboxd", "outboxd"}}}},
 		{name: "no cutover while a slot is held",
 			v: View{Want: 2, Plan: &Plan{1, 2, Creating, 0}, Publications: []string{"outboxd_0of2", "outboxd_1of2"},
@@ -536,10 +540,10 @@ func FuzzNext(f *testing.F) {
 	f.Fuzz(func(t *testing.T, want, from, to int, phase string, cutover uint64, slots string, confirmed uint64) {
 		v := View{Slot: "outboxd", Publication: "outboxd", Want: want}
 		if from != 0 || to != 0 {
-			v.Plan = &Plan{From: from, To: to, Phase: Phase(phase), Cutover: LSN(cutover)}
+			v.Plan = &Plan{From: from, To: to, Phase: Phase(phase), Cutover: pglogrepl.LSN(cutover)}
 		}
 		for i, s := range strings.Split(slots, ",") {
-			v.Slots = append(v.Slots, Slot{Name: s, Confirmed: LSN(confirmed + uint64(i)), Active: i%3 == 2})
+			v.Slots = append(v.Slots, Slot{Name: s, Confirmed: pglogrepl.LSN(confirmed + uint64(i)), Active: i%3 == 2})
 			v.Publications = append(v.Publications, s)
 		}
 		a, err := Next(v)
@@ -560,15 +564,15 @@ func FuzzNext(f *testing.F) {
 // Issue 32 item 5: what a pipeline may do with the slot it has just taken,
 // given the reshard recorded and whether it got the loop's lock.
 func TestGateFor(t *testing.T) {
-	const x = LSN(0x500)
+	const x = pglogrepl.LSN(0x500)
 	draining := &Plan{From: 2, To: 4, Phase: Draining, Cutover: x}
 	for _, tc := range []struct {
 		name      string
 		slot      string
 		plan      *Plan
 		locked    bool
-		confirmed LSN
-		upto      LSN
+		confirmed pglogrepl.LSN
+		upto      pglogrepl.LSN
 		wait      string
 	}{
 		{"steady", "outboxd_0of2", nil, true, 0x100, 0, ""},

@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/internal/kfaketest"
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/sink"
 )
@@ -41,7 +42,7 @@ func TestRecordInFlightAtRejectionCarriesTheFence(t *testing.T) {
 		}
 		close(held)
 		c.SleepControl(func() { <-reject })
-		return produceResp(req, kerr.InvalidRecord.Code), nil, true
+		return kfaketest.ProduceResponse(req, kerr.InvalidRecord.Code), nil, true
 	})
 	hook := &holdBuffering{value: "b", entered: make(chan struct{}), proceed: make(chan struct{})}
 	rejectA1 := sync.OnceFunc(func() { close(reject) })
@@ -51,7 +52,7 @@ func TestRecordInFlightAtRejectionCarriesTheFence(t *testing.T) {
 	cfg.Brokers = c.ListenAddrs()
 	cfg.TopicPartitions = 1
 	cfg.TopicReplicationFactor = 1
-	p, err := sink.NewWithFirstOpts(cfg, sink.NewMetrics(prometheus.NewRegistry()), slog.New(slog.DiscardHandler), kgo.WithHooks(hook))
+	p, err := sink.New(cfg, sink.NewMetrics(prometheus.NewRegistry()), slog.New(slog.DiscardHandler), kgo.WithHooks(hook))
 	if err != nil {
 		t.Fatal(err)
 	}

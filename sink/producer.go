@@ -202,13 +202,11 @@ type Producer struct {
 // timestamp, which is the commit time, so a backlog older than the timeout
 // would fail at once and forever. Watch enforces kafka.delivery_timeout as a
 // stall timeout instead.
-func New(cfg config.Kafka, m *Metrics, log *slog.Logger) (*Producer, error) {
-	return newProducer(cfg, m, log)
-}
-
-// newProducer is New with franz-go options that go first (tests use it to
-// put a hook ahead of outboxd's own).
-func newProducer(cfg config.Kafka, m *Metrics, log *slog.Logger, first ...kgo.Opt) (*Producer, error) {
+//
+// first are franz-go options placed ahead of outboxd's own, such as hooks
+// (kgo.WithHooks), which then run before outboxd's; where an option sets
+// what outboxd sets, outboxd's setting wins.
+func New(cfg config.Kafka, m *Metrics, log *slog.Logger, first ...kgo.Opt) (*Producer, error) {
 	p := &Producer{cfg: cfg, m: m, log: log, known: map[string]int{}, slots: make(chan struct{}, cfg.MaxBufferedRecords),
 		bytes: semaphore.NewWeighted(int64(cfg.MaxBufferedBytes))}
 	p.inflight.New = newInflight

@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/internal/kfaketest"
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/sink"
 )
@@ -69,7 +70,7 @@ func TestStallSaysWhatTheBrokerAnswered(t *testing.T) {
 				case "not enough replicas":
 					c.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
 						c.KeepControl()
-						return produceResp(req, kerr.NotEnoughReplicas.Code), nil, true
+						return kfaketest.ProduceResponse(req, kerr.NotEnoughReplicas.Code), nil, true
 					})
 				case "brokers down":
 					c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
@@ -130,7 +131,7 @@ func TestStallIgnoresAnOldRefusal(t *testing.T) {
 		if first {
 			first = false
 			c.KeepControl()
-			return produceResp(req, kerr.NotEnoughReplicas.Code), nil, true
+			return kfaketest.ProduceResponse(req, kerr.NotEnoughReplicas.Code), nil, true
 		}
 		return nil, nil, false
 	})

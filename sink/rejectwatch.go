@@ -24,7 +24,7 @@ import (
 // (after a local producer-epoch bump, with no round trip to wait for) and can
 // be written ahead of the rejected record, which the next run sends again:
 // the key's first deliveries are then out of commit order.
-// TestProducerFailureKeepsKeyOrder widens that window on purpose ("reported
+// relay's TestProducerFailureKeepsKeyOrder widens that window on purpose ("reported
 // late").
 //
 // A watched connection breaks the fence while it still holds the response,

@@ -76,7 +76,7 @@ type txnState struct {
 // transactional id id. Like New it does not contact the brokers: nothing is
 // fenced before Init.
 func NewTransactional(cfg config.Kafka, m *Metrics, tm *TxnMetrics, log *slog.Logger, id string) (*Producer, error) {
-	p, err := newProducer(cfg, m, log, kgo.TransactionalID(id), kgo.TransactionTimeout(cfg.TransactionTimeout))
+	p, err := New(cfg, m, log, kgo.TransactionalID(id), kgo.TransactionTimeout(cfg.TransactionTimeout))
 	if err != nil {
 		return nil, err
 	}

@@ -552,7 +552,7 @@ func TestFaultSlotDropped(t *testing.T) {
 	}
 	faultEnd := time.Now()
 	code := p.waitExit(60 * time.Second)
-	if code != 3 { // relay.ExitSlotGone: a restart would create a new slot past the gap
+	if code != 3 { // status.ExitSlotGone: a restart would create a new slot past the gap
 		t.Errorf("outboxd exited %d after its slot was dropped, want 3", code)
 	}
 	line := p.waitLog(`level=ERROR.*`, time.Second)

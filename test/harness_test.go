@@ -3,8 +3,6 @@ package test
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/http"
@@ -25,7 +23,9 @@ import (
 	"github.com/prometheus/common/model"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/migrations"
+	"github.com/outboxd/outboxd/wal"
 )
 
 // db is one throwaway database with the outbox table, and a slot name that is
@@ -37,43 +37,29 @@ type db struct {
 	slot string
 }
 
-func randomSuffix() string {
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
+// randomSuffix returns 8 random hex digits for unique names.
+func randomSuffix() string { return testenv.RandomSuffix() }
 
 var unsafeChars = regexp.MustCompile(`[^a-z0-9_]+`)
 
-// newDB creates a database with the outbox table; cleanup drops its slot and
-// the database.
+// newDB creates a database named after the test, with the outbox table;
+// cleanup drops its slots and the database.
 func newDB(t *testing.T) *db {
 	t.Helper()
 	requireServices(t)
 	ctx := context.Background()
-	name := "t_" + unsafeChars.ReplaceAllString(strings.ToLower(t.Name()), "_")
-	if len(name) > 40 {
-		name = name[:40]
+	prefix := unsafeChars.ReplaceAllString(strings.ToLower(t.Name()), "_")
+	if len(prefix) > 38 {
+		prefix = prefix[:38]
 	}
-	name += "_" + randomSuffix()
-	admin, err := pgx.Connect(ctx, svc.pgDSN)
-	if err != nil {
-		t.Fatalf("connecting to Postgres at OUTBOXD_TEST_PG_DSN: %v", err)
-	}
-	defer admin.Close(ctx)
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
-		t.Fatalf("creating database %s: %v", name, err)
-	}
-	cfg, err := pgx.ParseConfig(svc.pgDSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Database = name
-	d := &db{name: name, dsn: withDatabase(svc.pgDSN, name), slot: name}
+	name, dsn := testenv.CreateDatabase(t, svc.pgDSN, prefix)
+	d := &db{name: name, dsn: dsn, slot: name}
+	var err error
 	d.pool, err = pgxpool.New(ctx, d.dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(d.pool.Close) // before the database is dropped
 	conn, err := d.pool.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -82,40 +68,7 @@ func newDB(t *testing.T) *db {
 		t.Fatal(err)
 	}
 	conn.Release()
-	t.Cleanup(func() {
-		d.pool.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		admin, err := pgx.Connect(ctx, svc.pgDSN)
-		if err != nil {
-			t.Logf("cleanup: %v", err)
-			return
-		}
-		defer admin.Close(ctx)
-		// A killed walsender releases its slot a moment later.
-		for ctx.Err() == nil {
-			_, _ = admin.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active`, d.slot)
-			_, err := admin.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, d.slot)
-			if err == nil {
-				break
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-		if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
-			t.Logf("cleanup: dropping database %s: %v", name, err)
-		}
-	})
 	return d
-}
-
-// withDatabase returns dsn (a URL) pointed at database name.
-func withDatabase(dsn, name string) string {
-	i := strings.LastIndex(dsn, "/")
-	rest := ""
-	if q := strings.Index(dsn[i:], "?"); q >= 0 {
-		rest = dsn[i+q:]
-	}
-	return dsn[:i+1] + name + rest
 }
 
 // exec runs SQL on the test database.
@@ -160,11 +113,11 @@ func (d *db) confirmedFlush(t *testing.T) uint64 {
 // parseLSN parses Postgres' text form of an LSN.
 func parseLSN(t *testing.T, s string) uint64 {
 	t.Helper()
-	var hi, lo uint64
-	if _, err := fmt.Sscanf(s, "%X/%X", &hi, &lo); err != nil {
-		t.Fatalf("parsing LSN %q: %v", s, err)
+	lsn, err := wal.ParseLSN(s)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return hi<<32 | lo
+	return uint64(lsn)
 }
 
 // proc is a running outboxd.

@@ -9,7 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/outboxd/outboxd/internal/testenv"
+	"github.com/outboxd/outboxd/internal/testenv/daemon"
 	"github.com/outboxd/outboxd/relay"
 )
 
@@ -18,7 +18,7 @@ import (
 // restarting.
 func TestFirstPipelineReplacesClosedCheckConnections(t *testing.T) {
 	d := newDB(t)
-	cfg := testenv.RelayConfig(d.dsn+"&application_name=outboxd-check", d.slot, svc.brokers)
+	cfg := daemon.Config(d.dsn+"&application_name=outboxd-check", d.slot, svc.brokers)
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/outboxd/outboxd/internal/quote"
+
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -112,7 +114,7 @@ func InspectSlot(ctx context.Context, conn *pgx.Conn, name string) (info SlotInf
 		info.ActivePID = int(*pid)
 	}
 	if confirmed != nil {
-		if info.ConfirmedFlushLSN, err = parseLSN(*confirmed); err != nil {
+		if info.ConfirmedFlushLSN, err = ParseLSN(*confirmed); err != nil {
 			return info, false, fmt.Errorf("reading replication slot %q: %w", name, err)
 		}
 	}
@@ -187,13 +189,13 @@ func CreateSlot(ctx context.Context, conn *pgx.Conn, name string, failover bool)
 	if err := conn.QueryRow(ctx, sql, name).Scan(&lsn); err != nil {
 		return 0, fmt.Errorf("creating replication slot %q: %w", name, err)
 	}
-	return parseLSN(lsn)
+	return ParseLSN(lsn)
 }
 
 // AlterSlotFailoverSQL is the replication command that makes slot name a
 // failover slot; it runs on a replication connection.
 func AlterSlotFailoverSQL(name string) string {
-	return fmt.Sprintf("ALTER_REPLICATION_SLOT %s ( FAILOVER true )", quoteIdent(name))
+	return fmt.Sprintf("ALTER_REPLICATION_SLOT %s ( FAILOVER true )", quote.Ident(name))
 }
 
 // AlterSlotFailover makes slot name a failover slot (Postgres 17 and later)
@@ -276,7 +278,7 @@ func timelineEnd(content []byte, old int) (LSN, bool, error) {
 		if len(fields) < 2 || strings.HasPrefix(fields[0], "#") || fields[0] != strconv.Itoa(old) {
 			continue
 		}
-		lsn, err := parseLSN(fields[1])
+		lsn, err := ParseLSN(fields[1])
 		return lsn, err == nil, err
 	}
 	return 0, false, nil
@@ -295,7 +297,7 @@ func parseTimelineHistory(content []byte) (LSN, error) {
 	if len(fields) < 2 {
 		return 0, fmt.Errorf("timeline history %q has no switch point", content)
 	}
-	return parseLSN(fields[1])
+	return ParseLSN(fields[1])
 }
 
 // PublishActions are the changes outboxd's publication publishes: the
@@ -324,13 +326,13 @@ type Publication struct {
 // tables it changes nothing.
 func PublicationSQL(name, schema, table string) string {
 	return fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s.%s WITH (publish = '%s', publish_via_partition_root = true)",
-		quoteIdent(name), quoteIdent(schema), quoteIdent(table), PublishActions)
+		quote.Ident(name), quote.Ident(schema), quote.Ident(table), PublishActions)
 }
 
 // AlterPublicationSQL is the statement that makes an existing publication
 // publish what outboxd's own does.
 func AlterPublicationSQL(name string) string {
-	return fmt.Sprintf("ALTER PUBLICATION %s SET (publish = '%s')", quoteIdent(name), PublishActions)
+	return fmt.Sprintf("ALTER PUBLICATION %s SET (publish = '%s')", quote.Ident(name), PublishActions)
 }
 
 // EnsurePublication checks that the publication exists and covers table, and
@@ -375,7 +377,7 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, name, schema, table 
 	if partitioned && !viaRoot {
 		return Publication{}, fmt.Errorf("the outbox table %s.%s is partitioned, and publication %q publishes its rows under each partition's name; "+
 			"run ALTER PUBLICATION %s SET (publish_via_partition_root = true). The rows it already put into the slot keep their partition's name: "+
-			"outboxd delivers them, if the partition is neither dropped nor detached before outboxd has read them", schema, table, name, quoteIdent(name))
+			"outboxd delivers them, if the partition is neither dropped nor detached before outboxd has read them", schema, table, name, quote.Ident(name))
 	}
 	// The table's row in pg_publication_tables: none when the publication
 	// does not cover it. Its Postgres 15 row filter, if any: rows a filter
@@ -391,7 +393,7 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, name, schema, table 
 		name, schema, table).Scan(&filter, &columns)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Publication{}, fmt.Errorf("publication %q does not include %s.%s; run ALTER PUBLICATION %s ADD TABLE %s.%s",
-			name, schema, table, quoteIdent(name), quoteIdent(schema), quoteIdent(table))
+			name, schema, table, quote.Ident(name), quote.Ident(schema), quote.Ident(table))
 	}
 	if err != nil {
 		return Publication{}, fmt.Errorf("reading tables of publication %q: %w", name, err)
@@ -400,7 +402,7 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, name, schema, table 
 		return Publication{}, fmt.Errorf("publication %q publishes only the rows of %s.%s WHERE %s, and the events it leaves out would never be delivered; "+
 			"add the table again without WHERE (ALTER PUBLICATION %[5]s DROP TABLE %[6]s.%[7]s; ALTER PUBLICATION %[5]s ADD TABLE %[6]s.%[7]s), "+
 			"or give outboxd a publication of its own",
-			name, schema, table, *filter, quoteIdent(name), quoteIdent(schema), quoteIdent(table))
+			name, schema, table, *filter, quote.Ident(name), quote.Ident(schema), quote.Ident(table))
 	}
 	return Publication{Deletes: deletes, NoUpdates: !updates, Columns: columns}, nil
 }
@@ -411,10 +413,11 @@ func ColumnListError(name, schema, table string, published, missing []string) er
 	return fmt.Errorf("publication %q publishes only the columns %s of %s.%s, and outboxd reads %s too; "+
 		"add the table again without a column list (ALTER PUBLICATION %[6]s DROP TABLE %[7]s.%[8]s; ALTER PUBLICATION %[6]s ADD TABLE %[7]s.%[8]s), "+
 		"or give outboxd a publication of its own",
-		name, strings.Join(published, ", "), schema, table, strings.Join(missing, ", "), quoteIdent(name), quoteIdent(schema), quoteIdent(table))
+		name, strings.Join(published, ", "), schema, table, strings.Join(missing, ", "), quote.Ident(name), quote.Ident(schema), quote.Ident(table))
 }
 
-func parseLSN(s string) (LSN, error) {
+// ParseLSN parses Postgres' text form of an LSN ("16/B374D848").
+func ParseLSN(s string) (LSN, error) {
 	lsn, err := pglogrepl.ParseLSN(s)
 	if err != nil {
 		return 0, fmt.Errorf("parsing LSN %q: %w", s, err)

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/outboxd/outboxd/internal/quote"
+
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
@@ -87,7 +89,7 @@ type Stream struct {
 // position. position reports what may be confirmed; it is called from the
 // stream's goroutine.
 func StartStream(ctx context.Context, conn *pgconn.PgConn, cfg StreamConfig, start LSN, position func() LSN) (*Stream, error) {
-	args := []string{"proto_version '1'", "publication_names " + quoteLiteral(quoteIdent(cfg.Publication))}
+	args := []string{"proto_version '1'", "publication_names " + quote.Literal(quote.Ident(cfg.Publication))}
 	if cfg.Messages {
 		args = append(args, "messages 'true'")
 	}
@@ -516,10 +518,6 @@ func (s *Stream) awaitApplied(ctx context.Context) error {
 		}
 	}
 }
-
-func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
-
-func quoteLiteral(s string) string { return `'` + strings.ReplaceAll(s, `'`, `''`) + `'` }
 
 // SenderTimeout reads the server's wal_sender_timeout on a replication
 // connection (0: the server never times a client out).

@@ -25,7 +25,8 @@ import (
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/debezium"
 	"github.com/outboxd/outboxd/internal/admin"
-	"github.com/outboxd/outboxd/metrics"
+	"github.com/outboxd/outboxd/internal/httpserver"
+	"github.com/outboxd/outboxd/internal/status"
 	"github.com/outboxd/outboxd/relay"
 )
 
@@ -67,14 +68,14 @@ func printError(w io.Writer, err error) {
 }
 
 // exitCode is 1 for an error, 2 for a wrong command line (as Go's flag
-// package), relay.ExitSlotGone for a missing or invalidated slot, which a
+// package), status.ExitSlotGone for a missing or invalidated slot, which a
 // restart must not "fix" by creating a new one.
 func exitCode(err error) int {
 	switch {
 	case errors.Is(err, errUsage):
 		return 2
 	case relay.SlotGone(err):
-		return relay.ExitSlotGone
+		return status.ExitSlotGone
 	}
 	return 1
 }
@@ -122,7 +123,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	defer stop()
 	base := inv.url
 	if base == "" && cfg.HTTP.Listen != "" {
-		base = metrics.LocalURL(cfg.HTTP.Listen, "")
+		base = httpserver.LocalURL(cfg.HTTP.Listen, "")
 	}
 	switch cmd {
 	case "migrate":
@@ -145,7 +146,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 		hctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 		defer cancel()
-		return metrics.Probe(hctx, base+"/healthz")
+		return httpserver.Probe(hctx, base+"/healthz")
 	case "status":
 		statusURL := ""
 		if base != "" {
@@ -175,7 +176,7 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		"gogc", gcPercent(), "gomemlimit", memLimit)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	metrics.RegisterBuildInfo(reg, version, buildCommit())
+	httpserver.RegisterBuildInfo(reg, version, buildCommit())
 	r, err := relay.NewShards(cfg, log, reg)
 	if err != nil {
 		return err
@@ -188,7 +189,7 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	runCtx, endAll := context.WithCancel(gctx)
 	defer endAll()
 	if cfg.HTTP.Listen != "" {
-		srv, err := metrics.Listen(cfg.HTTP.Listen, reg, func() (bool, any) {
+		srv, err := httpserver.Listen(cfg.HTTP.Listen, reg, func() (bool, status.Status) {
 			ok, st := r.Ready()
 			st.Version = version
 			return ok, st

@@ -12,7 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/outboxd/outboxd/relay"
+	"github.com/outboxd/outboxd/internal/status"
 	"github.com/outboxd/outboxd/wal"
 )
 
@@ -26,7 +26,7 @@ func TestHealthcheckWithoutHTTP(t *testing.T) {
 	}
 }
 
-// A missing or invalidated slot exits with relay.ExitSlotGone, which the
+// A missing or invalidated slot exits with status.ExitSlotGone, which the
 // systemd unit does not restart on: a restart on timeline 1 would create a
 // new slot past what the old one had not confirmed.
 func TestExitCode(t *testing.T) {
@@ -35,8 +35,8 @@ func TestExitCode(t *testing.T) {
 		want int
 	}{
 		{errors.New("cannot connect"), 1},
-		{fmt.Errorf("%w: %w", errReported, wal.Errorf(wal.ErrSlotMissing, "replication slot %q was dropped", "outboxd")), relay.ExitSlotGone},
-		{fmt.Errorf("%w: %w", errReported, wal.Errorf(wal.ErrSlotLost, "invalidated")), relay.ExitSlotGone},
+		{fmt.Errorf("%w: %w", errReported, wal.Errorf(wal.ErrSlotMissing, "replication slot %q was dropped", "outboxd")), status.ExitSlotGone},
+		{fmt.Errorf("%w: %w", errReported, wal.Errorf(wal.ErrSlotLost, "invalidated")), status.ExitSlotGone},
 		// A server's error is not judged here, by code or text: Run turns it
 		// into wal.ErrSlotMissing after reading pg_replication_slots.
 		{fmt.Errorf("starting replication: %w", &pgconn.PgError{Code: "42704", Message: `replication slot "outboxd" does not exist`}), 1},
@@ -47,8 +47,8 @@ func TestExitCode(t *testing.T) {
 			t.Errorf("exitCode(%v) = %d, want %d", tc.err, got, tc.want)
 		}
 	}
-	if relay.ExitSlotGone == 1 || relay.ExitSlotGone == 2 {
-		t.Errorf("ExitSlotGone %d: 1 is every other error, 2 Go's own exit on a panic", relay.ExitSlotGone)
+	if status.ExitSlotGone == 1 || status.ExitSlotGone == 2 {
+		t.Errorf("ExitSlotGone %d: 1 is every other error, 2 Go's own exit on a panic", status.ExitSlotGone)
 	}
 }
 

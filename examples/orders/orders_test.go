@@ -11,17 +11,15 @@ import (
 	"time"
 
 	"github.com/outboxd/outboxd/internal/testenv"
+	"github.com/outboxd/outboxd/internal/testenv/daemon"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/consumer"
 	"github.com/outboxd/outboxd/examples/orders"
 	"github.com/outboxd/outboxd/outbox"
-	"github.com/outboxd/outboxd/relay"
 )
 
 // The README's flow: POST an order, outboxd delivers OrderPlaced, the stock
@@ -52,35 +50,9 @@ func TestOrderFlow(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// outboxd.
-	cfg := config.Default()
-	cfg.Postgres.DSN = dsn
-	cfg.Postgres.Slot = name
-	cfg.Postgres.StatusInterval = 200 * time.Millisecond
-	cfg.Kafka.Brokers = brokers
-	cfg.Kafka.TopicPartitions = 3
-	cfg.HTTP.Listen = ""
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	r, err := relay.New(cfg, log.With("component", "outboxd"), prometheus.NewRegistry())
-	if err != nil {
-		t.Fatal(err)
-	}
-	rctx, stopRelay := context.WithCancel(ctx)
-	start, err := r.Check(rctx)
-	if err != nil {
-		stopRelay()
-		t.Fatal(err)
-	}
-	relayDone := make(chan error, 1)
-	go func() { relayDone <- r.Run(rctx, start) }()
-	t.Cleanup(func() {
-		stopRelay()
-		if err := <-relayDone; err != nil {
-			t.Errorf("relay: %v", err)
-		}
-	})
+	// outboxd, started as production starts it.
+	cfg := daemon.Config(dsn, name, brokers)
+	daemon.Start(t, cfg)
 
 	// The order service.
 	aggregate := "order_" + testenv.RandomSuffix()

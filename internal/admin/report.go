@@ -17,7 +17,7 @@ import (
 
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/internal/pg"
-	"github.com/outboxd/outboxd/relay"
+	"github.com/outboxd/outboxd/internal/status"
 	"github.com/outboxd/outboxd/shard"
 	"github.com/outboxd/outboxd/wal"
 )
@@ -25,26 +25,26 @@ import (
 // Report is what `outboxd status` shows: the slot and publication as
 // Postgres sees them, and the running outboxd's own status when reachable.
 type Report struct {
-	Slot        string        `json:"slot"`
-	SlotExists  bool          `json:"slot_exists"`
-	Plugin      string        `json:"plugin,omitempty"`
-	Active      bool          `json:"active"`
-	ActivePID   int           `json:"active_pid,omitempty"`
-	Confirmed   string        `json:"confirmed_flush_lsn,omitempty"`
-	LagBytes    int64         `json:"lag_bytes"`           // pg_current_wal_lsn() - confirmed_flush_lsn
-	Retained    int64         `json:"retained_wal_bytes"`  // pg_current_wal_lsn() - restart_lsn
-	FlushLag    string        `json:"flush_lag,omitempty"` // pg_stat_replication.flush_lag of the holder
-	WALStatus   string        `json:"wal_status,omitempty"`
-	SafeWALSize *int64        `json:"safe_wal_size_bytes,omitempty"`
-	Publication string        `json:"publication"`
-	PubTables   []string      `json:"publication_tables"`
-	Table       string        `json:"table"`
-	TableRows   int64         `json:"table_rows_estimate"` // -1: not known, the table was never analysed
-	TableBytes  int64         `json:"table_bytes"`
-	Process     *relay.Status `json:"outboxd,omitempty"`
-	ProcessURL  string        `json:"outboxd_url"`
-	ProcessErr  string        `json:"outboxd_error,omitempty"`
-	ReadAt      time.Time     `json:"read_at"`
+	Slot        string         `json:"slot"`
+	SlotExists  bool           `json:"slot_exists"`
+	Plugin      string         `json:"plugin,omitempty"`
+	Active      bool           `json:"active"`
+	ActivePID   int            `json:"active_pid,omitempty"`
+	Confirmed   string         `json:"confirmed_flush_lsn,omitempty"`
+	LagBytes    int64          `json:"lag_bytes"`           // pg_current_wal_lsn() - confirmed_flush_lsn
+	Retained    int64          `json:"retained_wal_bytes"`  // pg_current_wal_lsn() - restart_lsn
+	FlushLag    string         `json:"flush_lag,omitempty"` // pg_stat_replication.flush_lag of the holder
+	WALStatus   string         `json:"wal_status,omitempty"`
+	SafeWALSize *int64         `json:"safe_wal_size_bytes,omitempty"`
+	Publication string         `json:"publication"`
+	PubTables   []string       `json:"publication_tables"`
+	Table       string         `json:"table"`
+	TableRows   int64          `json:"table_rows_estimate"` // -1: not known, the table was never analysed
+	TableBytes  int64          `json:"table_bytes"`
+	Process     *status.Status `json:"outboxd,omitempty"`
+	ProcessURL  string         `json:"outboxd_url"`
+	ProcessErr  string         `json:"outboxd_error,omitempty"`
+	ReadAt      time.Time      `json:"read_at"`
 	// ConfirmedAge is how long ago the last transaction the running outboxd
 	// confirmed was committed, set only while it has records in flight: then
 	// the oldest undelivered event is at most this old. With nothing in
@@ -211,7 +211,7 @@ func sortShards(s []ShardSlot) {
 
 // confirmedAge returns the age at now of the last confirmed commit while
 // records are in flight, and nil otherwise.
-func confirmedAge(st relay.Status, now time.Time) *float64 {
+func confirmedAge(st status.Status, now time.Time) *float64 {
 	if st.InFlight == 0 || st.ConfirmedCommitTime.IsZero() {
 		return nil
 	}
@@ -219,10 +219,10 @@ func confirmedAge(st relay.Status, now time.Time) *float64 {
 	return &age
 }
 
-func fetchStatus(ctx context.Context, url string) (relay.Status, error) {
+func fetchStatus(ctx context.Context, url string) (status.Status, error) {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	var st relay.Status
+	var st status.Status
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return st, err

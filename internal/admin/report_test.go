@@ -6,20 +6,20 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outboxd/outboxd/relay"
+	"github.com/outboxd/outboxd/internal/status"
 )
 
 func TestConfirmedAge(t *testing.T) {
 	now := time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
 	for _, tc := range []struct {
 		name string
-		st   relay.Status
+		st   status.Status
 		want *float64
 	}{
-		{"idle outbox: nothing in flight", relay.Status{ConfirmedCommitTime: now.Add(-3 * time.Hour)}, nil},
-		{"in flight, nothing confirmed yet", relay.Status{InFlight: 5}, nil},
-		{"in flight", relay.Status{InFlight: 5, ConfirmedCommitTime: now.Add(-1500 * time.Millisecond)}, ptr(1.5)},
-		{"clock skew", relay.Status{InFlight: 1, ConfirmedCommitTime: now.Add(time.Second)}, ptr(0.0)},
+		{"idle outbox: nothing in flight", status.Status{ConfirmedCommitTime: now.Add(-3 * time.Hour)}, nil},
+		{"in flight, nothing confirmed yet", status.Status{InFlight: 5}, nil},
+		{"in flight", status.Status{InFlight: 5, ConfirmedCommitTime: now.Add(-1500 * time.Millisecond)}, ptr(1.5)},
+		{"clock skew", status.Status{InFlight: 1, ConfirmedCommitTime: now.Add(time.Second)}, ptr(0.0)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := confirmedAge(tc.st, now)
@@ -32,8 +32,8 @@ func TestConfirmedAge(t *testing.T) {
 
 func TestLagText(t *testing.T) {
 	now := time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
-	idle := &relay.Status{State: relay.StateStreaming, ConfirmedCommitTime: now.Add(-3 * time.Hour)}
-	busy := &relay.Status{State: relay.StateStreaming, InFlight: 12, ConfirmedCommitTime: now.Add(-2500 * time.Millisecond)}
+	idle := &status.Status{State: status.Streaming, ConfirmedCommitTime: now.Add(-3 * time.Hour)}
+	busy := &status.Status{State: status.Streaming, InFlight: 12, ConfirmedCommitTime: now.Add(-2500 * time.Millisecond)}
 	for _, tc := range []struct {
 		name string
 		rep  Report
@@ -61,7 +61,7 @@ func TestWriteTextIdle(t *testing.T) {
 		Slot: "outboxd", SlotExists: true, Plugin: "pgoutput", Active: true, ActivePID: 77,
 		Confirmed: "0/16B3748", LagBytes: 56, Retained: 4096, WALStatus: "reserved",
 		Publication: "outboxd", PubTables: []string{"public.outbox"}, Table: "public.outbox",
-		Process: &relay.Status{State: relay.StateStreaming, ConfirmedCommitTime: time.Now().Add(-5 * time.Hour)},
+		Process: &status.Status{State: status.Streaming, ConfirmedCommitTime: time.Now().Add(-5 * time.Hour)},
 	}
 	rep.ConfirmedAge = confirmedAge(*rep.Process, time.Now())
 	var b strings.Builder

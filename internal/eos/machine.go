@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/wal"
 )
 
 // Limits are when the Machine commits or splits a Kafka transaction.
@@ -55,7 +56,7 @@ type Machine struct {
 
 	// last is the end LSN of the last Postgres transaction completed, or the
 	// run's confirmed start.
-	last LSN
+	last wal.LSN
 	// completed counts the Postgres transactions completed since the last
 	// commit, whose holds the next commit releases.
 	completed int
@@ -67,17 +68,17 @@ type Machine struct {
 
 	// The Postgres transaction being received.
 	inTxn     bool
-	final     LSN  // its commit LSN
-	rows      int  // its rows met so far, in earlier Kafka transactions and runs too
-	skipRows  int  // its rows a previous run put in Kafka, still to skip
-	skipWhole bool // it ends at or before the resumed position: skip it whole
+	final     wal.LSN // its commit LSN
+	rows      int     // its rows met so far, in earlier Kafka transactions and runs too
+	skipRows  int     // its rows a previous run put in Kafka, still to skip
+	skipWhole bool    // it ends at or before the resumed position: skip it whole
 }
 
 // New returns the Machine of a run that resumes from resume (Resume's
 // position; the zero Position without one) and whose tracker confirmed
 // confirmed once resume was applied to it. slot, system and timeline are
 // written with each position.
-func New(limits Limits, slot, system string, timeline int, resume Position, confirmed LSN) *Machine {
+func New(limits Limits, slot, system string, timeline int, resume Position, confirmed wal.LSN) *Machine {
 	return &Machine{limits: limits, stream: Position{Slot: slot, System: system, Timeline: timeline}, resume: resume, last: confirmed}
 }
 
@@ -87,7 +88,7 @@ func New(limits Limits, slot, system string, timeline int, resume Position, conf
 // the resumed position (its commit starts before it); the rows of the split
 // transaction the position names are counted, and its first Rows skipped
 // (Row).
-func (m *Machine) Begin(final LSN, pending int) Step {
+func (m *Machine) Begin(final wal.LSN, pending int) Step {
 	if final < m.resume.LSN {
 		m.skipWhole = true
 		return Step{Skip: true}
@@ -138,7 +139,7 @@ func (m *Machine) Row(now time.Time, size int) Step {
 // Commit is the Commit of the transaction being received, which ends at
 // end. Its hold is released with the next Kafka commit, or at once when no
 // Kafka transaction is open (it had no row since the last commit).
-func (m *Machine) Commit(end LSN) Step {
+func (m *Machine) Commit(end wal.LSN) Step {
 	if m.skipWhole {
 		m.skipWhole = false
 		return Step{Skip: true}

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/datadriven"
-	"github.com/jackc/pglogrepl"
+	"github.com/outboxd/outboxd/wal"
 )
 
 // TestScripts runs the scripts in testdata: the inputs of one or more runs
@@ -52,7 +52,7 @@ type harness struct {
 	system   string
 	timeline int
 	server   Server
-	history  map[int]LSN
+	history  map[int]wal.LSN
 	epoch    time.Time
 	now      time.Time
 
@@ -67,12 +67,12 @@ type harness struct {
 func newHarness() *harness {
 	epoch := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	h := &harness{limits: Limits{MaxRecords: 1000, MaxBytes: 1 << 20, Interval: 100 * time.Millisecond, MaxAge: 10 * time.Second},
-		slot: "outboxd", system: "7441234567890123456", timeline: 1, epoch: epoch, now: epoch, history: map[int]LSN{}}
+		slot: "outboxd", system: "7441234567890123456", timeline: 1, epoch: epoch, now: epoch, history: map[int]wal.LSN{}}
 	h.server = Server{Timeline: 1, WALEnd: 0xFFFF_FFFF, End: h.end}
 	return h
 }
 
-func (h *harness) end(old int) (LSN, bool, error) {
+func (h *harness) end(old int) (wal.LSN, bool, error) {
 	lsn, ok := h.history[old]
 	return lsn, ok, nil
 }
@@ -91,7 +91,7 @@ func (h *harness) run(t *testing.T, td *datadriven.TestData) (string, error) {
 	case "server":
 		td.MaybeScanArgs(t, "timeline", &h.server.Timeline)
 		scanLSN(t, td, "wal-end", &h.server.WALEnd)
-		h.history = map[int]LSN{}
+		h.history = map[int]wal.LSN{}
 		if arg, ok := td.Arg("history"); ok {
 			for _, v := range arg.Vals {
 				old, at, ok := strings.Cut(v, ":")
@@ -147,7 +147,7 @@ func (h *harness) run(t *testing.T, td *datadriven.TestData) (string, error) {
 	var s Step
 	switch td.Cmd {
 	case "begin":
-		var final LSN
+		var final wal.LSN
 		pending := 0
 		scanLSN(t, td, "final", &final)
 		td.MaybeScanArgs(t, "pending", &pending)
@@ -157,7 +157,7 @@ func (h *harness) run(t *testing.T, td *datadriven.TestData) (string, error) {
 		td.MaybeScanArgs(t, "size", &size)
 		s = h.machine.Row(h.now, size)
 	case "commit":
-		var end LSN
+		var end wal.LSN
 		scanLSN(t, td, "end", &end)
 		s = h.machine.Commit(end)
 	case "boundary":
@@ -207,7 +207,7 @@ func (h *harness) start(t *testing.T, td *datadriven.TestData) (string, error) {
 	if h.readErr != nil {
 		return "", fmt.Errorf("the run does not start: %w", h.readErr)
 	}
-	var slotConfirmed LSN
+	var slotConfirmed wal.LSN
 	scanLSN(t, td, "slot-confirmed", &slotConfirmed)
 	var resumed Resumed
 	var out []string
@@ -281,17 +281,17 @@ func scanDuration(t *testing.T, td *datadriven.TestData, key string, dest *time.
 	}
 }
 
-func scanLSN(t *testing.T, td *datadriven.TestData, key string, dest *LSN) {
+func scanLSN(t *testing.T, td *datadriven.TestData, key string, dest *wal.LSN) {
 	var s string
 	if td.MaybeScanArgs(t, key, &s) {
 		*dest = parseLSN(t, s)
 	}
 }
 
-func parseLSN(t *testing.T, s string) LSN {
-	lsn, err := pglogrepl.ParseLSN(s)
+func parseLSN(t *testing.T, s string) wal.LSN {
+	lsn, err := wal.ParseLSN(s)
 	if err != nil {
-		t.Fatalf("LSN %q: %v", s, err)
+		t.Fatal(err)
 	}
 	return lsn
 }

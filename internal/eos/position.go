@@ -10,19 +10,16 @@ import (
 	"github.com/outboxd/outboxd/wal"
 )
 
-// LSN is a position in the WAL.
-type LSN = wal.LSN
-
 // Position is what exactly-once mode writes to kafka.positions_topic with
 // each Kafka transaction it commits, keyed by the transactional id.
 type Position struct {
 	// LSN is the end LSN of the last Postgres transaction whose rows are
 	// all in Kafka; a restart skips every transaction ending at or before it.
-	LSN LSN
+	LSN wal.LSN
 	// Txn, if not 0, is the commit LSN of a Postgres transaction split over
 	// Kafka transactions (the split marker), and Rows how many of its rows
 	// are in Kafka.
-	Txn  LSN
+	Txn  wal.LSN
 	Rows int
 	// Timeline is the server's timeline when the position was written (0:
 	// not known). After a promotion the new timeline may have begun before

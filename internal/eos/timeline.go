@@ -1,18 +1,22 @@
 package eos
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/outboxd/outboxd/wal"
+)
 
 // Server is the run's server as IDENTIFY_SYSTEM shows it, read in the
 // connect stage on the run's replication connection, before
 // START_REPLICATION and before the producer is initialised (DESIGN.md).
 type Server struct {
 	Timeline int
-	WALEnd   LSN
+	WALEnd   wal.LSN
 	// End returns where timeline old ended on the way to Timeline (its
 	// switch point in Timeline's history), and false when that history does
 	// not pass through old. Resume calls it only for a position written on
 	// an earlier timeline.
-	End func(old int) (LSN, bool, error)
+	End func(old int) (wal.LSN, bool, error)
 }
 
 // Resumed is a position as it applies to the server.
@@ -26,7 +30,7 @@ type Resumed struct {
 	// committed on the old timeline only, at or after Switch; a transaction
 	// of this timeline is delivered whole.
 	Dropped bool
-	Switch  LSN
+	Switch  wal.LSN
 }
 
 // Resume returns pos, read under kafka.positions_topic topic, as it
@@ -62,7 +66,7 @@ func Resume(pos Position, server Server, topic string) (Resumed, error) {
 // checkTimeline judges a position against the server's timeline tli and
 // WAL end: refused (an error), to be checked against the timeline's
 // history (history), or fine as it is.
-func checkTimeline(pos Position, tli int, walEnd LSN, topic string) (history bool, err error) {
+func checkTimeline(pos Position, tli int, walEnd wal.LSN, topic string) (history bool, err error) {
 	switch {
 	case pos.Timeline > tli:
 		return false, fmt.Errorf("the position in %s was written on timeline %d, and this server is on timeline %d: it is an old primary; "+
@@ -84,7 +88,7 @@ func checkTimeline(pos Position, tli int, walEnd LSN, topic string) (history boo
 // at or after end was on the old timeline only, and a transaction of the
 // new one that commits at that LSN is another, none of whose rows are in
 // Kafka. dropped tells that pos carried such a marker, now gone.
-func rewind(pos Position, end LSN, tli int) (on Position, moved, dropped bool) {
+func rewind(pos Position, end wal.LSN, tli int) (on Position, moved, dropped bool) {
 	dropped = pos.Txn != 0 && pos.Txn >= end
 	if pos.LSN > end {
 		return Position{LSN: end, Timeline: tli}, true, dropped

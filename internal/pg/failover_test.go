@@ -3,7 +3,6 @@ package pg
 import (
 	"context"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/internal/dialtest"
+	"github.com/outboxd/outboxd/internal/testenv"
 )
 
 // TestFailoverNotes: what the start-up check logs and outboxd status shows
@@ -107,13 +107,7 @@ func TestPrimariesOneHost(t *testing.T) {
 // reachable one only (review of issue 32 item 9, finding 7). It needs the
 // test bed's Postgres (OUTBOXD_TEST_PG_DSN), a primary.
 func TestPrimariesStandbyDSNs(t *testing.T) {
-	dsn := os.Getenv("OUTBOXD_TEST_PG_DSN")
-	if dsn == "" {
-		if os.Getenv("CI") != "" {
-			t.Fatal("OUTBOXD_TEST_PG_DSN is not set")
-		}
-		t.Skip("OUTBOXD_TEST_PG_DSN is not set; start scripts/testbed/pg-start and source its env")
-	}
+	dsn := testenv.PostgresDSN(t)
 	cfg, err := pgconn.ParseConfig(dsn)
 	if err != nil {
 		t.Fatal(err)

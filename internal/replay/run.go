@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/outboxd/outboxd/internal/pause"
+
 	"github.com/jackc/pgx/v5"
 	"golang.org/x/sync/errgroup"
 
@@ -147,14 +149,10 @@ func (r *Replay) wait(ctx context.Context) error {
 	if d == 0 {
 		return ctx.Err()
 	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
+	if !pause.For(ctx, d) {
 		return ctx.Err()
-	case <-t.C:
-		return nil
 	}
+	return nil
 }
 
 // route routes one row as the daemon routes an inserted row, and marks it

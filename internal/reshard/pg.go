@@ -8,7 +8,8 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/jackc/pglogrepl"
+	"github.com/outboxd/outboxd/internal/pause"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -89,7 +90,7 @@ func readPlan(ctx context.Context, conn *pgx.Conn, cfg config.Postgres) (*shard.
 	}
 	pl.Phase = shard.Phase(phase)
 	if cutover != nil {
-		lsn, err := parseLSN(*cutover)
+		lsn, err := wal.ParseLSN(*cutover)
 		if err != nil {
 			return nil, err
 		}
@@ -114,7 +115,7 @@ func (p *PG) Observe(ctx context.Context) (Observed, error) {
 	var name, lsn string
 	var active bool
 	_, err = pgx.ForEachRow(rows, []any{&name, &lsn, &active}, func() error {
-		l, err := parseLSN(lsn)
+		l, err := wal.ParseLSN(lsn)
 		o.Slots = append(o.Slots, shard.Slot{Name: name, Confirmed: l, Active: active})
 		return err
 	})
@@ -289,7 +290,7 @@ func (p *PG) CreateSlots(ctx context.Context, names []string) error {
 }
 
 // SetPhase writes the row's phase where it still holds the observed plan.
-func (p *PG) SetPhase(ctx context.Context, o shard.Plan, phase shard.Phase, cutover shard.LSN) (bool, error) {
+func (p *PG) SetPhase(ctx context.Context, o shard.Plan, phase shard.Phase, cutover wal.LSN) (bool, error) {
 	var set *string
 	if cutover != 0 {
 		s := cutover.String()
@@ -328,7 +329,7 @@ func (p *PG) DropSlots(ctx context.Context, names []string) error {
 			if sqlState(err) != "55006" || attempt >= 50 { // object_in_use: the holder is still ending
 				return fmt.Errorf("dropping slot %q: %w", name, err)
 			}
-			if !sleep(ctx, 100*time.Millisecond) {
+			if !pause.For(ctx, 100*time.Millisecond) {
 				return ctx.Err()
 			}
 		}
@@ -354,7 +355,7 @@ func (p *PG) DropPublications(ctx context.Context, names []string) error {
 // superuser or pg_checkpoint; without it the advance is durable at the
 // server's next checkpoint, and until then the new shards' window (Run)
 // covers a crash of Postgres alone.
-func (p *PG) Advance(ctx context.Context, names []string, to shard.LSN) error {
+func (p *PG) Advance(ctx context.Context, names []string, to wal.LSN) error {
 	for _, name := range names {
 		if _, err := p.Conn.Exec(ctx, `SELECT pg_replication_slot_advance($1, $2::pg_lsn)`, name, to.String()); err != nil {
 			return fmt.Errorf("advancing slot %q to the cutover %s: %w", name, to, err)
@@ -383,7 +384,7 @@ func (p *PG) Advance(ctx context.Context, names []string, to shard.LSN) error {
 // that only part of a transaction's rows are in Kafka; the cutover is then
 // taken at that transaction's end, so that the old shard delivers the rest
 // of it and the new shards none.
-func (p *PG) TxnEnd(ctx context.Context, slot, pub string, commit shard.LSN) (end shard.LSN, ok bool, err error) {
+func (p *PG) TxnEnd(ctx context.Context, slot, pub string, commit wal.LSN) (end wal.LSN, ok bool, err error) {
 	// pgoutput's Commit message: 'C', flags (1 byte), the commit LSN, the
 	// end LSN (8 bytes each), the commit time.
 	rows, err := p.Conn.Query(ctx, `SELECT substr(data, 3, 16) FROM pg_logical_slot_peek_binary_changes($1, $2::pg_lsn, NULL,
@@ -394,8 +395,8 @@ func (p *PG) TxnEnd(ctx context.Context, slot, pub string, commit shard.LSN) (en
 	}
 	var b []byte
 	_, err = pgx.ForEachRow(rows, []any{&b}, func() error {
-		if len(b) == 16 && shard.LSN(binary.BigEndian.Uint64(b)) == commit {
-			end, ok = shard.LSN(binary.BigEndian.Uint64(b[8:])), true
+		if len(b) == 16 && wal.LSN(binary.BigEndian.Uint64(b)) == commit {
+			end, ok = wal.LSN(binary.BigEndian.Uint64(b[8:])), true
 		}
 		return nil
 	})
@@ -434,12 +435,4 @@ func sqlState(err error) string {
 		return pgErr.Code
 	}
 	return ""
-}
-
-func parseLSN(s string) (shard.LSN, error) {
-	lsn, err := pglogrepl.ParseLSN(s)
-	if err != nil {
-		return 0, fmt.Errorf("reading an LSN: %w", err)
-	}
-	return lsn, nil
 }

@@ -15,7 +15,10 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/outboxd/outboxd/internal/pause"
+
 	"github.com/outboxd/outboxd/shard"
+	"github.com/outboxd/outboxd/wal"
 )
 
 // Observed is what DB.Observe reads: the state table's row (nil: none),
@@ -38,11 +41,11 @@ type DB interface {
 	CreateSlots(ctx context.Context, names []string) error
 	// SetPhase moves the row from the observed plan to phase (with cutover
 	// when not zero).
-	SetPhase(ctx context.Context, observed shard.Plan, phase shard.Phase, cutover shard.LSN) (bool, error)
+	SetPhase(ctx context.Context, observed shard.Plan, phase shard.Phase, cutover wal.LSN) (bool, error)
 	// DropSlots drops the slots, terminating any backend that holds one.
 	DropSlots(ctx context.Context, names []string) error
 	DropPublications(ctx context.Context, names []string) error
-	Advance(ctx context.Context, names []string, to shard.LSN) error
+	Advance(ctx context.Context, names []string, to wal.LSN) error
 	// Delete deletes the row if it still holds the observed plan.
 	Delete(ctx context.Context, observed shard.Plan) (bool, error)
 }
@@ -55,7 +58,7 @@ type Drain func(ctx context.Context, shards []shard.Shard, w shard.Window) error
 // transactional id committed in Kafka, by slot (shard.View.Delivered),
 // having fenced those ids. Run calls it right before it records the
 // cutover, with every slot idle.
-type Delivered func(ctx context.Context, old []shard.Shard) (map[string]shard.LSN, error)
+type Delivered func(ctx context.Context, old []shard.Shard) (map[string]wal.LSN, error)
 
 // Config is the layout Run drives towards.
 type Config struct {
@@ -110,7 +113,7 @@ func Run(ctx context.Context, db DB, cfg Config, drain Drain, log *slog.Logger) 
 					return nil, w, err
 				}
 				log.Warn("reading the old shards' positions in Kafka failed; observing again", "err", err)
-				if !sleep(ctx, cfg.Poll) {
+				if !pause.For(ctx, cfg.Poll) {
 					return nil, w, ctx.Err()
 				}
 				continue
@@ -193,7 +196,7 @@ func Run(ctx context.Context, db DB, cfg Config, drain Drain, log *slog.Logger) 
 			log.Warn("resharding step failed; observing again", "step", a.Kind.String(), "err", err)
 			moved = false
 		}
-		if !moved && !sleep(ctx, cfg.Poll) {
+		if !moved && !pause.For(ctx, cfg.Poll) {
 			return nil, w, ctx.Err()
 		}
 	}
@@ -205,14 +208,3 @@ type PermanentError struct{ Err error }
 
 func (e *PermanentError) Error() string { return e.Err.Error() }
 func (e *PermanentError) Unwrap() error { return e.Err }
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
-}

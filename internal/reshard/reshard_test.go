@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/outboxd/outboxd/shard"
+	"github.com/outboxd/outboxd/wal"
 )
 
 // fakeDB is a database of slots, publications and the state table's row.
@@ -19,7 +20,7 @@ type fakeDB struct {
 	plan  *shard.Plan
 	slots map[string]*shard.Slot
 	pubs  map[string]bool
-	wal   shard.LSN
+	wal   wal.LSN
 	// failAt makes the nth call (counting every call) fail once.
 	calls, failAt int
 	log           []string
@@ -91,7 +92,7 @@ func (f *fakeDB) CreateSlots(_ context.Context, names []string) error {
 	return nil
 }
 
-func (f *fakeDB) SetPhase(_ context.Context, o shard.Plan, phase shard.Phase, cutover shard.LSN) (bool, error) {
+func (f *fakeDB) SetPhase(_ context.Context, o shard.Plan, phase shard.Phase, cutover wal.LSN) (bool, error) {
 	if err := f.step("phase " + string(phase)); err != nil {
 		return false, err
 	}
@@ -125,7 +126,7 @@ func (f *fakeDB) DropPublications(_ context.Context, names []string) error {
 	return nil
 }
 
-func (f *fakeDB) Advance(_ context.Context, names []string, to shard.LSN) error {
+func (f *fakeDB) Advance(_ context.Context, names []string, to wal.LSN) error {
 	if err := f.step("advance"); err != nil {
 		return err
 	}
@@ -206,7 +207,7 @@ func TestRunReshards(t *testing.T) {
 			if len(tt.slots) > 0 && tt.after[0] != tt.slots[0] {
 				// Every new slot starts at the cutover, which every old slot
 				// confirmed before it was dropped.
-				var x shard.LSN
+				var x wal.LSN
 				for _, s := range f.slots {
 					if x != 0 && s.Confirmed != x {
 						t.Errorf("new slots at different positions: %v", f.slots)
@@ -308,7 +309,7 @@ func TestRunCutoverAtTheKafkaPositions(t *testing.T) {
 	f := newFake("outboxd_0of2", "outboxd_1of2")
 	var asked [][]string
 	reads := 0
-	delivered := func(_ context.Context, old []shard.Shard) (map[string]shard.LSN, error) {
+	delivered := func(_ context.Context, old []shard.Shard) (map[string]wal.LSN, error) {
 		reads++
 		if reads == 1 {
 			return nil, errInjected
@@ -319,7 +320,7 @@ func TestRunCutoverAtTheKafkaPositions(t *testing.T) {
 		}
 		asked = append(asked, names)
 		// Far past anything the slots confirmed or the new slots' creation.
-		return map[string]shard.LSN{"outboxd_1of2": f.wal + 1000}, nil
+		return map[string]wal.LSN{"outboxd_1of2": f.wal + 1000}, nil
 	}
 	want := f.wal + 1000
 	_, w, err := Run(ctx, f, Config{Slot: "outboxd", Publication: "outboxd", Want: 4, Poll: time.Millisecond, Delivered: delivered}, f.drain,

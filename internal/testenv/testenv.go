@@ -1,27 +1,28 @@
 // Package testenv gives tests the real Postgres and Kafka of the test bed
 // (scripts/testbed), found through OUTBOXD_TEST_PG_DSN and
-// OUTBOXD_TEST_KAFKA_BROKERS: throwaway databases, a logger that writes to
-// t.Log, and outboxd's relay run in-process.
+// OUTBOXD_TEST_KAFKA_BROKERS: throwaway databases and a logger that writes
+// to t.Log. It imports nothing of outboxd's engine, so the tests of the
+// client libraries (outbox, consumer) that use it do not compile the
+// daemon; package daemon, below it, runs outboxd for the tests that need it.
 //
 // Without the services a test skips, and says how to start them; with CI set
 // it fails instead, so CI never passes by skipping.
 package testenv
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"io"
 	"log/slog"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/outboxd/outboxd/config"
-	"github.com/outboxd/outboxd/relay"
 )
 
 // Services returns the test Postgres DSN and Kafka brokers.
@@ -29,14 +30,29 @@ func Services(t testing.TB) (dsn string, brokers []string) {
 	t.Helper()
 	dsn, b := os.Getenv("OUTBOXD_TEST_PG_DSN"), os.Getenv("OUTBOXD_TEST_KAFKA_BROKERS")
 	if dsn == "" || b == "" {
-		msg := "OUTBOXD_TEST_PG_DSN and OUTBOXD_TEST_KAFKA_BROKERS are not both set; run 'make test', or start " +
-			"scripts/testbed/pg-start and scripts/testbed/kafka-start and source /tmp/outboxd-testbed/env"
-		if os.Getenv("CI") != "" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
+		skipOrFail(t, "OUTBOXD_TEST_PG_DSN and OUTBOXD_TEST_KAFKA_BROKERS are not both set; run 'make test', or start "+
+			"scripts/testbed/pg-start and scripts/testbed/kafka-start and source /tmp/outboxd-testbed/env")
 	}
 	return dsn, strings.Split(b, ",")
+}
+
+// PostgresDSN returns the test Postgres DSN, for a test that needs no Kafka.
+func PostgresDSN(t testing.TB) string {
+	t.Helper()
+	dsn := os.Getenv("OUTBOXD_TEST_PG_DSN")
+	if dsn == "" {
+		skipOrFail(t, "OUTBOXD_TEST_PG_DSN is not set; run 'make test', or start scripts/testbed/pg-start and source /tmp/outboxd-testbed/env")
+	}
+	return dsn
+}
+
+// skipOrFail skips the test, or fails it in CI, where nothing may skip.
+func skipOrFail(t testing.TB, msg string) {
+	t.Helper()
+	if os.Getenv("CI") != "" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg)
 }
 
 // RandomSuffix returns 8 random hex digits for unique names.
@@ -46,17 +62,22 @@ func RandomSuffix() string {
 	return hex.EncodeToString(b)
 }
 
-// NewDatabase creates a database named t_<prefix>_<random> and returns its
-// name and DSN. Cleanup drops the replication slots of the database, then the
-// database.
+// NewDatabase creates a database named t_<prefix>_<random> on the test
+// Postgres and returns its name and DSN. Cleanup drops the replication slots
+// of the database, then the database.
 func NewDatabase(t testing.TB, prefix string) (name, dsn string) {
 	t.Helper()
-	adminDSN, _ := Services(t)
+	return CreateDatabase(t, PostgresDSN(t), prefix)
+}
+
+// CreateDatabase is NewDatabase on the server of adminDSN.
+func CreateDatabase(t testing.TB, adminDSN, prefix string) (name, dsn string) {
+	t.Helper()
 	ctx := context.Background()
 	name = "t_" + prefix + "_" + RandomSuffix()
 	admin, err := pgx.Connect(ctx, adminDSN)
 	if err != nil {
-		t.Fatalf("connecting to OUTBOXD_TEST_PG_DSN: %v", err)
+		t.Fatalf("connecting to Postgres at OUTBOXD_TEST_PG_DSN: %v", err)
 	}
 	defer admin.Close(ctx)
 	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
@@ -98,54 +119,32 @@ func WithDatabase(dsn, name string) string {
 	return dsn[:i+1] + name + rest
 }
 
-type logWriter struct{ t testing.TB }
+// LogWriter returns a writer that passes what it is given to t.Log, a line
+// at a time; a line's end may come in a later Write.
+func LogWriter(t testing.TB) io.Writer { return &logWriter{t: t} }
 
-func (w logWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimRight(string(p), "\n"))
+type logWriter struct {
+	t       testing.TB
+	mu      sync.Mutex
+	partial []byte
+}
+
+func (w *logWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.partial = append(w.partial, p...)
+	for {
+		i := bytes.IndexByte(w.partial, '\n')
+		if i < 0 {
+			break
+		}
+		w.t.Log(string(w.partial[:i]))
+		w.partial = w.partial[i+1:]
+	}
 	return len(p), nil
 }
 
 // Logger returns a logger that writes to t.Log.
 func Logger(t testing.TB) *slog.Logger {
-	return slog.New(slog.NewTextHandler(logWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
-}
-
-// RelayConfig returns outboxd's default configuration pointed at database
-// dsn (slot named after the database) and brokers, with fast status updates
-// and no HTTP server.
-func RelayConfig(dsn, slot string, brokers []string) config.Config {
-	cfg := config.Default()
-	cfg.Postgres.DSN, cfg.Postgres.Slot = dsn, slot
-	cfg.Postgres.StatusInterval = 200 * time.Millisecond
-	cfg.Kafka.Brokers = brokers
-	cfg.Kafka.TopicPartitions = 3
-	cfg.HTTP.Listen = ""
-	return cfg
-}
-
-// StartRelay runs outboxd's relay in-process with cfg until cleanup, which
-// fails the test if the relay ended with an error.
-func StartRelay(t testing.TB, cfg config.Config) {
-	t.Helper()
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	r, err := relay.New(cfg, Logger(t), prometheus.NewRegistry())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	start, err := r.Check(ctx)
-	if err != nil {
-		cancel()
-		t.Fatalf("relay check: %v", err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx, start) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("relay: %v", err)
-		}
-	})
+	return slog.New(slog.NewTextHandler(LogWriter(t), &slog.HandlerOptions{Level: slog.LevelInfo}))
 }

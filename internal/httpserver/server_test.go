@@ -1,4 +1,4 @@
-package metrics
+package httpserver
 
 import (
 	"context"
@@ -10,26 +10,20 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
-)
 
-// body is what the relay's ReadyFunc returns, reduced to what the endpoints
-// pass through.
-type body struct {
-	State     string `json:"state"`
-	Reason    string `json:"reason,omitempty"`
-	LastError string `json:"last_error,omitempty"`
-}
+	"github.com/outboxd/outboxd/internal/status"
+)
 
 func TestEndpoints(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	RegisterBuildInfo(reg, "v1.2.3", "abc")
 	ready := true
-	st := body{State: "streaming", LastError: "kafka: broker gone"}
-	srv, err := Listen("127.0.0.1:0", reg, func() (bool, any) {
+	st := status.Status{State: status.Streaming, LastError: "kafka: broker gone"}
+	srv, err := Listen("127.0.0.1:0", reg, func() (bool, status.Status) {
 		if ready {
 			return true, st
 		}
-		return false, body{State: "standby", Reason: "another process holds the slot", LastError: st.LastError}
+		return false, status.Status{State: status.Standby, Reason: "another process holds the slot", LastError: st.LastError}
 	}, false)
 	if err != nil {
 		t.Fatal(err)
@@ -100,7 +94,7 @@ func TestEndpoints(t *testing.T) {
 }
 
 func TestPprofAndProbe(t *testing.T) {
-	srv, err := Listen("127.0.0.1:0", prometheus.NewRegistry(), func() (bool, any) { return false, body{State: "starting"} }, true)
+	srv, err := Listen("127.0.0.1:0", prometheus.NewRegistry(), func() (bool, status.Status) { return false, status.Status{State: status.Starting} }, true)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package metrics
+package httpserver
 
 import (
 	"context"
@@ -14,11 +14,13 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/outboxd/outboxd/internal/status"
 )
 
 // ReadyFunc reports whether the process is ready (streaming and making
-// progress) and a JSON-encodable body that says why or why not.
-type ReadyFunc func() (ready bool, body any)
+// progress) and its status, which says why or why not.
+type ReadyFunc func() (ready bool, st status.Status)
 
 // Server serves the operational endpoints.
 type Server struct {
@@ -30,8 +32,8 @@ type Server struct {
 //
 //	GET /metrics  Prometheus metrics from gatherer
 //	GET /healthz  200 while the process runs (liveness)
-//	GET /readyz   200 when ready, else 503; the body is ready's JSON (readiness)
-//	GET /status   200 with ready's JSON (for `outboxd status`)
+//	GET /readyz   200 when ready, else 503; the body is ready's status as JSON (readiness)
+//	GET /status   200 with ready's status as JSON (for `outboxd status`)
 //
 // With pprof, Go's profiler is served under /debug/pprof/ too.
 func Listen(addr string, gatherer prometheus.Gatherer, ready ReadyFunc, pprof bool) (*Server, error) {

@@ -1,4 +1,4 @@
-package sink_test
+package relay
 
 import (
 	"context"
@@ -20,27 +20,26 @@ import (
 	"github.com/outboxd/outboxd/checkpoint"
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/internal/kfaketest"
-	"github.com/outboxd/outboxd/relay"
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/sink"
 	"github.com/outboxd/outboxd/wal"
 )
 
-// The sink's fault tests run the relay's pipeline (relay.Pipeline: routing,
-// the tracker's Begin, Add and Commit, a failed record ending the run) on a
-// real sink.Producer against franz-go's in-process kfake, whose ControlKey
+// The kfake fault tests run the relay's pipeline (routing, the tracker's
+// Begin, Add and Commit, a failed record ending the run) on a real
+// sink.Producer against franz-go's in-process kfake, whose ControlKey
 // injects broker errors; each run starts from the position the previous one
 // confirmed, as the relay's restarts do. After every run they check the ack
 // rule: nothing at or below the confirmed position is undelivered. At the
 // end they read the topic back and check that every event arrived and that
 // first deliveries of each key follow commit order.
 
-// topic is where the workload's rows go: route_by value "orders", through
+// faultTopic is where the workload's rows go: route_by value "orders", through
 // the default topic template ${routedByValue}-events.
-const topic = "orders-events"
+const faultTopic = "orders-events"
 
-// outboxRel is the default outbox table, with built-in column types.
-var outboxRel = &wal.Relation{ID: 16400, Namespace: "public", Name: "outbox", Columns: []wal.Column{
+// textOutboxRel is the default outbox table with a text id column.
+var textOutboxRel = &wal.Relation{ID: 16400, Namespace: "public", Name: "outbox", Columns: []wal.Column{
 	{Name: "id", TypeOID: 25, Key: true}, // text
 	{Name: "aggregate_type", TypeOID: 25},
 	{Name: "aggregate_id", TypeOID: 25},
@@ -49,8 +48,8 @@ var outboxRel = &wal.Relation{ID: 16400, Namespace: "public", Name: "outbox", Co
 }}
 
 type fakeTxn struct {
-	lsn   checkpoint.LSN // the commit's end LSN
-	items []wal.Item     // Begin, the inserts, Commit
+	lsn   wal.LSN    // the commit's end LSN
+	items []wal.Item // Begin, the inserts, Commit
 	ids   []string
 	seqs  []int
 }
@@ -63,15 +62,15 @@ func workload(n int) []fakeTxn {
 	text := func(s string) wal.Datum { return wal.Datum{Kind: wal.DatumText, Data: []byte(s)} }
 	for i := range txns {
 		tx := &txns[i]
-		tx.lsn = checkpoint.LSN(100 * (i + 1))
+		tx.lsn = wal.LSN(100 * (i + 1))
 		commitTime := time.Now()
 		tx.items = append(tx.items, &wal.Begin{XID: uint32(i + 1), FinalLSN: tx.lsn - 10, CommitTime: commitTime})
 		for j := range 1 + (i*7)%5 {
 			key := fmt.Sprintf("k%02d", (i*3+j*11)%20)
 			seq[key]++
 			id++
-			tx.items = append(tx.items, &wal.Change{Op: wal.Insert, XID: uint32(i + 1), LSN: tx.lsn - 50 + checkpoint.LSN(j), CommitTime: commitTime,
-				Relation: outboxRel, Tuple: []wal.Datum{text(fmt.Sprint(id)), text("orders"), text(key), text("OrderChanged"),
+			tx.items = append(tx.items, &wal.Change{Op: wal.Insert, XID: uint32(i + 1), LSN: tx.lsn - 50 + wal.LSN(j), CommitTime: commitTime,
+				Relation: textOutboxRel, Tuple: []wal.Datum{text(fmt.Sprint(id)), text("orders"), text(key), text("OrderChanged"),
 					text(fmt.Sprintf(`{"seq": %d}`, seq[key]))}})
 			tx.ids = append(tx.ids, fmt.Sprint(id))
 			tx.seqs = append(tx.seqs, seq[key])
@@ -93,63 +92,13 @@ func (w tWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-func newCluster(t *testing.T, brokers int) *kfake.Cluster {
-	t.Helper()
-	c, err := kfake.NewCluster(kfake.NumBrokers(brokers))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	return c
-}
-
-// newProducer returns a Producer on c's brokers with one-partition topics,
-// its caps set by tune (if not nil), closed at cleanup, with topic created,
-// and a context that ends the test after 30 s.
-func newProducer(t *testing.T, c *kfake.Cluster, tune func(*config.Kafka)) (*sink.Producer, context.Context) {
-	t.Helper()
-	cfg := config.Default().Kafka
-	cfg.Brokers = c.ListenAddrs()
-	cfg.TopicPartitions = 1
-	cfg.TopicReplicationFactor = 1
-	if tune != nil {
-		tune(&cfg)
-	}
-	p, err := sink.New(cfg, sink.NewMetrics(prometheus.NewRegistry()), slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(p.Close)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	if err := p.EnsureTopic(ctx, topic); err != nil {
-		t.Fatal(err)
-	}
-	return p, ctx
-}
-
-// holdProduce makes c hold every produce request until release is called.
-func holdProduce(c *kfake.Cluster) (release func()) { return kfaketest.HoldProduce(c) }
-
-// rejectingProducer returns a producer (as newProducer) whose broker
-// rejects every produce request with INVALID_RECORD.
-func rejectingProducer(t *testing.T) (*sink.Producer, context.Context) {
-	t.Helper()
-	c := newCluster(t, 1)
-	c.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		c.KeepControl()
-		return produceResp(req, kerr.InvalidRecord.Code), nil, true
-	})
-	return newProducer(t, c, nil)
-}
-
-// outcome is what runRelay observed.
-type outcome struct {
+// faultOutcome is what runRelay observed.
+type faultOutcome struct {
 	runs, failedRuns int
 	failures         []string
 }
 
-// watched is the relay.Producer the pipeline runs on: a sink.Producer whose
+// watched is the producer the pipeline runs on: a sink.Producer whose
 // outcomes are noted before the pipeline's callback gets them.
 type watched struct {
 	t     *testing.T
@@ -184,7 +133,7 @@ func (w watched) Produce(ctx context.Context, rec *router.Record, done func(erro
 
 // runRelay streams txns through the relay's pipeline on fresh Producers
 // until every transaction is confirmed, at most maxRuns times.
-func runRelay(t *testing.T, c *kfake.Cluster, txns []fakeTxn, maxRuns int, tt faultCase) outcome {
+func runRelay(t *testing.T, c *kfake.Cluster, txns []fakeTxn, maxRuns int, tt faultCase) faultOutcome {
 	t.Helper()
 	cfg := config.Default()
 	cfg.Kafka.Brokers = c.ListenAddrs()
@@ -199,22 +148,22 @@ func runRelay(t *testing.T, c *kfake.Cluster, txns []fakeTxn, maxRuns int, tt fa
 	t.Cleanup(func() { quiet.Store(true) })
 	log := slog.New(slog.NewTextHandler(tWriter{t, quiet}, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	m := sink.NewMetrics(prometheus.NewRegistry())
-	r, err := relay.New(cfg, log, prometheus.NewRegistry())
+	r, err := New(cfg, log, prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
 
 	var mu sync.Mutex
 	acked := map[string]bool{}
-	var out outcome
-	confirmed := checkpoint.LSN(0)
+	var out faultOutcome
+	confirmed := wal.LSN(0)
 	last := txns[len(txns)-1].lsn
 	for confirmed < last {
 		if out.runs == maxRuns {
 			t.Fatalf("not everything confirmed after %d runs (confirmed %d of %d); failures: %v", maxRuns, confirmed, last, out.failures)
 		}
 		out.runs++
-		p, err := sink.NewWithFirstOpts(cfg.Kafka, m, log, tt.first...)
+		p, err := sink.New(cfg.Kafka, m, log, tt.first...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -233,7 +182,7 @@ func runRelay(t *testing.T, c *kfake.Cluster, txns []fakeTxn, maxRuns int, tt fa
 		// The stream's part: one batch per transaction after the confirmed
 		// position, until the run ends (a failure cancels it).
 		batches := make(chan []wal.Item, 8)
-		go func(from checkpoint.LSN) {
+		go func(from wal.LSN) {
 			defer close(batches)
 			for _, tx := range txns {
 				if tx.lsn <= from {
@@ -249,7 +198,7 @@ func runRelay(t *testing.T, c *kfake.Cluster, txns []fakeTxn, maxRuns int, tt fa
 				}
 			}
 		}(confirmed)
-		pl := r.NewPipeline(run, tracker, watched{t: t, p: p, wg: &wg, mu: &mu, acked: acked}, fail, 0)
+		pl := pipelineOn(t, r, run, tracker, watched{t: t, p: p, wg: &wg, mu: &mu, acked: acked}, fail)
 		pipeErr := pl.Run(batches)
 		pl.Close()
 		if pipeErr == nil && context.Cause(run) == nil {
@@ -300,7 +249,7 @@ func runRelay(t *testing.T, c *kfake.Cluster, txns []fakeTxn, maxRuns int, tt fa
 // partition, first deliveries in commit order. It returns the duplicates.
 func verify(t *testing.T, c *kfake.Cluster, txns []fakeTxn) int {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ConsumeTopics(topic),
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ConsumeTopics(faultTopic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
@@ -357,11 +306,6 @@ func verify(t *testing.T, c *kfake.Cluster, txns []fakeTxn) int {
 	return dups
 }
 
-// produceResp answers req with code for every partition.
-func produceResp(req kmsg.Request, code int16) *kmsg.ProduceResponse {
-	return kfaketest.ProduceResponse(req, code)
-}
-
 // everyNth injects fault into every nth produce request, limit times.
 func everyNth(c *kfake.Cluster, n, limit int, fault func(req kmsg.Request) (kmsg.Response, error)) *atomic.Int64 {
 	var seen, injected atomic.Int64
@@ -402,7 +346,7 @@ func TestProducerUnderBrokerFaults(t *testing.T) {
 				codes := []int16{kerr.NotLeaderForPartition.Code, kerr.RequestTimedOut.Code, kerr.NotEnoughReplicas.Code, kerr.NotEnoughReplicasAfterAppend.Code}
 				var i atomic.Int64
 				n := everyNth(c, 3, 8, func(req kmsg.Request) (kmsg.Response, error) {
-					return produceResp(req, codes[i.Add(1)%int64(len(codes))]), nil
+					return kfaketest.ProduceResponse(req, codes[i.Add(1)%int64(len(codes))]), nil
 				})
 				return func() {}, n.Load
 			}},
@@ -433,7 +377,7 @@ func TestProducerUnderBrokerFaults(t *testing.T) {
 						return nil, errors.New("connection dropped by the test") // kfake closes the connection
 					}
 					c.SleepControl(func() { time.Sleep(200 * time.Millisecond) })
-					return produceResp(req, kerr.RequestTimedOut.Code), nil
+					return kfaketest.ProduceResponse(req, kerr.RequestTimedOut.Code), nil
 				})
 				return func() {}, n.Load
 			}},
@@ -444,7 +388,11 @@ func runFaultCases(t *testing.T, tests []faultCase) {
 	txns := workload(300)
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c := newCluster(t, tt.brokers)
+			c, err := kfake.NewCluster(kfake.NumBrokers(tt.brokers))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(c.Close)
 			stop, injected := tt.inject(t, c)
 			out := runRelay(t, c, txns, 50, tt)
 			stop()
@@ -463,5 +411,62 @@ func runFaultCases(t *testing.T, tests []faultCase) {
 				t.Errorf("%d duplicates without a failed run (the idempotent producer should have removed them)", dups)
 			}
 		})
+	}
+}
+
+// Faults that fail records: the run ends and the next one starts from the
+// confirmed position. Nothing may be confirmed past a failed record, and
+// first deliveries of a key follow commit order.
+func TestProducerFailureKeepsKeyOrder(t *testing.T) {
+	// rejectEvery rejects every nth produce request, six times.
+	rejectEvery := func(nth int) func(t *testing.T, c *kfake.Cluster) (func(), func() int64) {
+		return func(t *testing.T, c *kfake.Cluster) (func(), func() int64) {
+			codes := []int16{kerr.InvalidRecord.Code, kerr.CorruptMessage.Code, kerr.MessageTooLarge.Code, kerr.TopicAuthorizationFailed.Code}
+			var i atomic.Int64
+			n := everyNth(c, nth, 6, func(req kmsg.Request) (kmsg.Response, error) {
+				return kfaketest.ProduceResponse(req, codes[i.Add(1)%int64(len(codes))]), nil
+			})
+			return func() {}, n.Load
+		}
+	}
+	runFaultCases(t, []faultCase{
+		{name: "non-retriable errors", brokers: 1, deliveryTimeout: time.Minute, wantFailedRuns: true, inject: rejectEvery(7)},
+		// franz-go reports a rejection on another goroutine. Delaying that
+		// report (with room to hand over every record meanwhile) widens the
+		// moment in which a record handed over would be written ahead of the
+		// rejected one: the fence must break when the response is read, not
+		// when it is reported.
+		{name: "non-retriable errors reported late", brokers: 1, deliveryTimeout: time.Minute, wantFailedRuns: true, inject: rejectEvery(2),
+			buffered: 5000, pace: 100 * time.Microsecond, first: []kgo.Opt{kgo.WithHooks(&slowFailureReport{d: 20 * time.Millisecond})}},
+		{name: "retriable errors past the delivery timeout", brokers: 1, deliveryTimeout: 2 * time.Second, wantFailedRuns: true,
+			inject: func(t *testing.T, c *kfake.Cluster) (func(), func() int64) {
+				var n, seen atomic.Int64
+				start := time.Now()
+				c.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+					c.KeepControl()
+					// Refuse every produce for a window after the 10th request.
+					if seen.Add(1) < 10 || time.Since(start) > 6*time.Second {
+						return nil, nil, false
+					}
+					n.Add(1)
+					c.SleepControl(func() { time.Sleep(50 * time.Millisecond) })
+					return kfaketest.ProduceResponse(req, kerr.NotLeaderForPartition.Code), nil, true
+				})
+				return func() {}, n.Load
+			}},
+	})
+}
+
+// slowFailureReport delays franz-go's report of the first failed record of
+// each run (its hooks and promises run one after another on one goroutine).
+type slowFailureReport struct {
+	d    time.Duration
+	last atomic.Int64 // unix nanos of the last delay
+}
+
+func (h *slowFailureReport) OnProduceRecordUnbuffered(_ *kgo.Record, err error) {
+	if now := time.Now().UnixNano(); err != nil && now-h.last.Load() > int64(10*h.d) {
+		h.last.Store(now)
+		time.Sleep(h.d)
 	}
 }
