@@ -33,7 +33,8 @@
 //  1. Pass the daemon's configuration: the Kafka settings (brokers, TLS,
 //     SASL, delivery) and router.id_header.
 //  2. Run one redrive of a topic at a time (in exactly_once a second run
-//     fences the first; in at_least_once two runs may both send a record).
+//     fences the first, which ends with a *sink.FencedError; in
+//     at_least_once two runs may both send a record).
 //  3. Fix the cause first: a dead letter that fails again stays pending
 //     with the new reason.
 package dlq

@@ -227,23 +227,40 @@ func (r *run) batch(ctx context.Context, letters []*Letter) (err error) {
 	if broke == nil {
 		return r.settle(ctx, letters, again)
 	}
+	// Only a record's own fault is worth a new producer: after any other
+	// failure (brokers down, a stall, another run fencing this one) a new
+	// producer would fail the same way, or, in exactly_once, fence the
+	// run that fenced this one and send again what it sent.
+	for i, e := range failed {
+		if e != nil && !recordFault(e) {
+			return fmt.Errorf("redriving event %s to %s: %w", letters[i].EventID, letters[i].Topic, r.p.AsFenced(e))
+		}
+	}
 	if err := r.reopen(ctx); err != nil {
 		return err
 	}
 	if len(letters) == 1 {
-		if !recordFault(broke) {
-			return fmt.Errorf("redriving event %s to %s: %w", letters[0].EventID, letters[0].Topic, broke)
-		}
 		if err := r.begin(); err != nil {
 			return err
 		}
 		return r.settle(ctx, letters, []string{newReason(broke)})
+	}
+	var still map[string]bool
+	if r.eos() {
+		// The new producer's Init fenced any other run of the topic:
+		// what such a run committed meanwhile is no longer pending.
+		if still, err = r.pending(ctx); err != nil {
+			return err
+		}
 	}
 	var acked []*Letter
 	var ackedAgain []string
 	for i, l := range letters {
 		if !r.eos() && failed[i] == nil { // in Kafka already, or refused before it was sent
 			acked, ackedAgain = append(acked, l), append(ackedAgain, again[i])
+			continue
+		}
+		if still != nil && !still[l.Ref()] {
 			continue
 		}
 		if err := r.batch(ctx, []*Letter{l}); err != nil {
@@ -254,6 +271,20 @@ func (r *run) batch(ctx context.Context, letters []*Letter) (err error) {
 		return nil
 	}
 	return r.settle(ctx, acked, ackedAgain)
+}
+
+// pending reads the dead-letter topic again and returns the refs of its
+// pending dead letters.
+func (r *run) pending(ctx context.Context) (map[string]bool, error) {
+	t, err := Read(ctx, r.cfg.Kafka, r.cfg.Router.IDHeader, r.dlq)
+	if err != nil {
+		return nil, err
+	}
+	refs := map[string]bool{}
+	for _, l := range t.Select(Filter{}) {
+		refs[l.Ref()] = true
+	}
+	return refs, nil
 }
 
 // settle marks letters as redriven, or writes those with a new reason in
@@ -309,7 +340,7 @@ func (r *run) send(ctx context.Context, recs []*router.Record) (refused, failed 
 		if err != nil {
 			wg.Done()
 			if !recordFault(err) {
-				return nil, nil, fmt.Errorf("redriving event %s to %s: %w", rec.EventID, rec.Topic, err)
+				return nil, nil, fmt.Errorf("redriving event %s to %s: %w", rec.EventID, rec.Topic, r.p.AsFenced(err))
 			}
 			refused[i] = err
 		}

@@ -2,6 +2,8 @@ package dlq
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
@@ -18,6 +20,7 @@ import (
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/internal/kfaketest"
 	"github.com/outboxd/outboxd/router"
+	"github.com/outboxd/outboxd/sink"
 )
 
 func kgoHeaders(hs []router.Header) []kgo.RecordHeader {
@@ -288,5 +291,62 @@ func TestRedriveResumes(t *testing.T) {
 			}
 			t.Logf("%s: %d records for 5 events", mode, len(recs))
 		})
+	}
+}
+
+// exactly_once, two redrives at once: B starts (its Init fences A) and
+// finishes between A's batches. A's next batch is refused as fenced: A ends
+// with the fencing error, and does not open a new producer (which would
+// fence B back) to send its stale letters again. A read_committed consumer
+// sees each event once.
+func TestRedriveFencedRunEnds(t *testing.T) {
+	b := newBed(t, config.ExactlyOnce)
+	var all []string
+	for i := 0; i < 12; i++ {
+		all = append(all, fmt.Sprintf("e%02d", i))
+	}
+	b.seed(t, "orders-events", 10, all...)
+	var commits atomic.Int32
+	b.c.ControlKey(int16(kmsg.EndTxn), func(kmsg.Request) (kmsg.Response, error, bool) {
+		b.c.KeepControl()
+		commits.Add(1)
+		return nil, nil, false
+	})
+	var started atomic.Bool
+	var bErr error
+	b.c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		b.c.KeepControl()
+		if commits.Load() != 1 || started.Swap(true) {
+			return nil, nil, false
+		}
+		// A committed its first batch: B runs to its end meanwhile.
+		b.c.SleepControl(func() {
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				res, err := Redrive(b.ctx, b.cfg, Options{Topic: "dlq", Batch: 100}, slog.New(slog.DiscardHandler))
+				bErr = err
+				if res != nil {
+					t.Logf("run B redrove %v", ids(res.Redriven))
+				}
+			}()
+			<-done
+		})
+		return nil, nil, false
+	})
+	res, err := Redrive(b.ctx, b.cfg, Options{Topic: "dlq", Batch: 4}, slog.New(slog.DiscardHandler))
+	if !started.Load() || bErr != nil {
+		t.Fatalf("run B started %v, ended with %v", started.Load(), bErr)
+	}
+	var fenced *sink.FencedError
+	if !errors.As(err, &fenced) {
+		t.Errorf("run A, fenced by B, ended with %v; want a *sink.FencedError", err)
+	}
+	t.Logf("run A redrove %v, ended with %v", ids(res.Redriven), err)
+	if got := ids(b.read(t, "orders-events")); !slices.Equal(got, all) {
+		t.Errorf("read_committed, orders-events holds %d records %v; want e00 to e11 once each", len(got), got)
+	}
+	if got := pendingIDs(t, b); len(got) != 0 {
+		t.Errorf("pending after both runs: %v", got)
 	}
 }
