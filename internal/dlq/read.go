@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -17,7 +19,9 @@ import (
 // Read reads the dead-letter topic name from its start to its end when the
 // read starts, with isolation.level=read_committed (records of aborted or
 // open Kafka transactions are not dead letters yet), and returns its dead
-// letters. A read that makes no progress for kafka.delivery_timeout fails.
+// letters. The end is the high watermark: a Kafka transaction open in the
+// topic is waited for. A read that makes no progress for
+// kafka.delivery_timeout fails.
 func Read(ctx context.Context, cfg config.Kafka, idHeader, name string) (*Topic, error) {
 	opts, err := sink.ClientOptions(cfg)
 	if err != nil {
@@ -41,7 +45,11 @@ func Read(ctx context.Context, cfg config.Kafka, idHeader, name string) (*Topic,
 	if err != nil {
 		return nil, fmt.Errorf("reading the start offsets of %s: %w", name, err)
 	}
-	ends, err := adm.ListCommittedOffsets(lctx, name) // the last stable offsets
+	// The high watermarks, not the last stable offsets: a Kafka
+	// transaction open when the read starts (the daemon's, in
+	// exactly_once) may hold back markers committed after it, which a read
+	// to the last stable offset would miss. The read waits for it to end.
+	ends, err := adm.ListEndOffsets(lctx, name)
 	if err == nil {
 		err = ends.Error()
 	}
@@ -102,17 +110,36 @@ func Read(ctx context.Context, cfg config.Kafka, idHeader, name string) (*Topic,
 			}
 		})
 		if time.Since(progress) > cfg.DeliveryTimeout {
-			return nil, fmt.Errorf("reading %s: no records for kafka.delivery_timeout (%s) before the end of partitions %v: "+
-				"they have no leader or do not answer", name, cfg.DeliveryTimeout, keys(end))
+			return nil, stalled(ctx, adm, cfg, name, end)
 		}
 	}
 	return Build(name, idHeader, recs), nil
 }
 
-func keys(m map[int32]int64) []int32 {
-	var out []int32
-	for k := range m {
-		out = append(out, k)
+// stalled is the error of a read that got no records for
+// kafka.delivery_timeout before the end of the partitions in end: a Kafka
+// transaction still open in them, or partitions that do not answer.
+func stalled(ctx context.Context, adm *kadm.Client, cfg config.Kafka, name string, end map[int32]int64) error {
+	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var open []int32
+	if lso, err := adm.ListCommittedOffsets(lctx, name); err == nil {
+		lso.Each(func(o kadm.ListedOffset) {
+			if e, ok := end[o.Partition]; ok && o.Err == nil && o.Offset < e {
+				open = append(open, o.Partition)
+			}
+		})
 	}
-	return out
+	if len(open) > 0 {
+		slices.Sort(open)
+		return fmt.Errorf("reading %s: partitions %v hold a Kafka transaction still open after kafka.delivery_timeout (%s), "+
+			"and what it holds back may include dead letters or markers: it is a running outboxd's (it commits soon), or a killed one's "+
+			"(Kafka aborts it after kafka.transaction_timeout, or when that outboxd restarts); run the command again then", name, open, cfg.DeliveryTimeout)
+	}
+	return fmt.Errorf("reading %s: no records for kafka.delivery_timeout (%s) before the end of partitions %v: "+
+		"they have no leader or do not answer", name, cfg.DeliveryTimeout, keys(end))
+}
+
+func keys(m map[int32]int64) []int32 {
+	return slices.Sorted(maps.Keys(m))
 }

@@ -350,3 +350,59 @@ func TestRedriveFencedRunEnds(t *testing.T) {
 		t.Errorf("pending after both runs: %v", got)
 	}
 }
+
+// exactly_once, the daemon opens a transaction in the dead-letter topic
+// while a redrive runs (a dead letter of a Postgres transaction being
+// streamed): the redrive's markers are committed after it. A second run,
+// started while the daemon's transaction is still open, waits for it rather
+// than read to the last stable offset, which would miss the markers and
+// send every letter again.
+func TestRedriveSeesMarkersBehindOpenTransaction(t *testing.T) {
+	b := newBed(t, config.ExactlyOnce)
+	b.seed(t, "orders-events", 10, "a", "b", "c", "d")
+	td, err := b.adm.ListTopics(b.ctx, "orders-events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ordersID := td["orders-events"].ID
+	daemon := b.txnClient(t, "outboxd-7000-outboxd")
+	var opened, second atomic.Bool
+	b.c.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		b.c.KeepControl()
+		r := req.(*kmsg.ProduceRequest)
+		if len(r.Topics) == 0 || (r.Topics[0].Topic != "orders-events" && r.Topics[0].TopicID != ordersID) || opened.Swap(true) {
+			return nil, nil, false
+		}
+		// The first run has read the topic: the daemon opens its
+		// transaction in it before the run's markers.
+		b.c.SleepControl(func() { b.putLetters(t, daemon, "open") })
+		return nil, nil, false
+	})
+	committed := make(chan error, 1)
+	b.c.ControlKey(int16(kmsg.ListOffsets), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		b.c.KeepControl()
+		r := req.(*kmsg.ListOffsetsRequest)
+		if !second.Load() || len(r.Topics) == 0 || len(r.Topics[0].Partitions) == 0 || r.Topics[0].Partitions[0].Timestamp != -1 {
+			return nil, nil, false
+		}
+		// The second run asks where the topic ends: the daemon commits
+		// after the answer.
+		second.Store(false)
+		go func() { committed <- daemon.EndTransaction(b.ctx, kgo.TryCommit) }()
+		return nil, nil, false
+	})
+	if res := b.redrive(t, Filter{}); !slices.Equal(ids(res.Redriven), []string{"a", "b", "c", "d"}) || !opened.Load() {
+		t.Fatalf("first run redrove %v (daemon's transaction opened: %v)", ids(res.Redriven), opened.Load())
+	}
+	second.Store(true)
+	res := b.redrive(t, Filter{})
+	if err := <-committed; err != nil {
+		t.Fatal(err)
+	}
+	if got := ids(res.Redriven); !slices.Equal(got, []string{"open", "open"}) {
+		t.Errorf("second run redrove %v, want the daemon's two letters", got)
+	}
+	if got := ids(b.read(t, "orders-events")); !slices.Equal(got, []string{"a", "b", "c", "d", "open", "open"}) {
+		t.Errorf("read_committed, orders-events holds %v; want a b c d and the daemon's letters once each", got)
+	}
+}
