@@ -232,7 +232,7 @@ func (r *run) batch(ctx context.Context, letters []*Letter) (err error) {
 	// producer would fail the same way, or, in exactly_once, fence the
 	// run that fenced this one and send again what it sent.
 	for i, e := range failed {
-		if e != nil && !recordFault(e) {
+		if e != nil && !recordFault(e) && (len(letters) == 1 || !earlier(ctx, e)) {
 			return fmt.Errorf("redriving event %s to %s: %w", letters[i].EventID, letters[i].Topic, r.p.AsFenced(e))
 		}
 	}
@@ -321,7 +321,8 @@ func (r *run) settle(ctx context.Context, letters []*Letter, again []string) err
 // send hands recs (nil ones are left out) to the producer and waits for
 // Kafka's answers. refused[i] is the error of a record the producer did not
 // take for its own reason (recordFault), failed[i] that of a record Kafka
-// failed; err ends the run.
+// failed, or that the producer did not take because an earlier one failed
+// (*sink.NotHandedOverError); err ends the run.
 func (r *run) send(ctx context.Context, recs []*router.Record) (refused, failed []error, err error) {
 	refused, failed = make([]error, len(recs)), make([]error, len(recs))
 	var wg sync.WaitGroup
@@ -337,12 +338,18 @@ func (r *run) send(ctx context.Context, recs []*router.Record) (refused, failed 
 			mu.Unlock()
 			wg.Done()
 		})
-		if err != nil {
+		var earlier *sink.NotHandedOverError
+		switch {
+		case err == nil:
+		case errors.As(err, &earlier):
 			wg.Done()
-			if !recordFault(err) {
-				return nil, nil, fmt.Errorf("redriving event %s to %s: %w", rec.EventID, rec.Topic, r.p.AsFenced(err))
-			}
+			failed[i] = err // not its own fault: the caller tries it again alone
+		case recordFault(err):
+			wg.Done()
 			refused[i] = err
+		default:
+			wg.Done()
+			return nil, nil, fmt.Errorf("redriving event %s to %s: %w", rec.EventID, rec.Topic, r.p.AsFenced(err))
 		}
 	}
 	all := make(chan struct{})
@@ -370,6 +377,10 @@ func (r *run) send(ctx context.Context, recs []*router.Record) (refused, failed 
 // would refuse it again until its cause is fixed. Any other error (brokers
 // down, a stall, fencing) ends the run instead.
 func recordFault(err error) bool {
+	var earlier *sink.NotHandedOverError
+	if errors.As(err, &earlier) {
+		return false // the earlier record's fault
+	}
 	var row *router.RowError
 	var topic *sink.TopicRefusedError
 	var de *sink.DeliveryError
@@ -381,6 +392,16 @@ func recordFault(err error) bool {
 	}
 	return errors.Is(err, kerr.TopicAuthorizationFailed) || errors.Is(err, kerr.InvalidTopicException) ||
 		errors.Is(err, kerr.PolicyViolation)
+}
+
+// earlier reports whether err failed a record because an earlier record of
+// the producer failed: the producer did not hand it over
+// (*sink.NotHandedOverError), or franz-go failed it unwritten when that
+// failure broke the producer's fence, the context of every record (context
+// canceled while ctx is not). Such a record may be sound.
+func earlier(ctx context.Context, err error) bool {
+	var nho *sink.NotHandedOverError
+	return errors.As(err, &nho) || (errors.Is(err, context.Canceled) && ctx.Err() == nil)
 }
 
 // newReason is the reason written with a dead letter that failed again.

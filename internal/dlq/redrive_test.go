@@ -406,3 +406,94 @@ func TestRedriveSeesMarkersBehindOpenTransaction(t *testing.T) {
 		t.Errorf("read_committed, orders-events holds %v; want a b c d and the daemon's letters once each", got)
 	}
 }
+
+// seedGood seeds n dead letters g0000... for orders-events and returns
+// their ids.
+func (b *bed) seedGood(t *testing.T, n int) []string {
+	t.Helper()
+	var good []string
+	for i := 0; i < n; i++ {
+		good = append(good, fmt.Sprintf("g%04d", i))
+	}
+	b.seed(t, "orders-events", 10, good...)
+	return good
+}
+
+// A letter Kafka rejects (MESSAGE_TOO_LARGE) at the head of a batch breaks
+// the producer while the rest of the batch is being handed over: those are
+// not handed over, or fail unwritten, through no fault of their own. They
+// are sent again alone and redriven; only the rejected one fails again, with
+// its own reason, and a second run has only it to try.
+func TestRedriveRejectedHeadOfBatch(t *testing.T) {
+	for _, mode := range modes {
+		t.Run(string(mode), func(t *testing.T) {
+			b := newBed(t, mode)
+			b.seed(t, "small-events", 300, "big")
+			good := b.seedGood(t, 200)
+			b.cfg.Kafka.MaxBufferedBytes = 4096 // Produce waits for acks, as with a large batch of large letters
+			for run := 1; run <= 2; run++ {
+				res, err := Redrive(b.ctx, b.cfg, Options{Topic: "dlq", Batch: 201}, slog.New(slog.DiscardHandler))
+				if err != nil {
+					t.Fatalf("run %d ended with %v; want big failed again and the rest redriven", run, err)
+				}
+				if got := ids(res.Failed); !slices.Equal(got, []string{"big"}) || !strings.Contains(res.Failed[0].Again, "MESSAGE_TOO_LARGE") {
+					t.Errorf("run %d failed again %d letters (%v); want big with MESSAGE_TOO_LARGE", run, len(got), reasons(res.Failed))
+				}
+				if want := map[int]int{1: 200, 2: 0}[run]; len(res.Redriven) != want {
+					t.Errorf("run %d redrove %d letters, want %d", run, len(res.Redriven), want)
+				}
+			}
+			if got := ids(b.read(t, "orders-events")); !slices.Equal(got, good) {
+				t.Errorf("orders-events holds %d records, want g0000 to g0199 once each", len(got))
+			}
+			if got := pendingIDs(t, b); !slices.Equal(got, []string{"big"}) {
+				t.Errorf("pending %d letters, want big", len(got))
+			}
+		})
+	}
+}
+
+// A topic refused at the head of a batch (TOPIC_AUTHORIZATION_FAILED on
+// produce): the letters of other topics handed over after the refusal
+// broke the producer are redriven, not written back under that topic's
+// error.
+func TestRedriveRefusedTopicSparesOthers(t *testing.T) {
+	b := newBed(t, config.AtLeastOnce)
+	b.seed(t, "small-events", 10, "denied")
+	b.seedGood(t, 200)
+	b.cfg.Kafka.MaxBufferedBytes = 4096
+	td, err := b.adm.ListTopics(b.ctx, "small-events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := td["small-events"].ID
+	b.c.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		b.c.KeepControl()
+		r := req.(*kmsg.ProduceRequest)
+		for _, rt := range r.Topics {
+			if rt.Topic == "small-events" || rt.TopicID == id {
+				return kfaketest.ProduceResponse(r, kerr.TopicAuthorizationFailed.Code), nil, true
+			}
+		}
+		return nil, nil, false
+	})
+	res, err := Redrive(b.ctx, b.cfg, Options{Topic: "dlq", Batch: 201}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ids(res.Failed); !slices.Equal(got, []string{"denied"}) || !strings.Contains(res.Failed[0].Again, "TOPIC_AUTHORIZATION_FAILED") {
+		t.Errorf("failed again %d letters (%v); want denied with TOPIC_AUTHORIZATION_FAILED", len(got), reasons(res.Failed))
+	}
+	if len(res.Redriven) != 200 {
+		t.Errorf("redriven %d letters, want 200", len(res.Redriven))
+	}
+}
+
+// reasons returns the first two failures as "id: new reason".
+func reasons(fs []*Failure) []string {
+	var out []string
+	for _, f := range fs[:min(2, len(fs))] {
+		out = append(out, f.EventID+": "+f.Again)
+	}
+	return out
+}
