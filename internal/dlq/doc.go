@@ -6,7 +6,10 @@
 // key, payload and headers (the id header among them) plus the headers
 // outboxd.error.reason, outboxd.source.lsn, outboxd.source.table and
 // outboxd.intended.topic (and outboxd.payload.dropped or
-// outboxd.headers.dropped when it had to leave something out).
+// outboxd.headers.dropped when it had to leave something out). A row that
+// routing refused has no record: its dead letter holds the row's key and
+// payload columns, the id and event type headers, and
+// outboxd.record.unbuilt, and redrive leaves it to outboxd replay.
 //
 // Redrive keeps its own bookkeeping in the dead-letter topic itself, so
 // that a second run does not send again what a first one sent, and a killed

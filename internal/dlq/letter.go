@@ -20,6 +20,10 @@ const (
 	HeaderIntendedTopic  = "outboxd.intended.topic"
 	HeaderPayloadDropped = "outboxd.payload.dropped"
 	HeaderHeadersDropped = "outboxd.headers.dropped"
+	// HeaderUnbuilt is on the dead letter of a row that routing refused:
+	// no record was built, the key and value are the row's key and payload
+	// columns, and only the id and event type headers are kept.
+	HeaderUnbuilt = "outboxd.record.unbuilt"
 )
 
 // The headers redrive writes.
@@ -40,7 +44,7 @@ const (
 // ownHeaders are the dead-letter topic's own headers: a redriven record
 // goes out without them.
 var ownHeaders = []string{HeaderReason, HeaderSourceLSN, HeaderSourceTable, HeaderIntendedTopic,
-	HeaderPayloadDropped, HeaderHeadersDropped, HeaderRedriven, HeaderSupersedes, HeaderFirstTime}
+	HeaderPayloadDropped, HeaderHeadersDropped, HeaderUnbuilt, HeaderRedriven, HeaderSupersedes, HeaderFirstTime}
 
 // Status is where a dead letter stands.
 type Status string
@@ -143,12 +147,16 @@ func Build(name, idHeader string, recs []*kgo.Record) *Topic {
 func notRedrivable(l *Letter, idHeader string) string {
 	_, dropped := header(l.Headers, HeaderPayloadDropped)
 	_, hdropped := header(l.Headers, HeaderHeadersDropped)
+	_, unbuilt := header(l.Headers, HeaderUnbuilt)
 	switch {
 	case l.Topic == "":
 		return "no intended topic: the row could not be routed; fix the row and send it again from the outbox table (outboxd replay)"
 	case badTopic(l.Topic):
 		return fmt.Sprintf("the intended topic %q is not a Kafka topic name (1-249 letters, digits, '.', '_' or '-'); "+
 			"fix the row and send it again from the outbox table (outboxd replay)", l.Topic)
+	case unbuilt:
+		return "routing refused the row, so the dead letter holds its key and payload columns, not the record outboxd would have sent (" +
+			HeaderUnbuilt + "); fix the row or the router configuration and send it again from the outbox table (outboxd replay)"
 	case dropped:
 		return "the dead letter lacks the payload (" + HeaderPayloadDropped + "); send the event again from the outbox table (outboxd replay)"
 	case hdropped:
