@@ -89,6 +89,39 @@ func TestBuild(t *testing.T) {
 	}
 }
 
+// A marker or a rewritten dead letter settles a letter only from the
+// letter's partition, after it, with its event id: one in another
+// partition, before it or of another event (a stale run writing into a
+// topic created again, a mirrored copy) leaves it pending.
+func TestBuildClaimsMustMatch(t *testing.T) {
+	again := func(p int32, off int64, id, ref string) *kgo.Record {
+		return deadLetter(p, off, id, "orders-events", HeaderSupersedes, ref)
+	}
+	for _, tc := range []struct {
+		name  string
+		claim *kgo.Record
+		want  Status
+	}{
+		{"marker", &kgo.Record{Partition: 0, Offset: 5, Headers: hdrs(HeaderRedriven, "0/3", "id", "a")}, Redriven},
+		{"marker in another partition", &kgo.Record{Partition: 1, Offset: 5, Headers: hdrs(HeaderRedriven, "0/3", "id", "a")}, Pending},
+		{"marker before the letter", &kgo.Record{Partition: 0, Offset: 2, Headers: hdrs(HeaderRedriven, "0/3", "id", "a")}, Pending},
+		{"marker of another event", &kgo.Record{Partition: 0, Offset: 5, Headers: hdrs(HeaderRedriven, "0/3", "id", "zzz")}, Pending},
+		{"marker without an id", &kgo.Record{Partition: 0, Offset: 5, Headers: hdrs(HeaderRedriven, "0/3")}, Pending},
+		{"rewritten", again(0, 5, "a", "0/3"), Superseded},
+		{"rewritten in another partition", again(1, 5, "a", "0/3"), Pending},
+		{"rewritten of another event", again(0, 5, "zzz", "0/3"), Pending},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			top := Build("dlq", "id", []*kgo.Record{deadLetter(0, 3, "a", "orders-events"), tc.claim})
+			for _, l := range top.Letters {
+				if l.Ref() == "0/3" && l.Status != tc.want {
+					t.Errorf("letter a at 0/3 is %s, want %s", l.Status, tc.want)
+				}
+			}
+		})
+	}
+}
+
 func refs(ls []*Letter) []string {
 	var out []string
 	for _, l := range ls {

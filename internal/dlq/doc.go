@@ -22,12 +22,12 @@
 //     and the header outboxd.dlq.supersedes = "PARTITION/OFFSET" of the one
 //     it replaces.
 //
-// A dead letter is pending while no later record of the topic refers to
-// it. In kafka.delivery: exactly_once the redriven records, their markers
-// and the rewritten dead letters of a batch go in one Kafka transaction
-// (transactional id "outboxd-dlq-redrive-" + the topic), so a
-// read_committed consumer sees each redriven record once, and the topic is
-// read with read_committed. In at_least_once the marker follows the
+// A dead letter is pending while no later record of its partition with its
+// event id refers to it. In kafka.delivery: exactly_once the redriven
+// records, their markers and the rewritten dead letters of a batch go in
+// one Kafka transaction (transactional id "outboxd-dlq-redrive-" + the
+// topic), so a read_committed consumer sees each redriven record once, and
+// the topic is read with read_committed. In at_least_once the marker follows the
 // record's acknowledgement: a run killed between the two sends that record
 // again at the next run, with the same id header.
 //

@@ -104,14 +104,15 @@ type Topic struct {
 // its dead letters and their status. idHeader is router.id_header.
 func Build(name, idHeader string, recs []*kgo.Record) *Topic {
 	t := &Topic{Name: name}
-	done := map[string]Status{}
+	done := map[string][]claim{} // by the ref of the letter they name
 	for _, r := range recs {
+		id, _ := header(r.Headers, idHeader)
 		if to, ok := header(r.Headers, HeaderRedriven); ok {
-			done[to] = Redriven
+			done[to] = append(done[to], claim{Redriven, r.Partition, r.Offset, id})
 			continue
 		}
 		if old, ok := header(r.Headers, HeaderSupersedes); ok {
-			done[old] = Superseded
+			done[old] = append(done[old], claim{Superseded, r.Partition, r.Offset, id})
 		}
 		l := &Letter{Partition: r.Partition, Offset: r.Offset, Time: r.Timestamp, Key: r.Key, Value: r.Value, Headers: r.Headers}
 		if first, ok := header(r.Headers, HeaderFirstTime); ok {
@@ -129,8 +130,11 @@ func Build(name, idHeader string, recs []*kgo.Record) *Topic {
 	}
 	for _, l := range t.Letters {
 		l.Status = Pending
-		if s, ok := done[l.Ref()]; ok {
-			l.Status = s
+		for _, c := range done[l.Ref()] {
+			if c.of(l) {
+				l.Status = c.status
+				break
+			}
 		}
 	}
 	slices.SortStableFunc(t.Letters, func(a, b *Letter) int {
@@ -140,6 +144,23 @@ func Build(name, idHeader string, recs []*kgo.Record) *Topic {
 		return int(a.Offset - b.Offset)
 	})
 	return t
+}
+
+// claim is a marker's or a rewritten dead letter's reference to a letter.
+type claim struct {
+	status    Status
+	partition int32
+	offset    int64
+	eventID   string
+}
+
+// of reports whether c settles l: redrive writes markers and rewritten dead
+// letters to the letter's partition, after it, with its event id. Anything
+// else (a stale run's record in a topic deleted and created again, a copy
+// mirrored from another cluster) leaves l pending: at worst it is sent
+// twice, never not at all.
+func (c claim) of(l *Letter) bool {
+	return c.partition == l.Partition && c.offset > l.Offset && c.eventID == l.EventID
 }
 
 // notRedrivable says why l cannot be sent to its intended topic as it is,
