@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -44,6 +45,9 @@ func Read(ctx context.Context, cfg config.Kafka, idHeader, name string) (*Topic,
 	}
 	if err != nil {
 		return nil, fmt.Errorf("reading the start offsets of %s: %w", name, err)
+	}
+	if err := notCompacted(lctx, adm, name); err != nil {
+		return nil, err
 	}
 	// The high watermarks, not the last stable offsets: a Kafka
 	// transaction open when the read starts (the daemon's, in
@@ -114,6 +118,30 @@ func Read(ctx context.Context, cfg config.Kafka, idHeader, name string) (*Topic,
 		}
 	}
 	return Build(name, idHeader, recs), nil
+}
+
+// notCompacted refuses a topic whose cleanup.policy includes compact:
+// compaction keeps only the last record of a key, so it removes a pending
+// dead letter when a later one of the same key arrives, and redrive's
+// markers (the letter's key, no value) are tombstones. A principal not
+// allowed to describe the topic's configuration is not refused.
+func notCompacted(ctx context.Context, adm *kadm.Client, name string) error {
+	rcs, err := adm.DescribeTopicConfigs(ctx, name)
+	if err != nil {
+		return nil
+	}
+	rc, err := rcs.On(name, nil)
+	if err != nil || rc.Err != nil {
+		return nil
+	}
+	for _, c := range rc.Configs {
+		if c.Key == "cleanup.policy" && c.Value != nil && strings.Contains(*c.Value, "compact") {
+			return fmt.Errorf("the dead-letter topic %s has cleanup.policy=%s: compaction removes a dead letter when a later record of its key "+
+				"arrives (another dead letter, or a redrive's marker), so dead letters would be lost; set cleanup.policy=delete "+
+				"(kafka-configs --alter --entity-type topics --entity-name %s --add-config cleanup.policy=delete) with a long retention.ms", name, *c.Value, name)
+		}
+	}
+	return nil
 }
 
 // stalled is the error of a read that got no records for

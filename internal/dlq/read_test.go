@@ -1,6 +1,7 @@
 package dlq
 
 import (
+	"log/slog"
 	"slices"
 	"strings"
 	"testing"
@@ -70,5 +71,25 @@ func TestReadWaitsForOpenTransaction(t *testing.T) {
 	}
 	if got := ids(top.Letters); !slices.Equal(got, []string{"a", "open", "open"}) {
 		t.Errorf("letters %v, want a and the committed open (x was aborted)", got)
+	}
+}
+
+// A compacted dead-letter topic is refused: compaction would remove a
+// pending dead letter when a later record of its key arrives.
+func TestReadRefusesCompactedTopic(t *testing.T) {
+	b := newBed(t, config.AtLeastOnce)
+	compact := "compact,delete"
+	if _, err := b.adm.CreateTopic(b.ctx, 1, 1, map[string]*string{"cleanup.policy": &compact}, "dlq-compacted"); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Read(b.ctx, b.cfg.Kafka, "id", "dlq-compacted")
+	if err == nil || !strings.Contains(err.Error(), "cleanup.policy=compact,delete") || !strings.Contains(err.Error(), "set cleanup.policy=delete") {
+		t.Errorf("reading a compacted dead-letter topic: %v; want it refused, saying what to set", err)
+	}
+	if _, err := Redrive(b.ctx, b.cfg, Options{Topic: "dlq-compacted"}, slog.New(slog.DiscardHandler)); err == nil {
+		t.Errorf("redrive of a compacted dead-letter topic was not refused")
+	}
+	if _, err := Read(b.ctx, b.cfg.Kafka, "id", "dlq"); err != nil {
+		t.Errorf("reading a topic with cleanup.policy=delete: %v", err)
 	}
 }
