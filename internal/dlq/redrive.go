@@ -1,6 +1,7 @@
 package dlq
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kerr"
 
@@ -88,6 +90,7 @@ func Redrive(ctx context.Context, cfg config.Config, opts Options, log *slog.Log
 			todo = append(todo, l)
 		}
 	}
+	inSourceOrder(todo)
 	log.Info("redriving dead letters", "topic", opts.Topic, "selected", len(todo), "not_redrivable", len(r.res.Skipped),
 		"delivery", cfg.Kafka.Delivery)
 	n := opts.Batch
@@ -108,6 +111,20 @@ func Redrive(ctx context.Context, cfg config.Config, opts Options, log *slog.Log
 		}
 	}
 	return r.res, nil
+}
+
+// inSourceOrder sorts letters by their source LSN, the order of their rows'
+// commits: a key's dead letters may be in several partitions (written
+// before and after the dead-letter topic got more partitions), and a
+// rewritten dead letter follows later ones of its key in its partition. A
+// letter without a source LSN goes first; ties keep partition and offset
+// order.
+func inSourceOrder(letters []*Letter) {
+	lsn := func(l *Letter) pglogrepl.LSN {
+		v, _ := pglogrepl.ParseLSN(l.SourceLSN)
+		return v
+	}
+	slices.SortStableFunc(letters, func(a, b *Letter) int { return cmp.Compare(lsn(a), lsn(b)) })
 }
 
 // run is one redrive: its producer, replaced after a record Kafka failed

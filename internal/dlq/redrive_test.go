@@ -497,3 +497,44 @@ func reasons(fs []*Failure) []string {
 	}
 	return out
 }
+
+// A key's dead letters go back in the order of their rows' commits (source
+// LSN), wherever they are in the dead-letter topic: in two partitions
+// (written before and after it got more), or a rewritten older one after a
+// newer one in its partition.
+func TestRedriveInSourceOrder(t *testing.T) {
+	b := newBed(t, config.AtLeastOnce)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(b.c.ListenAddrs()...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	for _, w := range []struct {
+		id, lsn string
+		p       int32
+		extra   []string
+	}{
+		{"third", "0/300", 0, nil},
+		{"second", "0/200", 0, []string{HeaderSupersedes, "1/99"}}, // written again after third
+		{"first", "0/100", 1, nil},
+	} {
+		r := deadLetter(0, 0, w.id, "orders-events", w.extra...)
+		r.Topic, r.Partition, r.Offset, r.Timestamp, r.Key = "dlq", w.p, 0, time.Time{}, []byte("k")
+		for i := range r.Headers {
+			if r.Headers[i].Key == HeaderSourceLSN {
+				r.Headers[i].Value = []byte(w.lsn)
+			}
+		}
+		if err := cl.ProduceSync(b.ctx, r).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.redrive(t, Filter{})
+	var got []string
+	for _, l := range b.read(t, "orders-events") { // one key: one partition, in offset order
+		got = append(got, l.EventID)
+	}
+	if want := []string{"first", "second", "third"}; !slices.Equal(got, want) {
+		t.Errorf("orders-events holds %v, want %v", got, want)
+	}
+}
