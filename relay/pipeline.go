@@ -399,6 +399,9 @@ func (r *Relay) deadLetter(p *router.RowError) *router.Record {
 		size += len(h.Key) + len(h.Value)
 	}
 	var dropped []router.Header
+	if headers == nil { // refused by routing: no record was built (dlq refuses to redrive it)
+		dropped = append(dropped, router.Header{Key: "outboxd.record.unbuilt", Value: []byte("the key and value are the row's columns; only the id and event type headers are kept")})
+	}
 	if headers == nil || size > limit {
 		if headers != nil {
 			dropped = append(dropped, router.Header{Key: "outboxd.headers.dropped", Value: []byte(fmt.Sprintf(

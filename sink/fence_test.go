@@ -7,11 +7,13 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 
 	"github.com/outboxd/outboxd/router"
+	"github.com/outboxd/outboxd/sink"
 )
 
 // After Kafka rejects a batch for good, Produce refuses every later record,
 // and its error carries the rejection (not a bare "context canceled"), so
-// the operator reads why from whichever error reaches the log first.
+// the operator reads why from whichever error reaches the log first. The
+// error is a *sink.NotHandedOverError.
 func TestProduceAfterRejectionSaysWhy(t *testing.T) {
 	p, ctx := rejectingProducer(t)
 	rec := func(id string) *router.Record {
@@ -32,5 +34,11 @@ func TestProduceAfterRejectionSaysWhy(t *testing.T) {
 	err := p.Produce(ctx, rec("2"), func(error) { t.Error("a record after the rejection was handed over") })
 	if !errors.Is(err, kerr.InvalidRecord) {
 		t.Errorf("Produce after the rejection: got %v, want an error carrying INVALID_RECORD", err)
+	}
+	// Typed, so that a caller tells it from the record's own fault and may
+	// send the record again with a new producer.
+	var nho *sink.NotHandedOverError
+	if !errors.As(err, &nho) || nho.EventID != "2" {
+		t.Errorf("Produce after the rejection: got %#v, want a *sink.NotHandedOverError for event 2", err)
 	}
 }

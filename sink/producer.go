@@ -933,7 +933,7 @@ func (p *Producer) Produce(ctx context.Context, rec *router.Record, done func(er
 	p.buffered.Add(weight)
 	if p.fence.Err() != nil {
 		p.unbuffer(weight)
-		return fmt.Errorf("not handing over event %s: an earlier record failed: %w", rec.EventID, context.Cause(p.fence))
+		return &NotHandedOverError{EventID: rec.EventID, Err: context.Cause(p.fence)}
 	}
 	f := p.inflight.Get().(*inflight)
 	f.p, f.eventID, f.commitTime, f.done, f.weight = p, rec.EventID, rec.CommitTime, done, weight
@@ -1049,6 +1049,20 @@ func (tp topicPartitioner) OnNewBatch() {
 		nb.OnNewBatch()
 	}
 }
+
+// NotHandedOverError is Produce's error for a record it did not hand over
+// because an earlier record of the producer failed (Err): the record itself
+// may be sound, and a new producer may deliver it.
+type NotHandedOverError struct {
+	EventID string
+	Err     error // the earlier failure
+}
+
+func (e *NotHandedOverError) Error() string {
+	return fmt.Sprintf("not handing over event %s: an earlier record failed: %v", e.EventID, e.Err)
+}
+
+func (e *NotHandedOverError) Unwrap() error { return e.Err }
 
 // DeliveryError reports a record Kafka did not acknowledge.
 type DeliveryError struct {

@@ -3,6 +3,7 @@ package sink
 import (
 	"context"
 	"crypto/tls"
+	"encoding/base64"
 	"encoding/binary"
 	"fmt"
 	"io"
@@ -215,11 +216,11 @@ func (c *watchedConn) inspect(body []byte) {
 		for _, p := range t.Partitions {
 			err := kerr.ErrorForCode(p.ErrorCode)
 			if rejects(err) {
-				c.reject(fmt.Errorf("a broker rejected a batch for %s[%d]: %w", t.Topic, p.Partition, err))
+				c.reject(fmt.Errorf("a broker rejected a batch for %s: %w", partitionName(t, p.Partition), err))
 				return
 			}
 			if kerr.IsRetriable(err) && retried == nil {
-				retried = fmt.Errorf("answered a produce request for %s with %w", partitionName(t.Topic, p.Partition), err)
+				retried = fmt.Errorf("answered a produce request for %s with %w", partitionName(t, p.Partition), err)
 			}
 		}
 	}
@@ -229,12 +230,19 @@ func (c *watchedConn) inspect(body []byte) {
 }
 
 // partitionName names a partition of a produce response, whose topic has
-// no name from version 13 on (a topic id instead).
-func partitionName(topic string, partition int32) string {
-	if topic == "" {
-		return fmt.Sprintf("partition %d", partition)
+// no name from version 13 on (a topic id instead, which kafka-topics
+// --describe shows with the name).
+func partitionName(t kmsg.ProduceResponseTopic, partition int32) string {
+	if t.Topic == "" {
+		return fmt.Sprintf("partition %d of the topic with id %s", partition, topicID(t.TopicID))
 	}
-	return fmt.Sprintf("%s[%d]", topic, partition)
+	return fmt.Sprintf("%s[%d]", t.Topic, partition)
+}
+
+// topicID formats a topic id as Kafka's tools print it (base64 URL, no
+// padding).
+func topicID(id [16]byte) string {
+	return base64.RawURLEncoding.EncodeToString(id[:])
 }
 
 // readResponse decodes a response body (after the correlation id) into

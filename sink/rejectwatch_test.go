@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strings"
 	"testing"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -32,6 +33,7 @@ func TestWatchedConnSeesRejections(t *testing.T) {
 		{"duplicate sequence is success", 9, kerr.DuplicateSequenceNumber.Code, true, false},
 		{"success", 9, 0, true, false},
 		{"not a produce response", 9, kerr.InvalidRecord.Code, false, false},
+		{"message too large v13 (topic id)", 13, kerr.MessageTooLarge.Code, true, true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			client, server := net.Pipe()
@@ -61,6 +63,9 @@ func TestWatchedConnSeesRejections(t *testing.T) {
 			resp := kmsg.ProduceResponse{Version: tt.version}
 			rt := kmsg.NewProduceResponseTopic()
 			rt.Topic = "orders-events"
+			if tt.version >= 13 {
+				rt.Topic, rt.TopicID = "", [16]byte{1, 2, 3}
+			}
 			for p, code := range []int16{0, tt.code} {
 				rp := kmsg.NewProduceResponseTopicPartition()
 				rp.Partition, rp.ErrorCode = int32(p), code
@@ -92,6 +97,13 @@ func TestWatchedConnSeesRejections(t *testing.T) {
 			}
 			if tt.want && !errors.Is(rejected[0], kerr.ErrorForCode(tt.code)) {
 				t.Errorf("rejection %v does not wrap %v", rejected[0], kerr.ErrorForCode(tt.code))
+			}
+			want := "orders-events[1]" // from v13 on, the topic id as kafka-topics prints it
+			if tt.version >= 13 {
+				want = "partition 1 of the topic with id AQIDAAAAAAAAAAAAAAAAAA:"
+			}
+			if tt.want && !strings.Contains(rejected[0].Error(), want) {
+				t.Errorf("rejection %q does not name %s", rejected[0], want)
 			}
 			if len(c.produce) != 0 {
 				t.Errorf("%d produce requests still tracked after their response", len(c.produce))

@@ -22,7 +22,9 @@ import (
 // new reason; after the fix a redrive sends them, with their key, payload and
 // headers, and a second one sends nothing again. A consumer deduplicating
 // on the id header sees each of the events once: 0 lost. In exactly-once
-// mode a read_committed consumer sees each once without deduplicating.
+// mode a read_committed consumer sees each once without deduplicating. A row
+// routing refused (a NULL key with router.require_key) has no record to send:
+// redrive leaves its dead letter alone, every time.
 func TestDLQRedrive(t *testing.T) {
 	for _, eos := range []bool{false, true} {
 		t.Run(modeName(eos), func(t *testing.T) { testDLQRedrive(t, eos) })
@@ -77,15 +79,25 @@ func testDLQRedrive(t *testing.T, eos bool) {
 			id, agg, fmt.Sprintf("k-%d", i%3), fmt.Sprintf(`{"n": %d, "pad": "%s"}`, i, strings.Repeat("x", 100)), shard)
 		all = append(all, id)
 	}
-	readUntil(t, []string{topic, dlq}, time.Minute, 0, waitIDs(all...))
+	keyless := uuid()
+	d.exec(t, `ALTER TABLE outbox ALTER COLUMN aggregate_id DROP NOT NULL`)
+	d.exec(t, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) VALUES ($1, $2, NULL, 'Placed', '{}')`, keyless, agg)
+	readUntil(t, []string{topic, dlq}, time.Minute, 0, waitIDs(append(all, keyless)...))
 
-	// list shows the 5 dead letters.
+	// list shows the 5 dead letters, and the keyless row's, which
+	// cannot be redriven.
 	letters := dlqList(t, env, dlq)
-	if len(letters) != len(dead) {
-		t.Fatalf("dlq list shows %d dead letters, want %d", len(letters), len(dead))
+	if len(letters) != len(dead)+1 {
+		t.Fatalf("dlq list shows %d dead letters, want %d", len(letters), len(dead)+1)
 	}
 	for _, l := range letters {
-		if l.Topic != topic || !strings.Contains(l.Reason, "partition 99") || l.LSN == "" || l.Status != "pending" {
+		if l.ID == keyless {
+			if !strings.Contains(l.Reason, "is NULL") || !strings.Contains(l.NotRedrivable, "outboxd replay") {
+				t.Errorf("dlq list, the keyless row: %+v; want it not redrivable", l)
+			}
+			continue
+		}
+		if l.Topic != topic || !strings.Contains(l.Reason, "partition 99") || l.LSN == "" || l.Status != "pending" || l.NotRedrivable != "" {
 			t.Errorf("dlq list: %+v", l)
 		}
 	}
@@ -106,25 +118,26 @@ func testDLQRedrive(t *testing.T, eos bool) {
 	}
 	setMax("100")
 	out, code := dlqRun(t, env, "redrive", "-topic", dlq)
-	if code != 1 || !strings.Contains(out, "redriven: 0, failed again: 5") {
+	if code != 1 || !strings.Contains(out, "redriven: 0, failed again: 5, not redrivable: 1") {
 		t.Fatalf("redrive into a topic that refuses the records: exit %d, want 1 and 5 failed again:\n%s", code, out)
 	}
 	for _, l := range dlqList(t, env, dlq) {
-		if !strings.Contains(l.Reason, "redrive: ") || !strings.Contains(l.Reason, "MESSAGE_TOO_LARGE") {
+		if l.ID != keyless && (!strings.Contains(l.Reason, "redrive: ") || !strings.Contains(l.Reason, "MESSAGE_TOO_LARGE")) {
 			t.Errorf("after a failed redrive %s has reason %q, want the new one", l.ID, l.Reason)
 		}
 	}
 
 	// Fixed: they go; twice sends nothing again.
 	setMax("1048588")
-	if out, code := dlqRun(t, env, "redrive", "-topic", dlq); code != 0 || !strings.Contains(out, "redriven: 5, failed again: 0") {
+	// Exit 1 each time: the keyless row's dead letter is not redriven.
+	if out, code := dlqRun(t, env, "redrive", "-topic", dlq); code != 1 || !strings.Contains(out, "redriven: 5, failed again: 0, not redrivable: 1") {
 		t.Fatalf("redrive after the fix: exit %d:\n%s", code, out)
 	}
-	if out, code := dlqRun(t, env, "redrive", "-topic", dlq); code != 0 || !strings.Contains(out, "redriven: 0, failed again: 0") {
+	if out, code := dlqRun(t, env, "redrive", "-topic", dlq); code != 1 || !strings.Contains(out, "redriven: 0, failed again: 0, not redrivable: 1") {
 		t.Fatalf("second redrive: exit %d:\n%s", code, out)
 	}
-	if n := len(dlqList(t, env, dlq)); n != 0 {
-		t.Errorf("%d dead letters still pending", n)
+	if ls := dlqList(t, env, dlq); len(ls) != 1 || ls[0].ID != keyless {
+		t.Errorf("pending after the redrives: %+v; want the keyless row's alone", ls)
 	}
 
 	c.waitFor(t, all, time.Minute)
@@ -265,6 +278,8 @@ type dlqLetter struct {
 	LSN    string `json:"source_lsn"`
 	Topic  string `json:"intended_topic"`
 	Status string `json:"status"`
+
+	NotRedrivable string `json:"not_redrivable"`
 }
 
 // dlqRun runs "outboxd dlq ARGS" and returns its output and exit code.

@@ -15,6 +15,7 @@ import (
 
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/internal/dlq"
+	"github.com/outboxd/outboxd/sink"
 )
 
 const dlqUsage = `Usage:
@@ -162,6 +163,11 @@ func dlqCommand(args []string, stdout, stderr io.Writer) error {
 		if werr := writeRedrive(stdout, res, f.asJSON); werr != nil && err == nil {
 			err = werr
 		}
+	}
+	var fenced *sink.FencedError
+	if errors.As(err, &fenced) {
+		return fmt.Errorf("redriving %s: another redrive of this topic started and fenced this one (what this run did is marked); "+
+			"let it finish, then run 'outboxd dlq list -topic %s' to see what is left: %w", topic, topic, err)
 	}
 	if err != nil {
 		return fmt.Errorf("redriving %s (what is done is marked; run it again to resume): %w", topic, err)

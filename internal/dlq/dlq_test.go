@@ -42,6 +42,7 @@ func TestBuild(t *testing.T) {
 		deadLetter(1, 2, "e", "orders-events", HeaderPayloadDropped, "2000000 bytes"),
 		deadLetter(1, 3, "f", "orders-events", HeaderHeadersDropped, "9 headers"),
 		deadLetter(1, 4, "", "orders-events"),
+		deadLetter(1, 5, "g", "orders-events", HeaderUnbuilt, "the key and value are the row's columns"),
 	}
 	top := Build("dlq", "id", recs)
 	type want struct {
@@ -58,6 +59,7 @@ func TestBuild(t *testing.T) {
 		"1/2": {Pending, "partition 99", "lacks the payload"},
 		"1/3": {Pending, "partition 99", "lacks the original headers"},
 		"1/4": {Pending, "partition 99", `no event id in header "id"`},
+		"1/5": {Pending, "partition 99", "routing refused the row"},
 	}
 	if len(top.Letters) != len(wants) {
 		t.Fatalf("%d letters, want %d (markers are not letters)", len(top.Letters), len(wants))
@@ -73,17 +75,50 @@ func TestBuild(t *testing.T) {
 			t.Errorf("%s: status %s, reason %q, not redrivable %q; want %s, %q, %q", l.Ref(), l.Status, l.Reason, l.NotRedrivable, w.status, w.reason, w.why)
 		}
 	}
-	if got := top.Select(Filter{}); len(got) != 6 {
-		t.Errorf("pending: %d letters, want 6", len(got))
+	if got := top.Select(Filter{}); len(got) != 7 {
+		t.Errorf("pending: %d letters, want 7", len(got))
 	}
-	if got := top.Select(Filter{All: true}); len(got) != 8 {
-		t.Errorf("all: %d letters, want 8", len(got))
+	if got := top.Select(Filter{All: true}); len(got) != 9 {
+		t.Errorf("all: %d letters, want 9", len(got))
 	}
 	if got := top.Select(Filter{IDs: []string{"b", "c"}}); len(got) != 2 || got[0].Ref() != "0/3" || got[1].Ref() != "1/0" {
 		t.Errorf("-id b,c selected %v, want 0/3 and 1/0", refs(got))
 	}
-	if got := top.Select(Filter{Since: time.Date(2026, 11, 26, 10, 0, 3, 0, time.UTC)}); len(got) != 3 {
-		t.Errorf("-since selected %v, want 0/3, 1/3 and 1/4", refs(got))
+	if got := top.Select(Filter{Since: time.Date(2026, 11, 26, 10, 0, 3, 0, time.UTC)}); len(got) != 4 {
+		t.Errorf("-since selected %v, want 0/3, 1/3, 1/4 and 1/5", refs(got))
+	}
+}
+
+// A marker or a rewritten dead letter settles a letter only from the
+// letter's partition, after it, with its event id: one in another
+// partition, before it or of another event (a stale run writing into a
+// topic created again, a mirrored copy) leaves it pending.
+func TestBuildClaimsMustMatch(t *testing.T) {
+	again := func(p int32, off int64, id, ref string) *kgo.Record {
+		return deadLetter(p, off, id, "orders-events", HeaderSupersedes, ref)
+	}
+	for _, tc := range []struct {
+		name  string
+		claim *kgo.Record
+		want  Status
+	}{
+		{"marker", &kgo.Record{Partition: 0, Offset: 5, Headers: hdrs(HeaderRedriven, "0/3", "id", "a")}, Redriven},
+		{"marker in another partition", &kgo.Record{Partition: 1, Offset: 5, Headers: hdrs(HeaderRedriven, "0/3", "id", "a")}, Pending},
+		{"marker before the letter", &kgo.Record{Partition: 0, Offset: 2, Headers: hdrs(HeaderRedriven, "0/3", "id", "a")}, Pending},
+		{"marker of another event", &kgo.Record{Partition: 0, Offset: 5, Headers: hdrs(HeaderRedriven, "0/3", "id", "zzz")}, Pending},
+		{"marker without an id", &kgo.Record{Partition: 0, Offset: 5, Headers: hdrs(HeaderRedriven, "0/3")}, Pending},
+		{"rewritten", again(0, 5, "a", "0/3"), Superseded},
+		{"rewritten in another partition", again(1, 5, "a", "0/3"), Pending},
+		{"rewritten of another event", again(0, 5, "zzz", "0/3"), Pending},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			top := Build("dlq", "id", []*kgo.Record{deadLetter(0, 3, "a", "orders-events"), tc.claim})
+			for _, l := range top.Letters {
+				if l.Ref() == "0/3" && l.Status != tc.want {
+					t.Errorf("letter a at 0/3 is %s, want %s", l.Status, tc.want)
+				}
+			}
+		})
 	}
 }
 

@@ -6,7 +6,10 @@
 // key, payload and headers (the id header among them) plus the headers
 // outboxd.error.reason, outboxd.source.lsn, outboxd.source.table and
 // outboxd.intended.topic (and outboxd.payload.dropped or
-// outboxd.headers.dropped when it had to leave something out).
+// outboxd.headers.dropped when it had to leave something out). A row that
+// routing refused has no record: its dead letter holds the row's key and
+// payload columns, the id and event type headers, and
+// outboxd.record.unbuilt, and redrive leaves it to outboxd replay.
 //
 // Redrive keeps its own bookkeeping in the dead-letter topic itself, so
 // that a second run does not send again what a first one sent, and a killed
@@ -19,12 +22,12 @@
 //     and the header outboxd.dlq.supersedes = "PARTITION/OFFSET" of the one
 //     it replaces.
 //
-// A dead letter is pending while no later record of the topic refers to
-// it. In kafka.delivery: exactly_once the redriven records, their markers
-// and the rewritten dead letters of a batch go in one Kafka transaction
-// (transactional id "outboxd-dlq-redrive-" + the topic), so a
-// read_committed consumer sees each redriven record once, and the topic is
-// read with read_committed. In at_least_once the marker follows the
+// A dead letter is pending while no later record of its partition with its
+// event id refers to it. In kafka.delivery: exactly_once the redriven
+// records, their markers and the rewritten dead letters of a batch go in
+// one Kafka transaction (transactional id "outboxd-dlq-redrive-" + the
+// topic), so a read_committed consumer sees each redriven record once, and
+// the topic is read with read_committed. In at_least_once the marker follows the
 // record's acknowledgement: a run killed between the two sends that record
 // again at the next run, with the same id header.
 //
@@ -33,7 +36,8 @@
 //  1. Pass the daemon's configuration: the Kafka settings (brokers, TLS,
 //     SASL, delivery) and router.id_header.
 //  2. Run one redrive of a topic at a time (in exactly_once a second run
-//     fences the first; in at_least_once two runs may both send a record).
+//     fences the first, which ends with a *sink.FencedError; in
+//     at_least_once two runs may both send a record).
 //  3. Fix the cause first: a dead letter that fails again stays pending
 //     with the new reason.
 package dlq

@@ -20,6 +20,10 @@ const (
 	HeaderIntendedTopic  = "outboxd.intended.topic"
 	HeaderPayloadDropped = "outboxd.payload.dropped"
 	HeaderHeadersDropped = "outboxd.headers.dropped"
+	// HeaderUnbuilt is on the dead letter of a row that routing refused:
+	// no record was built, the key and value are the row's key and payload
+	// columns, and only the id and event type headers are kept.
+	HeaderUnbuilt = "outboxd.record.unbuilt"
 )
 
 // The headers redrive writes.
@@ -40,7 +44,7 @@ const (
 // ownHeaders are the dead-letter topic's own headers: a redriven record
 // goes out without them.
 var ownHeaders = []string{HeaderReason, HeaderSourceLSN, HeaderSourceTable, HeaderIntendedTopic,
-	HeaderPayloadDropped, HeaderHeadersDropped, HeaderRedriven, HeaderSupersedes, HeaderFirstTime}
+	HeaderPayloadDropped, HeaderHeadersDropped, HeaderUnbuilt, HeaderRedriven, HeaderSupersedes, HeaderFirstTime}
 
 // Status is where a dead letter stands.
 type Status string
@@ -100,14 +104,15 @@ type Topic struct {
 // its dead letters and their status. idHeader is router.id_header.
 func Build(name, idHeader string, recs []*kgo.Record) *Topic {
 	t := &Topic{Name: name}
-	done := map[string]Status{}
+	done := map[string][]claim{} // by the ref of the letter they name
 	for _, r := range recs {
+		id, _ := header(r.Headers, idHeader)
 		if to, ok := header(r.Headers, HeaderRedriven); ok {
-			done[to] = Redriven
+			done[to] = append(done[to], claim{Redriven, r.Partition, r.Offset, id})
 			continue
 		}
 		if old, ok := header(r.Headers, HeaderSupersedes); ok {
-			done[old] = Superseded
+			done[old] = append(done[old], claim{Superseded, r.Partition, r.Offset, id})
 		}
 		l := &Letter{Partition: r.Partition, Offset: r.Offset, Time: r.Timestamp, Key: r.Key, Value: r.Value, Headers: r.Headers}
 		if first, ok := header(r.Headers, HeaderFirstTime); ok {
@@ -125,8 +130,11 @@ func Build(name, idHeader string, recs []*kgo.Record) *Topic {
 	}
 	for _, l := range t.Letters {
 		l.Status = Pending
-		if s, ok := done[l.Ref()]; ok {
-			l.Status = s
+		for _, c := range done[l.Ref()] {
+			if c.of(l) {
+				l.Status = c.status
+				break
+			}
 		}
 	}
 	slices.SortStableFunc(t.Letters, func(a, b *Letter) int {
@@ -138,17 +146,38 @@ func Build(name, idHeader string, recs []*kgo.Record) *Topic {
 	return t
 }
 
+// claim is a marker's or a rewritten dead letter's reference to a letter.
+type claim struct {
+	status    Status
+	partition int32
+	offset    int64
+	eventID   string
+}
+
+// of reports whether c settles l: redrive writes markers and rewritten dead
+// letters to the letter's partition, after it, with its event id. Anything
+// else (a stale run's record in a topic deleted and created again, a copy
+// mirrored from another cluster) leaves l pending: at worst it is sent
+// twice, never not at all.
+func (c claim) of(l *Letter) bool {
+	return c.partition == l.Partition && c.offset > l.Offset && c.eventID == l.EventID
+}
+
 // notRedrivable says why l cannot be sent to its intended topic as it is,
 // or "".
 func notRedrivable(l *Letter, idHeader string) string {
 	_, dropped := header(l.Headers, HeaderPayloadDropped)
 	_, hdropped := header(l.Headers, HeaderHeadersDropped)
+	_, unbuilt := header(l.Headers, HeaderUnbuilt)
 	switch {
 	case l.Topic == "":
 		return "no intended topic: the row could not be routed; fix the row and send it again from the outbox table (outboxd replay)"
 	case badTopic(l.Topic):
 		return fmt.Sprintf("the intended topic %q is not a Kafka topic name (1-249 letters, digits, '.', '_' or '-'); "+
 			"fix the row and send it again from the outbox table (outboxd replay)", l.Topic)
+	case unbuilt:
+		return "routing refused the row, so the dead letter holds its key and payload columns, not the record outboxd would have sent (" +
+			HeaderUnbuilt + "); fix the row or the router configuration and send it again from the outbox table (outboxd replay)"
 	case dropped:
 		return "the dead letter lacks the payload (" + HeaderPayloadDropped + "); send the event again from the outbox table (outboxd replay)"
 	case hdropped:

@@ -1,6 +1,7 @@
 package dlq
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kerr"
 
@@ -88,6 +90,7 @@ func Redrive(ctx context.Context, cfg config.Config, opts Options, log *slog.Log
 			todo = append(todo, l)
 		}
 	}
+	inSourceOrder(todo)
 	log.Info("redriving dead letters", "topic", opts.Topic, "selected", len(todo), "not_redrivable", len(r.res.Skipped),
 		"delivery", cfg.Kafka.Delivery)
 	n := opts.Batch
@@ -108,6 +111,20 @@ func Redrive(ctx context.Context, cfg config.Config, opts Options, log *slog.Log
 		}
 	}
 	return r.res, nil
+}
+
+// inSourceOrder sorts letters by their source LSN, the order of their rows'
+// commits: a key's dead letters may be in several partitions (written
+// before and after the dead-letter topic got more partitions), and a
+// rewritten dead letter follows later ones of its key in its partition. A
+// letter without a source LSN goes first; ties keep partition and offset
+// order.
+func inSourceOrder(letters []*Letter) {
+	lsn := func(l *Letter) pglogrepl.LSN {
+		v, _ := pglogrepl.ParseLSN(l.SourceLSN)
+		return v
+	}
+	slices.SortStableFunc(letters, func(a, b *Letter) int { return cmp.Compare(lsn(a), lsn(b)) })
 }
 
 // run is one redrive: its producer, replaced after a record Kafka failed
@@ -227,23 +244,40 @@ func (r *run) batch(ctx context.Context, letters []*Letter) (err error) {
 	if broke == nil {
 		return r.settle(ctx, letters, again)
 	}
+	// Only a record's own fault is worth a new producer: after any other
+	// failure (brokers down, a stall, another run fencing this one) a new
+	// producer would fail the same way, or, in exactly_once, fence the
+	// run that fenced this one and send again what it sent.
+	for i, e := range failed {
+		if e != nil && !recordFault(e) && (len(letters) == 1 || !earlier(ctx, e)) {
+			return fmt.Errorf("redriving event %s to %s: %w", letters[i].EventID, letters[i].Topic, r.p.AsFenced(e))
+		}
+	}
 	if err := r.reopen(ctx); err != nil {
 		return err
 	}
 	if len(letters) == 1 {
-		if !recordFault(broke) {
-			return fmt.Errorf("redriving event %s to %s: %w", letters[0].EventID, letters[0].Topic, broke)
-		}
 		if err := r.begin(); err != nil {
 			return err
 		}
 		return r.settle(ctx, letters, []string{newReason(broke)})
+	}
+	var still map[string]bool
+	if r.eos() {
+		// The new producer's Init fenced any other run of the topic:
+		// what such a run committed meanwhile is no longer pending.
+		if still, err = r.pending(ctx); err != nil {
+			return err
+		}
 	}
 	var acked []*Letter
 	var ackedAgain []string
 	for i, l := range letters {
 		if !r.eos() && failed[i] == nil { // in Kafka already, or refused before it was sent
 			acked, ackedAgain = append(acked, l), append(ackedAgain, again[i])
+			continue
+		}
+		if still != nil && !still[l.Ref()] {
 			continue
 		}
 		if err := r.batch(ctx, []*Letter{l}); err != nil {
@@ -254,6 +288,20 @@ func (r *run) batch(ctx context.Context, letters []*Letter) (err error) {
 		return nil
 	}
 	return r.settle(ctx, acked, ackedAgain)
+}
+
+// pending reads the dead-letter topic again and returns the refs of its
+// pending dead letters.
+func (r *run) pending(ctx context.Context) (map[string]bool, error) {
+	t, err := Read(ctx, r.cfg.Kafka, r.cfg.Router.IDHeader, r.dlq)
+	if err != nil {
+		return nil, err
+	}
+	refs := map[string]bool{}
+	for _, l := range t.Select(Filter{}) {
+		refs[l.Ref()] = true
+	}
+	return refs, nil
 }
 
 // settle marks letters as redriven, or writes those with a new reason in
@@ -290,7 +338,8 @@ func (r *run) settle(ctx context.Context, letters []*Letter, again []string) err
 // send hands recs (nil ones are left out) to the producer and waits for
 // Kafka's answers. refused[i] is the error of a record the producer did not
 // take for its own reason (recordFault), failed[i] that of a record Kafka
-// failed; err ends the run.
+// failed, or that the producer did not take because an earlier one failed
+// (*sink.NotHandedOverError); err ends the run.
 func (r *run) send(ctx context.Context, recs []*router.Record) (refused, failed []error, err error) {
 	refused, failed = make([]error, len(recs)), make([]error, len(recs))
 	var wg sync.WaitGroup
@@ -306,12 +355,18 @@ func (r *run) send(ctx context.Context, recs []*router.Record) (refused, failed 
 			mu.Unlock()
 			wg.Done()
 		})
-		if err != nil {
+		var earlier *sink.NotHandedOverError
+		switch {
+		case err == nil:
+		case errors.As(err, &earlier):
 			wg.Done()
-			if !recordFault(err) {
-				return nil, nil, fmt.Errorf("redriving event %s to %s: %w", rec.EventID, rec.Topic, err)
-			}
+			failed[i] = err // not its own fault: the caller tries it again alone
+		case recordFault(err):
+			wg.Done()
 			refused[i] = err
+		default:
+			wg.Done()
+			return nil, nil, fmt.Errorf("redriving event %s to %s: %w", rec.EventID, rec.Topic, r.p.AsFenced(err))
 		}
 	}
 	all := make(chan struct{})
@@ -339,6 +394,10 @@ func (r *run) send(ctx context.Context, recs []*router.Record) (refused, failed 
 // would refuse it again until its cause is fixed. Any other error (brokers
 // down, a stall, fencing) ends the run instead.
 func recordFault(err error) bool {
+	var earlier *sink.NotHandedOverError
+	if errors.As(err, &earlier) {
+		return false // the earlier record's fault
+	}
 	var row *router.RowError
 	var topic *sink.TopicRefusedError
 	var de *sink.DeliveryError
@@ -350,6 +409,16 @@ func recordFault(err error) bool {
 	}
 	return errors.Is(err, kerr.TopicAuthorizationFailed) || errors.Is(err, kerr.InvalidTopicException) ||
 		errors.Is(err, kerr.PolicyViolation)
+}
+
+// earlier reports whether err failed a record because an earlier record of
+// the producer failed: the producer did not hand it over
+// (*sink.NotHandedOverError), or franz-go failed it unwritten when that
+// failure broke the producer's fence, the context of every record (context
+// canceled while ctx is not). Such a record may be sound.
+func earlier(ctx context.Context, err error) bool {
+	var nho *sink.NotHandedOverError
+	return errors.As(err, &nho) || (errors.Is(err, context.Canceled) && ctx.Err() == nil)
 }
 
 // newReason is the reason written with a dead letter that failed again.

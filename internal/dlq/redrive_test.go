@@ -2,6 +2,8 @@ package dlq
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
@@ -18,6 +20,7 @@ import (
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/internal/kfaketest"
 	"github.com/outboxd/outboxd/router"
+	"github.com/outboxd/outboxd/sink"
 )
 
 func kgoHeaders(hs []router.Header) []kgo.RecordHeader {
@@ -288,5 +291,250 @@ func TestRedriveResumes(t *testing.T) {
 			}
 			t.Logf("%s: %d records for 5 events", mode, len(recs))
 		})
+	}
+}
+
+// exactly_once, two redrives at once: B starts (its Init fences A) and
+// finishes between A's batches. A's next batch is refused as fenced: A ends
+// with the fencing error, and does not open a new producer (which would
+// fence B back) to send its stale letters again. A read_committed consumer
+// sees each event once.
+func TestRedriveFencedRunEnds(t *testing.T) {
+	b := newBed(t, config.ExactlyOnce)
+	var all []string
+	for i := 0; i < 12; i++ {
+		all = append(all, fmt.Sprintf("e%02d", i))
+	}
+	b.seed(t, "orders-events", 10, all...)
+	var commits atomic.Int32
+	b.c.ControlKey(int16(kmsg.EndTxn), func(kmsg.Request) (kmsg.Response, error, bool) {
+		b.c.KeepControl()
+		commits.Add(1)
+		return nil, nil, false
+	})
+	var started atomic.Bool
+	var bErr error
+	b.c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		b.c.KeepControl()
+		if commits.Load() != 1 || started.Swap(true) {
+			return nil, nil, false
+		}
+		// A committed its first batch: B runs to its end meanwhile.
+		b.c.SleepControl(func() {
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				res, err := Redrive(b.ctx, b.cfg, Options{Topic: "dlq", Batch: 100}, slog.New(slog.DiscardHandler))
+				bErr = err
+				if res != nil {
+					t.Logf("run B redrove %v", ids(res.Redriven))
+				}
+			}()
+			<-done
+		})
+		return nil, nil, false
+	})
+	res, err := Redrive(b.ctx, b.cfg, Options{Topic: "dlq", Batch: 4}, slog.New(slog.DiscardHandler))
+	if !started.Load() || bErr != nil {
+		t.Fatalf("run B started %v, ended with %v", started.Load(), bErr)
+	}
+	var fenced *sink.FencedError
+	if !errors.As(err, &fenced) {
+		t.Errorf("run A, fenced by B, ended with %v; want a *sink.FencedError", err)
+	}
+	t.Logf("run A redrove %v, ended with %v", ids(res.Redriven), err)
+	if got := ids(b.read(t, "orders-events")); !slices.Equal(got, all) {
+		t.Errorf("read_committed, orders-events holds %d records %v; want e00 to e11 once each", len(got), got)
+	}
+	if got := pendingIDs(t, b); len(got) != 0 {
+		t.Errorf("pending after both runs: %v", got)
+	}
+}
+
+// exactly_once, the daemon opens a transaction in the dead-letter topic
+// while a redrive runs (a dead letter of a Postgres transaction being
+// streamed): the redrive's markers are committed after it. A second run,
+// started while the daemon's transaction is still open, waits for it rather
+// than read to the last stable offset, which would miss the markers and
+// send every letter again.
+func TestRedriveSeesMarkersBehindOpenTransaction(t *testing.T) {
+	b := newBed(t, config.ExactlyOnce)
+	b.seed(t, "orders-events", 10, "a", "b", "c", "d")
+	td, err := b.adm.ListTopics(b.ctx, "orders-events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ordersID := td["orders-events"].ID
+	daemon := b.txnClient(t, "outboxd-7000-outboxd")
+	var opened, second atomic.Bool
+	b.c.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		b.c.KeepControl()
+		r := req.(*kmsg.ProduceRequest)
+		if len(r.Topics) == 0 || (r.Topics[0].Topic != "orders-events" && r.Topics[0].TopicID != ordersID) || opened.Swap(true) {
+			return nil, nil, false
+		}
+		// The first run has read the topic: the daemon opens its
+		// transaction in it before the run's markers.
+		b.c.SleepControl(func() { b.putLetters(t, daemon, "open") })
+		return nil, nil, false
+	})
+	committed := make(chan error, 1)
+	b.c.ControlKey(int16(kmsg.ListOffsets), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		b.c.KeepControl()
+		r := req.(*kmsg.ListOffsetsRequest)
+		if !second.Load() || len(r.Topics) == 0 || len(r.Topics[0].Partitions) == 0 || r.Topics[0].Partitions[0].Timestamp != -1 {
+			return nil, nil, false
+		}
+		// The second run asks where the topic ends: the daemon commits
+		// after the answer.
+		second.Store(false)
+		go func() { committed <- daemon.EndTransaction(b.ctx, kgo.TryCommit) }()
+		return nil, nil, false
+	})
+	if res := b.redrive(t, Filter{}); !slices.Equal(ids(res.Redriven), []string{"a", "b", "c", "d"}) || !opened.Load() {
+		t.Fatalf("first run redrove %v (daemon's transaction opened: %v)", ids(res.Redriven), opened.Load())
+	}
+	second.Store(true)
+	res := b.redrive(t, Filter{})
+	if err := <-committed; err != nil {
+		t.Fatal(err)
+	}
+	if got := ids(res.Redriven); !slices.Equal(got, []string{"open", "open"}) {
+		t.Errorf("second run redrove %v, want the daemon's two letters", got)
+	}
+	if got := ids(b.read(t, "orders-events")); !slices.Equal(got, []string{"a", "b", "c", "d", "open", "open"}) {
+		t.Errorf("read_committed, orders-events holds %v; want a b c d and the daemon's letters once each", got)
+	}
+}
+
+// seedGood seeds n dead letters g0000... for orders-events and returns
+// their ids.
+func (b *bed) seedGood(t *testing.T, n int) []string {
+	t.Helper()
+	var good []string
+	for i := 0; i < n; i++ {
+		good = append(good, fmt.Sprintf("g%04d", i))
+	}
+	b.seed(t, "orders-events", 10, good...)
+	return good
+}
+
+// A letter Kafka rejects (MESSAGE_TOO_LARGE) at the head of a batch breaks
+// the producer while the rest of the batch is being handed over: those are
+// not handed over, or fail unwritten, through no fault of their own. They
+// are sent again alone and redriven; only the rejected one fails again, with
+// its own reason, and a second run has only it to try.
+func TestRedriveRejectedHeadOfBatch(t *testing.T) {
+	for _, mode := range modes {
+		t.Run(string(mode), func(t *testing.T) {
+			b := newBed(t, mode)
+			b.seed(t, "small-events", 300, "big")
+			good := b.seedGood(t, 200)
+			b.cfg.Kafka.MaxBufferedBytes = 4096 // Produce waits for acks, as with a large batch of large letters
+			for run := 1; run <= 2; run++ {
+				res, err := Redrive(b.ctx, b.cfg, Options{Topic: "dlq", Batch: 201}, slog.New(slog.DiscardHandler))
+				if err != nil {
+					t.Fatalf("run %d ended with %v; want big failed again and the rest redriven", run, err)
+				}
+				if got := ids(res.Failed); !slices.Equal(got, []string{"big"}) || !strings.Contains(res.Failed[0].Again, "MESSAGE_TOO_LARGE") {
+					t.Errorf("run %d failed again %d letters (%v); want big with MESSAGE_TOO_LARGE", run, len(got), reasons(res.Failed))
+				}
+				if want := map[int]int{1: 200, 2: 0}[run]; len(res.Redriven) != want {
+					t.Errorf("run %d redrove %d letters, want %d", run, len(res.Redriven), want)
+				}
+			}
+			if got := ids(b.read(t, "orders-events")); !slices.Equal(got, good) {
+				t.Errorf("orders-events holds %d records, want g0000 to g0199 once each", len(got))
+			}
+			if got := pendingIDs(t, b); !slices.Equal(got, []string{"big"}) {
+				t.Errorf("pending %d letters, want big", len(got))
+			}
+		})
+	}
+}
+
+// A topic refused at the head of a batch (TOPIC_AUTHORIZATION_FAILED on
+// produce): the letters of other topics handed over after the refusal
+// broke the producer are redriven, not written back under that topic's
+// error.
+func TestRedriveRefusedTopicSparesOthers(t *testing.T) {
+	b := newBed(t, config.AtLeastOnce)
+	b.seed(t, "small-events", 10, "denied")
+	b.seedGood(t, 200)
+	b.cfg.Kafka.MaxBufferedBytes = 4096
+	td, err := b.adm.ListTopics(b.ctx, "small-events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := td["small-events"].ID
+	b.c.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		b.c.KeepControl()
+		r := req.(*kmsg.ProduceRequest)
+		for _, rt := range r.Topics {
+			if rt.Topic == "small-events" || rt.TopicID == id {
+				return kfaketest.ProduceResponse(r, kerr.TopicAuthorizationFailed.Code), nil, true
+			}
+		}
+		return nil, nil, false
+	})
+	res, err := Redrive(b.ctx, b.cfg, Options{Topic: "dlq", Batch: 201}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ids(res.Failed); !slices.Equal(got, []string{"denied"}) || !strings.Contains(res.Failed[0].Again, "TOPIC_AUTHORIZATION_FAILED") {
+		t.Errorf("failed again %d letters (%v); want denied with TOPIC_AUTHORIZATION_FAILED", len(got), reasons(res.Failed))
+	}
+	if len(res.Redriven) != 200 {
+		t.Errorf("redriven %d letters, want 200", len(res.Redriven))
+	}
+}
+
+// reasons returns the first two failures as "id: new reason".
+func reasons(fs []*Failure) []string {
+	var out []string
+	for _, f := range fs[:min(2, len(fs))] {
+		out = append(out, f.EventID+": "+f.Again)
+	}
+	return out
+}
+
+// A key's dead letters go back in the order of their rows' commits (source
+// LSN), wherever they are in the dead-letter topic: in two partitions
+// (written before and after it got more), or a rewritten older one after a
+// newer one in its partition.
+func TestRedriveInSourceOrder(t *testing.T) {
+	b := newBed(t, config.AtLeastOnce)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(b.c.ListenAddrs()...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	for _, w := range []struct {
+		id, lsn string
+		p       int32
+		extra   []string
+	}{
+		{"third", "0/300", 0, nil},
+		{"second", "0/200", 0, []string{HeaderSupersedes, "1/99"}}, // written again after third
+		{"first", "0/100", 1, nil},
+	} {
+		r := deadLetter(0, 0, w.id, "orders-events", w.extra...)
+		r.Topic, r.Partition, r.Offset, r.Timestamp, r.Key = "dlq", w.p, 0, time.Time{}, []byte("k")
+		for i := range r.Headers {
+			if r.Headers[i].Key == HeaderSourceLSN {
+				r.Headers[i].Value = []byte(w.lsn)
+			}
+		}
+		if err := cl.ProduceSync(b.ctx, r).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.redrive(t, Filter{})
+	var got []string
+	for _, l := range b.read(t, "orders-events") { // one key: one partition, in offset order
+		got = append(got, l.EventID)
+	}
+	if want := []string{"first", "second", "third"}; !slices.Equal(got, want) {
+		t.Errorf("orders-events holds %v, want %v", got, want)
 	}
 }
