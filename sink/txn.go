@@ -406,7 +406,11 @@ func listOffsets(ctx context.Context, list func(context.Context, ...string) (kad
 		case err == nil:
 			return o, nil
 		case errors.Is(ctx.Err(), context.DeadlineExceeded) && last != nil:
-			return nil, fmt.Errorf("not every partition answered within kafka.delivery_timeout, the last answer: %w (%w)", last, ctx.Err())
+			hint := "check that the brokers holding its replicas are up"
+			if errors.Is(last, kerr.OffsetNotAvailable) {
+				hint = "a new leader cannot tell a partition's end until enough of its followers are back in sync: check that the brokers holding its replicas are up (min.insync.replicas)"
+			}
+			return nil, fmt.Errorf("not every partition answered within kafka.delivery_timeout, the last answer: %w (%w); %s", last, ctx.Err(), hint)
 		case ctx.Err() != nil && last != nil:
 			return nil, fmt.Errorf("%w (the last answer: %w)", ctx.Err(), last)
 		case ctx.Err() != nil, !kerr.IsRetriable(err), errors.Is(err, kerr.UnknownTopicOrPartition):

@@ -359,7 +359,9 @@ func checkRunning(t *testing.T, p *proc, during string) {
 // brokers are down or unreachable (issue 32 item 14): NOT_ENOUGH_REPLICAS
 // to a produce, or in exactly-once mode, where InitProducerID is refused
 // first, COORDINATOR_NOT_AVAILABLE (Kafka's answer when __transaction_state
-// is below transaction.state.log.min.isr), or, when the broker left held
+// is below transaction.state.log.min.isr) or OFFSET_NOT_AVAILABLE to the
+// position read (the positions partition's new leader cannot tell its end
+// while its followers are down), or, when the broker left held
 // the requests without an answer, which brokers it lists as down. The first
 // restart is left out:
 // its run began before the ISRs shrank, with records sent to the brokers
@@ -387,6 +389,7 @@ func checkOutageCause(t *testing.T, mode deliveryMode, logs string) {
 		named = named || strings.Contains(line, "kafka.delivery_timeout") && (strings.Contains(line, "NOT_ENOUGH_REPLICAS") &&
 			strings.Contains(line, "min.insync.replicas") ||
 			mode.eos && strings.Contains(line, "COORDINATOR_NOT_AVAILABLE") && strings.Contains(line, "transaction.state.log.min.isr") ||
+			mode.eos && strings.Contains(line, "OFFSET_NOT_AVAILABLE") && strings.Contains(line, "min.insync.replicas") ||
 			strings.Contains(line, "are down (the cluster lists") && strings.Contains(line, "min.insync.replicas"))
 	}
 	if !named {
