@@ -624,6 +624,9 @@ func TestShardsReshardSurvivesPostgresCrash(t *testing.T) {
 	pg.stop("immediate")
 	p.stop(syscall.SIGKILL, 10*time.Second)
 	pg.script("pg-start")
+	// The pool's connections died with the server; the first query on one
+	// would fail (unexpected EOF) instead of dialling again.
+	d.pool.Reset()
 	x := parseLSN(t, m[1])
 	slots, _ := shard.Names(d.slot, 4)
 	for _, s := range slots {
