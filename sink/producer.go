@@ -701,7 +701,11 @@ func (p *Producer) waitUsable(ctx context.Context, topic string) (int, error) {
 		if err == nil {
 			return n, nil
 		}
-		last = err
+		// A lookup cut short by the deadline says nothing new: what the
+		// brokers answered before it explains the wait.
+		if ctx.Err() == nil || last == nil {
+			last = err
+		}
 		var ke *kerr.Error
 		if errors.As(err, &ke) && !ke.Retriable {
 			// Refused for good (no ACL to describe or create the topic, an
