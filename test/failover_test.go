@@ -584,7 +584,7 @@ func TestFailoverStatus(t *testing.T) {
 	p.waitLog(`level=INFO msg="altered the replication slot to a failover slot \(postgres\.failover_slot: true\)" slot=`+failoverSlot, time.Second)
 	p.waitLog(`level=INFO msg="failover slot: standbys with sync_replication_slots = on keep a copy of it" slot=`+failoverSlot+` failover=true`, time.Second)
 	p.waitLog(`level=WARN msg="synchronized_standby_slots does not name standby standby1's slot standby1, .*run ALTER SYSTEM SET synchronized_standby_slots = 'standby1'`, time.Second)
-	p.waitLog(`level=WARN msg="standby `+standbyAddr+` (holds no copy of slot|'s copy of slot \\"`+failoverSlot+`\\" is not persisted yet)`, time.Second)
+	p.waitLog(`level=WARN msg="standby `+standbyAddr+`( holds no copy of slot|'s copy of slot \\"`+failoverSlot+`\\" is not persisted yet)`, time.Second)
 	c, took := waitSynced(t, d, pair.standby.dsn, 3*time.Minute)
 	t.Logf("copy synchronised at %s after %s", c.confirmed, took.Round(time.Millisecond))
 	status = runStatus(t, env, "-url", "http://"+p.addr)
