@@ -9,7 +9,7 @@
 // Settings are those the project's README and production tutorial give:
 // the harness's slot and publication (made beforehand, as the tutorial
 // recommends), a batch ticker of 200 ms and the default batch of 2,000
-// messages or 10 MB. Two choices are the harness's, for equal terms with the
+// messages or 1 MB. Two choices are the harness's, for equal terms with the
 // other contenders: acks from every in-sync replica (one broker here, so no
 // extra round trip) and Kafka's murmur2 partitioner, so that every key lands
 // on the partition the Java clients and franz-go choose.
