@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxd/outboxd/checkpoint"
+	"github.com/outboxd/outboxd/internal/delivery"
 	"github.com/outboxd/outboxd/internal/eos"
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/sink"
@@ -275,7 +276,7 @@ func (r *Relay) pipeEOS(ctx context.Context, batches <-chan []wal.Item, p *pipel
 			if !ok {
 				return x.finish(ctx)
 			}
-			last := lastCommit(batch)
+			last := delivery.LastCommit(batch)
 			for i, item := range batch {
 				if _, ok := item.(*wal.Begin); ok {
 					// A boundary too: the one after the last Commit may
@@ -306,16 +307,6 @@ func (r *Relay) pipeEOS(ctx context.Context, batches <-chan []wal.Item, p *pipel
 			}
 		}
 	}
-}
-
-// lastCommit returns the index of batch's last Commit, or -1.
-func lastCommit(batch []wal.Item) int {
-	for i := len(batch) - 1; i >= 0; i-- {
-		if _, ok := batch[i].(*wal.Commit); ok {
-			return i
-		}
-	}
-	return -1
 }
 
 // skipping reports whether the transaction being received is in Kafka

@@ -31,25 +31,6 @@ func TestRefusedPositionIsPermanent(t *testing.T) {
 	}
 }
 
-// A complete transaction waits behind a Commit when a later Commit is in
-// its batch.
-func TestLastCommit(t *testing.T) {
-	b, c := &wal.Begin{}, &wal.Commit{}
-	for _, tc := range []struct {
-		batch []wal.Item
-		want  int
-	}{
-		{nil, -1},
-		{[]wal.Item{b}, -1},
-		{[]wal.Item{b, c}, 1},
-		{[]wal.Item{b, c, b, c, b}, 3},
-	} {
-		if got := lastCommit(tc.batch); got != tc.want {
-			t.Errorf("lastCommit(%d items) = %d, want %d", len(tc.batch), got, tc.want)
-		}
-	}
-}
-
 // eosRig is a Relay in exactly-once mode on a kfake cluster, whose
 // postgres.dsn points at a listener that counts the connections made to it
 // (and closes them: it is no Postgres).

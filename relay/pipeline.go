@@ -5,11 +5,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/outboxd/outboxd/checkpoint"
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/internal/delivery"
 	"github.com/outboxd/outboxd/internal/tables"
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/shard"
@@ -38,13 +38,7 @@ func (r *Relay) pipe(ctx context.Context, batches <-chan []wal.Item, rn *pipelin
 	return p.Run(batches)
 }
 
-// producer is what a pipeline uses of *sink.Producer: Produce hands rec
-// over, or returns why it could not (done is then never called); once
-// handed over, done is called once with the outcome, from another
-// goroutine. Produce keeps no reference to rec once it returns.
-type producer interface {
-	Produce(ctx context.Context, rec *router.Record, done func(error)) error
-}
+type producer = delivery.Producer
 
 // newPipeline returns the pipeline of one at-least-once run: it routes the
 // stream's items and hands the records to producer, registering each with
@@ -294,18 +288,6 @@ func (p *pipeline) endWindow() {
 	}
 }
 
-// messageKey returns a logical message's key field, named as the key
-// column, as the router reads it before router.key_encoding
-// (router.MessageFields.Text). keyed is false when the content is not a JSON
-// object or the field is missing or null.
-func messageKey(content []byte, field string) (key []byte, keyed bool) {
-	fields, err := router.ParseMessage(&wal.Message{Content: content})
-	if err != nil {
-		return nil, false
-	}
-	return fields.Text(field)
-}
-
 // ownsMessage reports whether this deployment delivers a logical message
 // that names owner ("" for none), from the message alone, so that a replay
 // decides as the first reading did: one that names this deployment's
@@ -355,7 +337,7 @@ func (p *pipeline) deliver(rec *router.Record, routeErr error, lsn wal.LSN, sour
 	}
 	routed := routeErr == nil
 	if routed {
-		if routeErr = produce(p.ctx, p.txn, rec, p.producer, p.done); routeErr == nil {
+		if routeErr = delivery.Produce(p.ctx, p.txn, rec, p.producer, p.done); routeErr == nil {
 			return nil
 		}
 	}
@@ -382,64 +364,5 @@ func (p *pipeline) deliver(rec *router.Record, routeErr error, lsn wal.LSN, sour
 	}
 	r.m.deadLettered.Inc()
 	r.log.Warn("outbox row sent to the dead-letter topic", "event_id", poison.EventID, "lsn", lsn.String(), "topic", r.cfg.Router.Poison.DLQTopic, "reason", poison.Reason)
-	return produce(p.ctx, p.txn, r.deadLetter(poison), p.producer, p.done)
-}
-
-// deadLetter builds the dead-letter record for a poison row: its key and
-// payload as they were (the payload is dropped if it alone is too large),
-// its id and event type headers, and headers saying why and where from.
-func (r *Relay) deadLetter(p *router.RowError) *router.Record {
-	// A dead letter must fit where the original did not: it keeps the
-	// original's headers and payload within half of max_message_bytes,
-	// and says what it dropped.
-	limit := r.cfg.Kafka.MaxMessageBytes / 2
-	headers := p.Headers
-	size := len(p.Key)
-	for _, h := range headers {
-		size += len(h.Key) + len(h.Value)
-	}
-	var dropped []router.Header
-	if headers == nil { // refused by routing: no record was built (dlq refuses to redrive it)
-		dropped = append(dropped, router.Header{Key: "outboxd.record.unbuilt", Value: []byte("the key and value are the row's columns; only the id and event type headers are kept")})
-	}
-	if headers == nil || size > limit {
-		if headers != nil {
-			dropped = append(dropped, router.Header{Key: "outboxd.headers.dropped", Value: []byte(fmt.Sprintf(
-				"%d headers of %d bytes: a dead letter keeps headers and payload within half of kafka.max_message_bytes (%d); the id and event type are kept",
-				len(headers), size-len(p.Key), limit))})
-		}
-		// So that the row can be replayed as it was: its id and event type.
-		headers = []router.Header{{Key: r.cfg.Router.IDHeader, Value: []byte(p.EventID)}}
-		if p.EventType != "" {
-			headers = append(headers, router.Header{Key: r.cfg.Router.EventTypeHeader, Value: []byte(p.EventType)})
-		}
-		size = len(p.Key) + len(r.cfg.Router.IDHeader) + len(p.EventID) + len(r.cfg.Router.EventTypeHeader) + len(p.EventType)
-	}
-	value := p.Value
-	if len(value)+size > limit {
-		value = nil
-		dropped = append(dropped, router.Header{Key: "outboxd.payload.dropped", Value: []byte(fmt.Sprintf(
-			"%d bytes: a dead letter keeps the payload only within half of kafka.max_message_bytes (%d); the outbox row, or the application, has it",
-			len(p.Value), limit))})
-	}
-	rec := &router.Record{Topic: r.cfg.Router.Poison.DLQTopic, Key: p.Key, Value: value, EventID: p.EventID, Partition: -1}
-	rec.Headers = append(slices.Clip(headers),
-		router.Header{Key: "outboxd.error.reason", Value: []byte(p.Reason)},
-		router.Header{Key: "outboxd.source.lsn", Value: []byte(p.LSN.String())},
-		router.Header{Key: "outboxd.source.table", Value: []byte(p.Table)},
-		router.Header{Key: "outboxd.intended.topic", Value: []byte(p.Topic)},
-	)
-	rec.Headers = append(rec.Headers, dropped...)
-	return rec
-}
-
-// produce registers rec with txn and hands it to the producer; done is
-// txn's callback (fails the run, or acknowledges one record of txn).
-func produce(ctx context.Context, txn *checkpoint.Txn, rec *router.Record, producer producer, done func(error)) error {
-	txn.Add()
-	err := producer.Produce(ctx, rec, done)
-	if err != nil {
-		txn.Ack() // never handed over: nothing to wait for, and the run stops or dead-letters it
-	}
-	return err
+	return delivery.Produce(p.ctx, p.txn, delivery.DeadLetter(r.cfg, poison), p.producer, p.done)
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/outboxd/outboxd/checkpoint"
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/internal/delivery"
 	"github.com/outboxd/outboxd/internal/kfaketest"
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/shard"
@@ -100,13 +101,13 @@ func TestMessageKey(t *testing.T) {
 		{`{"other": "x"}`, "", false},
 		{`not json`, "", false},
 	} {
-		key, keyed := messageKey([]byte(tc.content), "aggregate_id")
+		key, keyed := delivery.MessageKey([]byte(tc.content), "aggregate_id")
 		if string(key) != tc.key || keyed != tc.keyed {
-			t.Errorf("messageKey(%s) = %q, %v; want %q, %v", tc.content, key, keyed, tc.key, tc.keyed)
+			t.Errorf("delivery.MessageKey(%s) = %q, %v; want %q, %v", tc.content, key, keyed, tc.key, tc.keyed)
 		}
 	}
 	// The shard of a keyed message is its key's, as for a row.
-	key, _ := messageKey([]byte(`{"aggregate_id": "order-1"}`), "aggregate_id")
+	key, _ := delivery.MessageKey([]byte(`{"aggregate_id": "order-1"}`), "aggregate_id")
 	if shard.MessageOwner(key, true, 4) != shard.Of([]byte("order-1"), 4) {
 		t.Error("a keyed message's shard differs from its key's")
 	}

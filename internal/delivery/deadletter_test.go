@@ -1,4 +1,4 @@
-package relay
+package delivery
 
 import (
 	"testing"
@@ -20,9 +20,8 @@ import (
 func TestRoutingFailureDeadLetterIsNotRedrivable(t *testing.T) {
 	cfg := config.Default()
 	cfg.Router.Poison.Policy, cfg.Router.Poison.DLQTopic = config.PoisonDLQ, "dlq"
-	r := &Relay{cfg: cfg}
 	letter := func(p *router.RowError) *dlq.Letter {
-		rec := r.deadLetter(p)
+		rec := DeadLetter(cfg, p)
 		kr := &kgo.Record{Key: rec.Key, Value: rec.Value}
 		for _, h := range rec.Headers {
 			kr.Headers = append(kr.Headers, kgo.RecordHeader{Key: h.Key, Value: h.Value})
