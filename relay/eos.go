@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -13,7 +12,6 @@ import (
 	"github.com/outboxd/outboxd/checkpoint"
 	"github.com/outboxd/outboxd/internal/delivery"
 	"github.com/outboxd/outboxd/internal/eos"
-	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/sink"
 	"github.com/outboxd/outboxd/wal"
 )
@@ -98,37 +96,13 @@ func (r *Relay) positionOwner(id, system string) eos.Owner {
 	return eos.Owner{Slot: r.cfg.Postgres.Slot, System: system, ID: id, Topic: r.cfg.Kafka.PositionsTopic}
 }
 
-// transactions is what exactly-once's pipeline uses of a *sink.Producer.
-type transactions interface {
-	Begin() error
-	Commit(ctx context.Context, position []byte) error
-	Abort(ctx context.Context) error
-	InTransaction() bool
-	AsFenced(err error) error
-	Fenced(ctx context.Context) (bool, error)
-	TransactionalID() string
-}
-
-// exactlyOnce is one pipeline run's exactly-once driver, used by the
-// pipeline goroutine only: it feeds machine and carries out its steps.
-type exactlyOnce struct {
-	machine  *eos.Machine
-	producer transactions
-	tracker  *checkpoint.Tracker
-	fail     context.CancelCauseFunc
-	// completed are the Postgres transactions whose last record is in the
-	// open Kafka transaction, in commit order: their holds are released
-	// when it commits.
-	completed []*checkpoint.Txn
-}
-
 // newExactlyOnce returns the driver of a run that resumes from resume on
-// tracker, which confirmed resume already when it was past the slot, with
-// timeline the server's as the run's slot inspection left it.
-func (r *Relay) newExactlyOnce(producer transactions, tracker *checkpoint.Tracker, fail context.CancelCauseFunc, system string, timeline int, resume eos.Position) *exactlyOnce {
-	machine := eos.New(eos.LimitsOf(r.cfg.Kafka), r.cfg.Postgres.Slot, system, timeline, resume, tracker.Confirmed())
-	return &exactlyOnce{machine: machine, producer: producer, tracker: tracker, fail: fail}
+// tracker (delivery.NewExactlyOnce).
+func (r *Relay) newExactlyOnce(producer delivery.Transactions, tracker *checkpoint.Tracker, fail context.CancelCauseFunc, system string, timeline int, resume eos.Position) *exactlyOnce {
+	return delivery.NewExactlyOnce(eos.New(eos.LimitsOf(r.cfg.Kafka), r.cfg.Postgres.Slot, system, timeline, resume, tracker.Confirmed()), producer, tracker, fail)
 }
+
+type exactlyOnce = delivery.ExactlyOnce
 
 // startEOS initialises the transactional producer (fencing the previous
 // holder of the id, whose open transaction Kafka aborts), reads the last
@@ -262,19 +236,19 @@ func (r *Relay) pipeEOS(ctx context.Context, batches <-chan []wal.Item, p *pipel
 		return err
 	}
 	p.eos = x
-	defer func() { err = x.end(ctx, err) }()
+	defer func() { err = x.End(ctx, err) }()
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
 		var wake <-chan time.Time
-		if at, ok := x.machine.Due(); ok {
+		if at, ok := x.Machine.Due(); ok {
 			timer.Reset(time.Until(at))
 			wake = timer.C
 		}
 		select {
 		case batch, ok := <-batches:
 			if !ok {
-				return x.finish(ctx)
+				return x.Finish(ctx)
 			}
 			last := delivery.LastCommit(batch)
 			for i, item := range batch {
@@ -282,7 +256,7 @@ func (r *Relay) pipeEOS(ctx context.Context, batches <-chan []wal.Item, p *pipel
 					// A boundary too: the one after the last Commit may
 					// have counted this transaction as complete and waiting
 					// when only its Begin and first rows were queued.
-					if err := x.boundary(ctx, i < last || len(batches) > 0); err != nil {
+					if err := x.Boundary(ctx, i < last || len(batches) > 0); err != nil {
 						return err
 					}
 				}
@@ -293,142 +267,18 @@ func (r *Relay) pipeEOS(ctx context.Context, batches <-chan []wal.Item, p *pipel
 					// A complete transaction waits behind this one if a
 					// later Commit is in the batch, or may if another
 					// batch is queued.
-					if err := x.boundary(ctx, i < last || len(batches) > 0); err != nil {
+					if err := x.Boundary(ctx, i < last || len(batches) > 0); err != nil {
 						return err
 					}
 				}
 			}
-			if err := x.boundary(ctx, len(batches) > 0); err != nil {
+			if err := x.Boundary(ctx, len(batches) > 0); err != nil {
 				return err
 			}
 		case <-wake:
-			if err := x.apply(ctx, x.machine.Tick(time.Now())); err != nil {
+			if err := x.Apply(ctx, x.Machine.Tick(time.Now())); err != nil {
 				return err
 			}
 		}
 	}
-}
-
-// skipping reports whether the transaction being received is in Kafka
-// already, whole: Handle gives its items to skip.
-func (x *exactlyOnce) skipping() bool { return x.machine.Skipping() }
-
-// skip handles an item of a transaction skipped whole.
-func (x *exactlyOnce) skip(item wal.Item) error {
-	if c, ok := item.(*wal.Commit); ok {
-		x.machine.Commit(c.EndLSN) // the end of the skipping
-	}
-	return nil
-}
-
-// begin starts a Postgres transaction. It reports whether to skip it whole
-// (it ends at or before the position), and commits the open Kafka
-// transaction first when the tracker's queue is full: only that commit
-// makes room.
-func (x *exactlyOnce) begin(ctx context.Context, m *wal.Begin) (skip bool, err error) {
-	step := x.machine.Begin(m.FinalLSN, x.tracker.Pending())
-	return step.Skip, x.apply(ctx, step)
-}
-
-// hold keeps t unconfirmed until the Kafka transaction holding its last
-// record commits.
-func (x *exactlyOnce) hold(t *checkpoint.Txn) { t.Add() }
-
-// row is called for each row before it is delivered. It reports whether
-// to skip it (a previous run put it in Kafka), and opens, or splits, a
-// Kafka transaction as the machine says.
-func (x *exactlyOnce) row(ctx context.Context, rec *router.Record) (skip bool, err error) {
-	size := 0
-	if rec != nil {
-		size = len(rec.Key) + len(rec.Value)
-		for _, h := range rec.Headers {
-			size += len(h.Key) + len(h.Value)
-		}
-	}
-	step := x.machine.Row(time.Now(), size)
-	return step.Skip, x.apply(ctx, step)
-}
-
-// committed ends the Postgres transaction t (committed to the tracker);
-// pipeEOS then asks boundary whether to commit the Kafka transaction.
-func (x *exactlyOnce) committed(ctx context.Context, t *checkpoint.Txn, end wal.LSN) error {
-	x.completed = append(x.completed, t)
-	return x.apply(ctx, x.machine.Commit(end))
-}
-
-// boundary is a Postgres transaction boundary; waiting tells whether a
-// complete Postgres transaction may be waiting behind it.
-func (x *exactlyOnce) boundary(ctx context.Context, waiting bool) error {
-	return x.apply(ctx, x.machine.Boundary(time.Now(), waiting))
-}
-
-// finish commits what the run completed when the stream has ended at a
-// transaction boundary.
-func (x *exactlyOnce) finish(ctx context.Context) error {
-	if ctx.Err() != nil {
-		return nil // end aborts
-	}
-	return x.apply(ctx, x.machine.Finish())
-}
-
-// apply carries out a step of the machine (but Skip, the caller's): commit
-// the open Kafka transaction with the position, release the holds of the
-// Postgres transactions it completed, open a Kafka transaction.
-func (x *exactlyOnce) apply(ctx context.Context, step eos.Step) error {
-	if step.Commit {
-		if err := x.producer.Commit(ctx, step.Position.Encode(time.Now())); err != nil {
-			return err
-		}
-	}
-	if n := step.Release; n > 0 {
-		for _, t := range x.completed[:n] {
-			t.Ack()
-		}
-		x.completed = slices.Delete(x.completed, 0, n)
-	}
-	if step.Open {
-		return x.producer.Begin()
-	}
-	return nil
-}
-
-// end aborts a Kafka transaction the run leaves open (Kafka would abort it
-// only at its timeout, holding read_committed consumers back until then),
-// and tells a run that ended because another instance took over.
-func (x *exactlyOnce) end(ctx context.Context, err error) error {
-	if err == nil && ctx.Err() == nil && !x.producer.InTransaction() {
-		return nil
-	}
-	abortCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	err = x.producer.AsFenced(err)
-	var fenced *sink.FencedError
-	if !errors.As(err, &fenced) {
-		// The run may be ending for another reason first (the stream lost
-		// the slot's connection): ask Kafka whether it was fenced.
-		askCtx, cancel := context.WithTimeout(abortCtx, 2*time.Second)
-		if newer, askErr := x.producer.Fenced(askCtx); askErr == nil && newer {
-			fenced = &sink.FencedError{TransactionalID: x.producer.TransactionalID(),
-				Err: errors.New("the transaction coordinator holds a newer producer epoch")}
-			err = fenced
-		}
-		cancel()
-	}
-	// Name the run's cause before aborting: the records the abort fails
-	// must not become it.
-	cause := err
-	if cause == nil {
-		cause = context.Cause(ctx) // the error that ended the run's errgroup
-	}
-	if cause != nil {
-		x.fail(cause)
-	}
-	abortErr := x.producer.Abort(abortCtx)
-	if fenced == nil && errors.As(abortErr, &fenced) {
-		return fenced // too late to be the run's cause, but the pipeline's error
-	}
-	if abortErr != nil && err == nil && ctx.Err() == nil {
-		return abortErr
-	}
-	return err
 }

@@ -54,7 +54,7 @@ func TestEOSSkipEndsAtItsCommit(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Pretend the position read was 0/300: T1 (ends 0/210) is skipped.
-	x.machine = g.r.newExactlyOnce(producer, p.tracker, p.fail, g.system, 0, positionAt(0x300)).machine
+	x.Machine = g.r.newExactlyOnce(producer, p.tracker, p.fail, g.system, 0, positionAt(0x300)).Machine
 	p.eos = x
 	for _, item := range []wal.Item{begin(0x200), change(wal.Insert, 0x180, id1, "o-1", `{"n": 1}`), commit(0x210),
 		begin(0x400), change(wal.Insert, 0x380, id2, "o-2", `{"n": 2}`), commit(0x410)} {
@@ -62,7 +62,7 @@ func TestEOSSkipEndsAtItsCommit(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := x.boundary(run, false); err != nil {
+	if err := x.Boundary(run, false); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(5 * time.Second)

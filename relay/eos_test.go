@@ -175,14 +175,14 @@ func TestStartEOSOpensNoPostgresConnection(t *testing.T) {
 	server.server.Timeline = 2
 	server.server.End = func(old int) (wal.LSN, bool, error) { return 0x150, old == 1, nil }
 	p, producer, run := g.pipeline(t, ctx, id)
-	x, err := g.r.startEOS(run, p, producer, server)
+	_, err := g.r.startEOS(run, p, producer, server)
 	if err != nil {
 		t.Fatalf("startEOS: %v", err)
 	}
 	if n := g.dials.Load(); n != 0 {
 		t.Errorf("startEOS opened %d Postgres connections; want none: the connect stage read the server", n)
 	}
-	if got := x.tracker.Confirmed(); got != 0x150 {
+	if got := p.tracker.Confirmed(); got != 0x150 {
 		t.Errorf("confirmed %s at the start, want the switch point 0/150", got)
 	}
 }

@@ -144,8 +144,8 @@ func (p *pipeline) Handle(item wal.Item) error {
 	if p.pastWindow {
 		return nil // beyond an old shard's window: the new shards deliver it
 	}
-	if p.eos != nil && p.eos.skipping() {
-		return p.eos.skip(item) // in Kafka before this run
+	if p.eos != nil && p.eos.Skipping() {
+		return p.eos.Skip(item) // in Kafka before this run
 	}
 	switch m := item.(type) {
 	case *wal.Begin:
@@ -160,7 +160,7 @@ func (p *pipeline) Handle(item wal.Item) error {
 			p.r.m.commitToSend.Observe(max(m.SentTime.Sub(m.CommitTime), 0).Seconds())
 		}
 		if p.eos != nil {
-			if skip, err := p.eos.begin(p.ctx, m); skip || err != nil {
+			if skip, err := p.eos.Begin(p.ctx, m); skip || err != nil {
 				return err
 			}
 		}
@@ -175,7 +175,7 @@ func (p *pipeline) Handle(item wal.Item) error {
 		// Delivered by the old shards: confirmed in order, nothing sent.
 		p.before = m.FinalLSN < p.window.After
 		if p.eos != nil {
-			p.eos.hold(txn)
+			p.eos.Hold(txn)
 		}
 		// One callback per transaction, not per record.
 		p.done = func(err error) {
@@ -262,7 +262,7 @@ func (p *pipeline) Handle(item wal.Item) error {
 		p.txn, p.done, p.before = nil, nil, false
 		p.r.m.transactions.Inc()
 		if p.eos != nil {
-			return p.eos.committed(p.ctx, txn, m.EndLSN)
+			return p.eos.Committed(p.ctx, txn, m.EndLSN)
 		}
 	case wal.Keepalive:
 		p.tracker.Idle(m.WALEnd)
@@ -331,7 +331,7 @@ var errUpdate error = &kindError{text: "update on the outbox table", permanent: 
 // came from, for errors only.
 func (p *pipeline) deliver(rec *router.Record, routeErr error, lsn wal.LSN, source func() string) error {
 	if p.eos != nil {
-		if skip, err := p.eos.row(p.ctx, rec); skip || err != nil {
+		if skip, err := p.eos.Row(p.ctx, rec); skip || err != nil {
 			return err
 		}
 	}

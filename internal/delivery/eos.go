@@ -1,0 +1,189 @@
+package delivery
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"time"
+
+	"github.com/outboxd/outboxd/checkpoint"
+	"github.com/outboxd/outboxd/internal/eos"
+	"github.com/outboxd/outboxd/router"
+	"github.com/outboxd/outboxd/sink"
+	"github.com/outboxd/outboxd/wal"
+)
+
+// This file is kafka.delivery: exactly_once's driver (DESIGN.md,
+// "Exactly-once mode"): the I/O around package eos, which decides. The
+// pipeline goroutine feeds an eos.Machine the stream and carries out its
+// steps on the transactional producer and the tracker: each Postgres
+// transaction holds one extra record in the tracker (a hold) from its Begin
+// until the Kafka transaction holding its last record commits, so the ack
+// rule confirms the slot only to committed positions.
+
+// Transactions is what exactly-once's pipeline uses of a *sink.Producer.
+type Transactions interface {
+	Begin() error
+	Commit(ctx context.Context, position []byte) error
+	Abort(ctx context.Context) error
+	InTransaction() bool
+	AsFenced(err error) error
+	Fenced(ctx context.Context) (bool, error)
+	TransactionalID() string
+}
+
+// exactlyOnce is one pipeline run's exactly-once driver, used by the
+// pipeline goroutine only: it feeds machine and carries out its steps.
+type exactlyOnce struct {
+	machine  *eos.Machine
+	producer Transactions
+	tracker  *checkpoint.Tracker
+	fail     context.CancelCauseFunc
+	// completed are the Postgres transactions whose last record is in the
+	// open Kafka transaction, in commit order: their holds are released
+	// when it commits.
+	completed []*checkpoint.Txn
+}
+
+// ExactlyOnce is one pipeline run's exactly-once driver, used by the
+// pipeline goroutine only: it feeds machine and carries out its steps.
+type ExactlyOnce struct {
+	Machine  *eos.Machine
+	producer Transactions
+	tracker  *checkpoint.Tracker
+	fail     context.CancelCauseFunc
+	// completed are the Postgres transactions whose last record is in the
+	// open Kafka transaction, in commit order: their holds are released
+	// when it commits.
+	completed []*checkpoint.Txn
+}
+
+// NewExactlyOnce returns the driver of a run whose machine decides, on
+// producer and tracker; fail ends the run with its cause.
+func NewExactlyOnce(machine *eos.Machine, producer Transactions, tracker *checkpoint.Tracker, fail context.CancelCauseFunc) *ExactlyOnce {
+	return &ExactlyOnce{Machine: machine, producer: producer, tracker: tracker, fail: fail}
+}
+
+// Skipping reports whether the transaction being received is in Kafka
+// already, whole: Handle gives its items to skip.
+func (x *ExactlyOnce) Skipping() bool { return x.Machine.Skipping() }
+
+// Skip handles an item of a transaction skipped whole.
+func (x *ExactlyOnce) Skip(item wal.Item) error {
+	if c, ok := item.(*wal.Commit); ok {
+		x.Machine.Commit(c.EndLSN) // the end of the skipping
+	}
+	return nil
+}
+
+// Begin starts a Postgres transaction. It reports whether to skip it whole
+// (it ends at or before the position), and commits the open Kafka
+// transaction first when the tracker's queue is full: only that commit
+// makes room.
+func (x *ExactlyOnce) Begin(ctx context.Context, m *wal.Begin) (skip bool, err error) {
+	step := x.Machine.Begin(m.FinalLSN, x.tracker.Pending())
+	return step.Skip, x.Apply(ctx, step)
+}
+
+// Hold keeps t unconfirmed until the Kafka transaction holding its last
+// record commits.
+func (x *ExactlyOnce) Hold(t *checkpoint.Txn) { t.Add() }
+
+// Row is called for each row before it is delivered. It reports whether
+// to skip it (a previous run put it in Kafka), and opens, or splits, a
+// Kafka transaction as the machine says.
+func (x *ExactlyOnce) Row(ctx context.Context, rec *router.Record) (skip bool, err error) {
+	size := 0
+	if rec != nil {
+		size = len(rec.Key) + len(rec.Value)
+		for _, h := range rec.Headers {
+			size += len(h.Key) + len(h.Value)
+		}
+	}
+	step := x.Machine.Row(time.Now(), size)
+	return step.Skip, x.Apply(ctx, step)
+}
+
+// Committed ends the Postgres transaction t (committed to the tracker);
+// pipeEOS then asks boundary whether to commit the Kafka transaction.
+func (x *ExactlyOnce) Committed(ctx context.Context, t *checkpoint.Txn, end wal.LSN) error {
+	x.completed = append(x.completed, t)
+	return x.Apply(ctx, x.Machine.Commit(end))
+}
+
+// Boundary is a Postgres transaction boundary; waiting tells whether a
+// complete Postgres transaction may be waiting behind it.
+func (x *ExactlyOnce) Boundary(ctx context.Context, waiting bool) error {
+	return x.Apply(ctx, x.Machine.Boundary(time.Now(), waiting))
+}
+
+// Finish commits what the run completed when the stream has ended at a
+// transaction boundary.
+func (x *ExactlyOnce) Finish(ctx context.Context) error {
+	if ctx.Err() != nil {
+		return nil // end aborts
+	}
+	return x.Apply(ctx, x.Machine.Finish())
+}
+
+// Apply carries out a step of the machine (but Skip, the caller's): commit
+// the open Kafka transaction with the position, release the holds of the
+// Postgres Transactions it completed, open a Kafka transaction.
+func (x *ExactlyOnce) Apply(ctx context.Context, step eos.Step) error {
+	if step.Commit {
+		if err := x.producer.Commit(ctx, step.Position.Encode(time.Now())); err != nil {
+			return err
+		}
+	}
+	if n := step.Release; n > 0 {
+		for _, t := range x.completed[:n] {
+			t.Ack()
+		}
+		x.completed = slices.Delete(x.completed, 0, n)
+	}
+	if step.Open {
+		return x.producer.Begin()
+	}
+	return nil
+}
+
+// End aborts a Kafka transaction the run leaves open (Kafka would abort it
+// only at its timeout, holding read_committed consumers back until then),
+// and tells a run that ended because another instance took over.
+func (x *ExactlyOnce) End(ctx context.Context, err error) error {
+	if err == nil && ctx.Err() == nil && !x.producer.InTransaction() {
+		return nil
+	}
+	abortCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	err = x.producer.AsFenced(err)
+	var fenced *sink.FencedError
+	if !errors.As(err, &fenced) {
+		// The run may be ending for another reason first (the stream lost
+		// the slot's connection): ask Kafka whether it was fenced.
+		askCtx, cancel := context.WithTimeout(abortCtx, 2*time.Second)
+		if newer, askErr := x.producer.Fenced(askCtx); askErr == nil && newer {
+			fenced = &sink.FencedError{TransactionalID: x.producer.TransactionalID(),
+				Err: errors.New("the transaction coordinator holds a newer producer epoch")}
+			err = fenced
+		}
+		cancel()
+	}
+	// Name the run's cause before aborting: the records the abort fails
+	// must not become it.
+	cause := err
+	if cause == nil {
+		cause = context.Cause(ctx) // the error that ended the run's errgroup
+	}
+	if cause != nil {
+		x.fail(cause)
+	}
+	abortErr := x.producer.Abort(abortCtx)
+	if fenced == nil && errors.As(abortErr, &fenced) {
+		return fenced // too late to be the run's cause, but the pipeline's error
+	}
+	if abortErr != nil && err == nil && ctx.Err() == nil {
+		return abortErr
+	}
+	return err
+}
