@@ -32,19 +32,6 @@ type Transactions interface {
 	TransactionalID() string
 }
 
-// exactlyOnce is one pipeline run's exactly-once driver, used by the
-// pipeline goroutine only: it feeds machine and carries out its steps.
-type exactlyOnce struct {
-	machine  *eos.Machine
-	producer Transactions
-	tracker  *checkpoint.Tracker
-	fail     context.CancelCauseFunc
-	// completed are the Postgres transactions whose last record is in the
-	// open Kafka transaction, in commit order: their holds are released
-	// when it commits.
-	completed []*checkpoint.Txn
-}
-
 // ExactlyOnce is one pipeline run's exactly-once driver, used by the
 // pipeline goroutine only: it feeds machine and carries out its steps.
 type ExactlyOnce struct {
