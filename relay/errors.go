@@ -108,25 +108,6 @@ func anyWrapped(err error, is func(error) bool) bool {
 	return false
 }
 
-// hintError is err with what to do about it apart (Hint).
-type hintError struct {
-	err  error
-	hint string
-}
-
-func (e *hintError) Error() string { return e.err.Error() }
-func (e *hintError) Unwrap() error { return e.err }
-func (e *hintError) Hint() string  { return e.hint }
-
-// kindError is a sentinel of relay's own that classifies itself.
-type kindError struct {
-	text      string
-	permanent bool
-}
-
-func (e *kindError) Error() string   { return e.text }
-func (e *kindError) Permanent() bool { return e.permanent }
-
 // explain turns server errors whose meaning for the events is not obvious
 // into ones that say it and what to do. It decides by SQLSTATE and, for a
 // slot or publication that may be gone, by a fresh read of the catalogue

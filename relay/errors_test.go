@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/internal/delivery"
 	"github.com/outboxd/outboxd/internal/eos"
 	"github.com/outboxd/outboxd/internal/preflight"
 	"github.com/outboxd/outboxd/router"
@@ -47,7 +48,7 @@ func TestErrorsClassifyThemselves(t *testing.T) {
 		{"poison row", fmt.Errorf("routing: %w", &router.RowError{EventID: "e1", Reason: "payload is not JSON"}), true, false, false},
 		{"table layout", &router.LayoutError{Table: "public.outbox", Missing: []string{"aggregateid"}}, true, false, false},
 		{"undecodable pgoutput", fmt.Errorf("slot %q: %w", "outboxd", &wal.DecodeError{LSN: 0x16B3748, Msg: "short message"}), true, false, false},
-		{"UPDATE under on_update error", wal.Errorf(errUpdate, "UPDATE of an outbox row"), true, false, false},
+		{"UPDATE under on_update error", wal.Errorf(delivery.ErrUpdate, "UPDATE of an outbox row"), true, false, false},
 		{"slot missing", fmt.Errorf("starting: %w", wal.Errorf(wal.ErrSlotMissing, "replication slot %q does not exist", "outboxd")), true, true, false},
 		{"slot invalidated", lost, true, true, true},
 		{"publication missing", wal.Errorf(wal.ErrPublicationMissing, "publication %q does not exist", "outboxd"), true, false, false},
@@ -191,4 +192,14 @@ func readsMessage(e ast.Expr) bool {
 		return e.Sel.Name == "Message"
 	}
 	return false
+}
+
+// A position written for another slot or database is refused for good:
+// a restart would fence the other deployment again (issue 32 item 2; the
+// cases are internal/eos/testdata/owner.txt).
+func TestRefusedPositionIsPermanent(t *testing.T) {
+	err := eos.Own(eos.Position{LSN: 0x100, Slot: "billing"}, eos.Owner{Slot: "orders", ID: "shared", Topic: "outboxd-positions"})
+	if err == nil || !IsPermanent(err) {
+		t.Errorf("IsPermanent(%v) = false: the run would restart and fence the other deployment again", err)
+	}
 }

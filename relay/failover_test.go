@@ -16,7 +16,6 @@ import (
 
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/internal/dialtest"
-	"github.com/outboxd/outboxd/internal/eos"
 	"github.com/outboxd/outboxd/internal/pg"
 	"github.com/outboxd/outboxd/internal/preflight"
 	"github.com/outboxd/outboxd/internal/tables"
@@ -152,7 +151,15 @@ func TestRunConnectionsPinned(t *testing.T) {
 			return err
 		}},
 		{"slot position", func() error { _, err := read(ctx); return err }},
-		{"exactly-once timeline", func() error { _, err := r.positionOnServer(ctx, eos.Position{LSN: 1, Timeline: 1}, "", at); return err }},
+		// A reshard reads an old shard's timeline on the connections of
+		// the ReplicationAt that Shards.delivered gives delivery.OldShard.
+		{"exactly-once timeline", func() error {
+			repl, err := r.check.ReplicationAt(ctx, at)
+			if err == nil {
+				repl.Close(ctx)
+			}
+			return err
+		}},
 		{"judgeGone", func() error {
 			if got := r.explain(ctx, gone, at, &preflight.History{}); got != error(gone) {
 				return fmt.Errorf("explain = %v, want the server's error as it was (the catalogue is unreadable)", got)

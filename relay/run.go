@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/outboxd/outboxd/checkpoint"
+	"github.com/outboxd/outboxd/internal/delivery"
 	"github.com/outboxd/outboxd/internal/pg"
 	"github.com/outboxd/outboxd/internal/preflight"
 	"github.com/outboxd/outboxd/router"
@@ -57,7 +58,7 @@ type connected struct {
 	producer *sink.Producer
 	// server is, in exactly-once mode, the server as the run's replication
 	// connection showed it before START_REPLICATION (producerFor).
-	server runServer
+	server delivery.Server
 }
 
 // connectStage inspects the slot and opens the replication connection and

@@ -15,7 +15,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/outboxd/outboxd/config"
-	"github.com/outboxd/outboxd/internal/eos"
+	"github.com/outboxd/outboxd/internal/delivery"
 	"github.com/outboxd/outboxd/internal/pg"
 	"github.com/outboxd/outboxd/internal/preflight"
 	"github.com/outboxd/outboxd/internal/reshard"
@@ -417,117 +417,20 @@ func (s *Shards) drain(ctx context.Context, db *reshard.PG, shards []shard.Shard
 }
 
 // delivered reads, in exactly-once mode, the position each old shard's
-// transactional id committed in Kafka (reshard.Delivered). A killed
-// instance may have committed Kafka transactions past its slot's confirmed
-// position (the next exactly-once start would confirm them); a cutover
-// before them would make the new shards, under their own ids, deliver
-// them again. It reads as the exactly-once start does (fence, then the
-// committed position, then positionOnServer), fencing every old id before
-// reading any position: Kafka settles the transactions a killed instance
-// left open, which would otherwise hold the read of the shared positions
-// partition back until they time out, and no instance of the old layout
-// can commit past what is read. The old shards' drain then resumes from
-// these positions.
+// transactional id committed in Kafka (delivery.Delivered).
 func (s *Shards) delivered(ctx context.Context, db *reshard.PG, old []shard.Shard) (map[string]wal.LSN, error) {
-	addr := pg.Addr(db.Conn.PgConn().Conn()) // the server the reshard observes
-	system, err := s.systemID(ctx, addr)
-	if err != nil {
-		return nil, err
-	}
-	type oldID struct {
-		r        *Relay
-		producer *sink.Producer
-		owner    eos.Owner
-	}
-	var fenced []oldID
-	defer func() {
-		for _, o := range fenced {
-			o.producer.Close()
-		}
-	}()
-	for _, sh := range old {
+	olds := make([]delivery.OldShard, len(old))
+	for i, sh := range old {
 		r, err := newShardRelay(s.cfg, s.log, prometheus.NewRegistry(), sh, shard.Window{})
 		if err != nil {
 			return nil, err
 		}
-		producer, err := sink.NewTransactional(r.cfg.Kafka, r.sinkM, r.txnM, r.log, r.transactionalID(system))
-		if err != nil {
-			return nil, err
-		}
-		o := oldID{r: r, producer: producer, owner: r.positionOwner(producer.TransactionalID(), system)}
-		fenced = append(fenced, o)
-		if err := fence(ctx, producer, o.owner); err != nil {
-			return nil, oldShardError(sh, s.cfg.Kafka.PositionsTopic, err)
-		}
+		olds[i] = delivery.OldShard{Shard: sh, Config: r.cfg, Log: r.log, ReplicationAt: r.check.ReplicationAt,
+			Producer: func(id string) (*sink.Producer, error) {
+				return sink.NewTransactional(r.cfg.Kafka, r.sinkM, r.txnM, r.log, id)
+			}}
 	}
-	out := make(map[string]wal.LSN, len(old))
-	for i, o := range fenced {
-		lsn, err := o.r.deliveredPosition(ctx, db, o.producer, o.owner, addr)
-		if err != nil {
-			return nil, oldShardError(old[i], s.cfg.Kafka.PositionsTopic, err)
-		}
-		out[old[i].Slot] = lsn
-	}
-	return out, nil
-}
-
-// systemID reads the system identifier of the server at addr on a
-// replication connection opened for it and closed at once.
-func (s *Shards) systemID(ctx context.Context, addr string) (string, error) {
-	repl, err := pg.ConnectReplicationAt(ctx, s.cfg.Postgres, addr)
-	if err != nil {
-		return "", err
-	}
-	defer repl.Close(context.WithoutCancel(ctx))
-	sys, err := identify(ctx, repl)
-	return sys.SystemID, err
-}
-
-// oldShardError names the old shard whose position could not be read; a
-// refused position (another deployment's id) stops the reshard.
-func oldShardError(sh shard.Shard, topic string, err error) error {
-	err = fmt.Errorf("reading the position of old shard %s in %s: %w", sh.Slot, topic, err)
-	var refused *eos.RefusedError
-	if errors.As(err, &refused) {
-		return &reshard.PermanentError{Err: err}
-	}
-	return err
-}
-
-// deliveredPosition returns, after fence, the end of what the run's
-// transactional id committed to Kafka: the position's LSN, or, when the
-// position says only part of a Postgres transaction's rows are in Kafka,
-// that transaction's end (reshard.PG.TxnEnd), so that the old shard
-// delivers the rest of it before the cutover. It is 0 without a position.
-// A position the exactly-once start would refuse (another slot's or
-// server's) is refused here too, and one from an earlier timeline is taken
-// as that start takes it (positionOnServer, on the server at addr, the
-// one the reshard observes).
-func (r *Relay) deliveredPosition(ctx context.Context, db *reshard.PG, producer *sink.Producer, owner eos.Owner, addr string) (wal.LSN, error) {
-	pos, found, err := readPosition(ctx, producer.ReadPosition, owner)
-	if err != nil || !found {
-		return 0, err
-	}
-	if pos, err = r.positionOnServer(ctx, pos, owner.System, addr); err != nil {
-		return 0, err
-	}
-	lsn := pos.LSN
-	if pos.Txn != 0 {
-		end, ok, err := db.TxnEnd(ctx, r.cfg.Postgres.Slot, r.cfg.Postgres.Publication, pos.Txn)
-		switch {
-		case err != nil:
-			return 0, err
-		case ok:
-			lsn = max(lsn, end)
-		default:
-			r.log.Warn("exactly-once: the position in Kafka names a transaction split over Kafka transactions that the old shard's slot does not hold; "+
-				"the cutover is taken at the position, and the new shards deliver that transaction's rows again",
-				"split_txn", pos.Txn.String(), "split_rows", pos.Rows, "slot", r.cfg.Postgres.Slot)
-		}
-	}
-	r.log.Info("exactly-once: the old shard's position committed in Kafka", "transactional_id", owner.ID,
-		"lsn", pos.LSN.String(), "split_txn", pos.Txn.String(), "split_rows", pos.Rows, "delivered_to", lsn.String(), "slot", r.cfg.Postgres.Slot)
-	return lsn, nil
+	return delivery.Delivered(ctx, db, s.cfg.Postgres, s.cfg.Kafka.PositionsTopic, olds)
 }
 
 // lazyConn returns a connection of the run's own, opened at its first use.

@@ -92,7 +92,7 @@ func (x *ExactlyOnce) Row(ctx context.Context, rec *router.Record) (skip bool, e
 }
 
 // Committed ends the Postgres transaction t (committed to the tracker);
-// pipeEOS then asks boundary whether to commit the Kafka transaction.
+// RunExactlyOnce then asks Boundary whether to commit the Kafka transaction.
 func (x *ExactlyOnce) Committed(ctx context.Context, t *checkpoint.Txn, end wal.LSN) error {
 	x.completed = append(x.completed, t)
 	return x.Apply(ctx, x.Machine.Commit(end))
@@ -173,4 +173,97 @@ func (x *ExactlyOnce) End(ctx context.Context, err error) error {
 		return abortErr
 	}
 	return err
+}
+
+// newExactlyOnce returns the driver of p's run, resuming from resume.
+func (p *Pipeline) newExactlyOnce(producer Transactions, system string, timeline int, resume eos.Position) *ExactlyOnce {
+	return NewExactlyOnce(eos.New(eos.LimitsOf(p.cfg.Kafka), p.cfg.Postgres.Slot, system, timeline, resume, p.tracker.Confirmed()), producer, p.tracker, p.fail)
+}
+
+// startExactlyOnce initialises the transactional producer (fencing the
+// previous holder of the id, whose open transaction Kafka aborts), reads
+// the last committed position, applies it to the run's server (as the
+// connect stage read it) and confirms it. Before it fences anyone it looks
+// at the id's last position, committed or not: when another deployment's
+// id it is, it refuses without disturbing that deployment; when it cannot
+// read it, the run fails before Init and the next one tries again. It
+// opens no connection to Postgres.
+func (p *Pipeline) startExactlyOnce(ctx context.Context, producer *sink.Producer, server Server) (*ExactlyOnce, error) {
+	owner := PositionOwner(p.cfg, producer.TransactionalID(), server.System)
+	if err := Fence(ctx, producer, owner); err != nil {
+		return nil, err
+	}
+	read, found, err := ReadPosition(ctx, producer.ReadPosition, owner)
+	if err != nil {
+		return nil, err
+	}
+	resumed, err := eos.Resume(read, server.Server, p.cfg.Kafka.PositionsTopic)
+	if err != nil {
+		return nil, err
+	}
+	WarnResumed(p.log, p.cfg.Postgres.Slot, read, resumed)
+	pos := resumed.Position
+	p.txnM.SetPositionRead(uint64(pos.LSN))
+	p.tracker.Idle(pos.LSN) // nothing is registered yet: confirms it when it is past the slot
+	p.log.Info("exactly-once: resuming after the position committed in Kafka", "transactional_id", producer.TransactionalID(),
+		"lsn", pos.LSN.String(), "split_txn", pos.Txn.String(), "split_rows", pos.Rows, "found", found, "slot", p.cfg.Postgres.Slot)
+	return p.newExactlyOnce(producer, server.System, p.timeline, pos), nil
+}
+
+// RunExactlyOnce is Run in exactly-once mode, on the transactional
+// producer the pipeline was built with and the run's server as the connect
+// stage read it (ReadServer): it starts exactly-once (startExactlyOnce),
+// and besides the batches it wakes up to commit a Kafka transaction that is
+// due while nothing arrives.
+func (p *Pipeline) RunExactlyOnce(ctx context.Context, batches <-chan []wal.Item, producer *sink.Producer, server Server) (err error) {
+	x, err := p.startExactlyOnce(ctx, producer, server)
+	if err != nil {
+		return err
+	}
+	p.eos = x
+	defer func() { err = x.End(ctx, err) }()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		var wake <-chan time.Time
+		if at, ok := x.Machine.Due(); ok {
+			timer.Reset(time.Until(at))
+			wake = timer.C
+		}
+		select {
+		case batch, ok := <-batches:
+			if !ok {
+				return x.Finish(ctx)
+			}
+			last := LastCommit(batch)
+			for i, item := range batch {
+				if _, ok := item.(*wal.Begin); ok {
+					// A boundary too: the one after the last Commit may
+					// have counted this transaction as complete and waiting
+					// when only its Begin and first rows were queued.
+					if err := x.Boundary(ctx, i < last || len(batches) > 0); err != nil {
+						return err
+					}
+				}
+				if err := p.Handle(item); err != nil {
+					return err
+				}
+				if _, ok := item.(*wal.Commit); ok {
+					// A complete transaction waits behind this one if a
+					// later Commit is in the batch, or may if another
+					// batch is queued.
+					if err := x.Boundary(ctx, i < last || len(batches) > 0); err != nil {
+						return err
+					}
+				}
+			}
+			if err := x.Boundary(ctx, len(batches) > 0); err != nil {
+				return err
+			}
+		case <-wake:
+			if err := x.Apply(ctx, x.Machine.Tick(time.Now())); err != nil {
+				return err
+			}
+		}
+	}
 }

@@ -1,4 +1,4 @@
-package relay
+package delivery
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 	"github.com/outboxd/outboxd/wal"
 )
 
-// Review of issue 34 item 1: the relay code that carries out the machine's
+// Review of issue 34 item 1: the code that carries out the machine's
 // steps keeps the ack rule. A Kafka commit that fails releases no hold: the slot is never confirmed
 // past a transaction whose Kafka transaction did not commit.
 func TestEOSFailedCommitConfirmsNothing(t *testing.T) {
@@ -32,10 +32,10 @@ func TestEOSFailedCommitConfirmsNothing(t *testing.T) {
 	})
 	batches := make(chan []wal.Item, 1)
 	batches <- []wal.Item{begin(0x200), change(wal.Insert, 0x180, id1, "o-1", `{"n": 1}`), commit(0x210)}
-	err := g.r.pipeEOS(run, batches, p, producer, g.server())
-	t.Logf("pipeEOS = %v", err)
+	err := p.RunExactlyOnce(run, batches, producer, g.server())
+	t.Logf("RunExactlyOnce = %v", err)
 	if err == nil {
-		t.Fatal("pipeEOS succeeded with every commit failing")
+		t.Fatal("RunExactlyOnce succeeded with every commit failing")
 	}
 	if got := p.tracker.Confirmed(); got != 0x100 {
 		t.Errorf("confirmed %s after the Kafka commit failed; want 0/100: T1 is not in Kafka", got)
@@ -49,12 +49,12 @@ func TestEOSSkipEndsAtItsCommit(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	p, producer, run := g.pipeline(t, ctx, "outboxd-skipends")
-	x, err := g.r.startEOS(run, p, producer, g.server())
+	x, err := p.startExactlyOnce(run, producer, g.server())
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Pretend the position read was 0/300: T1 (ends 0/210) is skipped.
-	x.Machine = g.r.newExactlyOnce(producer, p.tracker, p.fail, g.system, 0, positionAt(0x300)).Machine
+	x.Machine = p.newExactlyOnce(producer, g.system, 0, positionAt(0x300)).Machine
 	p.eos = x
 	for _, item := range []wal.Item{begin(0x200), change(wal.Insert, 0x180, id1, "o-1", `{"n": 1}`), commit(0x210),
 		begin(0x400), change(wal.Insert, 0x380, id2, "o-2", `{"n": 2}`), commit(0x410)} {

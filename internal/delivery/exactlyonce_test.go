@@ -1,4 +1,4 @@
-package relay
+package delivery
 
 import (
 	"context"
@@ -17,25 +17,19 @@ import (
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/internal/eos"
 	"github.com/outboxd/outboxd/internal/kfaketest"
+	"github.com/outboxd/outboxd/shard"
 	"github.com/outboxd/outboxd/sink"
 	"github.com/outboxd/outboxd/wal"
 )
 
-// A position written for another slot or database is refused for good:
-// a restart would fence the other deployment again (issue 32 item 2; the
-// cases are internal/eos/testdata/owner.txt).
-func TestRefusedPositionIsPermanent(t *testing.T) {
-	err := eos.Own(eos.Position{LSN: 0x100, Slot: "billing"}, eos.Owner{Slot: "orders", ID: "shared", Topic: "outboxd-positions"})
-	if err == nil || !IsPermanent(err) {
-		t.Errorf("IsPermanent(%v) = false: the run would restart and fence the other deployment again", err)
-	}
-}
-
-// eosRig is a Relay in exactly-once mode on a kfake cluster, whose
-// postgres.dsn points at a listener that counts the connections made to it
-// (and closes them: it is no Postgres).
+// eosRig is a relay's configuration in exactly-once mode on a kfake
+// cluster, whose postgres.dsn points at a listener that counts the
+// connections made to it (and closes them: it is no Postgres), with its
+// metrics.
 type eosRig struct {
-	r      *Relay
+	cfg    config.Config
+	setup  Setup // but cfg, which a test may change before pipeline
+	sinkM  *sink.Metrics
 	c      *kfake.Cluster
 	dials  *atomic.Int64
 	system string
@@ -70,41 +64,41 @@ func newEOSRig(t *testing.T, deliveryTimeout time.Duration) *eosRig {
 	cfg.Kafka.Delivery = config.ExactlyOnce
 	cfg.Kafka.TopicPartitions, cfg.Kafka.TopicReplicationFactor = 1, 1
 	cfg.Kafka.DeliveryTimeout = deliveryTimeout
-	r, err := New(cfg, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
-	if err != nil {
-		t.Fatal(err)
-	}
+	reg := prometheus.NewRegistry()
+	setup := Setup{Log: slog.New(slog.DiscardHandler), Metrics: NewMetrics(reg), TxnMetrics: sink.NewTxnMetrics(reg), Shard: shard.Shard{Index: 0, Count: 1}}
 	const system = "7441234567890123456"
-	return &eosRig{r: r, c: c, dials: &dials, system: system}
+	return &eosRig{cfg: cfg, setup: setup, sinkM: sink.NewMetrics(reg), c: c, dials: &dials, system: system}
 }
 
 // pipeline returns a pipeline on a transactional producer of id, and its
 // context.
-func (g *eosRig) pipeline(t *testing.T, ctx context.Context, id string) (*pipeline, *sink.Producer, context.Context) {
+func (g *eosRig) pipeline(t *testing.T, ctx context.Context, id string) (*Pipeline, *sink.Producer, context.Context) {
 	t.Helper()
-	producer, err := sink.NewTransactional(g.r.cfg.Kafka, g.r.sinkM, g.r.txnM, g.r.log, id)
+	producer, err := sink.NewTransactional(g.cfg.Kafka, g.sinkM, g.setup.TxnMetrics, g.setup.Log, id)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(producer.Close)
 	run, fail := context.WithCancelCause(ctx)
 	t.Cleanup(func() { fail(nil) })
-	p := pipelineOn(t, g.r, run, checkpoint.New(0x100), producer, fail)
+	s := g.setup
+	s.Config = g.cfg
+	p := pipelineOn(t, s, run, checkpoint.New(0x100), producer, fail)
 	t.Cleanup(p.Close)
 	return p, producer, run
 }
 
-// server is the run's server as producerFor would have read it on the
+// server is the run's server as ReadServer would have read it on the
 // run's replication connection: timeline 1, its WAL far ahead.
-func (g *eosRig) server() runServer {
-	return runServer{system: g.system, server: eos.Server{Timeline: 1, WALEnd: 0xFFFF_FFFF}}
+func (g *eosRig) server() Server {
+	return Server{System: g.system, Server: eos.Server{Timeline: 1, WALEnd: 0xFFFF_FFFF}}
 }
 
-// start runs startEOS with a transactional producer of id.
-func (g *eosRig) start(t *testing.T, ctx context.Context, id string) (*exactlyOnce, error) {
+// start runs startExactlyOnce with a transactional producer of id.
+func (g *eosRig) start(t *testing.T, ctx context.Context, id string) (*ExactlyOnce, error) {
 	t.Helper()
 	p, producer, run := g.pipeline(t, ctx, id)
-	return g.r.startEOS(run, p, producer, g.server())
+	return p.startExactlyOnce(run, producer, g.server())
 }
 
 // otherHolder initialises id on c as another producer would, and leaves a
@@ -130,30 +124,30 @@ func otherHolder(t *testing.T, ctx context.Context, c *kfake.Cluster, id string,
 // kafka.delivery_timeout, a run's start fails before Init: the id's holder,
 // with its transaction open, is not fenced and commits it (review of the
 // exactly-once changes, finding 3). And the Kafka calls hold no
-// replication connection: startEOS never dials Postgres, so a start blocked
+// replication connection: startExactlyOnce never dials Postgres, so a start blocked
 // on Kafka does not keep a second walsender (finding 2).
 func TestStartEOSUnreadablePositions(t *testing.T) {
 	g := newEOSRig(t, 2*time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	const id = "outboxd-shared"
-	pos := eos.Position{LSN: 0x200, Slot: g.r.cfg.Postgres.Slot, System: g.system}.Encode(time.Now())
+	pos := eos.Position{LSN: 0x200, Slot: g.cfg.Postgres.Slot, System: g.system}.Encode(time.Now())
 	other := otherHolder(t, ctx, g.c, id, pos)
-	failed := kfaketest.FailFetches(g.c, g.r.cfg.Kafka.PositionsTopic, time.Hour) // for longer than the test
+	failed := kfaketest.FailFetches(g.c, g.cfg.Kafka.PositionsTopic, time.Hour) // for longer than the test
 	began := time.Now()
 	_, err := g.start(t, ctx, id)
-	t.Logf("startEOS = %v after %s, %d fetches failed, %d connections to Postgres", err, time.Since(began).Round(time.Millisecond), failed.Load(), g.dials.Load())
+	t.Logf("startExactlyOnce = %v after %s, %d fetches failed, %d connections to Postgres", err, time.Since(began).Round(time.Millisecond), failed.Load(), g.dials.Load())
 	if failed.Load() == 0 {
 		t.Fatal("no fetch of the positions topic failed: the test tests nothing")
 	}
 	if err == nil {
-		t.Fatal("startEOS succeeded with the positions partition unreadable; want an error before Init")
+		t.Fatal("startExactlyOnce succeeded with the positions partition unreadable; want an error before Init")
 	}
 	if n := g.dials.Load(); n != 0 {
-		t.Errorf("startEOS opened %d Postgres connections while it waited on Kafka; want none before the position is read", n)
+		t.Errorf("startExactlyOnce opened %d Postgres connections while it waited on Kafka; want none before the position is read", n)
 	}
 	if err := other.EndTransaction(ctx, kgo.TryCommit); err != nil {
-		t.Errorf("the id's other holder cannot commit its open transaction: startEOS fenced it: %v", err)
+		t.Errorf("the id's other holder cannot commit its open transaction: startExactlyOnce fenced it: %v", err)
 	}
 }
 
@@ -167,20 +161,20 @@ func TestStartEOSOpensNoPostgresConnection(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	const id = "outboxd-promoted"
-	ours := otherHolder(t, ctx, g.c, id, eos.Position{LSN: 0x200, Timeline: 1, Slot: g.r.cfg.Postgres.Slot, System: g.system}.Encode(time.Now()))
+	ours := otherHolder(t, ctx, g.c, id, eos.Position{LSN: 0x200, Timeline: 1, Slot: g.cfg.Postgres.Slot, System: g.system}.Encode(time.Now()))
 	if err := ours.EndTransaction(ctx, kgo.TryCommit); err != nil {
 		t.Fatal(err)
 	}
 	server := g.server()
-	server.server.Timeline = 2
-	server.server.End = func(old int) (wal.LSN, bool, error) { return 0x150, old == 1, nil }
+	server.Server.Timeline = 2
+	server.Server.End = func(old int) (wal.LSN, bool, error) { return 0x150, old == 1, nil }
 	p, producer, run := g.pipeline(t, ctx, id)
-	_, err := g.r.startEOS(run, p, producer, server)
+	_, err := p.startExactlyOnce(run, producer, server)
 	if err != nil {
-		t.Fatalf("startEOS: %v", err)
+		t.Fatalf("startExactlyOnce: %v", err)
 	}
 	if n := g.dials.Load(); n != 0 {
-		t.Errorf("startEOS opened %d Postgres connections; want none: the connect stage read the server", n)
+		t.Errorf("startExactlyOnce opened %d Postgres connections; want none: the connect stage read the server", n)
 	}
 	if got := p.tracker.Confirmed(); got != 0x150 {
 		t.Errorf("confirmed %s at the start, want the switch point 0/150", got)
@@ -208,7 +202,7 @@ func TestStartEOSPeekPassesOverAborted(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			const id = "outboxd-shared"
-			slot := g.r.cfg.Postgres.Slot
+			slot := g.cfg.Postgres.Slot
 			ours := otherHolder(t, ctx, g.c, id, eos.Position{Slot: slot, System: g.system}.Encode(time.Now()))
 			if err := ours.EndTransaction(ctx, kgo.TryCommit); err != nil {
 				t.Fatal(err)
@@ -222,7 +216,7 @@ func TestStartEOSPeekPassesOverAborted(t *testing.T) {
 			_, err := g.start(t, ctx, id)
 			var refused *eos.RefusedError
 			if errors.As(err, &refused) != c.refused || (!c.refused && err != nil) {
-				t.Errorf("startEOS after the other deployment's position was %s = %v; want refused %v", c.name, err, c.refused)
+				t.Errorf("startExactlyOnce after the other deployment's position was %s = %v; want refused %v", c.name, err, c.refused)
 			}
 		})
 	}
@@ -237,7 +231,7 @@ func TestStartEOSPeekPassesOverAborted(t *testing.T) {
 // timeout, here 10 s) (review of the exactly-once changes, finding 7).
 func TestPipeEOSBeginIsABoundary(t *testing.T) {
 	g := newEOSRig(t, 20*time.Second)
-	g.r.cfg.Kafka.TransactionInterval = 200 * time.Millisecond
+	g.cfg.Kafka.TransactionInterval = 200 * time.Millisecond
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	p, producer, run := g.pipeline(t, ctx, "outboxd-linger")
@@ -247,7 +241,7 @@ func TestPipeEOSBeginIsABoundary(t *testing.T) {
 	batches <- []wal.Item{begin(0x400), change(wal.Insert, 0x300, id2, "o-2", `{"n": 2}`)} // T2 goes on, its Commit far off
 	began := time.Now()
 	done := make(chan error, 1)
-	go func() { done <- g.r.pipeEOS(run, batches, p, producer, g.server()) }()
+	go func() { done <- p.RunExactlyOnce(run, batches, producer, g.server()) }()
 	consumer, err := kgo.NewClient(kgo.SeedBrokers(g.c.ListenAddrs()...), kgo.ConsumeTopics("order-events"),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.FetchMaxWait(50*time.Millisecond))
 	if err != nil {

@@ -1,4 +1,4 @@
-package relay
+package delivery
 
 import (
 	"context"
@@ -148,10 +148,7 @@ func runRelay(t *testing.T, c *kfake.Cluster, txns []fakeTxn, maxRuns int, tt fa
 	t.Cleanup(func() { quiet.Store(true) })
 	log := slog.New(slog.NewTextHandler(tWriter{t, quiet}, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	m := sink.NewMetrics(prometheus.NewRegistry())
-	r, err := New(cfg, log, prometheus.NewRegistry())
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := setupOf(cfg, log)
 
 	var mu sync.Mutex
 	acked := map[string]bool{}
@@ -198,7 +195,7 @@ func runRelay(t *testing.T, c *kfake.Cluster, txns []fakeTxn, maxRuns int, tt fa
 				}
 			}
 		}(confirmed)
-		pl := pipelineOn(t, r, run, tracker, watched{t: t, p: p, wg: &wg, mu: &mu, acked: acked}, fail)
+		pl := pipelineOn(t, s, run, tracker, watched{t: t, p: p, wg: &wg, mu: &mu, acked: acked}, fail)
 		pipeErr := pl.Run(batches)
 		pl.Close()
 		if pipeErr == nil && context.Cause(run) == nil {

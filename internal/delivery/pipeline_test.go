@@ -1,4 +1,4 @@
-package relay
+package delivery
 
 import (
 	"bytes"
@@ -20,6 +20,7 @@ import (
 	"github.com/outboxd/outboxd/internal/eos"
 	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/router"
+	"github.com/outboxd/outboxd/shard"
 	"github.com/outboxd/outboxd/sink"
 	"github.com/outboxd/outboxd/wal"
 )
@@ -70,22 +71,48 @@ func (f *fakeProducer) ackAll(err error) {
 
 // testPipeline is one run of the pipeline on a fake producer.
 type testPipeline struct {
-	*pipeline
-	r       *Relay
+	*Pipeline
 	prod    *fakeProducer
 	tracker *checkpoint.Tracker
 	run     context.Context // ends, with the failure as its cause, when a record fails
 }
 
-// pipelineOn is the pipeline of a run on prod, with the router of r's
-// configuration and no server for its catalogue lookups.
-func pipelineOn(t testing.TB, r *Relay, run context.Context, tracker *checkpoint.Tracker, prod producer, fail context.CancelCauseFunc) *pipeline {
+// setupOf is the Setup of an unsharded run with cfg, logging to log, its
+// metrics on a registry of their own.
+func setupOf(cfg config.Config, log *slog.Logger) Setup {
+	return Setup{Config: cfg, Log: log, Metrics: NewMetrics(prometheus.NewRegistry()), Shard: shard.Shard{Index: 0, Count: 1}}
+}
+
+// pipelineOn is the pipeline of a run of s on prod, with no server for its
+// catalogue lookups.
+func pipelineOn(t testing.TB, s Setup, run context.Context, tracker *checkpoint.Tracker, prod Producer, fail context.CancelCauseFunc) *Pipeline {
 	t.Helper()
-	p, err := r.newPipeline(run, tracker, prod, fail, 0, "", router.Schema{})
+	s.Tracker, s.Producer, s.Fail = tracker, prod, fail
+	p, err := NewPipeline(run, s)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// isPermanent and hintOf read err as relay.IsPermanent and relay.Hint do:
+// permanent when an error in its chain says so, and the outermost hint.
+func isPermanent(err error) bool {
+	for ; err != nil; err = errors.Unwrap(err) {
+		if p, ok := err.(interface{ Permanent() bool }); ok && p.Permanent() {
+			return true
+		}
+	}
+	return false
+}
+
+func hintOf(err error) string {
+	for ; err != nil; err = errors.Unwrap(err) {
+		if h, ok := err.(interface{ Hint() string }); ok && h.Hint() != "" {
+			return h.Hint()
+		}
+	}
+	return ""
 }
 
 func newTestPipeline(t *testing.T, tune func(*config.Config)) *testPipeline {
@@ -94,17 +121,14 @@ func newTestPipeline(t *testing.T, tune func(*config.Config)) *testPipeline {
 	if tune != nil {
 		tune(&cfg)
 	}
-	r, err := New(cfg, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := setupOf(cfg, slog.New(slog.DiscardHandler))
 	run, fail := context.WithCancelCause(context.Background())
 	t.Cleanup(func() { fail(nil) })
 	prod := &fakeProducer{}
 	tracker := checkpoint.New(0x100)
-	p := pipelineOn(t, r, run, tracker, prod, fail)
+	p := pipelineOn(t, s, run, tracker, prod, fail)
 	t.Cleanup(p.Close)
-	return &testPipeline{pipeline: p, r: r, prod: prod, tracker: tracker, run: run}
+	return &testPipeline{Pipeline: p, prod: prod, tracker: tracker, run: run}
 }
 
 // handle hands items to the pipeline and fails the test on an error.
@@ -191,7 +215,7 @@ func TestPipelineRoutesInserts(t *testing.T) {
 		t.Errorf("confirmed %s after every acknowledgement, want the commit's end 0/210", got)
 	}
 	for op, want := range map[string]float64{"insert": 2, "update": 1, "delete": 1} {
-		if got := testutil.ToFloat64(tp.r.m.changes.WithLabelValues(op)); got != want {
+		if got := testutil.ToFloat64(tp.m.changes.WithLabelValues(op)); got != want {
 			t.Errorf("outboxd_wal_changes_total{op=%q} = %v, want %v", op, got, want)
 		}
 	}
@@ -243,11 +267,11 @@ func TestPipelineDeadLetter(t *testing.T) {
 			tp.handle(t, begin(0x200))
 			err := tp.Handle(tc.row)
 			var rowErr *router.RowError
-			if !errors.As(err, &rowErr) || !strings.Contains(err.Error(), tc.reason) || !strings.Contains(Hint(err), "router.poison.policy: dlq") {
-				t.Fatalf("Handle = %v (hint %q), want the row's error naming %q and the dlq policy in the hint", err, Hint(err), tc.reason)
+			if !errors.As(err, &rowErr) || !strings.Contains(err.Error(), tc.reason) || !strings.Contains(hintOf(err), "router.poison.policy: dlq") {
+				t.Fatalf("Handle = %v (hint %q), want the row's error naming %q and the dlq policy in the hint", err, hintOf(err), tc.reason)
 			}
-			if !IsPermanent(err) {
-				t.Errorf("IsPermanent(%v) = false: a restart meets the same row", err)
+			if !isPermanent(err) {
+				t.Errorf("isPermanent(%v) = false: a restart meets the same row", err)
 			}
 			if n := len(tp.prod.recs); n != 0 {
 				t.Errorf("%d records handed over, want none", n)
@@ -278,7 +302,7 @@ func TestPipelineDeadLetter(t *testing.T) {
 			if got := header(dl, "outboxd.error.reason"); !strings.Contains(got, tc.reason) {
 				t.Errorf("reason header %q lacks %q", got, tc.reason)
 			}
-			if got := testutil.ToFloat64(tp.r.m.deadLettered); got != 1 {
+			if got := testutil.ToFloat64(tp.m.deadLettered); got != 1 {
 				t.Errorf("outboxd_router_dead_lettered_total = %v, want 1", got)
 			}
 			tp.prod.ackAll(nil)
@@ -301,8 +325,8 @@ func TestPipelineUpdate(t *testing.T) {
 			tp.handle(t, begin(0x200))
 			err := tp.Handle(change(wal.Update, 0x180, id1, "o-1", `{}`))
 			switch {
-			case tc.stops && (!errors.Is(err, errUpdate) || !IsPermanent(err) || !strings.Contains(Hint(err), "router.on_update: warn")):
-				t.Errorf("Handle = %v (hint %q), want the permanent errUpdate with what to do", err, Hint(err))
+			case tc.stops && (!errors.Is(err, ErrUpdate) || !isPermanent(err) || !strings.Contains(hintOf(err), "router.on_update: warn")):
+				t.Errorf("Handle = %v (hint %q), want the permanent ErrUpdate with what to do", err, hintOf(err))
 			case !tc.stops && err != nil:
 				t.Errorf("Handle = %v, want nil", err)
 			}
@@ -406,7 +430,7 @@ func TestPipelineDeliversOnlyItsOwnMessages(t *testing.T) {
 			}
 			for op, n := range map[string]bool{"message_other_outbox": tc.kind == other, "message_unowned": tc.kind == unowned && !want} {
 				want := map[bool]float64{true: 1, false: 0}[n]
-				if got := testutil.ToFloat64(tp.r.m.changes.WithLabelValues(op)); got != want {
+				if got := testutil.ToFloat64(tp.m.changes.WithLabelValues(op)); got != want {
 					t.Errorf("outboxd_wal_changes_total{op=%q} = %v, want %v", op, got, want)
 				}
 			}
@@ -482,7 +506,7 @@ func TestPipelineReplayDecidesAlike(t *testing.T) {
 			t.Fatal(err)
 		}
 		tp := newTestPipeline(t, nil)
-		tp.eos = tp.r.newExactlyOnce(producer, tp.tracker, tp.fail, "", 0, eos.Position{LSN: 0x100, Txn: 0x300, Rows: rows})
+		tp.eos = tp.newExactlyOnce(producer, "", 0, eos.Position{LSN: 0x100, Txn: 0x300, Rows: rows})
 		tp.handle(t, items...)
 		producer.Close()
 		if got := delivered(tp); !slices.Equal(got, all[rows:]) {

@@ -1,0 +1,382 @@
+package delivery
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outboxd/outboxd/checkpoint"
+	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/internal/tables"
+	"github.com/outboxd/outboxd/router"
+	"github.com/outboxd/outboxd/shard"
+	"github.com/outboxd/outboxd/sink"
+	"github.com/outboxd/outboxd/wal"
+)
+
+// Setup is what one run's pipeline is built from.
+type Setup struct {
+	Config     config.Config
+	Log        *slog.Logger
+	Metrics    *Metrics
+	TxnMetrics *sink.TxnMetrics // exactly_once only
+	// Shard is the relay's shard of the configured layout (Index 0 of
+	// Count 1 when unsharded): a sharded pipeline delivers only its
+	// shard's logical messages.
+	Shard shard.Shard
+	// Window is the relay's reshard window with the end the reshard gate
+	// gave the run; StopReading, called when the pipeline meets its end,
+	// ends the stream at the next transaction boundary.
+	Window      shard.Window
+	StopReading func()
+	// Timeline is the server's timeline as the run's inspection left it,
+	// for exactly-once positions.
+	Timeline int
+	// Tracker registers the run's transactions and records; Producer
+	// takes its records; a record that fails calls Fail with its error.
+	Tracker  *checkpoint.Tracker
+	Producer Producer
+	Fail     context.CancelCauseFunc
+	// OutboxID is the outbox table's relation ID when the run started (0:
+	// not known); Schema is the table schema the router is built from; the
+	// catalogue lookups read the server at Addr.
+	OutboxID uint32
+	Addr     string
+	Schema   router.Schema
+}
+
+// NewPipeline returns the pipeline of one run, on ctx: it routes the
+// stream's items and hands the records to s.Producer, registering each with
+// s.Tracker first. Only the goroutine that calls Run, RunExactlyOnce or
+// Handle may use it; Close it after.
+func NewPipeline(ctx context.Context, s Setup) (*Pipeline, error) {
+	rt, err := router.New(s.Config.Router, s.Schema)
+	if err != nil {
+		return nil, err
+	}
+	changes := s.Metrics.changes
+	p := &Pipeline{cfg: s.Config, log: s.Log, m: s.Metrics, txnM: s.TxnMetrics, shard: s.Shard,
+		ctx: ctx, tracker: s.Tracker, producer: s.Producer, fail: s.Fail, router: rt, schema: s.Schema,
+		window: s.Window, timeline: s.Timeline, stopReading: s.StopReading,
+		takesUnowned: s.Config.Router.Messages.Unowned != config.UnownedIgnore,
+		inserts:      changes.WithLabelValues("insert"), updates: changes.WithLabelValues("update"),
+		deletes: changes.WithLabelValues("delete"), messages: changes.WithLabelValues("message"), nontx: changes.WithLabelValues("message_nontransactional"),
+		others: changes.WithLabelValues("message_other_outbox"), unowned: changes.WithLabelValues("message_unowned")}
+	p.tables = tables.New(s.Config.Postgres, s.Log, s.OutboxID, s.Addr, p.learnBaseType)
+	return p, nil
+}
+
+// learnBaseType rebuilds the pipeline's router with one more domain, whose
+// columns it reads as base: pgoutput names the domain.
+func (p *Pipeline) learnBaseType(domain, base uint32) error {
+	bases := make(map[uint32]uint32, len(p.schema.Bases)+1)
+	for d, b := range p.schema.Bases {
+		bases[d] = b
+	}
+	bases[domain] = base
+	schema := router.Schema{Key: p.schema.Key, Bases: bases}
+	rt, err := router.New(p.cfg.Router, schema)
+	if err != nil {
+		return err
+	}
+	p.router, p.schema = rt, schema
+	return nil
+}
+
+// Run handles every item of batches in order until the channel is closed
+// or an item fails.
+func (p *Pipeline) Run(batches <-chan []wal.Item) error {
+	for batch := range batches {
+		for _, item := range batch {
+			if err := p.Handle(item); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// Close closes the connection the pipeline opened for catalog lookups.
+func (p *Pipeline) Close() { p.tables.Close() }
+
+// Pipeline is the pipeline goroutine's state for one run.
+type Pipeline struct {
+	cfg      config.Config
+	log      *slog.Logger
+	m        *Metrics
+	txnM     *sink.TxnMetrics // exactly_once only
+	shard    shard.Shard
+	ctx      context.Context
+	tracker  *checkpoint.Tracker
+	producer Producer
+	fail     context.CancelCauseFunc
+	tables   *tables.Outbox
+	// router routes the run's rows, built from schema: the table schema
+	// the start-up checks read, with the domains the run met since.
+	router *router.Router
+	schema router.Schema
+	// window is the relay's reshard window as the run took it.
+	window   shard.Window
+	timeline int          // the server's timeline as the run's inspection left it, for exactly-once positions
+	eos      *ExactlyOnce // exactly_once only (exactlyonce.go)
+	// takesUnowned: router.messages.unowned is deliver.
+	takesUnowned bool
+
+	txn          *checkpoint.Txn
+	done         func(error) // the outcome of a record of txn
+	commitTime   time.Time
+	warnedUpdate bool
+	warnedNontx  bool
+	warnedOther  bool          // a message naming another outbox table was logged
+	warnedLeft   bool          // an unowned message left (unowned: ignore) was logged
+	rec          router.Record // each insert's record: the producer keeps none of it
+	// pastWindow: an old shard met the end of its reshard window and
+	// handles nothing more; stopReading ends the stream there.
+	pastWindow  bool
+	stopReading func()
+	// before: the transaction being read ends at or before the window's
+	// After (a new shard after a reshard): the old shards delivered it.
+	before bool
+
+	inserts, updates, deletes, messages, nontx prometheus.Counter
+	others                                     prometheus.Counter // messages naming another outbox table
+	unowned                                    prometheus.Counter // messages naming none, left (unowned: ignore)
+}
+
+// Handle routes one item of the stream: a Begin registers a transaction
+// with the tracker (waiting for room), an insert or a logical message with
+// the outbox prefix is delivered, an update follows router.on_update, a
+// Commit closes the transaction at its end LSN, and a Keepalive lets an
+// idle tracker advance.
+func (p *Pipeline) Handle(item wal.Item) error {
+	rcfg := p.cfg.Router
+	if p.pastWindow {
+		return nil // beyond an old shard's window: the new shards deliver it
+	}
+	if p.eos != nil && p.eos.Skipping() {
+		return p.eos.Skip(item) // in Kafka before this run
+	}
+	switch m := item.(type) {
+	case *wal.Begin:
+		// The commit record starts at FinalLSN and ends at the transaction's
+		// end LSN; a cutover is never inside a record, so the transaction
+		// ends after it exactly when its commit starts at or after it.
+		if w := p.window; w.Upto != 0 && w.Past(m.FinalLSN+1) {
+			p.endWindow()
+			return nil
+		}
+		if !m.SentTime.IsZero() {
+			p.m.commitToSend.Observe(max(m.SentTime.Sub(m.CommitTime), 0).Seconds())
+		}
+		if p.eos != nil {
+			if skip, err := p.eos.Begin(p.ctx, m); skip || err != nil {
+				return err
+			}
+		}
+		// Transactions wait for confirmation behind the oldest: cap them as
+		// records are capped, or a partition that does not move while the
+		// others acknowledge would grow the queue without bound.
+		if err := p.tracker.WaitRoom(p.ctx, p.cfg.Kafka.MaxBufferedRecords); err != nil {
+			return err
+		}
+		txn, fail := p.tracker.BeginAt(m.CommitTime), p.fail
+		p.txn, p.commitTime = txn, m.CommitTime
+		// Delivered by the old shards: confirmed in order, nothing sent.
+		p.before = m.FinalLSN < p.window.After
+		if p.eos != nil {
+			p.eos.Hold(txn)
+		}
+		// One callback per transaction, not per record.
+		p.done = func(err error) {
+			if err != nil {
+				fail(err)
+				return
+			}
+			txn.Ack()
+		}
+	case *wal.Change:
+		if p.before {
+			return nil
+		}
+		if ours, err := p.tables.Has(p.ctx, m.Relation); !ours || err != nil {
+			return err // nil: another table in a shared publication
+		}
+		switch m.Op {
+		case wal.Insert:
+			p.inserts.Inc()
+			err := p.router.RouteInto(m, &p.rec)
+			return p.deliver(&p.rec, err, m.LSN, m.Relation.QualifiedName)
+		case wal.Update:
+			p.updates.Inc()
+			switch {
+			case rcfg.OnUpdate == config.OnUpdateError:
+				return &wal.Error{Kind: ErrUpdate,
+					Msg:    fmt.Sprintf("UPDATE of an outbox row at LSN %s (xid %d) and router.on_update is error; outbox rows must only be inserted", m.LSN, m.XID),
+					Remedy: "to move past it, set router.on_update: warn or ignore and restart"}
+			case rcfg.OnUpdate == config.OnUpdateWarn && !p.warnedUpdate:
+				p.warnedUpdate = true
+				p.log.Warn("UPDATE on the outbox table is not delivered; outbox rows should only be inserted (counted in outboxd_wal_changes_total{op=\"update\"})",
+					"lsn", m.LSN.String(), "xid", m.XID)
+			}
+		case wal.Delete:
+			p.deletes.Inc() // insert-then-delete keeps the table empty; the insert was delivered
+		}
+	case *wal.Message:
+		if rcfg.Messages.Prefix == "" || m.Prefix != rcfg.Messages.Prefix {
+			return nil // not an outbox event
+		}
+		if !m.Transactional {
+			// Emitted whether or not its transaction commits: not an
+			// outbox event, but most likely a mistake to point out.
+			if !p.warnedNontx {
+				p.warnedNontx = true
+				p.log.Warn("a non-transactional logical message with the outbox prefix is not delivered; write events with pg_logical_emit_message(true, ...) so that they are sent only if their transaction commits (counted in outboxd_wal_changes_total{op=\"message_nontransactional\"})",
+					"lsn", m.LSN.String(), "prefix", m.Prefix)
+			}
+			p.nontx.Inc()
+			return nil
+		}
+		if p.before {
+			return nil
+		}
+		// Content that is not a JSON object, or whose owner is not a
+		// string (err), names no owner and no key: it is delivered, as a
+		// poison row, once, by the deployment and shard that take messages
+		// without either.
+		fields, err := router.ParseMessage(m)
+		if !p.ownsMessage(fields.Owner(), m.LSN) {
+			return nil
+		}
+		if sh := p.shard; sh.Count > 1 {
+			// Every shard's slot receives every message: deliver only
+			// this shard's.
+			key, keyed := fields.Text(rcfg.KeyColumn)
+			if shard.MessageOwner(key, keyed, sh.Count) != sh.Index {
+				return nil
+			}
+		}
+		p.messages.Inc()
+		var rec *router.Record
+		if err == nil {
+			rec, err = p.router.RouteFields(m, fields, p.commitTime)
+		}
+		return p.deliver(rec, err, m.LSN, func() string { return "message " + m.Prefix })
+	case *wal.Commit:
+		if w := p.window; w.Upto != 0 && !w.Delivers(m.EndLSN) {
+			p.log.Warn("an old shard delivered a transaction that ends after the reshard's cutover; the new shards deliver it again",
+				"end_lsn", m.EndLSN.String(), "cutover", w.Upto.String(), "slot", p.cfg.Postgres.Slot)
+		}
+		txn := p.txn
+		txn.Commit(m.EndLSN)
+		p.txn, p.done, p.before = nil, nil, false
+		p.m.transactions.Inc()
+		if p.eos != nil {
+			return p.eos.Committed(p.ctx, txn, m.EndLSN)
+		}
+	case wal.Keepalive:
+		p.tracker.Idle(m.WALEnd)
+		if w := p.window; w.Upto != 0 && p.tracker.Confirmed() >= w.Upto {
+			p.endWindow() // idle up to the cutover: nothing more to deliver
+		}
+	default:
+		// A new item type must be handled here: dropping a keepalive would
+		// pin WAL, dropping a commit would stop confirmations.
+		return fmt.Errorf("pipeline: unhandled stream item %T", item)
+	}
+	return nil
+}
+
+// endWindow ends an old shard's delivery at its reshard window's end:
+// nothing more is handled, and the stream stops at the next transaction
+// boundary; the drain stage confirms the cutover once every record before
+// it is acknowledged.
+func (p *Pipeline) endWindow() {
+	p.pastWindow = true
+	if p.stopReading != nil {
+		p.stopReading()
+	}
+}
+
+// ownsMessage reports whether this deployment delivers a logical message
+// that names owner ("" for none), from the message alone, so that a replay
+// decides as the first reading did: one that names this deployment's
+// postgres.table is its own, one that names another table is that table's
+// outboxd's, and one that names none is the deployment's with
+// router.messages.unowned: deliver. A message it leaves is counted, and the
+// first of each kind in a run logged.
+func (p *Pipeline) ownsMessage(owner string, lsn wal.LSN) bool {
+	table := p.cfg.Postgres.Table
+	switch {
+	case owner == table:
+		return true
+	case owner != "":
+		p.others.Inc()
+		if !p.warnedOther {
+			p.warnedOther = true
+			p.log.Warn("a logical message names outbox table "+owner+", not this outboxd's postgres.table "+table+", so this outboxd leaves it to the outboxd of "+owner+
+				" (counted in outboxd_wal_changes_total{op=\"message_other_outbox\"}). If no outboxd has postgres.table "+owner+", no one delivers it: "+
+				"the writer's outbox Config.Table (the message's field "+router.OwnerField+") must equal the postgres.table of the outboxd that delivers it",
+				"owner", owner, "lsn", lsn.String(), "slot", p.cfg.Postgres.Slot)
+		}
+		return false
+	case p.takesUnowned:
+		return true
+	}
+	p.unowned.Inc()
+	if !p.warnedLeft {
+		p.warnedLeft = true
+		p.log.Info("a logical message names no outbox table (no field "+router.OwnerField+") and router.messages.unowned is ignore, so this outboxd leaves it "+
+			"to the one outboxd on the database with router.messages.unowned: deliver (counted in outboxd_wal_changes_total{op=\"message_unowned\"})",
+			"lsn", lsn.String(), "slot", p.cfg.Postgres.Slot)
+	}
+	return false
+}
+
+// ErrUpdate marks an UPDATE refused by router.on_update: error; it is
+// permanent.
+var ErrUpdate error = &kindError{text: "update on the outbox table", permanent: true}
+
+// deliver produces a routed record, or applies the poison policy to a row
+// that could not be routed (routeErr) or produced. source names where the row
+// came from, for errors only.
+func (p *Pipeline) deliver(rec *router.Record, routeErr error, lsn wal.LSN, source func() string) error {
+	if p.eos != nil {
+		if skip, err := p.eos.Row(p.ctx, rec); skip || err != nil {
+			return err
+		}
+	}
+	routed := routeErr == nil
+	if routed {
+		if routeErr = Produce(p.ctx, p.txn, rec, p.producer, p.done); routeErr == nil {
+			return nil
+		}
+	}
+	var poison *router.RowError
+	if !errors.As(routeErr, &poison) {
+		return routeErr
+	}
+	if poison.LSN == 0 {
+		poison.LSN, poison.Table = lsn, source()
+	}
+	if routed && poison.Headers == nil {
+		// Refused by the producer: the routed record's headers, copied, as
+		// rec and the buffers behind it are reused for the next row.
+		poison.Headers = make([]router.Header, len(rec.Headers))
+		for i, h := range rec.Headers {
+			poison.Headers[i] = router.Header{Key: h.Key, Value: bytes.Clone(h.Value)}
+		}
+		poison.Key, poison.Value = bytes.Clone(poison.Key), bytes.Clone(poison.Value)
+	}
+	if p.cfg.Router.Poison.Policy != config.PoisonDLQ {
+		return &hintError{err: fmt.Errorf("%w. outboxd stopped without confirming past it", poison),
+			hint: "to move past it deliberately, set router.poison.policy: dlq (and router.poison.dlq_topic) and restart: the row goes to the dead-letter topic and streaming continues"}
+	}
+	p.m.deadLettered.Inc()
+	p.log.Warn("outbox row sent to the dead-letter topic", "event_id", poison.EventID, "lsn", lsn.String(), "topic", p.cfg.Router.Poison.DLQTopic, "reason", poison.Reason)
+	return Produce(p.ctx, p.txn, DeadLetter(p.cfg, poison), p.producer, p.done)
+}
