@@ -12,6 +12,7 @@ import (
 	"github.com/outboxd/outboxd/internal/pause"
 	"github.com/outboxd/outboxd/internal/pg"
 	"github.com/outboxd/outboxd/internal/preflight"
+	report "github.com/outboxd/outboxd/internal/status"
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/shard"
 	"github.com/outboxd/outboxd/sink"
@@ -31,7 +32,7 @@ type Relay struct {
 	txnID string           // exactly_once: the last pipeline's transactional id
 
 	reg    prometheus.Registerer
-	status status
+	status report.Tracker
 
 	// Sharded slots (shards.go): this relay's shard of the configured
 	// layout (Index 0 of Count 1 when unsharded), and while resharding the
@@ -61,7 +62,7 @@ func newShard(cfg config.Config, log *slog.Logger, reg prometheus.Registerer, sh
 	if cfg.Kafka.ExactlyOnce() {
 		r.txnM = sink.NewTxnMetrics(reg)
 	}
-	r.status.setState(StateStarting, "starting up")
+	r.status.SetState(StateStarting, "starting up")
 	return r, nil
 }
 
@@ -226,7 +227,7 @@ func (r *Relay) supervise(ctx context.Context, checked *Checked, run runFunc, cl
 			}
 			continue
 		}
-		r.status.setError(err)
+		r.status.SetError(err)
 		if IsPermanent(err) {
 			return ended, err
 		}
@@ -244,7 +245,7 @@ func (r *Relay) supervise(ctx context.Context, checked *Checked, run runFunc, cl
 }
 
 func (r *Relay) setState(state State, reason string) {
-	r.status.setState(state, reason)
+	r.status.SetState(state, reason)
 	r.m.setState(state)
 	if state != StateStreaming {
 		// Only a streaming run has records in flight; a standby must not

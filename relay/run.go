@@ -166,7 +166,7 @@ func (r *Relay) startStage(ctx context.Context, c connected, a attempt) (*pipeli
 		if !at.IsZero() {
 			r.m.confirmedAt.Set(float64(at.UnixNano()) / 1e9)
 		}
-		r.status.setPosition(flushed, written, at, inFlight)
+		r.status.SetPosition(flushed.String(), written.String(), at, inFlight)
 	}
 	stream.OnRoundTrip = func(d time.Duration) { r.m.roundTrip.Observe(d.Seconds()) }
 	warned := map[string]bool{} // by SQLSTATE and function: a walsender repeats its warnings
@@ -189,7 +189,7 @@ func (r *Relay) startStage(ctx context.Context, c connected, a attempt) (*pipeli
 	}
 	r.setState(StateStreaming, "")
 	start := c.slot.Confirmed
-	r.status.setApplied(start) // the slot's confirmed position, read as the run connected
+	r.status.SetApplied(start.String()) // the slot's confirmed position, read as the run connected
 	r.log.Info("streaming", "slot", pg.Slot, "lsn", start.String(), "publication", pg.Publication)
 	return rn, nil
 }

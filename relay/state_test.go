@@ -40,8 +40,8 @@ func TestStatusPositions(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.setState(StateStreaming, "")
-	r.status.setApplied(0x100)
-	r.status.setPosition(0x200, 0x300, time.Now(), 7)
+	r.SlotConfirmed(0x100)
+	r.status.SetPosition("0/200", "0/300", time.Now(), 7)
 	s := r.Status()
 	if s.ConfirmedLSN != "0/100" || s.SentLSN != "0/200" || s.ReceivedLSN != "0/300" || s.InFlight != 7 {
 		t.Errorf("streaming: confirmed %s, sent %s, received %s, in flight %d; want 0/100, 0/200, 0/300, 7",
@@ -52,7 +52,7 @@ func TestStatusPositions(t *testing.T) {
 		t.Errorf("restarting: in flight %d, received %q, confirmed %q; want 0, none, 0/100", s.InFlight, s.ReceivedLSN, s.ConfirmedLSN)
 	}
 	r.setState(StateStandby, "another process holds the slot")
-	r.status.setApplied(0x900) // the slot monitor reads the other holder's position
+	r.SlotConfirmed(0x900) // the slot monitor reads the other holder's position
 	if s := r.Status(); s.InFlight != 0 || s.ConfirmedLSN != "" || s.SentLSN != "" || !s.ConfirmedCommitTime.IsZero() {
 		t.Errorf("standby: in flight %d, confirmed %q, sent %q, commit time %v; want nothing", s.InFlight, s.ConfirmedLSN, s.SentLSN, s.ConfirmedCommitTime)
 	}

@@ -2,9 +2,10 @@
 // State and Status that /readyz and /status serve, that `outboxd status`
 // reads back, and the exit status a supervisor must not restart on.
 //
-// It is a leaf: the relay fills a Status, the HTTP server (package
-// httpserver) encodes it, and the admin commands (package admin) decode it,
-// without any of them importing another.
+// It is a leaf: the relay fills a Status (through a Tracker, which keeps
+// it as the relay's supervisor and runs update it), the HTTP server
+// (package httpserver) encodes it, and the admin commands (package admin)
+// decode it, without any of them importing another.
 package status
 
 import "time"
