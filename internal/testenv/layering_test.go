@@ -11,8 +11,11 @@ import (
 // Dependencies point one way (DESIGN.md, "Package map"): the client
 // libraries and their tests compile none of the engine, the leaves that
 // several commands share and the test helpers do not import the relay, and
-// only cmd/outboxd imports the relay. A test helper that imports the engine,
-// or a shared type left in relay, shows here first.
+// only cmd/outboxd imports the relay: no other package of the module, and
+// none of the integration suite's module (test/), which runs outboxd as
+// production does (package daemon) or uses the packages relay is built
+// from. A test helper that imports the engine, or a shared type left in
+// relay, shows here first.
 func TestLayering(t *testing.T) {
 	const mod = "github.com/outboxd/outboxd/"
 	goList := func(args ...string) string {
@@ -51,5 +54,13 @@ func TestLayering(t *testing.T) {
 	}
 	if !slices.Equal(importers, []string{"cmd/outboxd"}) {
 		t.Errorf("packages importing relay (with their tests): %v, want only cmd/outboxd", importers)
+	}
+	// The integration suite's module (-e: what its imports are needs none
+	// of its requirements downloaded).
+	suite := goList("-C", "../../test", "-e", "-f", `{{.ImportPath}} {{join .Imports " "}} {{join .TestImports " "}} {{join .XTestImports " "}}`, "./...")
+	for _, line := range strings.Split(strings.TrimSpace(suite), "\n") {
+		if f := strings.Fields(line); slices.Contains(f[1:], mod+"relay") {
+			t.Errorf("%s (module test/, with its tests) imports relay; want only cmd/outboxd to", f[0])
+		}
 	}
 }

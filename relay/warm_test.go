@@ -1,44 +1,59 @@
-package test
+package relay
 
 import (
+	"bytes"
 	"context"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/internal/testenv/daemon"
-	"github.com/outboxd/outboxd/relay"
+	"github.com/outboxd/outboxd/migrations"
 )
 
 // The first pipeline streams on the connections Check opened. If the server
 // closed them in between, it opens new ones instead of failing and
-// restarting.
+// restarting. It needs the test bed's Postgres and Kafka.
 func TestFirstPipelineReplacesClosedCheckConnections(t *testing.T) {
-	d := newDB(t)
-	cfg := daemon.Config(d.dsn+"&application_name=outboxd-check", d.slot, svc.brokers)
+	_, brokers := testenv.Services(t)
+	name, dsn := testenv.NewDatabase(t, "warm")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	db, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close(context.Background()) }) // before the database is dropped
+	if err := migrations.Apply(ctx, db, "public", "outbox"); err != nil {
+		t.Fatal(err)
+	}
+	cfg := daemon.Config(dsn+"&application_name=outboxd-check", name, brokers)
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
 	var logs syncBuffer
-	r, err := relay.New(cfg, slog.New(slog.NewTextHandler(&logs, nil)), prometheus.NewRegistry())
+	r, err := New(cfg, slog.New(slog.NewTextHandler(&logs, nil)), prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	start, err := r.Check(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Check's connection and its replication connection, closed by the server.
 	const theirs = `datname = current_database() AND application_name IN ('outboxd-check', 'outboxd')`
-	d.exec(t, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE `+theirs)
+	if _, err := db.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE `+theirs); err != nil {
+		t.Fatal(err)
+	}
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		var n int
-		if err := d.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE `+theirs).Scan(&n); err != nil {
+		if err := db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE `+theirs).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		if n == 0 {
@@ -62,4 +77,22 @@ func TestFirstPipelineReplacesClosedCheckConnections(t *testing.T) {
 	if strings.Contains(logs.String(), "restarting") {
 		t.Errorf("the first pipeline failed on the closed connections and restarted; log:\n%s", logs.String())
 	}
+}
+
+// syncBuffer is a log the relay's goroutines write while the test reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
