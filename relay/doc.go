@@ -1,24 +1,24 @@
-// Package relay wires one outboxd pipeline: the replication stream (package
-// wal) feeds the router, the router feeds the Kafka producer (package sink),
-// and the checkpoint tracker decides what the stream confirms to Postgres.
+// Package relay is outboxd's supervisor: it runs, restarts and shards
+// pipelines. In each run the replication stream (package wal) feeds the
+// pipeline (package internal/delivery), which routes and hands records to
+// the Kafka producer (package sink), and the checkpoint tracker decides
+// what the stream confirms to Postgres.
 //
 // Goroutines and ownership, for one pipeline run:
 //
 //   - the stream goroutine owns the replication connection: it receives,
 //     decodes, sends standby status and hands wal.Items to a bounded
 //     channel;
-//   - the pipeline goroutine (a pipeline) consumes that channel in order,
-//     routes inserts and hands records to the producer, registering each
-//     with the tracker first;
+//   - the pipeline goroutine (a delivery.Pipeline) consumes that channel in
+//     order, routes inserts and hands records to the producer, registering
+//     each with the tracker first;
 //   - franz-go's goroutines call each record's done function, which acks the
 //     tracker or, on failure, cancels the run with the error;
 //   - the stall watchdog (sink.Producer.Watch) ends a run whose records see
 //     no acknowledgement for kafka.delivery_timeout.
 //
 // A run goes through four stages, connect, start, stream and drain
-// (run.go; DESIGN.md gives each stage's shutdown rules). The pipeline takes
-// its producer as the small producer interface, so its routing, delivery
-// and dead-letter paths are tested without Kafka.
+// (run.go; DESIGN.md gives each stage's shutdown rules).
 //
 // Run supervises runs: a failed run is torn down (the producer is closed, the
 // last safe position is reported) and a new one starts from the slot's

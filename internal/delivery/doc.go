@@ -1,12 +1,27 @@
-// Package delivery holds the parts of a run's pipeline that need no
-// supervisor: handing a record to the producer under the ack rule
-// (Produce: registered with its transaction before it is handed over),
-// building a poison row's dead letter (DeadLetter), reading a logical
-// message's key (MessageKey), finding a batch's last commit (LastCommit),
-// and exactly-once's driver (ExactlyOnce), which feeds an eos.Machine the
-// stream and carries out its steps on a transactional producer.
+// Package delivery is one run's pipeline and what it needs that is no
+// supervision: Pipeline routes the stream's items (wal.Item) in order and
+// hands the records to the producer under the ack rule (Produce: each
+// registered with its transaction before it is handed over), applies the
+// poison policy (DeadLetter), router.on_update and the message rules
+// (MessageKey), and an old or new shard's reshard window; in exactly-once
+// mode RunExactlyOnce fences the transactional id, reads the position
+// committed in Kafka and drives an eos.Machine (ExactlyOnce), committing at
+// the transaction boundaries (LastCommit) and on its timer. ReadServer and
+// TransactionalID serve the connect stage, and Delivered a reshard's
+// reading of the old shards' positions.
 //
-// The caller (relay) owns the run: it registers every transaction with its
-// checkpoint.Tracker in commit order, passes each record's done callback,
-// and stops the run when Produce or a done callback returns an error.
+// The caller (relay) owns the run:
+//
+//  1. It builds a Pipeline per run (NewPipeline) with the run's tracker,
+//     producer and fail function, and lets only the pipeline goroutine use
+//     it; it Closes it after.
+//  2. It feeds Run (or RunExactlyOnce) the stream's batches in order and
+//     closes the channel at a transaction boundary to stop.
+//  3. It stops the run when Run, Produce or a record's done callback
+//     returns an error, and confirms to Postgres only what the tracker
+//     confirms (checkpoint.Tracker.Confirmed).
+//
+// The pipeline takes its producer as the small Producer interface, so its
+// routing, delivery and dead-letter paths are tested without Kafka, and
+// under broker faults with kfake.
 package delivery
