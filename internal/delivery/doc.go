@@ -17,8 +17,8 @@
 //     it; it Closes it after.
 //  2. It feeds Run (or RunExactlyOnce) the stream's batches in order and
 //     closes the channel at a transaction boundary to stop.
-//  3. It stops the run when Run, Produce or a record's done callback
-//     returns an error, and confirms to Postgres only what the tracker
+//  3. It stops the run when Run returns an error or a record's failure
+//     calls Setup.Fail, and confirms to Postgres only what the tracker
 //     confirms (checkpoint.Tracker.Confirmed).
 //
 // The pipeline takes its producer as the small Producer interface, so its
