@@ -1,11 +1,9 @@
 package relay
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -37,7 +35,7 @@ func TestFirstPipelineReplacesClosedCheckConnections(t *testing.T) {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	var logs syncBuffer
+	var logs testenv.Buffer
 	r, err := New(cfg, slog.New(slog.NewTextHandler(&logs, nil)), prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
@@ -77,22 +75,4 @@ func TestFirstPipelineReplacesClosedCheckConnections(t *testing.T) {
 	if strings.Contains(logs.String(), "restarting") {
 		t.Errorf("the first pipeline failed on the closed connections and restarted; log:\n%s", logs.String())
 	}
-}
-
-// syncBuffer is a log the relay's goroutines write while the test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -1,11 +1,9 @@
 package slotlag
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,25 +11,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/internal/testenv"
 )
-
-// syncBuffer is a bytes.Buffer safe for the monitor's goroutine and the test.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // TestMonitorSlotUnreachable runs the slot monitor against an address nothing
 // listens on: every read fails, the error counter rises, the last-read time
@@ -42,7 +23,7 @@ func TestMonitorSlotUnreachable(t *testing.T) {
 	cfg.Postgres.DSN = "postgres://outboxd@127.0.0.1:1/app?sslmode=disable&connect_timeout=2"
 	cfg.Postgres.Slot = "outboxd_test"
 	cfg.Postgres.SlotLagInterval = 100 * time.Millisecond
-	var logs syncBuffer
+	var logs testenv.Buffer
 	r := New(cfg.Postgres, slog.New(slog.NewTextHandler(&logs, nil)), prometheus.NewRegistry())
 
 	ctx, cancel := context.WithCancel(context.Background())

@@ -148,3 +148,23 @@ func (w *logWriter) Write(p []byte) (int, error) {
 func Logger(t testing.TB) *slog.Logger {
 	return slog.New(slog.NewTextHandler(LogWriter(t), &slog.HandlerOptions{Level: slog.LevelInfo}))
 }
+
+// Buffer is a log that the code under test writes from its goroutines
+// while the test reads it (String).
+type Buffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *Buffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+// String returns what was written so far.
+func (b *Buffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
