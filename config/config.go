@@ -44,10 +44,16 @@ type Postgres struct {
 	// PasswordFile names a file holding the password (a mounted secret). It
 	// is read at every connection, so a rotated secret is picked up; one
 	// trailing newline is ignored. It overrides the DSN's password.
-	PasswordFile      string        `yaml:"password_file"`
-	Slot              string        `yaml:"slot"`
-	Publication       string        `yaml:"publication"`
-	Table             string        `yaml:"table"` // schema-qualified
+	PasswordFile string `yaml:"password_file"`
+	Slot         string `yaml:"slot"`
+	Publication  string `yaml:"publication"`
+	// Table is the outbox table, schema-qualified: the one-table
+	// shorthand of Tables. Setting both is an error.
+	Table string `yaml:"table,omitempty"`
+	// Tables lists the outbox tables, by name or pattern, each with the
+	// router settings that differ for it (TableEntry). Load leaves Table
+	// empty when Tables is set, except for one exact name (settleTables).
+	Tables            []TableEntry  `yaml:"tables"`
 	CreateSlot        bool          `yaml:"create_slot"`
 	CreatePublication bool          `yaml:"create_publication"`
 	StatusInterval    time.Duration `yaml:"status_interval"` // the keepalive period
@@ -423,6 +429,9 @@ func Load(path string, environ []string) (Config, error) {
 	if err := applyEnv(&cfg, environ); err != nil {
 		return cfg, err
 	}
+	if err := settleTables(&cfg, data, environ); err != nil {
+		return cfg, err
+	}
 	return cfg, nil
 }
 
@@ -451,7 +460,7 @@ func Decode(data []byte, cfg *Config) error {
 	if err := dec.Decode(new(any)); !errors.Is(err, io.EOF) {
 		return errors.New("more than one YAML document; put every setting in one document")
 	}
-	return nil
+	return settleTables(cfg, data, nil)
 }
 
 // lenient walks a YAML mapping beside the struct type it decodes into: it
@@ -571,6 +580,14 @@ func setField(f reflect.Value, s string) error {
 			return err
 		}
 		f.Set(reflect.ValueOf(fields))
+	case []TableEntry:
+		var list []TableEntry
+		for _, part := range strings.Split(s, ",") {
+			if part = strings.TrimSpace(part); part != "" {
+				list = append(list, TableEntry{Name: part})
+			}
+		}
+		f.Set(reflect.ValueOf(list))
 	case []string:
 		var list []string
 		for _, part := range strings.Split(s, ",") {
@@ -617,8 +634,18 @@ func (c Config) Validate() error {
 	if c.Postgres.Publication == "" {
 		bad("postgres.publication", "must not be empty")
 	}
-	if schema, table, ok := strings.Cut(c.Postgres.Table, "."); !ok || schema == "" || table == "" || strings.Contains(table, ".") {
-		bad("postgres.table", "%q must be schema-qualified, like public.outbox", c.Postgres.Table)
+	switch {
+	case len(c.Postgres.Tables) > 0 && c.Postgres.Table != "" && !c.Postgres.oneTable():
+		bad("postgres.table", "%q is set beside postgres.tables; postgres.table is the shorthand for one table: list every table under postgres.tables", c.Postgres.Table)
+	case len(c.Postgres.Tables) > 0:
+		errs = append(errs, c.validateTables()...)
+		if !c.Postgres.oneTable() {
+			bad("postgres.tables", "lists several tables or a pattern, which this outboxd cannot stream yet (issue 35); list one table by its exact name")
+		}
+	default:
+		if schema, table, ok := strings.Cut(c.Postgres.Table, "."); !ok || schema == "" || table == "" || strings.Contains(table, ".") {
+			bad("postgres.table", "%q must be schema-qualified, like public.outbox", c.Postgres.Table)
+		}
 	}
 	if c.Postgres.StatusInterval < 10*time.Millisecond || c.Postgres.StatusInterval > 30*time.Second {
 		bad("postgres.status_interval", "%s must be between 10ms and 30s (Postgres drops replication connections silent for wal_sender_timeout, 60s by default)", c.Postgres.StatusInterval)
@@ -872,6 +899,9 @@ func dsnReason(err error) string {
 // files are named, never read.
 func (c Config) Redacted() Config {
 	c.Postgres.DSN = RedactDSN(c.Postgres.DSN)
+	if len(c.Postgres.Tables) > 0 {
+		c.Postgres.Table = "" // Load set the shorthand from postgres.tables: print what loads back
+	}
 	if c.Postgres.StandbyDSNs != nil {
 		dsns := make([]string, len(c.Postgres.StandbyDSNs))
 		for i, dsn := range c.Postgres.StandbyDSNs {

@@ -1,0 +1,243 @@
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"regexp"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+)
+
+// TableEntry is one entry of postgres.tables: a schema-qualified table name
+// or pattern, with the router settings that differ for its tables. In YAML
+// an entry is either the name alone ("orders.outbox") or a mapping with
+// name and router.
+type TableEntry struct {
+	// Name is schema.table; a * in either part matches any run of
+	// characters (tenant_*.outbox_events, *.outbox).
+	Name string `yaml:"name"`
+	// Router holds router settings, written as under router:, that
+	// override the top-level router section for this entry's tables.
+	Router yaml.Node `yaml:"router"`
+}
+
+// UnmarshalYAML takes a bare name or a mapping of name and router, refusing
+// any other key.
+func (e *TableEntry) UnmarshalYAML(n *yaml.Node) error {
+	switch n.Kind {
+	case yaml.ScalarNode:
+		*e = TableEntry{Name: n.Value}
+		return nil
+	case yaml.MappingNode:
+	default:
+		return fmt.Errorf("line %d: postgres.tables: an entry is a table name or a mapping with name and router", n.Line)
+	}
+	*e = TableEntry{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		key, val := n.Content[i], n.Content[i+1]
+		switch key.Value {
+		case "name":
+			if val.Kind != yaml.ScalarNode {
+				return fmt.Errorf("line %d: postgres.tables: name must be a table name such as public.outbox", val.Line)
+			}
+			e.Name = val.Value
+		case "router":
+			if val.Kind != yaml.MappingNode {
+				return fmt.Errorf("line %d: postgres.tables: router must be a mapping of router settings", val.Line)
+			}
+			e.Router = *val
+		default:
+			hint := ""
+			if best := closest(key.Value, []string{"name", "router"}); best != "" {
+				hint = " (did you mean postgres.tables[].router?)"
+				if best == "name" {
+					hint = " (did you mean postgres.tables[].name?)"
+				}
+			}
+			return fmt.Errorf("line %d: unknown setting postgres.tables[].%s%s; an entry has name and router", key.Line, key.Value, hint)
+		}
+	}
+	return nil
+}
+
+// MarshalYAML writes the entry back: the name alone when nothing is
+// overridden.
+func (e TableEntry) MarshalYAML() (any, error) {
+	if e.Router.Kind == 0 {
+		return e.Name, nil
+	}
+	return struct {
+		Name   string     `yaml:"name"`
+		Router *yaml.Node `yaml:"router"`
+	}{e.Name, &e.Router}, nil
+}
+
+// Pattern reports whether the entry's name holds a *.
+func (e TableEntry) Pattern() bool { return strings.Contains(e.Name, "*") }
+
+// Split returns the schema and table parts of the name.
+func (e TableEntry) Split() (schema, table string) {
+	schema, table, _ = strings.Cut(e.Name, ".")
+	return schema, table
+}
+
+// Matches reports whether the table schema.table is one of the entry's:
+// the same name, compared exactly as Postgres compares identifiers, or a
+// match of its pattern.
+func (e TableEntry) Matches(schema, table string) bool {
+	ps, pt := e.Split()
+	return globMatch(ps, schema) && globMatch(pt, table)
+}
+
+// globMatch reports whether s matches pattern p, in which * stands for any
+// run of characters and every other character for itself.
+func globMatch(p, s string) bool {
+	if !strings.Contains(p, "*") {
+		return p == s
+	}
+	parts := strings.Split(p, "*")
+	for i := range parts {
+		parts[i] = regexp.QuoteMeta(parts[i])
+	}
+	return regexp.MustCompile("^" + strings.Join(parts, ".*") + "$").MatchString(s)
+}
+
+// LikePattern returns the part of a name (schema or table) as a SQL LIKE
+// pattern, with \ as the escape character: * becomes %, and %, _ and \
+// are escaped.
+func LikePattern(part string) string {
+	r := strings.NewReplacer(`\`, `\\`, `%`, `\%`, `_`, `\_`, `*`, `%`)
+	return r.Replace(part)
+}
+
+// validName reports what is wrong with an entry's name, or "".
+func (e TableEntry) validName() string {
+	schema, table, ok := strings.Cut(e.Name, ".")
+	switch {
+	case !ok || schema == "" || table == "" || strings.Contains(table, "."):
+		return "must be schema-qualified, like public.outbox or tenant_*.outbox"
+	case strings.ContainsAny(e.Name, `"`):
+		return "must be written without quotes: names are compared exactly as written"
+	}
+	return ""
+}
+
+var reLine = regexp.MustCompile(`\n?\s*line \d+: `)
+
+// TableRouter returns the router settings of entry i: the top-level router
+// section with the entry's overrides decoded onto it, strictly (an unknown
+// key is an error). An override of router.preset takes that preset's column
+// names for the columns the entry does not name.
+func (c Config) TableRouter(i int) (Router, error) {
+	r := c.Router
+	e := c.Postgres.Tables[i]
+	if e.Router.Kind == 0 {
+		return r, nil
+	}
+	var peek struct {
+		Preset string `yaml:"preset"`
+	}
+	_ = e.Router.Decode(&peek) // errors surface in the strict decode
+	if peek.Preset != "" && peek.Preset != r.Preset {
+		p := presets[peek.Preset]
+		r.RouteByColumn, r.IDColumn, r.KeyColumn, r.PayloadColumn, r.EventTypeColumn = p.RouteByColumn, p.IDColumn, p.KeyColumn, p.PayloadColumn, p.EventTypeColumn
+	}
+	data, err := yaml.Marshal(&e.Router)
+	if err != nil {
+		return r, fmt.Errorf("postgres.tables[%d].router: %w", i, err)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&r); err != nil && !errors.Is(err, io.EOF) {
+		msg := explainUnknown(strings.ReplaceAll(err.Error(), "yaml: ", ""))
+		// The line numbers are those of the re-encoded entry: drop them.
+		msg = strings.TrimSpace(reLine.ReplaceAllString(strings.ReplaceAll(msg, "unmarshal errors:", ""), ""))
+		msg = strings.ReplaceAll(msg, " router.", fmt.Sprintf(" postgres.tables[%d].router.", i))
+		return r, fmt.Errorf("postgres.tables[%d] (%s, line %d): %s", i, e.Name, e.Router.Line, msg)
+	}
+	r.resolve()
+	return r, nil
+}
+
+// validateTables checks postgres.tables: each name, each entry's merged
+// router settings, and that no two entries are the same name.
+func (c Config) validateTables() []error {
+	var errs []error
+	seen := map[string]int{}
+	for i, e := range c.Postgres.Tables {
+		field := fmt.Sprintf("postgres.tables[%d]", i)
+		if msg := e.validName(); msg != "" {
+			errs = append(errs, fmt.Errorf("%s: %q %s", field, e.Name, msg))
+			continue
+		}
+		if j, ok := seen[e.Name]; ok {
+			errs = append(errs, fmt.Errorf("%s: %q is also postgres.tables[%d]; list each name once", field, e.Name, j))
+		}
+		seen[e.Name] = i
+		r, err := c.TableRouter(i)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		for _, err := range r.validate() {
+			errs = append(errs, fmt.Errorf("%s (%s): %w", field, e.Name, err))
+		}
+	}
+	return errs
+}
+
+// peekTables reports whether the YAML data sets postgres.table and
+// postgres.tables.
+func peekTables(data []byte) (table, tables bool) {
+	var doc struct {
+		Postgres map[string]yaml.Node `yaml:"postgres"`
+	}
+	_ = yaml.Unmarshal(data, &doc) // errors surface in the strict decode
+	_, table = doc.Postgres["table"]
+	_, tables = doc.Postgres["tables"]
+	return table, tables
+}
+
+// settleTables resolves postgres.table and postgres.tables after the file and
+// the environment are read: both set is an error; postgres.tables set
+// leaves postgres.table empty, for postgres.table is the one-table
+// shorthand of postgres.tables.
+func settleTables(cfg *Config, data []byte, environ []string) error {
+	table, tables := peekTables(data)
+	for _, kv := range environ {
+		name, value, _ := strings.Cut(kv, "=")
+		switch name {
+		case EnvPrefix + "POSTGRES_TABLE":
+			table = true
+		case EnvPrefix + "POSTGRES_TABLES":
+			tables = tables || value != ""
+		}
+	}
+	if !tables {
+		cfg.Postgres.Tables = nil
+		return nil
+	}
+	if table {
+		return errors.New("postgres.table and postgres.tables are both set; postgres.table is the shorthand for one table: " +
+			"list every table under postgres.tables and remove postgres.table (or OUTBOXD_POSTGRES_TABLE)")
+	}
+	cfg.Postgres.Table = ""
+	if t := cfg.Postgres.Tables; len(t) == 1 && !t[0].Pattern() && t[0].validName() == "" {
+		// One table by its name is postgres.table with its router.
+		r, err := cfg.TableRouter(0)
+		if err != nil {
+			return err
+		}
+		cfg.Router, cfg.Postgres.Table = r, t[0].Name
+	}
+	return nil
+}
+
+// oneTable reports whether postgres.tables is one table by its exact name,
+// which Load has made postgres.table.
+func (p Postgres) oneTable() bool {
+	return len(p.Tables) == 1 && !p.Tables[0].Pattern() && p.Table == p.Tables[0].Name
+}

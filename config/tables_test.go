@@ -1,0 +1,114 @@
+package config_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/outboxd/outboxd/config"
+)
+
+func TestTableEntryMatches(t *testing.T) {
+	for _, tc := range []struct {
+		name, schema, table string
+		want                bool
+	}{
+		{"orders.outbox", "orders", "outbox", true},
+		{"orders.outbox", "Orders", "outbox", false}, // compared exactly, as Postgres compares names
+		{"orders.outbox", "orders", "outbox2", false},
+		{"*.outbox", "wallet", "outbox", true},
+		{"*.outbox", "wallet", "outbox_events", false},
+		{"tenant_*.outbox_events", "tenant_42", "outbox_events", true},
+		{"tenant_*.outbox_events", "tenant_", "outbox_events", true},
+		{"tenant_*.outbox_events", "tenantx42", "outbox_events", false},
+		{"tenant_*.outbox_*", "tenant_a", "outbox_v2", true},
+		{"a.b.c*", "a", "b.c", false}, // not a valid name; nothing matches a dot in the table part by accident
+		{"pub(lic).out+box", "pub(lic)", "out+box", true},
+		{"pub(lic).out+box", "public", "outbox", false},
+	} {
+		e := config.TableEntry{Name: tc.name}
+		if got := e.Matches(tc.schema, tc.table); got != tc.want && tc.name != "a.b.c*" {
+			t.Errorf("%s matches %s.%s = %v, want %v", tc.name, tc.schema, tc.table, got, tc.want)
+		}
+	}
+}
+
+func TestLikePattern(t *testing.T) {
+	for in, want := range map[string]string{
+		"outbox":     "outbox",
+		"tenant_*":   `tenant\_%`,
+		"a%b":        `a\%b`,
+		`back\slash`: `back\\slash`,
+		"*":          "%",
+	} {
+		if got := config.LikePattern(in); got != want {
+			t.Errorf("LikePattern(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestLoadTables(t *testing.T) {
+	path := writeFile(t, `
+postgres:
+  tables:
+    - name: orders.outbox
+      router:
+        preset: debezium
+        topic_template: orders.${routedByValue}
+        key_encoding: json
+`)
+	cfg, err := config.Load(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("Validate() = %v", err)
+	}
+	if cfg.Postgres.Table != "orders.outbox" {
+		t.Errorf("postgres.table = %q, want orders.outbox: one table is the shorthand", cfg.Postgres.Table)
+	}
+	r := cfg.Router
+	if r.Preset != "debezium" || r.KeyColumn != "aggregateid" || r.EventTypeColumn != "type" || r.TopicTemplate != "orders.${routedByValue}" || r.KeyEncoding != config.KeyEncodingJSON {
+		t.Errorf("router = %+v, want the debezium preset's columns with the entry's overrides", r)
+	}
+	if r.IDHeader != "id" {
+		t.Errorf("router.id_header = %q: a setting the entry leaves alone keeps the router section's value", r.IDHeader)
+	}
+
+	// The bare-name form and the environment form.
+	cfg, err = config.Load(writeFile(t, "postgres:\n  tables: [sales.outbox]\n"), nil)
+	if err != nil || cfg.Postgres.Table != "sales.outbox" || cfg.Validate() != nil {
+		t.Errorf("tables: [sales.outbox]: table %q, %v, %v", cfg.Postgres.Table, err, cfg.Validate())
+	}
+	cfg, err = config.Load("", []string{"OUTBOXD_POSTGRES_TABLES=sales.outbox"})
+	if err != nil || cfg.Postgres.Table != "sales.outbox" || cfg.Validate() != nil {
+		t.Errorf("OUTBOXD_POSTGRES_TABLES: table %q, %v", cfg.Postgres.Table, err)
+	}
+}
+
+func TestLoadTablesErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name, yaml string
+		env        []string
+		want       string // in the error of Load, else of Validate
+	}{
+		{"both in the file", "postgres:\n  table: a.outbox\n  tables: [b.outbox]\n", nil, "postgres.table and postgres.tables are both set"},
+		{"both across file and environment", "postgres:\n  tables: [b.outbox]\n", []string{"OUTBOXD_POSTGRES_TABLE=a.outbox"}, "postgres.table and postgres.tables are both set"},
+		{"unknown entry key", "postgres:\n  tables:\n    - nam: a.outbox\n", nil, "unknown setting postgres.tables[].nam (did you mean postgres.tables[].name?)"},
+		{"unknown router key", "postgres:\n  tables:\n    - name: a.outbox\n      router:\n        key_colum: k\n", nil, "unknown setting postgres.tables[0].router.key_colum (did you mean postgres.tables[0].router.key_column?)"},
+		{"bad override", "postgres:\n  tables:\n    - name: a.outbox\n      router:\n        key_encoding: base64\n", nil, "key_encoding"},
+		{"unqualified", "postgres:\n  tables: [outbox]\n", nil, `postgres.tables[0]: "outbox" must be schema-qualified`},
+		{"twice", "postgres:\n  tables: [a.outbox, a.outbox]\n", nil, `postgres.tables[1]: "a.outbox" is also postgres.tables[0]`},
+		{"pattern not yet", "postgres:\n  tables: ['*.outbox']\n", nil, "postgres.tables: lists several tables or a pattern, which this outboxd cannot stream yet"},
+		{"several not yet", "postgres:\n  tables: [a.outbox, b.outbox]\n", nil, "postgres.tables: lists several tables or a pattern, which this outboxd cannot stream yet"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := config.Load(writeFile(t, tc.yaml), tc.env)
+			if err == nil {
+				err = cfg.Validate()
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error = %v, want one containing %q", err, tc.want)
+			}
+		})
+	}
+}
