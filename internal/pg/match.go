@@ -1,0 +1,73 @@
+package pg
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxd/outboxd/config"
+)
+
+// Match is one table that an entry of postgres.tables names.
+type Match struct {
+	Schema, Table string
+	Entry         int // the index of the entry in postgres.tables
+}
+
+// Name is schema.table, unquoted, as postgres.tables writes names.
+func (m Match) Name() string { return m.Schema + "." + m.Table }
+
+// MatchTables returns the tables each entry names, in the order of the
+// entries and, within a pattern, of their names: ordinary and partitioned
+// tables, not partitions (a partitioned outbox publishes its partitions'
+// rows under its own name), outside the system schemas. An exact name that
+// names no table is an error; a pattern may match none. A table that two
+// entries match is an error, for it would have two routers.
+func MatchTables(ctx context.Context, conn *pgx.Conn, entries []config.TableEntry) ([]Match, error) {
+	var out []Match
+	by := map[string]int{}
+	for i, e := range entries {
+		schema, table := e.Split()
+		rows, err := conn.Query(ctx, `SELECT n.nspname::text, c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+			WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition AND n.nspname LIKE $1 AND c.relname LIKE $2
+				AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg\_toast%' AND n.nspname NOT LIKE 'pg\_temp\_%'
+			ORDER BY 1, 2`, config.LikePattern(schema), config.LikePattern(table))
+		if err != nil {
+			return nil, fmt.Errorf("listing the tables postgres.tables[%d] (%s) names: %w", i, e.Name, err)
+		}
+		var ms []Match
+		var s, t string
+		_, err = pgx.ForEachRow(rows, []any{&s, &t}, func() error {
+			if e.Matches(s, t) { // LIKE compares by the database's collation; Matches exactly
+				ms = append(ms, Match{Schema: s, Table: t, Entry: i})
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("listing the tables postgres.tables[%d] (%s) names: %w", i, e.Name, err)
+		}
+		if len(ms) == 0 && !e.Pattern() {
+			return nil, fmt.Errorf("outbox table %s (postgres.tables[%d]) does not exist; run 'outboxd migrate' to create it, or correct the name (it is compared exactly: no quotes, case as in the catalogue)", e.Name, i)
+		}
+		for _, m := range ms {
+			if j, ok := by[m.Name()]; ok {
+				return nil, fmt.Errorf("table %s matches both postgres.tables[%d] (%s) and postgres.tables[%d] (%s); each table may match one entry, "+
+					"whose router settings it takes: narrow the patterns", m.Name(), j, entries[j].Name, i, e.Name)
+			}
+			by[m.Name()] = i
+		}
+		out = append(out, ms...)
+	}
+	return out, nil
+}
+
+// MatchNames returns the names of ms, comma-separated, for a log line.
+func MatchNames(ms []Match) string {
+	names := make([]string, len(ms))
+	for i, m := range ms {
+		names[i] = m.Name()
+	}
+	return strings.Join(names, ",")
+}

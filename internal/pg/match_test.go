@@ -1,0 +1,62 @@
+package pg
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/internal/testenv"
+)
+
+// TestMatchTables resolves names and patterns against a real catalogue.
+func TestMatchTables(t *testing.T) {
+	ctx := context.Background()
+	_, dsn := testenv.NewDatabase(t, "match")
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, `
+		CREATE SCHEMA orders; CREATE SCHEMA wallet; CREATE SCHEMA tenant_a; CREATE SCHEMA tenant_b; CREATE SCHEMA "tenantXa"; CREATE SCHEMA "Tenant_c";
+		CREATE TABLE orders.outbox (id int); CREATE TABLE wallet.outbox (id int); CREATE TABLE wallet.outbox_old (id int);
+		CREATE TABLE tenant_a.outbox_events (id int, at date) PARTITION BY RANGE (at);
+		CREATE TABLE tenant_a.outbox_events_2026 PARTITION OF tenant_a.outbox_events FOR VALUES FROM ('2026-01-01') TO ('2027-01-01');
+		CREATE TABLE tenant_b.outbox_events (id int); CREATE TABLE "tenantXa".outbox_events (id int); CREATE TABLE "Tenant_c".outbox_events (id int);
+		CREATE VIEW tenant_b.outbox_view AS SELECT 1;`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	entries := func(names ...string) []config.TableEntry {
+		var out []config.TableEntry
+		for _, n := range names {
+			out = append(out, config.TableEntry{Name: n})
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		names []string
+		want  string // MatchNames, or the error's text
+	}{
+		{[]string{"orders.outbox"}, "orders.outbox"},
+		{[]string{"*.outbox"}, "orders.outbox,wallet.outbox"},
+		{[]string{"tenant_*.outbox_events"}, "tenant_a.outbox_events,tenant_b.outbox_events"}, // not tenantXa (_ is no wildcard), nor Tenant_c, nor the partition
+		{[]string{"tenant_*.outbox*"}, "tenant_a.outbox_events,tenant_b.outbox_events"},     // tables only, no view
+		{[]string{"orders.outbox", "tenant_*.outbox_events", "nobody_*.outbox"}, "orders.outbox,tenant_a.outbox_events,tenant_b.outbox_events"},
+		{[]string{"shop.outbox"}, "outbox table shop.outbox (postgres.tables[0]) does not exist"},
+		{[]string{"Orders.outbox"}, "outbox table Orders.outbox (postgres.tables[0]) does not exist"},
+		{[]string{"orders.outbox", "*.outbox"}, "table orders.outbox matches both postgres.tables[0] (orders.outbox) and postgres.tables[1] (*.outbox)"},
+	} {
+		ms, err := MatchTables(ctx, conn, entries(tc.names...))
+		got := MatchNames(ms)
+		if err != nil {
+			got = err.Error()
+		}
+		if !strings.Contains(got, tc.want) {
+			t.Errorf("MatchTables(%v) = %s, want %s", tc.names, got, tc.want)
+		}
+	}
+}
