@@ -125,19 +125,31 @@ func (c Config) validateEnums() []error {
 			"admin: outboxd creates missing topics; broker: the brokers' auto.create.topics.enable does"),
 		oneOf("kafka.compression", c.Kafka.Compression, CompressionNone, CompressionGzip, CompressionSnappy, CompressionLZ4, CompressionZstd),
 		oneOf("kafka.delivery", c.Kafka.Delivery, AtLeastOnce, ExactlyOnce),
-		oneOf("router.additional_missing", c.Router.AdditionalMissing, AdditionalMissingError, AdditionalMissingIgnore),
-		oneOf("router.key_encoding", c.Router.KeyEncoding, KeyEncodingRaw, KeyEncodingJSON, KeyEncodingJSONSchema, KeyEncodingString),
-		oneOf("router.on_update", c.Router.OnUpdate, OnUpdateIgnore, OnUpdateWarn, OnUpdateError),
-		explain(oneOf("router.messages.unowned", c.Router.Messages.Unowned, UnownedDeliver, UnownedIgnore),
-			"what a logical message that names no outbox table does; one outboxd on the database should deliver them"),
-		oneOf("router.poison.policy", c.Router.Poison.Policy, PoisonHalt, PoisonDLQ),
 		oneOf("log.level", c.Log.Level, LogDebug, LogInfo, LogWarn, LogError),
 		oneOf("log.format", c.Log.Format, LogText, LogJSON),
 	}
-	for i, f := range c.Router.AdditionalFields {
+	return nonNil(append(errs, c.Router.validateEnums()...))
+}
+
+// validateEnums checks the router settings with a fixed set of values.
+func (r Router) validateEnums() []error {
+	errs := []error{
+		oneOf("router.additional_missing", r.AdditionalMissing, AdditionalMissingError, AdditionalMissingIgnore),
+		oneOf("router.key_encoding", r.KeyEncoding, KeyEncodingRaw, KeyEncodingJSON, KeyEncodingJSONSchema, KeyEncodingString),
+		oneOf("router.on_update", r.OnUpdate, OnUpdateIgnore, OnUpdateWarn, OnUpdateError),
+		explain(oneOf("router.messages.unowned", r.Messages.Unowned, UnownedDeliver, UnownedIgnore),
+			"what a logical message that names no outbox table does; one outboxd on the database should deliver them"),
+		oneOf("router.poison.policy", r.Poison.Policy, PoisonHalt, PoisonDLQ),
+	}
+	for i, f := range r.AdditionalFields {
 		errs = append(errs, oneOf(fmt.Sprintf("router.additional_fields[%d].placement", i), f.Placement,
 			PlacementHeader, PlacementEnvelope, PlacementPartition))
 	}
+	return nonNil(errs)
+}
+
+// nonNil returns the errors of errs that are not nil.
+func nonNil(errs []error) []error {
 	out := errs[:0]
 	for _, err := range errs {
 		if err != nil {

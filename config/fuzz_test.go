@@ -25,6 +25,8 @@ func FuzzDecode(f *testing.F) {
 		"---\npostgres: {slot: a}\n---\npostgres: {slot: b}\n",
 		"postgres:\n  status_interval: 9223372036854775807ns\n",
 		"kafka:\n  topic_partitions: 99999999999999999999\n",
+		"postgres:\n  tables:\n    - a.outbox\n    - name: b.outbox\n      router: {preset: debezium, key_column: k}\n",
+		"postgres:\n  tables:\n    - name: a.outbox\n      router: &r {key_column: k}\n    - name: b.*\n      router: {<<: *r, id_column: i}\n",
 	} {
 		f.Add([]byte(seed))
 	}

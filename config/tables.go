@@ -145,7 +145,7 @@ func (c Config) TableRouter(i int) (Router, error) {
 		p := presets[peek.Preset]
 		r.RouteByColumn, r.IDColumn, r.KeyColumn, r.PayloadColumn, r.EventTypeColumn = p.RouteByColumn, p.IDColumn, p.KeyColumn, p.PayloadColumn, p.EventTypeColumn
 	}
-	data, err := yaml.Marshal(&e.Router)
+	data, err := yaml.Marshal(inline(&e.Router))
 	if err != nil {
 		return r, fmt.Errorf("postgres.tables[%d].router: %w", i, err)
 	}
@@ -160,6 +160,22 @@ func (c Config) TableRouter(i int) (Router, error) {
 	}
 	r.resolve()
 	return r, nil
+}
+
+// inline returns a copy of n with each alias replaced by the node it
+// refers to, so that the node re-encoded alone still holds what anchors
+// elsewhere in the file gave it.
+func inline(n *yaml.Node) *yaml.Node {
+	if n.Kind == yaml.AliasNode && n.Alias != nil {
+		return inline(n.Alias)
+	}
+	c := *n
+	c.Anchor = ""
+	c.Content = make([]*yaml.Node, len(n.Content))
+	for i, k := range n.Content {
+		c.Content[i] = inline(k)
+	}
+	return &c
 }
 
 // validateTables checks postgres.tables: each name, each entry's merged
@@ -182,7 +198,7 @@ func (c Config) validateTables() []error {
 			errs = append(errs, err)
 			continue
 		}
-		for _, err := range r.validate() {
+		for _, err := range append(r.validate(), r.validateEnums()...) {
 			errs = append(errs, fmt.Errorf("%s (%s): %w", field, e.Name, err))
 		}
 	}

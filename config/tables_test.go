@@ -97,6 +97,7 @@ func TestLoadTablesErrors(t *testing.T) {
 		{"unknown router key", "postgres:\n  tables:\n    - name: a.outbox\n      router:\n        key_colum: k\n", nil, "unknown setting postgres.tables[0].router.key_colum (did you mean postgres.tables[0].router.key_column?)"},
 		{"bad override", "postgres:\n  tables:\n    - name: a.outbox\n      router:\n        key_encoding: base64\n", nil, "key_encoding"},
 		{"unqualified", "postgres:\n  tables: [outbox]\n", nil, `postgres.tables[0]: "outbox" must be schema-qualified`},
+		{"anchors", "postgres:\n  tables:\n    - name: a.outbox\n      router: &r {key_column: k}\n    - name: b.outbox\n      router: {<<: *r, key_encoding: base64}\n", nil, "postgres.tables[1] (b.outbox): router.key_encoding"},
 		{"twice", "postgres:\n  tables: [a.outbox, a.outbox]\n", nil, `postgres.tables[1]: "a.outbox" is also postgres.tables[0]`},
 		{"pattern not yet", "postgres:\n  tables: ['*.outbox']\n", nil, "postgres.tables: lists several tables or a pattern, which this outboxd cannot stream yet"},
 		{"several not yet", "postgres:\n  tables: [a.outbox, b.outbox]\n", nil, "postgres.tables: lists several tables or a pattern, which this outboxd cannot stream yet"},
