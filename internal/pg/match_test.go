@@ -44,7 +44,7 @@ func TestMatchTables(t *testing.T) {
 		{[]string{"orders.outbox"}, "orders.outbox"},
 		{[]string{"*.outbox"}, "orders.outbox,wallet.outbox"},
 		{[]string{"tenant_*.outbox_events"}, "tenant_a.outbox_events,tenant_b.outbox_events"}, // not tenantXa (_ is no wildcard), nor Tenant_c, nor the partition
-		{[]string{"tenant_*.outbox*"}, "tenant_a.outbox_events,tenant_b.outbox_events"},     // tables only, no view
+		{[]string{"tenant_*.outbox*"}, "tenant_a.outbox_events,tenant_b.outbox_events"},       // tables only, no view
 		{[]string{"orders.outbox", "tenant_*.outbox_events", "nobody_*.outbox"}, "orders.outbox,tenant_a.outbox_events,tenant_b.outbox_events"},
 		{[]string{"shop.outbox"}, "outbox table shop.outbox (postgres.tables[0]) does not exist"},
 		{[]string{"Orders.outbox"}, "outbox table Orders.outbox (postgres.tables[0]) does not exist"},
