@@ -24,7 +24,7 @@ func (r *Relay) pipe(ctx context.Context, batches <-chan []wal.Item, rn *pipelin
 	}
 	defer p.Close()
 	if r.cfg.Kafka.ExactlyOnce() {
-		return p.RunExactlyOnce(ctx, batches, rn.producer, rn.server)
+		return p.RunExactlyOnce(ctx, batches, rn.server)
 	}
 	return p.Run(batches)
 }

@@ -3,6 +3,7 @@ package delivery
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"time"
 
@@ -215,7 +216,13 @@ func (p *Pipeline) startExactlyOnce(ctx context.Context, producer *sink.Producer
 // stage read it (ReadServer): it starts exactly-once (startExactlyOnce),
 // and besides the batches it wakes up to commit a Kafka transaction that is
 // due while nothing arrives.
-func (p *Pipeline) RunExactlyOnce(ctx context.Context, batches <-chan []wal.Item, producer *sink.Producer, server Server) (err error) {
+func (p *Pipeline) RunExactlyOnce(ctx context.Context, batches <-chan []wal.Item, server Server) (err error) {
+	// The records and the transaction's commit or abort go through one
+	// producer: the one the pipeline was built with.
+	producer, ok := p.producer.(*sink.Producer)
+	if !ok {
+		return fmt.Errorf("delivery: exactly-once needs the pipeline built with a transactional *sink.Producer, not %T", p.producer)
+	}
 	x, err := p.startExactlyOnce(ctx, producer, server)
 	if err != nil {
 		return err

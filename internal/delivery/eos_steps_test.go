@@ -19,7 +19,7 @@ func TestEOSFailedCommitConfirmsNothing(t *testing.T) {
 	g := newEOSRig(t, 3*time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	p, producer, run := g.pipeline(t, ctx, "outboxd-failcommit")
+	p, _, run := g.pipeline(t, ctx, "outboxd-failcommit")
 	g.c.ControlKey(int16(kmsg.EndTxn), func(req kmsg.Request) (kmsg.Response, error, bool) {
 		g.c.KeepControl()
 		r := req.(*kmsg.EndTxnRequest)
@@ -32,7 +32,7 @@ func TestEOSFailedCommitConfirmsNothing(t *testing.T) {
 	})
 	batches := make(chan []wal.Item, 1)
 	batches <- []wal.Item{begin(0x200), change(wal.Insert, 0x180, id1, "o-1", `{"n": 1}`), commit(0x210)}
-	err := p.RunExactlyOnce(run, batches, producer, g.server())
+	err := p.RunExactlyOnce(run, batches, g.server())
 	t.Logf("RunExactlyOnce = %v", err)
 	if err == nil {
 		t.Fatal("RunExactlyOnce succeeded with every commit failing")

@@ -234,14 +234,14 @@ func TestPipeEOSBeginIsABoundary(t *testing.T) {
 	g.cfg.Kafka.TransactionInterval = 200 * time.Millisecond
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	p, producer, run := g.pipeline(t, ctx, "outboxd-linger")
+	p, _, run := g.pipeline(t, ctx, "outboxd-linger")
 	// T2's batch is queued when T1's Commit is handled: "waiting".
 	batches := make(chan []wal.Item, 2)
 	batches <- []wal.Item{begin(0x200), change(wal.Insert, 0x180, id1, "o-1", `{"n": 1}`), commit(0x210)}
 	batches <- []wal.Item{begin(0x400), change(wal.Insert, 0x300, id2, "o-2", `{"n": 2}`)} // T2 goes on, its Commit far off
 	began := time.Now()
 	done := make(chan error, 1)
-	go func() { done <- p.RunExactlyOnce(run, batches, producer, g.server()) }()
+	go func() { done <- p.RunExactlyOnce(run, batches, g.server()) }()
 	consumer, err := kgo.NewClient(kgo.SeedBrokers(g.c.ListenAddrs()...), kgo.ConsumeTopics("order-events"),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.FetchMaxWait(50*time.Millisecond))
 	if err != nil {

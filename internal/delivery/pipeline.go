@@ -123,7 +123,7 @@ type Pipeline struct {
 	// window is the relay's reshard window as the run took it.
 	window   shard.Window
 	timeline int          // the server's timeline as the run's inspection left it, for exactly-once positions
-	eos      *ExactlyOnce // exactly_once only (exactlyonce.go)
+	eos      *ExactlyOnce // exactly_once only (eos.go)
 	// takesUnowned: router.messages.unowned is deliver.
 	takesUnowned bool
 
