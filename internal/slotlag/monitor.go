@@ -135,7 +135,7 @@ func (m *metrics) read(rd slotReading) {
 	if rd.retained != nil {
 		m.retained.Set(float64(*rd.retained))
 	}
-	m.active.Set(b2f(rd.active))
+	m.active.Set(gaugeValue(rd.active))
 	m.pid.Set(0)
 	if rd.pid != nil {
 		m.pid.Set(float64(*rd.pid))
@@ -174,7 +174,8 @@ func (f *slotFailures) succeeded() (int, bool) {
 	return n, n > 0
 }
 
-func b2f(b bool) float64 {
+// gaugeValue is a gauge's value for a yes-or-no state: 1 or 0.
+func gaugeValue(b bool) float64 {
 	if b {
 		return 1
 	}
