@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outboxd/outboxd/internal/testenv"
 )
 
 // dbzEvent is an outbox row written to a Debezium-style table.
@@ -88,7 +90,7 @@ func TestDebeziumConvertedConfigReproducesEventRouter(t *testing.T) {
 	}
 	conv := exec.Command(svc.bin, "debezium", "convert", "-brokers", strings.Join(svc.brokers, ","), "-o", out, in)
 	conv.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}
-	var stdout, stderr syncBuffer
+	var stdout, stderr testenv.Buffer
 	conv.Stdout, conv.Stderr = &stdout, &stderr
 	if err := conv.Run(); err != nil {
 		t.Fatalf("outboxd debezium convert: %v\n%s", err, stderr.String())

@@ -1,7 +1,6 @@
 package test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -10,7 +9,6 @@ import (
 	"os/exec"
 	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -124,27 +122,10 @@ func parseLSN(t *testing.T, s string) uint64 {
 type proc struct {
 	t    *testing.T
 	cmd  *exec.Cmd
-	logs *syncBuffer
+	logs *testenv.Buffer
 	done chan struct{}
 	err  error // set when done is closed
 	addr string
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // baseEnv is the environment for an outboxd streaming database d.
@@ -171,7 +152,7 @@ var listenRE = regexp.MustCompile(`msg="serving metrics and health" addr=(\S+)`)
 // is shown if the test failed.
 func start(t *testing.T, env []string, args ...string) *proc {
 	t.Helper()
-	p := &proc{t: t, logs: &syncBuffer{}, done: make(chan struct{})}
+	p := &proc{t: t, logs: &testenv.Buffer{}, done: make(chan struct{})}
 	p.cmd = exec.Command(svc.bin, args...)
 	p.cmd.Env = env
 	p.cmd.Stdout = p.logs

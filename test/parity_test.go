@@ -16,6 +16,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outboxd/outboxd/internal/testenv"
 )
 
 // The Debezium and Kafka Connect versions the parity test runs, as
@@ -241,7 +243,7 @@ func TestDebeziumParity(t *testing.T) {
 		args = append(args, writeProperties(t, filepath.Join(dir, fmt.Sprintf("connector%d.properties", i)), c))
 	}
 	connect := exec.Command("java", args...)
-	connectLog := &syncBuffer{}
+	connectLog := &testenv.Buffer{}
 	connect.Stdout, connect.Stderr = connectLog, connectLog
 	if err := connect.Start(); err != nil {
 		t.Fatalf("starting Kafka Connect: %v", err)
@@ -264,7 +266,7 @@ func TestDebeziumParity(t *testing.T) {
 			t.Fatal(err)
 		}
 		conv := exec.Command(svc.bin, "debezium", "convert", "-brokers", strings.Join(svc.brokers, ","), "-o", out, in)
-		var stderr syncBuffer
+		var stderr testenv.Buffer
 		conv.Stderr = &stderr
 		if err := conv.Run(); err != nil {
 			t.Fatalf("%s: outboxd debezium convert: %v\n%s", pc.name, err, stderr.String())
@@ -428,7 +430,7 @@ func fetchConnect(t *testing.T) string {
 	t.Helper()
 	cmd := exec.Command("../bench/fetch-connect")
 	cmd.Env = append(os.Environ(), "KAFKA_VERSION="+parityConnect, "DEBEZIUM_VERSION="+parityDebezium)
-	var stderr syncBuffer
+	var stderr testenv.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
