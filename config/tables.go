@@ -213,7 +213,10 @@ func peekTables(data []byte) (table, tables bool) {
 	}
 	_ = yaml.Unmarshal(data, &doc) // errors surface in the strict decode
 	_, table = doc.Postgres["table"]
-	_, tables = doc.Postgres["tables"]
+	n, tables := doc.Postgres["tables"]
+	// An empty list (tables: [], as a written-back configuration has it
+	// beside table) lists nothing.
+	tables = tables && !(n.Kind == yaml.SequenceNode && len(n.Content) == 0)
 	return table, tables
 }
 

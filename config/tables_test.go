@@ -79,6 +79,11 @@ postgres:
 	if err != nil || cfg.Postgres.Table != "sales.outbox" || cfg.Validate() != nil {
 		t.Errorf("tables: [sales.outbox]: table %q, %v, %v", cfg.Postgres.Table, err, cfg.Validate())
 	}
+	// A configuration written back (tables: [] beside table) loads again.
+	cfg, err = config.Load(writeFile(t, "postgres:\n  table: sales.outbox\n  tables: []\n"), nil)
+	if err != nil || cfg.Postgres.Table != "sales.outbox" || cfg.Validate() != nil {
+		t.Errorf("table beside tables: []: table %q, %v", cfg.Postgres.Table, err)
+	}
 	cfg, err = config.Load("", []string{"OUTBOXD_POSTGRES_TABLES=sales.outbox"})
 	if err != nil || cfg.Postgres.Table != "sales.outbox" || cfg.Validate() != nil {
 		t.Errorf("OUTBOXD_POSTGRES_TABLES: table %q, %v", cfg.Postgres.Table, err)
