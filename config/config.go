@@ -639,9 +639,7 @@ func (c Config) Validate() error {
 		bad("postgres.table", "%q is set beside postgres.tables; postgres.table is the shorthand for one table: list every table under postgres.tables", c.Postgres.Table)
 	case len(c.Postgres.Tables) > 0:
 		errs = append(errs, c.validateTables()...)
-		if !c.Postgres.oneTable() {
-			bad("postgres.tables", "lists several tables or a pattern, which this outboxd cannot stream yet (issue 35); list one table by its exact name")
-		}
+		errs = append(errs, c.validateSeveral()...)
 	default:
 		if schema, table, ok := strings.Cut(c.Postgres.Table, "."); !ok || schema == "" || table == "" || strings.Contains(table, ".") {
 			bad("postgres.table", "%q must be schema-qualified, like public.outbox", c.Postgres.Table)

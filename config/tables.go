@@ -260,3 +260,71 @@ func settleTables(cfg *Config, data []byte, environ []string) error {
 func (p Postgres) oneTable() bool {
 	return len(p.Tables) == 1 && !p.Tables[0].Pattern() && p.Table == p.Tables[0].Name
 }
+
+// Several reports whether postgres.tables lists more than one table, which
+// outboxd streams on one slot with a router per table (PerTable).
+func (p Postgres) Several() bool { return len(p.Tables) > 1 }
+
+// PerTable returns the configuration of each outbox table, in the order of
+// postgres.tables: a copy of c whose postgres.table is the table and whose
+// router is the entry's merged router (TableRouter). For postgres.table, or
+// postgres.tables of one name, it is c alone.
+func (c Config) PerTable() ([]Config, error) {
+	if !c.Postgres.Several() {
+		return []Config{c}, nil
+	}
+	out := make([]Config, len(c.Postgres.Tables))
+	for i, e := range c.Postgres.Tables {
+		r, err := c.TableRouter(i)
+		if err != nil {
+			return nil, err
+		}
+		t := c
+		t.Postgres.Table, t.Postgres.Tables, t.Router = e.Name, nil, r
+		out[i] = t
+	}
+	return out, nil
+}
+
+// validateSeveral refuses what outboxd cannot do yet with postgres.tables
+// of more than one table, or with a pattern, each with what to do instead.
+// Refusing is the safe side: each of these would otherwise guess which
+// table's settings apply, or read only some of the tables.
+func (c Config) validateSeveral() []error {
+	p := c.Postgres
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...)))
+	}
+	for i, e := range p.Tables {
+		if e.Pattern() {
+			bad(fmt.Sprintf("postgres.tables[%d]", i), "%q is a pattern, which this outboxd cannot stream yet (issue 35): list each table by its exact name", e.Name)
+		}
+	}
+	if !p.Several() {
+		return errs
+	}
+	if p.Shards > 1 {
+		bad("postgres.shards", "%d with several postgres.tables is not supported yet: set postgres.shards: 1, or run one outboxd per table", p.Shards)
+	}
+	if c.Kafka.ExactlyOnce() {
+		bad("kafka.delivery", "exactly_once with several postgres.tables is not supported yet: use at_least_once, or run one outboxd per table")
+	}
+	if c.Router.Messages.Prefix != "" && c.Router.Messages.Unowned == UnownedDeliver {
+		bad("router.messages.unowned", "deliver with several postgres.tables: a logical message that names no table (no __outbox_table) has no table whose router settings apply; "+
+			"set router.messages.unowned: ignore and write messages that name their table (package outbox: Config.Table), or router.messages.prefix: \"\" if no one writes messages")
+	}
+	for i, e := range p.Tables {
+		r, err := c.TableRouter(i)
+		if err != nil {
+			continue // reported by validateTables
+		}
+		if r.Messages != c.Router.Messages {
+			bad(fmt.Sprintf("postgres.tables[%d] (%s)", i, e.Name), "router.messages is the same for every table (a message names its table only once it is read): set it under the top-level router")
+		}
+		if r.Poison != c.Router.Poison {
+			bad(fmt.Sprintf("postgres.tables[%d] (%s)", i, e.Name), "router.poison is the same for every table (outboxd dlq reads one dead-letter topic): set it under the top-level router")
+		}
+	}
+	return errs
+}

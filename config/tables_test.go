@@ -90,6 +90,27 @@ postgres:
 	}
 }
 
+func TestLoadSeveralTables(t *testing.T) {
+	cfg, err := config.Load(writeFile(t, "postgres:\n  tables:\n    - a.outbox\n    - name: b.events\n      router: {key_column: k, topic_template: 'b.${routedByValue}'}\n"+
+		"router:\n  messages: {unowned: ignore}\n"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("Validate: %v", err)
+	}
+	per, err := cfg.PerTable()
+	if err != nil || len(per) != 2 {
+		t.Fatalf("PerTable: %d, %v", len(per), err)
+	}
+	if per[0].Postgres.Table != "a.outbox" || per[0].Router.KeyColumn != cfg.Router.KeyColumn {
+		t.Errorf("table 0: %q, key column %q", per[0].Postgres.Table, per[0].Router.KeyColumn)
+	}
+	if per[1].Postgres.Table != "b.events" || per[1].Router.KeyColumn != "k" || per[1].Router.TopicTemplate != "b.${routedByValue}" || len(per[1].Postgres.Tables) != 0 {
+		t.Errorf("table 1: %q, key column %q, template %q", per[1].Postgres.Table, per[1].Router.KeyColumn, per[1].Router.TopicTemplate)
+	}
+}
+
 func TestLoadTablesErrors(t *testing.T) {
 	for _, tc := range []struct {
 		name, yaml string
@@ -104,8 +125,13 @@ func TestLoadTablesErrors(t *testing.T) {
 		{"unqualified", "postgres:\n  tables: [outbox]\n", nil, `postgres.tables[0]: "outbox" must be schema-qualified`},
 		{"anchors", "postgres:\n  tables:\n    - name: a.outbox\n      router: &r {key_column: k}\n    - name: b.outbox\n      router: {<<: *r, key_encoding: base64}\n", nil, "postgres.tables[1] (b.outbox): router.key_encoding"},
 		{"twice", "postgres:\n  tables: [a.outbox, a.outbox]\n", nil, `postgres.tables[1]: "a.outbox" is also postgres.tables[0]`},
-		{"pattern not yet", "postgres:\n  tables: ['*.outbox']\n", nil, "postgres.tables: lists several tables or a pattern, which this outboxd cannot stream yet"},
-		{"several not yet", "postgres:\n  tables: [a.outbox, b.outbox]\n", nil, "postgres.tables: lists several tables or a pattern, which this outboxd cannot stream yet"},
+		{"pattern not yet", "postgres:\n  tables: ['*.outbox']\n", nil, `postgres.tables[0]: "*.outbox" is a pattern, which this outboxd cannot stream yet`},
+		{"pattern among several", "postgres:\n  tables: [a.outbox, 't_*.outbox']\nrouter:\n  messages: {unowned: ignore}\n", nil, `postgres.tables[1]: "t_*.outbox" is a pattern`},
+		{"several, unowned messages", "postgres:\n  tables: [a.outbox, b.outbox]\n", nil, "router.messages.unowned: deliver with several postgres.tables"},
+		{"several, shards", "postgres:\n  tables: [a.outbox, b.outbox]\n  shards: 2\nrouter:\n  messages: {unowned: ignore}\n", nil, "postgres.shards: 2 with several postgres.tables is not supported yet"},
+		{"several, exactly once", "postgres:\n  tables: [a.outbox, b.outbox]\nkafka:\n  delivery: exactly_once\nrouter:\n  messages: {unowned: ignore}\n", nil, "kafka.delivery: exactly_once with several postgres.tables"},
+		{"several, messages override", "postgres:\n  tables: [a.outbox, {name: b.outbox, router: {messages: {prefix: x}}}]\nrouter:\n  messages: {unowned: ignore}\n", nil, "postgres.tables[1] (b.outbox): router.messages is the same for every table"},
+		{"several, poison override", "postgres:\n  tables: [a.outbox, {name: b.outbox, router: {poison: {policy: dlq, dlq_topic: d}}}]\nrouter:\n  messages: {unowned: ignore}\n", nil, "postgres.tables[1] (b.outbox): router.poison is the same for every table"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg, err := config.Load(writeFile(t, tc.yaml), tc.env)

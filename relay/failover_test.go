@@ -133,7 +133,7 @@ func TestRunConnectionsPinned(t *testing.T) {
 	}
 	at := "tcp " + addrs[1]
 	ctx := context.Background()
-	outbox := tables.New(cfg.Postgres, r.log, 0, at, func(uint32, uint32) error { return nil })
+	outbox := tables.New(cfg.Postgres, []config.Config{cfg}, nil, r.log, at, func(int, uint32, uint32) error { return nil })
 	defer outbox.Close()
 	read, closeRead := r.slotPosition(&pg.Lazy{PG: cfg.Postgres, Addr: at})
 	defer closeRead()
@@ -143,11 +143,11 @@ func TestRunConnectionsPinned(t *testing.T) {
 		call func() error
 	}{
 		{"catalogue lookup", func() error {
-			_, err := outbox.Has(ctx, &wal.Relation{ID: 16400, Namespace: "public", Name: "other"})
+			_, _, err := outbox.Which(ctx, &wal.Relation{ID: 16400, Namespace: "public", Name: "other"})
 			return err
 		}},
 		{"column types", func() error {
-			_, err := outbox.Has(ctx, &wal.Relation{Namespace: "public", Name: "outbox", Columns: []wal.Column{{Name: "c", TypeOID: 16500}}})
+			_, _, err := outbox.Which(ctx, &wal.Relation{Namespace: "public", Name: "outbox", Columns: []wal.Column{{Name: "c", TypeOID: 16500}}})
 			return err
 		}},
 		{"slot position", func() error { _, err := read(ctx); return err }},

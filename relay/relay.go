@@ -129,7 +129,7 @@ func (realClock) Sleep(ctx context.Context, d time.Duration) bool { return pause
 // attempt is what the supervisor hands to one pipeline run.
 type attempt struct {
 	first   *Checked           // the start-up checks' connections and client: the first run only, else nil
-	schema  router.Schema      // the table schema the checks read, which each run's router is built from
+	schemas []router.Schema    // the table schemas the checks read, which each run's routers are built from
 	history *preflight.History // the slot's history, which each inspection adds to
 	standby *pg.Lazy           // while standing by: the connection the polls share; else nil
 }
@@ -170,13 +170,13 @@ func (r *Relay) supervise(ctx context.Context, checked *Checked, run runFunc, cl
 	standby := &pg.Lazy{PG: r.cfg.Postgres}
 	defer standby.Close()
 	defer checked.Close()
-	history, schema := &ended.history, router.Schema{}
+	history, schemas := &ended.history, []router.Schema(nil)
 	if checked != nil {
-		*history, schema = checked.History, checked.Schema
+		*history, schemas = checked.History, checked.Schemas
 	}
 	for {
 		started := clock.Now()
-		a := attempt{first: checked, schema: schema, history: history}
+		a := attempt{first: checked, schemas: schemas, history: history}
 		if r.Status().State == StateStandby {
 			a.standby = standby
 		}

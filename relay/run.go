@@ -87,7 +87,7 @@ type pipelineRun struct {
 	// past its cutover).
 	window      shard.Window
 	windowEnded atomic.Bool
-	schema      router.Schema // the table schema the run's router is built from
+	schemas     []router.Schema // the table schemas the run's routers are built from
 	// hard ends the run at once: shutdown_timeout after the caller's ctx
 	// ends (with errShutdownTimeout as its cause), or when the run returns.
 	// It does not end with the caller's ctx itself, so that a shutdown
@@ -117,7 +117,7 @@ func (r *Relay) startStage(ctx context.Context, c connected, a attempt) (*pipeli
 		time.AfterFunc(r.cfg.ShutdownTimeout, func() { cancelHard(errShutdownTimeout) })
 	})
 	run, fail := context.WithCancelCause(hard)
-	rn := &pipelineRun{connected: c, tracker: checkpoint.New(c.slot.Confirmed), hard: hard, ctx: run, fail: fail, window: r.window, schema: a.schema}
+	rn := &pipelineRun{connected: c, tracker: checkpoint.New(c.slot.Confirmed), hard: hard, ctx: run, fail: fail, window: r.window, schemas: a.schemas}
 	rn.release = func() {
 		fail(nil)
 		stopTimer()

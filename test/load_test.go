@@ -19,9 +19,15 @@ type event struct {
 	EventType string
 	Seq       int    // per (Type, Key), increasing in commit order
 	Payload   string // in jsonb's canonical text form, so payload::text equals it
+	Topic     string // the topic, when not Type + "-events" (the default topic template)
 }
 
-func (e event) topic() string { return e.Type + "-events" }
+func (e event) topic() string {
+	if e.Topic != "" {
+		return e.Topic
+	}
+	return e.Type + "-events"
+}
 
 // ledger records what the writers committed and what they rolled back.
 type ledger struct {

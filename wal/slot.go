@@ -325,8 +325,23 @@ type Publication struct {
 // publish a partitioned table's rows under the table's own name; for other
 // tables it changes nothing.
 func PublicationSQL(name, schema, table string) string {
-	return fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s.%s WITH (publish = '%s', publish_via_partition_root = true)",
-		quote.Ident(name), quote.Ident(schema), quote.Ident(table), PublishActions)
+	return PublicationOfSQL(name, []Table{{Schema: schema, Name: table}})
+}
+
+// Table is a table by its schema and name, unquoted.
+type Table struct{ Schema, Name string }
+
+// String is schema.name, unquoted, for messages.
+func (t Table) String() string { return t.Schema + "." + t.Name }
+
+// PublicationOfSQL is PublicationSQL for several tables.
+func PublicationOfSQL(name string, tables []Table) string {
+	list := make([]string, len(tables))
+	for i, t := range tables {
+		list[i] = quote.Ident(t.Schema) + "." + quote.Ident(t.Name)
+	}
+	return fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = '%s', publish_via_partition_root = true)",
+		quote.Ident(name), strings.Join(list, ", "), PublishActions)
 }
 
 // AlterPublicationSQL is the statement that makes an existing publication
@@ -338,44 +353,73 @@ func AlterPublicationSQL(name string) string {
 // EnsurePublication checks that the publication exists and covers table, and
 // creates it with PublicationSQL when it is missing and create is true.
 func EnsurePublication(ctx context.Context, conn *pgx.Conn, name, schema, table string, create bool) (Publication, error) {
+	pubs, err := EnsurePublicationOf(ctx, conn, name, []Table{{Schema: schema, Name: table}}, create)
+	if err != nil {
+		return Publication{}, err
+	}
+	return pubs[0], nil
+}
+
+// EnsurePublicationOf is EnsurePublication for several tables: it returns
+// what it found of each table, in the order of tables, and creates the
+// publication of all of them (PublicationOfSQL) when it is missing.
+func EnsurePublicationOf(ctx context.Context, conn *pgx.Conn, name string, tables []Table, create bool) ([]Publication, error) {
 	var inserts, updates, deletes, viaRoot bool
 	err := conn.QueryRow(ctx, `SELECT pubinsert, pubupdate, pubdelete, pubviaroot FROM pg_publication WHERE pubname = $1`, name).
 		Scan(&inserts, &updates, &deletes, &viaRoot)
 	missing := errors.Is(err, pgx.ErrNoRows)
 	if err != nil && !missing {
-		return Publication{}, fmt.Errorf("reading publication %q: %w", name, err)
+		return nil, fmt.Errorf("reading publication %q: %w", name, err)
 	}
 	if missing {
-		sql := PublicationSQL(name, schema, table)
+		sql := PublicationOfSQL(name, tables)
 		if !create {
-			return Publication{}, Errorf(ErrPublicationMissing, "publication %q does not exist; create it with %s, or set postgres.create_publication: true",
+			return nil, Errorf(ErrPublicationMissing, "publication %q does not exist; create it with %s, or set postgres.create_publication: true",
 				name, sql)
 		}
 		if _, err := conn.Exec(ctx, sql); err != nil {
 			var pgErr *pgconn.PgError
 			if errors.As(err, &pgErr) && pgErr.Code == "42501" {
-				return Publication{}, fmt.Errorf("creating publication %q: %s; creating a publication needs ownership of the table and CREATE on the database: "+
+				return nil, fmt.Errorf("creating publication %q: %s; creating a publication needs ownership of the table and CREATE on the database: "+
 					"run %s as the table's owner (migrations/roles/least_privilege.sql does), and set postgres.create_publication: false",
 					name, pgErr.Message, sql)
 			}
-			return Publication{}, fmt.Errorf("creating publication %q: %w", name, err)
+			return nil, fmt.Errorf("creating publication %q: %w", name, err)
 		}
-		return Publication{Created: true}, nil
+		pubs := make([]Publication, len(tables))
+		for i := range pubs {
+			pubs[i] = Publication{Created: true}
+		}
+		return pubs, nil
 	}
 	if !inserts {
-		return Publication{}, fmt.Errorf("publication %q does not publish INSERTs, so no event would reach outboxd; run %s", name, AlterPublicationSQL(name))
+		return nil, fmt.Errorf("publication %q does not publish INSERTs, so no event would reach outboxd; run %s", name, AlterPublicationSQL(name))
 	}
+	pubs := make([]Publication, len(tables))
+	for i, t := range tables {
+		columns, err := checkPublished(ctx, conn, name, t.Schema, t.Name, viaRoot)
+		if err != nil {
+			return nil, err
+		}
+		pubs[i] = Publication{Deletes: deletes, NoUpdates: !updates, Columns: columns}
+	}
+	return pubs, nil
+}
+
+// checkPublished checks that publication name publishes every row of
+// schema.table under the table's name, and returns its column list.
+func checkPublished(ctx context.Context, conn *pgx.Conn, name, schema, table string, viaRoot bool) ([]string, error) {
 	// Without publish_via_partition_root, Postgres publishes a partition's
 	// rows under the partition's name, and after the partition is dropped
 	// nothing tells that they were the outbox's.
 	var partitioned bool
-	err = conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+	err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 		WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind = 'p')`, schema, table).Scan(&partitioned)
 	if err != nil {
-		return Publication{}, fmt.Errorf("reading outbox table %s.%s: %w", schema, table, err)
+		return nil, fmt.Errorf("reading outbox table %s.%s: %w", schema, table, err)
 	}
 	if partitioned && !viaRoot {
-		return Publication{}, fmt.Errorf("the outbox table %s.%s is partitioned, and publication %q publishes its rows under each partition's name; "+
+		return nil, fmt.Errorf("the outbox table %s.%s is partitioned, and publication %q publishes its rows under each partition's name; "+
 			"run ALTER PUBLICATION %s SET (publish_via_partition_root = true). The rows it already put into the slot keep their partition's name: "+
 			"outboxd delivers them, if the partition is neither dropped nor detached before outboxd has read them", schema, table, name, quote.Ident(name))
 	}
@@ -392,19 +436,19 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, name, schema, table 
 		FROM pg_publication_tables pt WHERE pt.pubname = $1 AND pt.schemaname = $2 AND pt.tablename = $3`,
 		name, schema, table).Scan(&filter, &columns)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Publication{}, fmt.Errorf("publication %q does not include %s.%s; run ALTER PUBLICATION %s ADD TABLE %s.%s",
+		return nil, fmt.Errorf("publication %q does not include %s.%s; run ALTER PUBLICATION %s ADD TABLE %s.%s",
 			name, schema, table, quote.Ident(name), quote.Ident(schema), quote.Ident(table))
 	}
 	if err != nil {
-		return Publication{}, fmt.Errorf("reading tables of publication %q: %w", name, err)
+		return nil, fmt.Errorf("reading tables of publication %q: %w", name, err)
 	}
 	if filter != nil {
-		return Publication{}, fmt.Errorf("publication %q publishes only the rows of %s.%s WHERE %s, and the events it leaves out would never be delivered; "+
+		return nil, fmt.Errorf("publication %q publishes only the rows of %s.%s WHERE %s, and the events it leaves out would never be delivered; "+
 			"add the table again without WHERE (ALTER PUBLICATION %[5]s DROP TABLE %[6]s.%[7]s; ALTER PUBLICATION %[5]s ADD TABLE %[6]s.%[7]s), "+
 			"or give outboxd a publication of its own",
 			name, schema, table, *filter, quote.Ident(name), quote.Ident(schema), quote.Ident(table))
 	}
-	return Publication{Deletes: deletes, NoUpdates: !updates, Columns: columns}, nil
+	return columns, nil
 }
 
 // ColumnListError is the error for a publication whose column list leaves

@@ -2,6 +2,7 @@ package admin
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -17,6 +18,9 @@ import (
 // migrations it left out and the columns other settings read that the
 // table lacks.
 func Migrate(ctx context.Context, cfg config.Config, log *slog.Logger) error {
+	if cfg.Postgres.Several() {
+		return errors.New("outboxd migrate with several postgres.tables is not supported yet (issue 35); run it once per table with postgres.table set to the table and the router settings of its entry")
+	}
 	conn, err := pg.Connect(ctx, cfg.Postgres)
 	if err != nil {
 		return err

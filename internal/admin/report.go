@@ -80,7 +80,7 @@ type ShardSlot struct {
 // BuildReport reads the report from Postgres and from the outboxd HTTP
 // endpoint at statusURL ("" skips it).
 func BuildReport(ctx context.Context, cfg config.Config, statusURL string) (Report, error) {
-	rep := Report{Slot: cfg.Postgres.Slot, Publication: cfg.Postgres.Publication, Table: cfg.Postgres.Table, ProcessURL: statusURL, ReadAt: time.Now()}
+	rep := Report{Slot: cfg.Postgres.Slot, Publication: cfg.Postgres.Publication, Table: tableNames(cfg), ProcessURL: statusURL, ReadAt: time.Now()}
 	conn, err := pg.Connect(ctx, cfg.Postgres)
 	if err != nil {
 		return rep, err
@@ -140,9 +140,22 @@ func BuildReport(ctx context.Context, cfg config.Config, statusURL string) (Repo
 	if err := rows.Err(); err != nil {
 		return rep, err
 	}
-	schema, table := cfg.Postgres.TableName()
-	_ = conn.QueryRow(ctx, `SELECT c.reltuples::bigint, pg_total_relation_size(c.oid) FROM pg_class c
-		JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2`, schema, table).Scan(&rep.TableRows, &rep.TableBytes)
+	per, err := cfg.PerTable()
+	if err != nil {
+		return rep, err
+	}
+	for _, t := range per { // several tables: their sums
+		schema, table := t.Postgres.TableName()
+		var tuples, bytes int64
+		_ = conn.QueryRow(ctx, `SELECT c.reltuples::bigint, pg_total_relation_size(c.oid) FROM pg_class c
+			JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2`, schema, table).Scan(&tuples, &bytes)
+		if tuples < 0 || rep.TableRows < 0 {
+			rep.TableRows = -1 // one was never analysed: the sum is not known
+		} else {
+			rep.TableRows += tuples
+		}
+		rep.TableBytes += bytes
+	}
 	if statusURL != "" {
 		st, err := fetchStatus(ctx, statusURL)
 		if err != nil {
@@ -345,4 +358,17 @@ func bytesText(n int64) string {
 		exp++
 	}
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+// tableNames is postgres.table, or the names of postgres.tables,
+// comma-separated.
+func tableNames(cfg config.Config) string {
+	if !cfg.Postgres.Several() {
+		return cfg.Postgres.Table
+	}
+	names := make([]string, len(cfg.Postgres.Tables))
+	for i, e := range cfg.Postgres.Tables {
+		names[i] = e.Name
+	}
+	return strings.Join(names, ",")
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -42,12 +43,13 @@ type Setup struct {
 	Tracker  *checkpoint.Tracker
 	Producer Producer
 	Fail     context.CancelCauseFunc
-	// OutboxID is the outbox table's relation ID when the run started (0:
-	// not known); Schema is the table schema the router is built from; the
-	// catalogue lookups read the server at Addr.
-	OutboxID uint32
-	Addr     string
-	Schema   router.Schema
+	// OutboxIDs are the outbox tables' relation IDs when the run started
+	// (0: not known) and Schemas the table schemas their routers are built
+	// from, in the order of Config.PerTable; the catalogue lookups read the
+	// server at Addr.
+	OutboxIDs []uint32
+	Addr      string
+	Schemas   []router.Schema
 }
 
 // NewPipeline returns the pipeline of one run, on ctx: it routes the
@@ -55,36 +57,59 @@ type Setup struct {
 // s.Tracker first. Only the goroutine that calls Run, RunExactlyOnce or
 // Handle may use it; Close it after.
 func NewPipeline(ctx context.Context, s Setup) (*Pipeline, error) {
-	rt, err := router.New(s.Config.Router, s.Schema)
+	per, err := s.Config.PerTable()
 	if err != nil {
 		return nil, err
 	}
+	outboxes := make([]table, len(per))
+	for i, c := range per {
+		var schema router.Schema
+		if i < len(s.Schemas) {
+			schema = s.Schemas[i]
+		}
+		rt, err := router.New(c.Router, schema)
+		if err != nil {
+			return nil, fmt.Errorf("outbox table %s: %w", c.Postgres.Table, err)
+		}
+		outboxes[i] = table{cfg: c, router: rt, schema: schema}
+	}
 	changes := s.Metrics.changes
 	p := &Pipeline{cfg: s.Config, log: s.Log, m: s.Metrics, txnM: s.TxnMetrics, shard: s.Shard,
-		ctx: ctx, tracker: s.Tracker, producer: s.Producer, fail: s.Fail, router: rt, schema: s.Schema,
+		ctx: ctx, tracker: s.Tracker, producer: s.Producer, fail: s.Fail, outboxes: outboxes,
 		window: s.Window, timeline: s.Timeline, stopReading: s.StopReading,
 		takesUnowned: s.Config.Router.Messages.Unowned != config.UnownedIgnore,
 		inserts:      changes.WithLabelValues("insert"), updates: changes.WithLabelValues("update"),
 		deletes: changes.WithLabelValues("delete"), messages: changes.WithLabelValues("message"), nontx: changes.WithLabelValues("message_nontransactional"),
 		others: changes.WithLabelValues("message_other_outbox"), unowned: changes.WithLabelValues("message_unowned")}
-	p.tables = tables.New(s.Config.Postgres, s.Log, s.OutboxID, s.Addr, p.learnBaseType)
+	p.tables = tables.New(s.Config.Postgres, per, s.OutboxIDs, s.Log, s.Addr, p.learnBaseType)
 	return p, nil
 }
 
-// learnBaseType rebuilds the pipeline's router with one more domain, whose
-// columns it reads as base: pgoutput names the domain.
-func (p *Pipeline) learnBaseType(domain, base uint32) error {
-	bases := make(map[uint32]uint32, len(p.schema.Bases)+1)
-	for d, b := range p.schema.Bases {
+// table is one outbox table's configuration (postgres.table and router
+// merged for it) and router.
+type table struct {
+	cfg config.Config
+	// router routes the table's rows, built from schema: the table schema
+	// the start-up checks read, with the domains the run met since.
+	router *router.Router
+	schema router.Schema
+}
+
+// learnBaseType rebuilds outbox table i's router with one more domain,
+// whose columns it reads as base: pgoutput names the domain.
+func (p *Pipeline) learnBaseType(i int, domain, base uint32) error {
+	o := &p.outboxes[i]
+	bases := make(map[uint32]uint32, len(o.schema.Bases)+1)
+	for d, b := range o.schema.Bases {
 		bases[d] = b
 	}
 	bases[domain] = base
-	schema := router.Schema{Key: p.schema.Key, Bases: bases}
-	rt, err := router.New(p.cfg.Router, schema)
+	schema := router.Schema{Key: o.schema.Key, Bases: bases}
+	rt, err := router.New(o.cfg.Router, schema)
 	if err != nil {
 		return err
 	}
-	p.router, p.schema = rt, schema
+	o.router, o.schema = rt, schema
 	return nil
 }
 
@@ -116,10 +141,9 @@ type Pipeline struct {
 	producer Producer
 	fail     context.CancelCauseFunc
 	tables   *tables.Outbox
-	// router routes the run's rows, built from schema: the table schema
-	// the start-up checks read, with the domains the run met since.
-	router *router.Router
-	schema router.Schema
+	// outboxes are the outbox tables, in the order of config.Config.PerTable:
+	// tables tells which one a change is of.
+	outboxes []table
 	// window is the relay's reshard window as the run took it.
 	window   shard.Window
 	timeline int          // the server's timeline as the run's inspection left it, for exactly-once positions
@@ -203,25 +227,27 @@ func (p *Pipeline) Handle(item wal.Item) error {
 		if p.before {
 			return nil
 		}
-		if ours, err := p.tables.Has(p.ctx, m.Relation); !ours || err != nil {
-			return err // nil: another table in a shared publication
+		i, ours, err := p.tables.Which(p.ctx, m.Relation)
+		if !ours || err != nil {
+			return err // nil: another table in a shared publication (one outbox table only)
 		}
+		o := &p.outboxes[i]
 		switch m.Op {
 		case wal.Insert:
 			p.inserts.Inc()
-			err := p.router.RouteInto(m, &p.rec)
+			err := o.router.RouteInto(m, &p.rec)
 			return p.deliver(&p.rec, err, m.LSN, m.Relation.QualifiedName)
 		case wal.Update:
 			p.updates.Inc()
-			switch {
-			case rcfg.OnUpdate == config.OnUpdateError:
+			switch onUpdate := o.cfg.Router.OnUpdate; {
+			case onUpdate == config.OnUpdateError:
 				return &wal.Error{Kind: ErrUpdate,
 					Msg:    fmt.Sprintf("UPDATE of an outbox row at LSN %s (xid %d) and router.on_update is error; outbox rows must only be inserted", m.LSN, m.XID),
 					Remedy: "to move past it, set router.on_update: warn or ignore and restart"}
-			case rcfg.OnUpdate == config.OnUpdateWarn && !p.warnedUpdate:
+			case onUpdate == config.OnUpdateWarn && !p.warnedUpdate:
 				p.warnedUpdate = true
 				p.log.Warn("UPDATE on the outbox table is not delivered; outbox rows should only be inserted (counted in outboxd_wal_changes_total{op=\"update\"})",
-					"lsn", m.LSN.String(), "xid", m.XID)
+					"lsn", m.LSN.String(), "xid", m.XID, "table", o.cfg.Postgres.Table)
 			}
 		case wal.Delete:
 			p.deletes.Inc() // insert-then-delete keeps the table empty; the insert was delivered
@@ -249,7 +275,8 @@ func (p *Pipeline) Handle(item wal.Item) error {
 		// poison row, once, by the deployment and shard that take messages
 		// without either.
 		fields, err := router.ParseMessage(m)
-		if !p.ownsMessage(fields.Owner(), m.LSN) {
+		o, owned := p.ownsMessage(fields.Owner(), m.LSN)
+		if !owned {
 			return nil
 		}
 		if sh := p.shard; sh.Count > 1 {
@@ -263,7 +290,7 @@ func (p *Pipeline) Handle(item wal.Item) error {
 		p.messages.Inc()
 		var rec *router.Record
 		if err == nil {
-			rec, err = p.router.RouteFields(m, fields, p.commitTime)
+			rec, err = o.router.RouteFields(m, fields, p.commitTime)
 		}
 		return p.deliver(rec, err, m.LSN, func() string { return "message " + m.Prefix })
 	case *wal.Commit:
@@ -304,16 +331,24 @@ func (p *Pipeline) endWindow() {
 
 // ownsMessage reports whether this deployment delivers a logical message
 // that names owner ("" for none), from the message alone, so that a replay
-// decides as the first reading did: one that names this deployment's
-// postgres.table is its own, one that names another table is that table's
-// outboxd's, and one that names none is the deployment's with
-// router.messages.unowned: deliver. A message it leaves is counted, and the
-// first of each kind in a run logged.
-func (p *Pipeline) ownsMessage(owner string, lsn wal.LSN) bool {
-	table := p.cfg.Postgres.Table
+// decides as the first reading did, and the outbox table whose router
+// routes it: one that names one of this deployment's postgres.table or
+// postgres.tables is that table's, one that names another table is that
+// table's outboxd's, and one that names none is the deployment's with
+// router.messages.unowned: deliver (one outbox table only: config.Config.Validate
+// refuses it with several). A message it leaves is counted, and the first
+// of each kind in a run logged.
+func (p *Pipeline) ownsMessage(owner string, lsn wal.LSN) (*table, bool) {
+	for i := range p.outboxes {
+		if owner == p.outboxes[i].cfg.Postgres.Table {
+			return &p.outboxes[i], true
+		}
+	}
+	table := p.outboxes[0].cfg.Postgres.Table
+	if len(p.outboxes) > 1 {
+		table = "tables " + p.tableNames()
+	}
 	switch {
-	case owner == table:
-		return true
 	case owner != "":
 		p.others.Inc()
 		if !p.warnedOther {
@@ -323,9 +358,9 @@ func (p *Pipeline) ownsMessage(owner string, lsn wal.LSN) bool {
 				"the writer's outbox Config.Table (the message's field "+router.OwnerField+") must equal the postgres.table of the outboxd that delivers it",
 				"owner", owner, "lsn", lsn.String(), "slot", p.cfg.Postgres.Slot)
 		}
-		return false
-	case p.takesUnowned:
-		return true
+		return nil, false
+	case p.takesUnowned && len(p.outboxes) == 1:
+		return &p.outboxes[0], true
 	}
 	p.unowned.Inc()
 	if !p.warnedLeft {
@@ -334,7 +369,16 @@ func (p *Pipeline) ownsMessage(owner string, lsn wal.LSN) bool {
 			"to the one outboxd on the database with router.messages.unowned: deliver (counted in outboxd_wal_changes_total{op=\"message_unowned\"})",
 			"lsn", lsn.String(), "slot", p.cfg.Postgres.Slot)
 	}
-	return false
+	return nil, false
+}
+
+// tableNames are the outbox tables' names, comma-separated.
+func (p *Pipeline) tableNames() string {
+	names := make([]string, len(p.outboxes))
+	for i := range p.outboxes {
+		names[i] = p.outboxes[i].cfg.Postgres.Table
+	}
+	return strings.Join(names, ",")
 }
 
 // ErrUpdate marks an UPDATE refused by router.on_update: error; it is

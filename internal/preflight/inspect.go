@@ -51,7 +51,9 @@ func (h *History) Confirmed(lsn wal.LSN) { h.confirmed = max(h.confirmed, lsn) }
 // Slot is what a pipeline's inspection of the slot read.
 type Slot struct {
 	Confirmed wal.LSN // the slot's confirmed position: where the run starts
-	OutboxID  uint32  // the outbox table's relation ID (0: no such table now)
+	// OutboxIDs are each outbox table's relation ID (0: no such table
+	// now), in the order of config.Config.PerTable.
+	OutboxIDs []uint32
 	// Addr is the server the slot was read on (pg.Addr), where the run
 	// streams from: every connection of the run that decides about its
 	// events (catalogue lookups, the slot's position, the exactly-once
@@ -100,6 +102,9 @@ func (c *Checker) InspectOn(ctx context.Context, conn *pgx.Conn, h *History) (Sl
 		}
 		h.sawTimeline(serverAddr(conn), system, tli) // also while another process holds the slot
 	}
+	if c.perErr != nil {
+		return Slot{}, c.perErr
+	}
 	info, ok, err := wal.InspectSlot(ctx, conn, c.cfg.Postgres.Slot)
 	if err != nil {
 		return Slot{}, err
@@ -110,12 +115,16 @@ func (c *Checker) InspectOn(ctx context.Context, conn *pgx.Conn, h *History) (Sl
 	if !ok {
 		return Slot{}, c.slotMissing(ctx, conn, h)
 	}
-	// The outbox table's relation ID tells its rows after a rename.
+	// The outbox tables' relation IDs tell their rows after a rename.
 	var db string
-	var outboxID uint32
-	schema, table := c.cfg.Postgres.TableName()
-	if err := conn.QueryRow(ctx, "SELECT current_database(), coalesce(to_regclass($1)::oid, 0)", pgx.Identifier{schema, table}.Sanitize()).
-		Scan(&db, &outboxID); err != nil {
+	names := make([]string, len(c.per))
+	for i, t := range c.per {
+		schema, table := t.Postgres.TableName()
+		names[i] = pgx.Identifier{schema, table}.Sanitize()
+	}
+	var outboxIDs []uint32
+	if err := conn.QueryRow(ctx, "SELECT current_database(), array(SELECT coalesce(to_regclass(n)::oid, 0) FROM unnest($1::text[]) WITH ORDINALITY AS u(n, i) ORDER BY i)", names).
+		Scan(&db, &outboxIDs); err != nil {
 		return Slot{}, fmt.Errorf("reading current database: %w", err)
 	}
 	if err := c.checkSlot(ctx, conn, info, db); err != nil {
@@ -124,7 +133,7 @@ func (c *Checker) InspectOn(ctx context.Context, conn *pgx.Conn, h *History) (Sl
 	if err := c.noteSlot(ctx, conn, info, h); err != nil {
 		return Slot{}, err
 	}
-	return Slot{Confirmed: info.ConfirmedFlushLSN, OutboxID: outboxID, Addr: pg.Addr(conn.PgConn().Conn()), Timeline: h.timeline}, nil
+	return Slot{Confirmed: info.ConfirmedFlushLSN, OutboxIDs: outboxIDs, Addr: pg.Addr(conn.PgConn().Conn()), Timeline: h.timeline}, nil
 }
 
 // PublicationDropped is the stop for a publication dropped while outboxd
@@ -132,7 +141,7 @@ func (c *Checker) InspectOn(ctx context.Context, conn *pgx.Conn, h *History) (Sl
 func (c *Checker) PublicationDropped(pgErr *pgconn.PgError) error {
 	pg := c.cfg.Postgres
 	schema, table := pg.TableName()
-	create := wal.PublicationSQL(pg.Publication, schema, table)
+	create := wal.PublicationOfSQL(pg.Publication, c.tables())
 	if c.shard.Count > 1 {
 		create = shard.PublicationSQL(pg.Publication, schema, table, c.cfg.Router.KeyColumn, c.shard.Index, c.shard.Count)
 	}

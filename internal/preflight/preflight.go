@@ -27,6 +27,8 @@ import (
 // slot's history travels in a *History the caller owns.
 type Checker struct {
 	cfg         config.Config
+	per         []config.Config // each outbox table's configuration (config.Config.PerTable)
+	perErr      error
 	shard       shard.Shard
 	log         *slog.Logger
 	newProducer func() (*sink.Producer, error)
@@ -46,7 +48,8 @@ type Progress struct {
 // shard's. newProducer opens the Kafka client the checks warm; progress
 // reports what this process confirmed.
 func New(cfg config.Config, sh shard.Shard, log *slog.Logger, newProducer func() (*sink.Producer, error), progress func() Progress) *Checker {
-	return &Checker{cfg: cfg, shard: sh, log: log, newProducer: newProducer, progress: progress}
+	per, err := cfg.PerTable()
+	return &Checker{cfg: cfg, per: per, perErr: err, shard: sh, log: log, newProducer: newProducer, progress: progress}
 }
 
 // ConnectReplication opens a logical replication connection to any host
@@ -80,13 +83,13 @@ func BesideOrClose(conn *pgx.Conn, repl *pgconn.PgConn) *pgconn.PgConn {
 	return nil
 }
 
-// Checked is what Check found and opened: the table schema the router is
-// built from, the slot's history, and the connections and Kafka client for
+// Checked is what Check found and opened: the table schema each table's
+// router is built from, the slot's history, and the connections and Kafka client for
 // the first pipeline, so that its first event does not wait for them to be
 // opened again. Each of Conn, Repl and Producer is nil when Check could not
 // open it (the first pipeline opens its own); whoever takes one closes it.
 type Checked struct {
-	Schema   router.Schema
+	Schemas  []router.Schema // of each outbox table, in the order of config.Config.PerTable
 	History  History
 	Conn     *pgx.Conn      // Check's connection, for the first slot inspection
 	Repl     *pgconn.PgConn // the replication connection, beside Conn
@@ -154,7 +157,7 @@ func (c *Checker) Check(ctx context.Context, h History) (Checked, error) {
 	// With two writable hosts in postgres.dsn the two connections may have
 	// reached different servers: the first pipeline then opens the
 	// replication connection beside conn.
-	out := Checked{Schema: found.schema, History: h, Conn: conn, Repl: BesideOrClose(conn, <-repl)}
+	out := Checked{Schemas: found.schemas, History: h, Conn: conn, Repl: BesideOrClose(conn, <-repl)}
 	if found.slotHeld && out.Repl != nil {
 		// The first pipeline will wait as a standby: give the walsender
 		// place back at once.
@@ -178,8 +181,8 @@ func (c *Checker) Check(ctx context.Context, h History) (Checked, error) {
 
 // found is what the Postgres checks learned.
 type found struct {
-	schema   router.Schema
-	slotHeld bool // another process is streaming from the slot
+	schemas  []router.Schema // of each outbox table
+	slotHeld bool            // another process is streaming from the slot
 }
 
 // checkPostgres checks the server, the role and the table, prepares the
@@ -217,18 +220,27 @@ func (c *Checker) checkOn(ctx context.Context, conn *pgx.Conn, h *History) (foun
 		return found{}, err
 	}
 	h.major = major
-	if err := checkServer(ctx, conn, c.cfg.Postgres, router.Columns(c.cfg.Router)); err != nil {
-		return found{}, err
+	if c.perErr != nil {
+		return found{}, c.perErr
 	}
-	schema, err := c.checkColumnTypes(ctx, conn)
+	user, err := checkServer(ctx, conn)
 	if err != nil {
 		return found{}, err
+	}
+	schemas := make([]router.Schema, len(c.per))
+	for i, t := range c.per {
+		if err := checkTable(ctx, conn, user, t.Postgres, router.Columns(t.Router)); err != nil {
+			return found{}, err
+		}
+		if schemas[i], err = checkColumnTypes(ctx, conn, t); err != nil {
+			return found{}, err
+		}
 	}
 	if err := RefuseSplitBrain(ctx, conn, h, <-others); err != nil {
 		return found{}, err
 	}
 	slotHeld, err := c.ensureSlot(ctx, conn, h)
-	return found{schema: schema, slotHeld: slotHeld}, err
+	return found{schemas: schemas, slotHeld: slotHeld}, err
 }
 
 // checkKafka checks that a broker answers and returns the warmed client.
@@ -274,30 +286,37 @@ func kafkaError(cfg config.Kafka, err error) error {
 	return err
 }
 
-func checkServer(ctx context.Context, conn *pgx.Conn, cfg config.Postgres, columns []string) error {
+// checkServer checks the server's wal_level and the role's REPLICATION,
+// and returns the role's name.
+func checkServer(ctx context.Context, conn *pgx.Conn) (user string, err error) {
 	var walLevel string
 	if err := conn.QueryRow(ctx, "SHOW wal_level").Scan(&walLevel); err != nil {
-		return fmt.Errorf("reading wal_level: %w", err)
+		return "", fmt.Errorf("reading wal_level: %w", err)
 	}
 	if walLevel != "logical" {
-		return fmt.Errorf("wal_level is %s; set wal_level = logical in postgresql.conf (or ALTER SYSTEM SET wal_level = logical) and restart Postgres "+
+		return "", fmt.Errorf("wal_level is %s; set wal_level = logical in postgresql.conf (or ALTER SYSTEM SET wal_level = logical) and restart Postgres "+
 			"(on Amazon RDS and Aurora: rds.logical_replication = 1 in the parameter group; on Google Cloud SQL: the flag cloudsql.logical_decoding = on; "+
 			"on Azure Database for PostgreSQL: the server parameter wal_level = logical)", walLevel)
 	}
-	var user string
 	var canReplicate bool
 	// On Amazon RDS and Aurora, membership of rds_replication stands for
 	// the REPLICATION attribute, which no one can give there.
-	err := conn.QueryRow(ctx, `SELECT current_user, rolreplication OR rolsuper OR EXISTS (
+	err = conn.QueryRow(ctx, `SELECT current_user, rolreplication OR rolsuper OR EXISTS (
 			SELECT FROM pg_roles r WHERE r.rolname = 'rds_replication' AND pg_has_role(current_user, r.oid, 'MEMBER'))
 		FROM pg_roles WHERE rolname = current_user`).Scan(&user, &canReplicate)
 	if err != nil {
-		return fmt.Errorf("reading the role's attributes: %w", err)
+		return "", fmt.Errorf("reading the role's attributes: %w", err)
 	}
 	if !canReplicate {
 		role := pgx.Identifier{user}.Sanitize()
-		return fmt.Errorf("role %s lacks the REPLICATION attribute; run ALTER ROLE %s WITH REPLICATION (on Amazon RDS and Aurora: GRANT rds_replication TO %s), or connect as a role that has it", user, role, role)
+		return "", fmt.Errorf("role %s lacks the REPLICATION attribute; run ALTER ROLE %s WITH REPLICATION (on Amazon RDS and Aurora: GRANT rds_replication TO %s), or connect as a role that has it", user, role, role)
 	}
+	return user, nil
+}
+
+// checkTable checks that the outbox table cfg.Table exists, that role user
+// may read it, and that it has the columns its router reads.
+func checkTable(ctx context.Context, conn *pgx.Conn, user string, cfg config.Postgres, columns []string) error {
 	schema, table := cfg.TableName()
 	present, err := pg.TableColumns(ctx, conn, schema, table)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -339,8 +358,8 @@ func checkServer(ctx context.Context, conn *pgx.Conn, cfg config.Postgres, colum
 // column may be NULL (as pgjdbc tells it: the column's or its domain's NOT
 // NULL) and carries the column's default; a numeric's declared scale
 // decides its form.
-func (c *Checker) checkColumnTypes(ctx context.Context, conn *pgx.Conn) (router.Schema, error) {
-	schema, table := c.cfg.Postgres.TableName()
+func checkColumnTypes(ctx context.Context, conn *pgx.Conn, cfg config.Config) (router.Schema, error) {
+	schema, table := cfg.Postgres.TableName()
 	rows, err := conn.Query(ctx, `WITH RECURSIVE b(name, oid, typmod, not_null, def, domain) AS (
 			SELECT a.attname::text, a.atttypid, a.atttypmod, a.attnotnull OR (t.typtype = 'd' AND t.typnotnull),
 				coalesce(pg_get_expr(d.adbin, d.adrelid), ''), t.typtype = 'd'
@@ -353,7 +372,7 @@ func (c *Checker) checkColumnTypes(ctx context.Context, conn *pgx.Conn) (router.
 		SELECT b.name, b.oid, b.typmod, b.not_null, b.def, b.domain FROM b JOIN pg_type t ON t.oid = b.oid WHERE t.typtype <> 'd'`,
 		pgx.Identifier{schema, table}.Sanitize())
 	if err != nil {
-		return router.Schema{}, fmt.Errorf("reading the column types of %s: %w", c.cfg.Postgres.Table, err)
+		return router.Schema{}, fmt.Errorf("reading the column types of %s: %w", cfg.Postgres.Table, err)
 	}
 	types := map[string]uint32{}
 	var name, def string
@@ -363,20 +382,20 @@ func (c *Checker) checkColumnTypes(ctx context.Context, conn *pgx.Conn) (router.
 	key := router.KeyColumn{}
 	_, err = pgx.ForEachRow(rows, []any{&name, &oid, &typmod, &notNull, &def, &domain}, func() error {
 		types[name] = oid
-		if name == c.cfg.Router.KeyColumn {
+		if name == cfg.Router.KeyColumn {
 			key = router.KeyColumn{Optional: !notNull, TypeMod: typmod, Default: def, Domain: domain}
 		}
 		return nil
 	})
 	if err != nil {
-		return router.Schema{}, fmt.Errorf("reading the column types of %s: %w", c.cfg.Postgres.Table, err)
+		return router.Schema{}, fmt.Errorf("reading the column types of %s: %w", cfg.Postgres.Table, err)
 	}
 	tableSchema := router.Schema{Key: key}
-	rt, err := router.New(c.cfg.Router, tableSchema)
+	rt, err := router.New(cfg.Router, tableSchema)
 	if err != nil {
-		return router.Schema{}, err
+		return router.Schema{}, fmt.Errorf("outbox table %s: %w", cfg.Postgres.Table, err)
 	}
-	return tableSchema, rt.CheckTypes(c.cfg.Postgres.Table, types)
+	return tableSchema, rt.CheckTypes(cfg.Postgres.Table, types)
 }
 
 // ensureSlot creates the publication and slot when missing and allowed, and
@@ -384,24 +403,33 @@ func (c *Checker) checkColumnTypes(ctx context.Context, conn *pgx.Conn) (router.
 // streaming from.
 func (c *Checker) ensureSlot(ctx context.Context, conn *pgx.Conn, h *History) (slotHeld bool, err error) {
 	pc := c.cfg.Postgres
-	schema, table := pc.TableName()
-	var pub wal.Publication
-	if c.shard.Count > 1 {
-		pub, err = c.checkShardPublication(ctx, conn)
+	pubs := []wal.Publication{{}}
+	if c.shard.Count > 1 { // one table (config.Config.Validate)
+		pubs[0], err = c.checkShardPublication(ctx, conn)
 	} else {
-		pub, err = wal.EnsurePublication(ctx, conn, pc.Publication, schema, table, pc.CreatePublication)
+		pubs, err = wal.EnsurePublicationOf(ctx, conn, pc.Publication, c.tables(), pc.CreatePublication)
 	}
 	if err != nil {
 		return false, err
 	}
-	if pub.Columns != nil {
-		if missing := pg.MissingColumns(pub.Columns, router.Columns(c.cfg.Router)); len(missing) > 0 {
+	for i, pub := range pubs {
+		if pub.Columns == nil {
+			continue
+		}
+		if missing := pg.MissingColumns(pub.Columns, router.Columns(c.per[i].Router)); len(missing) > 0 {
+			schema, table := c.per[i].Postgres.TableName()
 			return false, wal.ColumnListError(pc.Publication, schema, table, pub.Columns, missing)
 		}
 	}
+	if pc.Several() && !pubs[0].Created {
+		if err := c.refuseOthers(ctx, conn); err != nil {
+			return false, err
+		}
+	}
+	pub := pubs[0] // publish settings are the publication's, the same for each table
 	switch {
 	case pub.Created:
-		c.log.Info("created publication", "publication", pc.Publication, "table", pc.Table, "publish", wal.PublishActions)
+		c.log.Info("created publication", "publication", pc.Publication, "table", c.tableNames(), "publish", wal.PublishActions)
 	case pub.NoUpdates && c.cfg.Router.OnUpdate != "ignore" && c.shard.Count == 1: // a shard's publication publishes inserts only
 		c.log.Warn("the publication leaves UPDATEs out, so router.on_update ("+string(c.cfg.Router.OnUpdate)+") never sees an updated outbox row; "+
 			wal.AlterPublicationSQL(pc.Publication)+" publishes them", "publication", pc.Publication)
@@ -490,4 +518,56 @@ func (c *Checker) checkShardPublication(ctx context.Context, conn *pgx.Conn) (wa
 			pc.Publication, c.shard.Index, c.shard.Count, schema, table, create)
 	}
 	return wal.Publication{Columns: columns}, nil
+}
+
+// tables are the outbox tables.
+func (c *Checker) tables() []wal.Table {
+	out := make([]wal.Table, len(c.per))
+	for i, t := range c.per {
+		schema, table := t.Postgres.TableName()
+		out[i] = wal.Table{Schema: schema, Name: table}
+	}
+	return out
+}
+
+// tableNames are the outbox tables' names, comma-separated, for messages.
+func (c *Checker) tableNames() string {
+	names := make([]string, len(c.per))
+	for i, t := range c.per {
+		names[i] = t.Postgres.Table
+	}
+	return strings.Join(names, ",")
+}
+
+// refuseOthers refuses a publication, of several outbox tables, that also
+// publishes a table postgres.tables does not list: outboxd would meet rows
+// it has no router for, and with several tables it halts on them rather
+// than guess whether they are events (package tables).
+func (c *Checker) refuseOthers(ctx context.Context, conn *pgx.Conn) error {
+	pc := c.cfg.Postgres
+	listed := map[string]bool{}
+	for _, t := range c.tables() {
+		listed[t.String()] = true
+	}
+	rows, err := conn.Query(ctx, `SELECT schemaname::text, tablename::text FROM pg_publication_tables WHERE pubname = $1 ORDER BY 1, 2`, pc.Publication)
+	if err != nil {
+		return fmt.Errorf("reading tables of publication %q: %w", pc.Publication, err)
+	}
+	var others []string
+	var schema, table string
+	_, err = pgx.ForEachRow(rows, []any{&schema, &table}, func() error {
+		if t := (wal.Table{Schema: schema, Name: table}); !listed[t.String()] {
+			others = append(others, t.String())
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("reading tables of publication %q: %w", pc.Publication, err)
+	}
+	if len(others) > 0 {
+		return fmt.Errorf("publication %q also publishes %s, which postgres.tables does not list; with several outbox tables outboxd halts on a row of a table it has no router for: "+
+			"list the table under postgres.tables if its rows are events, else remove it from the publication (ALTER PUBLICATION %s DROP TABLE ...) or give outboxd a publication of its own",
+			pc.Publication, strings.Join(others, ", "), pgx.Identifier{pc.Publication}.Sanitize())
+	}
+	return nil
 }

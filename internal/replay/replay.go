@@ -124,6 +124,9 @@ func Open(ctx context.Context, cfg config.Config, opts Options, log *slog.Logger
 	if err := opts.check(); err != nil {
 		return nil, err
 	}
+	if cfg.Postgres.Several() {
+		return nil, errors.New("outboxd replay with several postgres.tables is not supported yet (issue 35); give it a configuration with postgres.table set to the table to replay and the router settings of its entry")
+	}
 	if opts.Table != "" && qualified(opts.Table) != qualified(cfg.Postgres.Table) {
 		return nil, fmt.Errorf("-table %s: outboxd delivers %s (postgres.table), and a replay routes rows as outboxd does; "+
 			"give the configuration of the outboxd that delivers %s", opts.Table, cfg.Postgres.Table, opts.Table)

@@ -1,6 +1,6 @@
-// Package tables tells the outbox table's changes from those of other
-// tables that the publication also publishes, by relation ID and the
-// catalogue, and learns the base types of the outbox columns' domains. One
+// Package tables tells which outbox table a change is of, from the changes
+// of other tables that the publication also publishes, by relation ID and
+// the catalogue, and learns the base types of the outbox columns' domains. One
 // Outbox serves one pipeline run: only its goroutine may use it, and it
 // reads the catalogue of the server the run streams from, nowhere else.
 package tables
@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -18,78 +19,124 @@ import (
 	"github.com/outboxd/outboxd/wal"
 )
 
-// Outbox tells the outbox table's changes from those of other tables
-// that the publication also publishes. Matching the name alone is not
-// enough: a table renamed while outboxd runs keeps its relation ID under a
-// new name, and a publication without publish_via_partition_root (outboxd
-// refuses one at start-up, but it may have been one for the WAL still in
-// the slot) publishes a partition's rows under the partition's name. Those
-// rows are outbox events; dropping them would confirm them undelivered.
-// Tables that inherit from the outbox table are other tables.
+// Outbox tells each outbox table's changes from those of other tables
+// that the publication also publishes, and which outbox table a change is
+// of. Matching the name alone is not enough: a table renamed while outboxd
+// runs keeps its relation ID under a new name, and a publication without
+// publish_via_partition_root (outboxd refuses one at start-up, but it may
+// have been one for the WAL still in the slot) publishes a partition's rows
+// under the partition's name. Those rows are outbox events; dropping them
+// would confirm them undelivered. Tables that inherit from an outbox table
+// are other tables.
+//
+// With one outbox table, another table's changes are ignored: the
+// publication may be shared. With several (postgres.tables), outboxd owns
+// the publication (the start-up checks refuse one that publishes another
+// table), and a change of a table that is none of the outbox tables, nor a
+// partition of one, is an error that names the table: it cannot be routed,
+// and passing it over could drop an event.
 type Outbox struct {
 	publication string
-	schema      string
-	table       string
+	tables      []table
+	several     bool
 	log         *slog.Logger
 
-	outboxID uint32          // the outbox's relation ID: read when the run started, then as seen
-	others   map[uint32]bool // relation ID → its rows are outbox rows
-	db       pg.Lazy         // for the lookups
+	others map[uint32]int // relation ID → the outbox table whose partition it is, or -1
+	db     pg.Lazy        // for the lookups
 
 	// pgoutput names a column's declared type, which for a domain is the
 	// domain. Its base type tells how to read the value (a domain over bytea
-	// is sent as hex text): baseType learns each domain's.
-	baseType func(domain, base uint32) error
-	typed    *wal.Relation   // the last outbox relation whose types were looked at
-	types    map[uint32]bool // user-defined type OIDs already looked up
+	// is sent as hex text): baseType learns each domain's, per table.
+	baseType func(table int, domain, base uint32) error
+	typed    *wal.Relation // the last outbox relation whose types were looked at
 }
 
+// table is one outbox table.
+type table struct {
+	schema, name string
+	id           uint32          // its relation ID: read when the run started, then as seen
+	types        map[uint32]bool // user-defined type OIDs of its columns already looked up
+}
+
+func (t *table) qualified() string { return t.schema + "." + t.name }
+
 // New returns the Outbox of a run that streams from the server at addr
-// (pg.Addr; "" for any host of postgres.dsn), starting from outboxID, the
-// outbox table's relation ID when the run started (0 if unknown). baseType
-// is told each domain's base type as the run meets it; its error fails Has.
-func New(pgc config.Postgres, log *slog.Logger, outboxID uint32, addr string, baseType func(domain, base uint32) error) *Outbox {
-	schema, table := pgc.TableName()
-	return &Outbox{publication: pgc.Publication, schema: schema, table: table, log: log, outboxID: outboxID, others: map[uint32]bool{},
-		db: pg.Lazy{PG: pgc, Addr: addr}, baseType: baseType, types: map[uint32]bool{}}
+// (pg.Addr; "" for any host of postgres.dsn). per are the outbox tables'
+// configurations (config.Config.PerTable) and ids their relation IDs when
+// the run started (0 if unknown), in the same order. baseType is told each
+// domain's base type, with the index of the table whose column has it, as
+// the run meets it; its error fails Which.
+func New(pgc config.Postgres, per []config.Config, ids []uint32, log *slog.Logger, addr string, baseType func(table int, domain, base uint32) error) *Outbox {
+	ts := make([]table, len(per))
+	for i, c := range per {
+		schema, name := c.Postgres.TableName()
+		ts[i] = table{schema: schema, name: name, types: map[uint32]bool{}}
+		if i < len(ids) {
+			ts[i].id = ids[i]
+		}
+	}
+	return &Outbox{publication: pgc.Publication, tables: ts, several: len(ts) > 1, log: log, others: map[uint32]int{},
+		db: pg.Lazy{PG: pgc, Addr: addr}, baseType: baseType}
 }
 
 // Addr is the server whose catalogue it reads (pg.Addr).
 func (t *Outbox) Addr() string { return t.db.Addr }
 
-// Has reports whether rel's rows are outbox rows. A relation of another name
-// is looked up in the catalog once per run, and so are the outbox's
+// Which reports which outbox table rel's rows are of: its index in the
+// tables New was given, or ok false for another table (one outbox table
+// only; with several, that is an error). A relation of another name is
+// looked up in the catalogue once per run, and so are each outbox table's
 // user-defined column types.
-func (t *Outbox) Has(ctx context.Context, rel *wal.Relation) (bool, error) {
-	ours, err := t.is(ctx, rel)
-	if ours && err == nil && rel != t.typed {
-		err = t.resolveTypes(ctx, rel)
+func (t *Outbox) Which(ctx context.Context, rel *wal.Relation) (i int, ok bool, err error) {
+	i, err = t.which(ctx, rel)
+	if i < 0 || err != nil {
+		return 0, false, err
 	}
-	return ours, err
+	if rel != t.typed {
+		if err := t.resolveTypes(ctx, i, rel); err != nil {
+			return 0, false, err
+		}
+	}
+	return i, true, nil
 }
 
-func (t *Outbox) is(ctx context.Context, rel *wal.Relation) (bool, error) {
-	if rel.Namespace == t.schema && rel.Name == t.table {
-		t.outboxID = rel.ID
-		return true, nil
+func (t *Outbox) which(ctx context.Context, rel *wal.Relation) (int, error) {
+	for i := range t.tables {
+		if tb := &t.tables[i]; rel.Namespace == tb.schema && rel.Name == tb.name {
+			tb.id = rel.ID
+			return i, nil
+		}
 	}
-	if rel.ID == t.outboxID {
-		return true, nil
+	for i := range t.tables {
+		if rel.ID == t.tables[i].id {
+			return i, nil
+		}
 	}
-	if ours, ok := t.others[rel.ID]; ok {
-		return ours, nil
+	if i, ok := t.others[rel.ID]; ok {
+		return i, nil
 	}
-	exists, ours, err := t.lookup(ctx, rel.ID)
+	exists, i, err := t.lookup(ctx, rel.ID)
 	if err != nil {
-		return false, fmt.Errorf("looking up %s (relation %d), which the publication publishes, to tell whether it is a partition of the outbox table %s.%s: %w",
-			rel.QualifiedName(), rel.ID, t.schema, t.table, err)
+		return -1, fmt.Errorf("looking up %s (relation %d), which the publication publishes, to tell whether it is a partition of an outbox table (%s): %w",
+			rel.QualifiedName(), rel.ID, t.names(), err)
 	}
-	t.others[rel.ID] = ours
+	if i < 0 && t.several {
+		what := "which is none of postgres.tables nor a partition of one"
+		if !exists {
+			what = "a table dropped since, which outboxd cannot tell for a partition of one of postgres.tables or another table"
+		}
+		return -1, &wal.Error{Kind: ErrUnrouted,
+			Msg: fmt.Sprintf("publication %q published a row of %s (relation %d), %s: outboxd has no router for it and stopped rather than pass it over",
+				t.publication, rel.QualifiedName(), rel.ID, what),
+			Remedy: "if its rows are outbox events, list " + rel.QualifiedName() + " under postgres.tables and restart; if they are not, remove it from the publication " +
+				"and, as the rows already in the slot are published still, advance the slot past them by hand (pg_replication_slot_advance) once you have checked them"}
+	}
+	t.others[rel.ID] = i
 	switch {
-	case ours:
+	case i >= 0:
 		t.log.Info("delivering the rows of "+rel.QualifiedName()+" as outbox events: it is a partition of the outbox table, "+
 			"published under its own name (the publication lacked publish_via_partition_root where this part of the WAL was written)",
-			"table", t.schema+"."+t.table)
+			"table", t.tables[i].qualified())
 	case !exists:
 		t.log.Warn("ignoring the changes to "+rel.QualifiedName()+", a table dropped since: if it was a partition of the outbox table, "+
 			"its events in this part of the WAL are not delivered (they were published under its own name; publish_via_partition_root prevents this)",
@@ -98,7 +145,27 @@ func (t *Outbox) is(ctx context.Context, rel *wal.Relation) (bool, error) {
 		t.log.Info("ignoring the changes to "+rel.QualifiedName()+": the publication publishes it, but it is not the outbox table. "+
 			"A publication of the outbox table alone spares Postgres decoding them", "publication", t.publication)
 	}
-	return ours, nil
+	return i, nil
+}
+
+// ErrUnrouted marks a row of a table that is none of several outbox tables;
+// it is permanent.
+var ErrUnrouted error = permanent("a row of a table that is not an outbox table")
+
+// permanent is a sentinel error that classifies itself as permanent: a
+// restart would meet the same row.
+type permanent string
+
+func (p permanent) Error() string   { return string(p) }
+func (p permanent) Permanent() bool { return true }
+
+// names are the outbox tables' names, comma-separated.
+func (t *Outbox) names() string {
+	names := make([]string, len(t.tables))
+	for i := range t.tables {
+		names[i] = t.tables[i].qualified()
+	}
+	return strings.Join(names, ",")
 }
 
 // firstUserOID is Postgres' FirstNormalObjectId: built-in types are below it.
@@ -106,10 +173,11 @@ const firstUserOID = 16384
 
 // resolveTypes looks up the base type of each domain among rel's column
 // types that it has not seen yet.
-func (t *Outbox) resolveTypes(ctx context.Context, rel *wal.Relation) error {
+func (t *Outbox) resolveTypes(ctx context.Context, table int, rel *wal.Relation) error {
+	types := t.tables[table].types
 	var oids []uint32
 	for _, c := range rel.Columns {
-		if c.TypeOID >= firstUserOID && !t.types[c.TypeOID] {
+		if c.TypeOID >= firstUserOID && !types[c.TypeOID] {
 			oids = append(oids, c.TypeOID)
 		}
 	}
@@ -128,32 +196,40 @@ func (t *Outbox) resolveTypes(ctx context.Context, rel *wal.Relation) error {
 			return fmt.Errorf("looking up the column types of %s: %w", rel.QualifiedName(), err)
 		}
 		var domain, base uint32
-		_, err = pgx.ForEachRow(rows, []any{&domain, &base}, func() error { return t.baseType(domain, base) })
+		_, err = pgx.ForEachRow(rows, []any{&domain, &base}, func() error { return t.baseType(table, domain, base) })
 		if err != nil {
 			return fmt.Errorf("looking up the column types of %s: %w", rel.QualifiedName(), err)
 		}
 		for _, oid := range oids {
-			t.types[oid] = true
+			types[oid] = true
 		}
 	}
 	t.typed = rel
 	return nil
 }
 
-// lookup reports whether relation id exists and whether it is a partition
-// of the outbox table (by its configured name or its ID), at any depth.
-func (t *Outbox) lookup(ctx context.Context, id uint32) (exists, partition bool, err error) {
+// lookup reports whether relation id exists and which outbox table, by its
+// configured name or its ID, it is a partition of, at any depth (-1: none).
+func (t *Outbox) lookup(ctx context.Context, id uint32) (exists bool, table int, err error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	conn, err := t.db.Get(ctx)
 	if err != nil {
-		return false, false, err
+		return false, -1, err
 	}
+	names := make([]string, len(t.tables))
+	ids := make([]uint32, len(t.tables))
+	for i := range t.tables {
+		names[i] = pgx.Identifier{t.tables[i].schema, t.tables[i].name}.Sanitize()
+		ids[i] = t.tables[i].id
+	}
+	var index int32
 	err = conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_class WHERE oid = $1::oid),
-			EXISTS (SELECT 1 FROM pg_partition_ancestors($1::oid::regclass) a
-				WHERE a.relid::oid <> $1::oid AND (a.relid::oid = to_regclass($2)::oid OR a.relid::oid = $3::oid))`,
-		id, pgx.Identifier{t.schema, t.table}.Sanitize(), t.outboxID).Scan(&exists, &partition)
-	return exists, partition, err
+			coalesce((SELECT min(u.i) FROM pg_partition_ancestors($1::oid::regclass) a,
+					unnest($2::text[], $3::oid[]) WITH ORDINALITY AS u(name, id, i)
+				WHERE a.relid::oid <> $1::oid AND (a.relid::oid = to_regclass(u.name)::oid OR a.relid::oid = u.id)), 0)::int - 1`,
+		id, names, ids).Scan(&exists, &index)
+	return exists, int(index), err
 }
 
 // Close closes the connection of the lookups.
