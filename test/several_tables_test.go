@@ -6,6 +6,7 @@ import (
 	mrand "math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -165,4 +166,47 @@ func severalTablesLoad(ctx context.Context, d *db, writers, events int, l *ledge
 		}
 	}
 	return nil
+}
+
+// With several outbox tables, outboxd owns the publication: a row of a
+// table that the publication gained while outboxd ran, which no entry
+// lists, stops outboxd with the table's name instead of being passed over,
+// and the slot is not confirmed past it; at the next start the publication
+// is refused. A table's failed start-up check names the table.
+func TestSeveralTablesNoRowPassedOver(t *testing.T) {
+	d := newDB(t)
+	s := severalShapes[1]
+	d.exec(t, s.create)
+	d.exec(t, `CREATE TABLE public.other (id int PRIMARY KEY, v text)`)
+	yaml := "postgres:\n  tables:\n    - public.outbox\n    - name: " + s.table + "\n      router: " + s.router + "\nrouter:\n  messages:\n    unowned: ignore\n"
+	cfg := filepath.Join(t.TempDir(), "outboxd.yaml")
+	if err := os.WriteFile(cfg, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	if err := os.WriteFile(bad, []byte(strings.Replace(yaml, "key_column: stream_no", "key_column: nope", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env := d.env()
+	expectStartupError(t, env, `outbox table orders.events has no column nope`, "-config", bad)
+
+	p := start(t, env, "-config", cfg)
+	p.waitStreaming()
+	typ := d.name + "_np"
+	before := uuid()
+	d.exec(t, s.insert, before, typ, "7", "Happened", `{}`)
+	readUntil(t, []string{"orders." + typ}, 30*time.Second, 0, waitIDs(before))
+	d.exec(t, `ALTER PUBLICATION outboxd ADD TABLE public.other`)
+	lsn := currentLSN(t, d)
+	d.exec(t, `INSERT INTO public.other VALUES (1, 'not an event')`)
+	if code := p.waitExit(30 * time.Second); code == 0 {
+		t.Fatalf("outboxd exited 0 after a row of a table it has no router for")
+	}
+	p.waitLog(`publication \\?"outboxd\\?" published a row of public.other \(relation \d+\), which is none of postgres.tables nor a partition of one: outboxd has no router for it and stopped rather than pass it over`, time.Second)
+	t.Log(p.waitLog(`level=ERROR .*`, time.Second))
+	p.waitLog(`if its rows are outbox events, list public.other under postgres.tables and restart`, time.Second)
+	if c := d.confirmedFlush(t); c > lsn {
+		t.Errorf("the slot was confirmed to %X, past the unrouted row (written after %X)", c, lsn)
+	}
+	expectStartupError(t, env, `publication \\?"outboxd\\?" also publishes public.other, which postgres.tables does not list`, "-config", cfg)
 }

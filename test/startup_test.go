@@ -15,11 +15,11 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// expectStartupError runs outboxd with env and checks that it exits non-zero
-// with one error line matching want.
-func expectStartupError(t *testing.T, env []string, want string) {
+// expectStartupError runs outboxd with env and args and checks that it
+// exits non-zero with one error line matching want.
+func expectStartupError(t *testing.T, env []string, want string, args ...string) {
 	t.Helper()
-	p := start(t, env)
+	p := start(t, env, args...)
 	code := p.waitExit(60 * time.Second)
 	if code == 0 {
 		t.Fatalf("outboxd exited 0, want non-zero; log:\n%s", p.logs.String())
