@@ -25,6 +25,9 @@ var severalShapes = []struct {
 	insert string // $1 id, $2 route-by value, $3 key, $4 event type, $5 payload
 	key    func(i int) string
 	topic  func(typ string) string
+	// message is e as a logical message's content that names the table,
+	// with its fields named like the table's columns (tables 1 and 2).
+	message func(e event) string
 }{
 	{table: "public.outbox",
 		insert: `INSERT INTO public.outbox (id, aggregate_type, aggregate_id, event_type, payload) VALUES ($1, $2, $3, $4, $5)`,
@@ -36,14 +39,22 @@ var severalShapes = []struct {
 		router: `{id_column: event_id, route_by_column: stream, key_column: stream_no, event_type_column: kind, payload_column: body, topic_template: 'orders.${routedByValue}'}`,
 		insert: `INSERT INTO orders.events (event_id, stream, stream_no, kind, body) VALUES ($1, $2, $3::bigint, $4, $5)`,
 		key:    func(i int) string { return fmt.Sprint(1000 + i) },
-		topic:  func(typ string) string { return "orders." + typ }},
+		topic:  func(typ string) string { return "orders." + typ },
+		message: func(e event) string {
+			return fmt.Sprintf(`{"__outbox_table": "orders.events", "event_id": %q, "stream": %q, "stream_no": %s, "kind": %q, "body": %s}`,
+				e.ID, e.Type, e.Key, e.EventType, e.Payload)
+		}},
 	{table: "wallet.outbox_events",
 		create: `CREATE SCHEMA wallet; CREATE TABLE wallet.outbox_events (seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, uid text NOT NULL UNIQUE,
 			destination text NOT NULL, partition_key uuid NOT NULL, type text NOT NULL, data text NOT NULL)`,
 		router: `{id_column: uid, route_by_column: destination, key_column: partition_key, event_type_column: type, payload_column: data, topic_template: '${routedByValue}'}`,
 		insert: `INSERT INTO wallet.outbox_events (uid, destination, partition_key, type, data) VALUES ($1, $2, $3::uuid, $4, $5)`,
 		key:    func(i int) string { return fmt.Sprintf("00000000-0000-4000-8000-%012d", i) },
-		topic:  func(typ string) string { return typ }},
+		topic:  func(typ string) string { return typ },
+		message: func(e event) string {
+			return fmt.Sprintf(`{"__outbox_table": "wallet.outbox_events", "uid": %q, "destination": %q, "partition_key": %q, "type": %q, "data": %q}`,
+				e.ID, e.Type, e.Key, e.EventType, e.Payload)
+		}},
 }
 
 // severalTablesConfig writes the configuration of the three tables.
@@ -84,7 +95,7 @@ func TestSeveralTablesOnOneSlot(t *testing.T) {
 	p.waitLog(`msg="created publication" publication=outboxd table=public.outbox,orders.events,wallet.outbox_events`, time.Second)
 
 	l := newLedger()
-	const writers, events = 2, 6000
+	const writers, events = 2, 9000
 	loadDone := make(chan error, 1)
 	go func() { loadDone <- severalTablesLoad(context.Background(), d, writers, events, l) }()
 	waitCommitted(t, l, events/3)
@@ -132,7 +143,12 @@ func severalTablesLoad(ctx context.Context, d *db, writers, events int, l *ledge
 					} else {
 						e.Payload = fmt.Sprintf(`{"seq": %d}`, e.Seq) // jsonb's canonical text
 					}
-					b.Queue(s.insert, e.ID, typ, e.Key, e.EventType, e.Payload)
+					if si > 0 && rng.IntN(4) == 0 {
+						// A logical message, routed by the table it names.
+						b.Queue(`SELECT pg_logical_emit_message(true, 'outbox', $1)`, s.message(e))
+					} else {
+						b.Queue(s.insert, e.ID, typ, e.Key, e.EventType, e.Payload)
+					}
 					evs = append(evs, e)
 				}
 				err := pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error {
