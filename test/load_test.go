@@ -201,15 +201,7 @@ func (w *writer) run(ctx context.Context, d *db, n int, l *ledger) error {
 			}
 			b.Queue(`ROLLBACK TO SAVEPOINT sp`)
 		}
-		err := pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error {
-			if err := tx.SendBatch(ctx, b).Close(); err != nil {
-				return err
-			}
-			if rollback {
-				return errRollback
-			}
-			return nil
-		})
+		err := runBatch(ctx, d, b, rollback)
 		switch {
 		case err == errRollback:
 			l.add(false, kept...)
@@ -237,3 +229,17 @@ func (w *writer) run(ctx context.Context, d *db, n int, l *ledger) error {
 }
 
 var errRollback = fmt.Errorf("rolled back on purpose")
+
+// runBatch runs b in one transaction, and rolls it back with errRollback
+// when rollback is set.
+func runBatch(ctx context.Context, d *db, b *pgx.Batch, rollback bool) error {
+	return pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error {
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			return err
+		}
+		if rollback {
+			return errRollback
+		}
+		return nil
+	})
+}

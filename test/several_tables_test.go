@@ -151,15 +151,7 @@ func severalTablesLoad(ctx context.Context, d *db, writers, events int, l *ledge
 					}
 					evs = append(evs, e)
 				}
-				err := pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error {
-					if err := tx.SendBatch(ctx, b).Close(); err != nil {
-						return err
-					}
-					if rollback {
-						return errRollback
-					}
-					return nil
-				})
+				err := runBatch(ctx, d, b, rollback)
 				switch {
 				case err == errRollback:
 					l.add(false, evs...)

@@ -121,7 +121,12 @@ func newTestPipeline(t *testing.T, tune func(*config.Config)) *testPipeline {
 	if tune != nil {
 		tune(&cfg)
 	}
-	s := setupOf(cfg, slog.New(slog.DiscardHandler))
+	return newTestPipelineOf(t, setupOf(cfg, slog.New(slog.DiscardHandler)))
+}
+
+// newTestPipelineOf is newTestPipeline for the Setup s.
+func newTestPipelineOf(t *testing.T, s Setup) *testPipeline {
+	t.Helper()
 	run, fail := context.WithCancelCause(context.Background())
 	t.Cleanup(func() { fail(nil) })
 	prod := &fakeProducer{}

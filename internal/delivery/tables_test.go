@@ -1,14 +1,12 @@
 package delivery
 
 import (
-	"context"
 	"errors"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"testing"
 
-	"github.com/outboxd/outboxd/checkpoint"
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/wal"
 )
@@ -39,13 +37,8 @@ router:
 	}
 	s := setupOf(cfg, slog.New(slog.DiscardHandler))
 	s.OutboxIDs = []uint32{16400, 16500}
-	run, fail := context.WithCancelCause(context.Background())
-	t.Cleanup(func() { fail(nil) })
-	prod := &fakeProducer{}
-	tracker := checkpoint.New(0x100)
-	p := pipelineOn(t, s, run, tracker, prod, fail)
-	t.Cleanup(p.Close)
-	tp := &testPipeline{Pipeline: p, prod: prod, tracker: tracker, run: run}
+	tp := newTestPipelineOf(t, s)
+	prod := tp.prod
 
 	events := &wal.Relation{ID: 16500, Namespace: "orders", Name: "events", Columns: []wal.Column{
 		{Name: "event_id", TypeOID: 2950, Key: true}, {Name: "stream", TypeOID: 25}, {Name: "stream_no", TypeOID: 20},
