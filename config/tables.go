@@ -307,9 +307,6 @@ func (c Config) validateSeveral() []error {
 	if p.Shards > 1 {
 		bad("postgres.shards", "%d with several postgres.tables is not supported yet: set postgres.shards: 1, or run one outboxd per table", p.Shards)
 	}
-	if c.Kafka.ExactlyOnce() {
-		bad("kafka.delivery", "exactly_once with several postgres.tables is not supported yet: use at_least_once, or run one outboxd per table")
-	}
 	if c.Router.Messages.Prefix != "" && c.Router.Messages.Unowned == UnownedDeliver {
 		bad("router.messages.unowned", "deliver with several postgres.tables: a logical message that names no table (no __outbox_table) has no table whose router settings apply; "+
 			"set router.messages.unowned: ignore and write messages that name their table (package outbox: Config.Table), or router.messages.prefix: \"\" if no one writes messages")

@@ -129,7 +129,6 @@ func TestLoadTablesErrors(t *testing.T) {
 		{"pattern among several", "postgres:\n  tables: [a.outbox, 't_*.outbox']\nrouter:\n  messages: {unowned: ignore}\n", nil, `postgres.tables[1]: "t_*.outbox" is a pattern`},
 		{"several, unowned messages", "postgres:\n  tables: [a.outbox, b.outbox]\n", nil, "router.messages.unowned: deliver with several postgres.tables"},
 		{"several, shards", "postgres:\n  tables: [a.outbox, b.outbox]\n  shards: 2\nrouter:\n  messages: {unowned: ignore}\n", nil, "postgres.shards: 2 with several postgres.tables is not supported yet"},
-		{"several, exactly once", "postgres:\n  tables: [a.outbox, b.outbox]\nkafka:\n  delivery: exactly_once\nrouter:\n  messages: {unowned: ignore}\n", nil, "kafka.delivery: exactly_once with several postgres.tables"},
 		{"several, messages override", "postgres:\n  tables: [a.outbox, {name: b.outbox, router: {messages: {prefix: x}}}]\nrouter:\n  messages: {unowned: ignore}\n", nil, "postgres.tables[1] (b.outbox): router.messages is the same for every table"},
 		{"several, poison override", "postgres:\n  tables: [a.outbox, {name: b.outbox, router: {poison: {policy: dlq, dlq_topic: d}}}]\nrouter:\n  messages: {unowned: ignore}\n", nil, "postgres.tables[1] (b.outbox): router.poison is the same for every table"},
 	} {
