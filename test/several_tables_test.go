@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxd/outboxd/wal"
 )
 
 // The three outbox tables of TestSeveralTablesOnOneSlot, each of its own
@@ -253,4 +255,39 @@ func TestSeveralTablesNoRowPassedOver(t *testing.T) {
 		t.Errorf("the slot was confirmed to %X, past the unrouted row (written after %X)", c, lsn)
 	}
 	expectStartupError(t, env, `publication \\?"outboxd\\?" also publishes public.other, which postgres.tables does not list`, "-config", cfg)
+}
+
+// The same for a row of a table dropped before outboxd read it: outboxd
+// cannot tell whether it was a partition of an outbox table, so it stops
+// with its name; the operator's way past it is to advance the slot by hand,
+// after which outboxd delivers what follows.
+func TestSeveralTablesHaltOnDroppedTable(t *testing.T) {
+	d := newDB(t)
+	s := severalShapes[1]
+	d.exec(t, s.create)
+	yaml := "postgres:\n  tables:\n    - public.outbox\n    - name: " + s.table + "\n      router: " + s.router + "\nrouter:\n  messages:\n    unowned: ignore\n"
+	cfg := filepath.Join(t.TempDir(), "outboxd.yaml")
+	if err := os.WriteFile(cfg, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env := d.env()
+	p := start(t, env, "-config", cfg)
+	p.waitStreaming()
+	p.stop(syscall.SIGTERM, 30*time.Second)
+
+	d.exec(t, `CREATE TABLE public.gone (id int PRIMARY KEY)`)
+	d.exec(t, `ALTER PUBLICATION outboxd ADD TABLE public.gone`)
+	d.exec(t, `INSERT INTO public.gone VALUES (1)`)
+	d.exec(t, `DROP TABLE public.gone`)
+	past := currentLSN(t, d)
+	expectStartupError(t, env, `publication \\?"outboxd\\?" published a row of public.gone \(relation \d+\), a table dropped since, which outboxd cannot tell for a partition of one of postgres.tables or another table`,
+		"-config", cfg)
+
+	d.exec(t, `SELECT pg_replication_slot_advance($1, $2::pg_lsn)`, d.slot, wal.LSN(past).String())
+	typ := d.name + "_gone"
+	id := uuid()
+	d.exec(t, s.insert, id, typ, "7", "Happened", `{}`)
+	p = start(t, env, "-config", cfg)
+	p.waitStreaming()
+	readUntil(t, []string{"orders." + typ}, 30*time.Second, 0, waitIDs(id))
 }
