@@ -234,7 +234,7 @@ func TestSeveralTablesNoRowPassedOver(t *testing.T) {
 		t.Fatal(err)
 	}
 	env := d.env()
-	expectStartupError(t, env, `outbox table orders.events has no column nope`, "-config", bad)
+	expectStartupError(t, env, `outbox table orders.events has no column nope; add it or set the \*_column settings of postgres.tables\[1\].router`, "-config", bad)
 
 	p := start(t, env, "-config", cfg)
 	p.waitStreaming()

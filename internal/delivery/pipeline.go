@@ -344,16 +344,16 @@ func (p *Pipeline) ownsMessage(owner string, lsn wal.LSN) (*table, bool) {
 			return &p.outboxes[i], true
 		}
 	}
-	table := p.outboxes[0].cfg.Postgres.Table
+	table := "not this outboxd's postgres.table " + p.outboxes[0].cfg.Postgres.Table
 	if len(p.outboxes) > 1 {
-		table = "tables " + p.tableNames()
+		table = "none of this outboxd's postgres.tables " + p.tableNames()
 	}
 	switch {
 	case owner != "":
 		p.others.Inc()
 		if !p.warnedOther {
 			p.warnedOther = true
-			p.log.Warn("a logical message names outbox table "+owner+", not this outboxd's postgres.table "+table+", so this outboxd leaves it to the outboxd of "+owner+
+			p.log.Warn("a logical message names outbox table "+owner+", "+table+", so this outboxd leaves it to the outboxd of "+owner+
 				" (counted in outboxd_wal_changes_total{op=\"message_other_outbox\"}). If no outboxd has postgres.table "+owner+", no one delivers it: "+
 				"the writer's outbox Config.Table (the message's field "+router.OwnerField+") must equal the postgres.table of the outboxd that delivers it",
 				"owner", owner, "lsn", lsn.String(), "slot", p.cfg.Postgres.Slot)

@@ -229,7 +229,11 @@ func (c *Checker) checkOn(ctx context.Context, conn *pgx.Conn, h *History) (foun
 	}
 	schemas := make([]router.Schema, len(c.per))
 	for i, t := range c.per {
-		if err := checkTable(ctx, conn, user, t.Postgres, router.Columns(t.Router)); err != nil {
+		field := "postgres.table"
+		if c.cfg.Postgres.Several() {
+			field = fmt.Sprintf("postgres.tables[%d]", i)
+		}
+		if err := checkTable(ctx, conn, user, t.Postgres, router.Columns(t.Router), field); err != nil {
 			return found{}, err
 		}
 		if schemas[i], err = checkColumnTypes(ctx, conn, t); err != nil {
@@ -315,11 +319,15 @@ func checkServer(ctx context.Context, conn *pgx.Conn) (user string, err error) {
 }
 
 // checkTable checks that the outbox table cfg.Table exists, that role user
-// may read it, and that it has the columns its router reads.
-func checkTable(ctx context.Context, conn *pgx.Conn, user string, cfg config.Postgres, columns []string) error {
+// may read it, and that it has the columns its router reads; field is the
+// setting that names the table (postgres.table, postgres.tables[i]).
+func checkTable(ctx context.Context, conn *pgx.Conn, user string, cfg config.Postgres, columns []string, field string) error {
 	schema, table := cfg.TableName()
 	present, err := pg.TableColumns(ctx, conn, schema, table)
 	if errors.Is(err, pgx.ErrNoRows) {
+		if field != "postgres.table" {
+			return fmt.Errorf("outbox table %s (%s) does not exist; create it, or correct %[2]s (compared exactly: no quotes, case as in the catalogue)", cfg.Table, field)
+		}
 		return fmt.Errorf("outbox table %s does not exist; run 'outboxd migrate' to create it, or set postgres.table to your outbox table", cfg.Table)
 	}
 	if err != nil {
@@ -344,8 +352,12 @@ func checkTable(ctx context.Context, conn *pgx.Conn, user string, cfg config.Pos
 			user, cfg.Table, pgx.Identifier{schema, table}.Sanitize(), role)
 	}
 	if missing := pg.MissingColumns(present, columns); len(missing) > 0 {
-		return fmt.Errorf("outbox table %s has no column %s; add it or set the router.*_column settings to the table's column names",
-			cfg.Table, strings.Join(missing, ", "))
+		settings := "the router.*_column settings"
+		if field != "postgres.table" {
+			settings = "the *_column settings of " + field + ".router (or of the top-level router)"
+		}
+		return fmt.Errorf("outbox table %s has no column %s; add it or set %s to the table's column names",
+			cfg.Table, strings.Join(missing, ", "), settings)
 	}
 	return nil
 }
