@@ -322,6 +322,9 @@ func (c Config) validateSeveral() []error {
 		if r.Poison != c.Router.Poison {
 			bad(fmt.Sprintf("postgres.tables[%d] (%s)", i, e.Name), "router.poison is the same for every table (outboxd dlq reads one dead-letter topic): set it under the top-level router")
 		}
+		if r.IDHeader != c.Router.IDHeader || r.EventTypeHeader != c.Router.EventTypeHeader {
+			bad(fmt.Sprintf("postgres.tables[%d] (%s)", i, e.Name), "router.id_header and router.event_type_header are the same for every table (dead letters and outboxd dlq read them by these names): set them under the top-level router")
+		}
 	}
 	return errs
 }

@@ -130,6 +130,7 @@ func TestLoadTablesErrors(t *testing.T) {
 		{"several, unowned messages", "postgres:\n  tables: [a.outbox, b.outbox]\n", nil, "router.messages.unowned: deliver with several postgres.tables"},
 		{"several, shards", "postgres:\n  tables: [a.outbox, b.outbox]\n  shards: 2\nrouter:\n  messages: {unowned: ignore}\n", nil, "postgres.shards: 2 with several postgres.tables is not supported yet"},
 		{"several, messages override", "postgres:\n  tables: [a.outbox, {name: b.outbox, router: {messages: {prefix: x}}}]\nrouter:\n  messages: {unowned: ignore}\n", nil, "postgres.tables[1] (b.outbox): router.messages is the same for every table"},
+		{"several, id header override", "postgres:\n  tables: [a.outbox, {name: b.outbox, router: {id_header: eventId}}]\nrouter:\n  messages: {unowned: ignore}\n", nil, "postgres.tables[1] (b.outbox): router.id_header and router.event_type_header are the same for every table"},
 		{"several, poison override", "postgres:\n  tables: [a.outbox, {name: b.outbox, router: {poison: {policy: dlq, dlq_topic: d}}}]\nrouter:\n  messages: {unowned: ignore}\n", nil, "postgres.tables[1] (b.outbox): router.poison is the same for every table"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
