@@ -291,3 +291,44 @@ func TestSeveralTablesHaltOnDroppedTable(t *testing.T) {
 	p.waitStreaming()
 	readUntil(t, []string{"orders." + typ}, 30*time.Second, 0, waitIDs(id))
 }
+
+// outboxd replay with several tables replays the table -table names, routed
+// by that entry's settings, and refuses to guess without -table.
+func TestSeveralTablesReplay(t *testing.T) {
+	d := newDB(t)
+	for _, s := range severalShapes {
+		if s.create != "" {
+			d.exec(t, s.create)
+		}
+	}
+	cfg := severalTablesConfig(t)
+	s := severalShapes[2]
+	typ := d.name + "_rp"
+	var ids []string
+	for i := range 5 {
+		id := uuid()
+		d.exec(t, s.insert, id, typ, s.key(i), "Happened", `{}`)
+		ids = append(ids, id)
+	}
+	d.exec(t, severalShapes[1].insert, uuid(), typ, "7", "Happened", `{}`) // another table's: not replayed
+
+	bad := start(t, d.env(), "replay", "-config", cfg, "-where", "true")
+	if code := bad.waitExit(30 * time.Second); code != 1 {
+		t.Fatalf("replay without -table exited %d, want 1", code)
+	}
+	bad.waitLog(`postgres.tables lists several tables \(public.outbox, orders.events, wallet.outbox_events\): name the one to replay with -table`, time.Second)
+
+	rp := start(t, d.env(), "replay", "-config", cfg, "-table", s.table, "-where", "true")
+	if code := rp.waitExit(60 * time.Second); code != 0 {
+		t.Fatalf("replay -table %s exited %d, want 0", s.table, code)
+	}
+	recs := readUntil(t, []string{s.topic(typ), severalShapes[1].topic(typ)}, 30*time.Second, time.Second, waitIDs(ids...))
+	if len(recs) != len(ids) {
+		t.Errorf("%d records, want the %d rows of %s", len(recs), len(ids), s.table)
+	}
+	for _, r := range recs {
+		if header(r, "outboxd.replay") == "" || r.Topic != s.topic(typ) {
+			t.Errorf("record %s on %s: replay header %q; want one on %s", header(r, "id"), r.Topic, header(r, "outboxd.replay"), s.topic(typ))
+		}
+	}
+}

@@ -24,7 +24,7 @@ func replayFlags(fs *flag.FlagSet, inv *invocation) {
 	o := &inv.replay
 	fs.StringVar(&o.Where, "where", "", "the `condition` the rows to send match, the body of a SQL WHERE over the outbox table's columns "+
 		"(required for a new run; -where true sends every row). Only rows still in the table match: deleted rows cannot be replayed")
-	fs.StringVar(&o.Table, "table", "", "the outbox `table` (default postgres.table, the only one a replay can route)")
+	fs.StringVar(&o.Table, "table", "", "the outbox `table` (default postgres.table; with several postgres.tables, required: one of them)")
 	fs.StringVar(&o.ToTopic, "to-topic", "", "send every record to this `topic` instead of the one the router chooses")
 	fs.Float64Var(&o.Rate, "rate", replay.DefaultRate, "at most this many `records` per second, so that the replay leaves room for live delivery (0: no limit)")
 	fs.StringVar(&o.Order, "order", "", "the `column` whose order each key's records keep, with the primary key breaking ties (default created_at if the table has it, else the primary key)")

@@ -93,6 +93,28 @@ func qualified(name string) string {
 	return schema + "." + table
 }
 
+// tableConfig returns the configuration of the table of postgres.tables
+// that -table names (config.Config.PerTable): a replay routes its rows as
+// outboxd routes that table's.
+func tableConfig(cfg config.Config, table string) (config.Config, error) {
+	per, err := cfg.PerTable()
+	if err != nil {
+		return cfg, err
+	}
+	names := make([]string, len(per))
+	for i, c := range per {
+		if table != "" && qualified(c.Postgres.Table) == qualified(table) {
+			return c, nil
+		}
+		names[i] = c.Postgres.Table
+	}
+	if table == "" {
+		return cfg, fmt.Errorf("postgres.tables lists several tables (%s): name the one to replay with -table (also with -resume)", strings.Join(names, ", "))
+	}
+	return cfg, fmt.Errorf("-table %s: it is none of postgres.tables (%s), and a replay routes rows as outboxd does; give the configuration of the outboxd that delivers %s",
+		table, strings.Join(names, ", "), table)
+}
+
 // Replay is a run that Open checked and recorded; Run sends its rows.
 type Replay struct {
 	cfg      config.Config
@@ -125,7 +147,9 @@ func Open(ctx context.Context, cfg config.Config, opts Options, log *slog.Logger
 		return nil, err
 	}
 	if cfg.Postgres.Several() {
-		return nil, errors.New("outboxd replay with several postgres.tables is not supported yet (issue 35); give it a configuration with postgres.table set to the table to replay and the router settings of its entry")
+		if cfg, err = tableConfig(cfg, opts.Table); err != nil {
+			return nil, err
+		}
 	}
 	if opts.Table != "" && qualified(opts.Table) != qualified(cfg.Postgres.Table) {
 		return nil, fmt.Errorf("-table %s: outboxd delivers %s (postgres.table), and a replay routes rows as outboxd does; "+
