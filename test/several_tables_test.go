@@ -332,3 +332,27 @@ func TestSeveralTablesReplay(t *testing.T) {
 		}
 	}
 }
+
+// outboxd migrate with several tables creates each, with the column names of
+// its entry's router, so that outboxd then starts on them.
+func TestSeveralTablesMigrate(t *testing.T) {
+	d := newDB(t)
+	d.exec(t, `CREATE SCHEMA billing`)
+	yaml := "postgres:\n  tables:\n    - public.outbox\n    - name: billing.outbox\n      router: {id_column: event_id, key_column: account, payload_column: body}\n" +
+		"router:\n  messages:\n    unowned: ignore\n"
+	cfg := filepath.Join(t.TempDir(), "outboxd.yaml")
+	if err := os.WriteFile(cfg, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m := start(t, d.env(), "migrate", "-config", cfg)
+	if code := m.waitExit(60 * time.Second); code != 0 {
+		t.Fatalf("outboxd migrate exited %d", code)
+	}
+	m.waitLog(`msg="outbox table ready" table=billing.outbox`, time.Second)
+	p := start(t, d.env(), "-config", cfg)
+	p.waitStreaming()
+	typ := d.name + "_mig"
+	id := uuid()
+	d.exec(t, `INSERT INTO billing.outbox (event_id, aggregate_type, account, event_type, body) VALUES ($1, $2, 'acc-1', 'Billed', '{}')`, id, typ)
+	readUntil(t, []string{typ + "-events"}, 30*time.Second, 0, waitIDs(id))
+}

@@ -2,10 +2,11 @@ package admin
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/internal/pg"
@@ -17,15 +18,31 @@ import (
 // the migrations, with the column names the router reads. It logs the
 // migrations it left out and the columns other settings read that the
 // table lacks.
+// With several postgres.tables it does so for each table, with the
+// column names of its entry's router.
 func Migrate(ctx context.Context, cfg config.Config, log *slog.Logger) error {
-	if cfg.Postgres.Several() {
-		return errors.New("outboxd migrate with several postgres.tables is not supported yet (issue 35); run it once per table with postgres.table set to the table and the router settings of its entry")
+	per, err := cfg.PerTable()
+	if err != nil {
+		return err
 	}
 	conn, err := pg.Connect(ctx, cfg.Postgres)
 	if err != nil {
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
+	for _, c := range per {
+		if err := migrate(ctx, conn, c, log); err != nil {
+			if cfg.Postgres.Several() {
+				return fmt.Errorf("outbox table %s: %w", c.Postgres.Table, err)
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// migrate is Migrate for the one table of cfg, on conn.
+func migrate(ctx context.Context, conn *pgx.Conn, cfg config.Config, log *slog.Logger) error {
 	schema, table := cfg.Postgres.TableName()
 	// The table gets the column names the router reads (the debezium
 	// preset's, or the *_column settings).
