@@ -255,6 +255,9 @@ func TestSeveralTablesNoRowPassedOver(t *testing.T) {
 		t.Errorf("the slot was confirmed to %X, past the unrouted row (written after %X)", c, lsn)
 	}
 	expectStartupError(t, env, `publication \\?"outboxd\\?" also publishes public.other, which postgres.tables does not list`, "-config", cfg)
+	d.exec(t, `CREATE PUBLICATION everything FOR ALL TABLES`)
+	expectStartupError(t, append(env[:len(env):len(env)], "OUTBOXD_POSTGRES_PUBLICATION=everything"),
+		`publication \\?"everything\\?" is FOR ALL TABLES, so it publishes tables postgres.tables does not list \(public.other\)`, "-config", cfg)
 }
 
 // The same for a row of a table dropped before outboxd read it: outboxd

@@ -576,6 +576,17 @@ func (c *Checker) refuseOthers(ctx context.Context, conn *pgx.Conn) error {
 	if err != nil {
 		return fmt.Errorf("reading tables of publication %q: %w", pc.Publication, err)
 	}
+	if len(others) > 5 {
+		others = append(others[:5], fmt.Sprintf("and %d more", len(others)-5))
+	}
+	var all bool
+	if err := conn.QueryRow(ctx, `SELECT puballtables FROM pg_publication WHERE pubname = $1`, pc.Publication).Scan(&all); err != nil {
+		return fmt.Errorf("reading publication %q: %w", pc.Publication, err)
+	}
+	if all {
+		return fmt.Errorf("publication %q is FOR ALL TABLES, so it publishes tables postgres.tables does not list (%s); with several outbox tables outboxd halts on a row of a table it has no router for: "+
+			"give outboxd a publication of its own (drop %[1]q and let outboxd create it, or create it FOR TABLE the listed tables)", pc.Publication, strings.Join(others, ", "))
+	}
 	if len(others) > 0 {
 		return fmt.Errorf("publication %q also publishes %s, which postgres.tables does not list; with several outbox tables outboxd halts on a row of a table it has no router for: "+
 			"list the table under postgres.tables if its rows are events, else remove it from the publication (ALTER PUBLICATION %s DROP TABLE ...) or give outboxd a publication of its own",
