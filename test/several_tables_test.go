@@ -7,12 +7,12 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/outboxd/outboxd/wal"
 )
@@ -75,6 +75,12 @@ func severalTablesConfig(t *testing.T) string {
 	}
 	// A message must name its table when there are several.
 	yaml += "router:\n  messages:\n    unowned: ignore\n"
+	return writeConfig(t, yaml)
+}
+
+// writeConfig writes yaml to a file of its own and returns its path.
+func writeConfig(t *testing.T, yaml string) string {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), "outboxd.yaml")
 	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
@@ -155,12 +161,9 @@ func severalTablesRun(t *testing.T, d *db, env []string, kills int) (*ledger, <-
 // one writer, so its commit order is that writer's.
 func severalTablesLoad(ctx context.Context, d *db, writers, events int, l *ledger) error {
 	const keys = 20
-	errs := make(chan error, writers)
-	var wg sync.WaitGroup
+	var g errgroup.Group
 	for w := range writers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		g.Go(func() error {
 			rng := mrand.New(mrand.NewPCG(uint64(w), 35))
 			seq := map[[3]int]int{}
 			for done := 0; done < events/writers && ctx.Err() == nil; {
@@ -194,24 +197,16 @@ func severalTablesLoad(ctx context.Context, d *db, writers, events int, l *ledge
 				case err == errRollback:
 					l.add(false, evs...)
 				case err != nil:
-					errs <- fmt.Errorf("writer %d: %w", w, err)
-					return
+					return fmt.Errorf("writer %d: %w", w, err)
 				default:
 					l.add(true, evs...)
 				}
 				done += size
 			}
-			errs <- nil
-		}()
+			return nil
+		})
 	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		if err != nil {
-			return err
-		}
-	}
-	return nil
+	return g.Wait()
 }
 
 // With several outbox tables, outboxd owns the publication: a row of a
@@ -225,14 +220,8 @@ func TestSeveralTablesNoRowPassedOver(t *testing.T) {
 	d.exec(t, s.create)
 	d.exec(t, `CREATE TABLE public.other (id int PRIMARY KEY, v text)`)
 	yaml := "postgres:\n  tables:\n    - public.outbox\n    - name: " + s.table + "\n      router: " + s.router + "\nrouter:\n  messages:\n    unowned: ignore\n"
-	cfg := filepath.Join(t.TempDir(), "outboxd.yaml")
-	if err := os.WriteFile(cfg, []byte(yaml), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	bad := filepath.Join(t.TempDir(), "bad.yaml")
-	if err := os.WriteFile(bad, []byte(strings.Replace(yaml, "key_column: stream_no", "key_column: nope", 1)), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	cfg := writeConfig(t, yaml)
+	bad := writeConfig(t, strings.Replace(yaml, "key_column: stream_no", "key_column: nope", 1))
 	env := d.env()
 	expectStartupError(t, env, `outbox table orders.events has no column nope; add it or set the \*_column settings of postgres.tables\[1\].router`, "-config", bad)
 
@@ -269,10 +258,7 @@ func TestSeveralTablesHaltOnDroppedTable(t *testing.T) {
 	s := severalShapes[1]
 	d.exec(t, s.create)
 	yaml := "postgres:\n  tables:\n    - public.outbox\n    - name: " + s.table + "\n      router: " + s.router + "\nrouter:\n  messages:\n    unowned: ignore\n"
-	cfg := filepath.Join(t.TempDir(), "outboxd.yaml")
-	if err := os.WriteFile(cfg, []byte(yaml), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	cfg := writeConfig(t, yaml)
 	env := d.env()
 	p := start(t, env, "-config", cfg)
 	p.waitStreaming()
@@ -343,10 +329,7 @@ func TestSeveralTablesMigrate(t *testing.T) {
 	d.exec(t, `CREATE SCHEMA billing`)
 	yaml := "postgres:\n  tables:\n    - public.outbox\n    - name: billing.outbox\n      router: {id_column: event_id, key_column: account, payload_column: body}\n" +
 		"router:\n  messages:\n    unowned: ignore\n"
-	cfg := filepath.Join(t.TempDir(), "outboxd.yaml")
-	if err := os.WriteFile(cfg, []byte(yaml), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	cfg := writeConfig(t, yaml)
 	m := start(t, d.env(), "migrate", "-config", cfg)
 	if code := m.waitExit(60 * time.Second); code != 0 {
 		t.Fatalf("outboxd migrate exited %d", code)
