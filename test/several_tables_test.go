@@ -25,6 +25,7 @@ var severalShapes = []struct {
 	create string // "" for the table newDB makes
 	router string // the entry's router overrides, YAML flow mapping
 	insert string // $1 id, $2 route-by value, $3 key, $4 event type, $5 payload
+	del    string // $1 id: insert-then-delete
 	key    func(i int) string
 	topic  func(typ string) string
 	// message is e as a logical message's content that names the table,
@@ -33,6 +34,7 @@ var severalShapes = []struct {
 }{
 	{table: "public.outbox",
 		insert: `INSERT INTO public.outbox (id, aggregate_type, aggregate_id, event_type, payload) VALUES ($1, $2, $3, $4, $5)`,
+		del:    `DELETE FROM public.outbox WHERE id = $1`,
 		key:    func(i int) string { return fmt.Sprintf("agg-%03d", i) },
 		topic:  func(typ string) string { return typ + "-events" }},
 	{table: "orders.events",
@@ -40,6 +42,7 @@ var severalShapes = []struct {
 			kind text NOT NULL, body jsonb NOT NULL, at timestamptz NOT NULL DEFAULT now())`,
 		router: `{id_column: event_id, route_by_column: stream, key_column: stream_no, event_type_column: kind, payload_column: body, topic_template: 'orders.${routedByValue}'}`,
 		insert: `INSERT INTO orders.events (event_id, stream, stream_no, kind, body) VALUES ($1, $2, $3::bigint, $4, $5)`,
+		del:    `DELETE FROM orders.events WHERE event_id = $1`,
 		key:    func(i int) string { return fmt.Sprint(1000 + i) },
 		topic:  func(typ string) string { return "orders." + typ },
 		message: func(e event) string {
@@ -51,6 +54,7 @@ var severalShapes = []struct {
 			destination text NOT NULL, partition_key uuid NOT NULL, type text NOT NULL, data text NOT NULL)`,
 		router: `{id_column: uid, route_by_column: destination, key_column: partition_key, event_type_column: type, payload_column: data, topic_template: '${routedByValue}'}`,
 		insert: `INSERT INTO wallet.outbox_events (uid, destination, partition_key, type, data) VALUES ($1, $2, $3::uuid, $4, $5)`,
+		del:    `DELETE FROM wallet.outbox_events WHERE uid = $1`,
 		key:    func(i int) string { return fmt.Sprintf("00000000-0000-4000-8000-%012d", i) },
 		topic:  func(typ string) string { return typ },
 		message: func(e event) string {
@@ -157,7 +161,8 @@ func severalTablesRun(t *testing.T, d *db, env []string, kills int) (*ledger, <-
 
 // severalTablesLoad writes events events over the three tables from
 // writers writers, in transactions of 1 to 30 rows that mix the tables, 5 %
-// of them rolled back, and records the outcome in l. Each key belongs to
+// of them rolled back, a tenth of the rows deleted again in their
+// transaction, and records the outcome in l. Each key belongs to
 // one writer, so its commit order is that writer's.
 func severalTablesLoad(ctx context.Context, d *db, writers, events int, l *ledger) error {
 	const keys = 20
@@ -189,6 +194,9 @@ func severalTablesLoad(ctx context.Context, d *db, writers, events int, l *ledge
 						b.Queue(`SELECT pg_logical_emit_message(true, 'outbox', $1)`, s.message(e))
 					} else {
 						b.Queue(s.insert, e.ID, typ, e.Key, e.EventType, e.Payload)
+						if rng.IntN(10) == 0 {
+							b.Queue(s.del, e.ID) // insert-then-delete: delivered all the same
+						}
 					}
 					evs = append(evs, e)
 				}
