@@ -77,7 +77,7 @@ func TestPartitionedOutbox(t *testing.T) {
 
 	// Every partition, but not the table: one attached later would not be in it.
 	d.exec(t, `CREATE PUBLICATION leaves FOR TABLE outbox_rest, outbox_2030 WITH (publish_via_partition_root = true)`)
-	expectStartupError(t, d.env("OUTBOXD_POSTGRES_PUBLICATION=leaves"), `publication \\?"leaves\\?" does not include public.outbox`)
+	expectStartupError(t, d.env("OUTBOXD_POSTGRES_PUBLICATION=leaves"), `publication \\?"leaves\\?" does not include public.outbox; run ALTER PUBLICATION \\?"leaves\\?" ADD TABLE \\?"public\\?".\\?"outbox\\?". Rows of it written before that statement are not published and never reach outboxd: send them with outboxd replay`)
 }
 
 // A row filter on the outbox table: Postgres never decodes the rows it
@@ -135,7 +135,7 @@ func TestOtherTablesAreIgnored(t *testing.T) {
 	child := insertAt(t, d, "outbox_archive", d.name+"_oth", "2026-06-01")
 	own := insertAt(t, d, "outbox", d.name+"_oth", "2026-06-01")
 	recs := readUntil(t, []string{d.name + "_oth-events"}, 30*time.Second, 2*time.Second, waitIDs(own))
-	p.waitLog(`ignoring the changes to public.orders: the publication publishes it, but it is not the outbox table`, time.Second)
+	p.waitLog(`level=WARN msg="ignoring the changes to public.orders: the publication publishes it, but it is not the outbox table`, time.Second)
 	p.waitLog(`ignoring the changes to public.outbox_archive: `, time.Second)
 	if ids(recs)[child] != nil {
 		t.Error("the row of a table that inherits from the outbox table was delivered")

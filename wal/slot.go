@@ -436,7 +436,9 @@ func checkPublished(ctx context.Context, conn *pgx.Conn, name, schema, table str
 		FROM pg_publication_tables pt WHERE pt.pubname = $1 AND pt.schemaname = $2 AND pt.tablename = $3`,
 		name, schema, table).Scan(&filter, &columns)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, fmt.Errorf("publication %q does not include %s.%s; run ALTER PUBLICATION %s ADD TABLE %s.%s",
+		return nil, fmt.Errorf("publication %q does not include %s.%s; run ALTER PUBLICATION %s ADD TABLE %s.%s. "+
+			"Rows of it written before that statement are not published and never reach outboxd: send them with outboxd replay, "+
+			"and let the application write the table only after the statement (docs/configuration.md, \"Adding a table\")",
 			name, schema, table, quote.Ident(name), quote.Ident(schema), quote.Ident(table))
 	}
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/outboxd/outboxd/checkpoint"
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/internal/quote"
 	"github.com/outboxd/outboxd/internal/tables"
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/shard"
@@ -154,6 +155,7 @@ type Pipeline struct {
 	txn          *checkpoint.Txn
 	done         func(error) // the outcome of a record of txn
 	commitTime   time.Time
+	final        wal.LSN // the commit record's LSN of the transaction being received
 	warnedUpdate bool
 	warnedNontx  bool
 	warnedOther  bool          // a message naming another outbox table was logged
@@ -209,7 +211,7 @@ func (p *Pipeline) Handle(item wal.Item) error {
 			return err
 		}
 		txn, fail := p.tracker.BeginAt(m.CommitTime), p.fail
-		p.txn, p.commitTime = txn, m.CommitTime
+		p.txn, p.commitTime, p.final = txn, m.CommitTime, m.FinalLSN
 		// Delivered by the old shards: confirmed in order, nothing sent.
 		p.before = m.FinalLSN < p.window.After
 		if p.eos != nil {
@@ -228,6 +230,13 @@ func (p *Pipeline) Handle(item wal.Item) error {
 			return nil
 		}
 		i, ours, err := p.tables.Which(p.ctx, m.Relation)
+		if werr := (*wal.Error)(nil); errors.As(err, &werr) && errors.Is(err, tables.ErrUnrouted) {
+			// Where the row is: the remedy's slot advance needs the end
+			// of its transaction.
+			werr.Msg += fmt.Sprintf(" (the row at LSN %s, xid %d, in the transaction whose commit record is at %s)", m.LSN, m.XID, p.final)
+			werr.Remedy += fmt.Sprintf(". The advance past this transaction: SELECT pg_replication_slot_advance(%s, '%s'::pg_lsn + 1)",
+				quote.Literal(p.cfg.Postgres.Slot), p.final)
+		}
 		if !ours || err != nil {
 			return err // nil: another table in a shared publication (one outbox table only)
 		}

@@ -128,8 +128,10 @@ func (t *Outbox) which(ctx context.Context, rel *wal.Relation) (int, error) {
 		return -1, &wal.Error{Kind: ErrUnrouted,
 			Msg: fmt.Sprintf("publication %q published a row of %s (relation %d), %s: outboxd has no router for it and stopped rather than pass it over",
 				t.publication, rel.QualifiedName(), rel.ID, what),
-			Remedy: "if its rows are outbox events, list " + rel.QualifiedName() + " under postgres.tables and restart; if they are not, remove it from the publication " +
-				"and, as the rows already in the slot are published still, advance the slot past them by hand (pg_replication_slot_advance) once you have checked them"}
+			Remedy: "if its rows are outbox events, list " + rel.QualifiedName() + " under postgres.tables and restart. If they are not, remove it from the publication; " +
+				"the rows already in the slot are published still, and the only way past them is to advance the slot by hand (pg_replication_slot_advance) " +
+				"to the end of the transaction named here. That skips every event before it which outboxd has not confirmed (the slot's confirmed_flush_lsn), " +
+				"this transaction's rows of the outbox tables included: publish those again with outboxd replay after the advance"}
 	}
 	t.others[rel.ID] = i
 	switch {
@@ -142,8 +144,12 @@ func (t *Outbox) which(ctx context.Context, rel *wal.Relation) (int, error) {
 			"its events in this part of the WAL are not delivered (they were published under its own name; publish_via_partition_root prevents this)",
 			"relation", rel.ID, "publication", t.publication)
 	default:
-		t.log.Info("ignoring the changes to "+rel.QualifiedName()+": the publication publishes it, but it is not the outbox table. "+
-			"A publication of the outbox table alone spares Postgres decoding them", "publication", t.publication)
+		// Warn: a table added to the publication ahead of listing it loses
+		// the rows this run passes over (docs/configuration.md, "Adding a
+		// table").
+		t.log.Warn("ignoring the changes to "+rel.QualifiedName()+": the publication publishes it, but it is not the outbox table. "+
+			"If it is an outbox table you mean to list under postgres.tables, the rows outboxd passes over now are never delivered: "+
+			"stop outboxd before you add a table to the publication", "publication", t.publication)
 	}
 	return i, nil
 }
