@@ -13,7 +13,7 @@ import (
 )
 
 // The cost section (issue 36 §4): how outboxd's cost grows with the number
-// of topics (aggregate types), the payload size and
+// of topics (aggregate types), of outbox tables on the slot, the payload size and
 // kafka.max_buffered_bytes. Each point is a catch-up of outboxd alone
 // (100-row transactions), catchupRepeat times from one fill, under a
 // workload named cost-<curve>-<x>. The report fits a least-squares line
@@ -22,6 +22,7 @@ import (
 
 var (
 	costTopics   = []int{1, 10, 100, 1000}
+	costTables   = []int{1, 10, 100}
 	costPayloads = []int{250, 4 << 10, 64 << 10, 1 << 20}
 	costBuffers  = []int{4 << 20, 16 << 20, 32 << 20, 128 << 20} // 32 MiB is the default
 )
@@ -41,6 +42,9 @@ func costWorkloads(n int) []workload {
 	var ws []workload
 	for _, k := range costTopics {
 		ws = append(ws, workload{name: fmt.Sprintf("cost-topics-%d", k), n: n, tx: 100, size: 250, types: k})
+	}
+	for _, k := range costTables {
+		ws = append(ws, workload{name: fmt.Sprintf("cost-tables-%d", k), n: n, tx: 100, size: 250, tables: k})
 	}
 	events := map[int]int{250: n / 10, 4 << 10: n / 10, 64 << 10: n / 100, 1 << 20: n / 1000}
 	for _, b := range costPayloads {
@@ -96,7 +100,7 @@ func costPoint(w string) (curve string, x float64, ok bool) {
 	}
 	var n int
 	var err error
-	if curve == "topics" {
+	if curve == "topics" || curve == "tables" {
 		n, err = strconv.Atoi(v)
 	} else {
 		n, err = parseByteName(v)
@@ -238,6 +242,10 @@ func costCurves(t runs) []curve {
 			xName: "topics (aggregate types)", yName: "µs per event", xUnit: "topic", xFmt: topics}, usPerEvent},
 		{"topics", curve{file: "cost-topics-cpu.svg", title: "outboxd catch-up: CPU per event against topics",
 			xName: "topics (aggregate types)", yName: "CPU-s per 100k events", xUnit: "topic", xFmt: topics}, cpu},
+		{"tables", curve{file: "cost-tables-time.svg", title: "outboxd catch-up: time per event against outbox tables",
+			xName: "outbox tables (one slot)", yName: "µs per event", xUnit: "table", xFmt: topics}, usPerEvent},
+		{"tables", curve{file: "cost-tables-cpu.svg", title: "outboxd catch-up: CPU per event against outbox tables",
+			xName: "outbox tables (one slot)", yName: "CPU-s per 100k events", xUnit: "table", xFmt: topics}, cpu},
 		{"payload", curve{file: "cost-payload-rss.svg", title: "outboxd catch-up: peak RSS against payload size",
 			xName: "payload bytes", yName: "peak RSS MB", xUnit: "payload byte", xFmt: bytesF}, peakRSS},
 		{"payload", curve{file: "cost-payload-cpu.svg", title: "outboxd catch-up: CPU per event against payload size",
@@ -258,9 +266,6 @@ func costCurves(t runs) []curve {
 	}
 	return cs
 }
-
-// costNotRun is the curve the issue asks for that cannot run yet.
-const costNotRun = "| events/s and CPU per event for 1, 10 and 100 outbox tables | NOT RUN | outboxd reads one outbox table: several tables are not supported yet |\n"
 
 // costBody is the report's section on the cost section: a table per curve
 // with its model, and the plots' files. Empty when the run has no cost
@@ -318,6 +323,15 @@ func costBody(t runs, cs []curve) string {
 		}
 		return fmt.Sprintf("| %.0f | %d | %s | %.2f | %.2f | %s |\n", x, n, kilo(tp), us, cp, mb(rss))
 	})
+	table("tables", "| outbox tables | events | events/s | µs per event | CPU-s per 100k | peak RSS |\n|--:|--:|--:|--:|--:|--:|\n", func(w string) string {
+		_, x, _ := costPoint(w)
+		tp, cp, rss, n := figures(w)
+		us := 0.0
+		if tp > 0 {
+			us = 1e6 / tp
+		}
+		return fmt.Sprintf("| %.0f | %d | %s | %.2f | %.2f | %s |\n", x, n, kilo(tp), us, cp, mb(rss))
+	})
 	table("payload", "| payload | events | events/s | MB/s | CPU-s per 100k | peak RSS |\n|--:|--:|--:|--:|--:|--:|\n", func(w string) string {
 		_, x, _ := costPoint(w)
 		tp, cp, rss, n := figures(w)
@@ -328,7 +342,6 @@ func costBody(t runs, cs []curve) string {
 		tp, cp, rss, n := figures(w)
 		return fmt.Sprintf("| %s | %d | %s | %.2f | %s |\n", byteName(int(x)), n, kilo(tp), cp, mb(rss))
 	})
-	md.WriteString("| curve | verdict | why |\n|---|---|---|\n" + costNotRun)
 	return md.String()
 }
 

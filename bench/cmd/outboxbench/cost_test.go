@@ -83,6 +83,10 @@ func TestCostWorkloadNames(t *testing.T) {
 			if int(x) != w.types {
 				t.Errorf("%s: x %g, want %d topics", w.name, x, w.types)
 			}
+		case "tables":
+			if int(x) != w.tables || !strings.Contains(w.tablesEnv("p"), "OUTBOXD_POSTGRES_TABLES=public.p_m0,") && w.tables > 1 {
+				t.Errorf("%s: x %g, %d tables, environment %q", w.name, x, w.tables, w.tablesEnv("p"))
+			}
 		case "payload":
 			if int(x) != w.size || w.maxMessage < w.size {
 				t.Errorf("%s: x %g, size %d, max message %d", w.name, x, w.size, w.maxMessage)
@@ -119,6 +123,10 @@ func costRuns() []result {
 		us := 5 + 0.01*float64(k)
 		add("cost-topics-"+strconv.Itoa(k), 1e6/us, 0.4+0.001*float64(k), 60)
 	}
+	for _, k := range costTables {
+		us := 6 + 0.02*float64(k)
+		add("cost-tables-"+strconv.Itoa(k), 1e6/us, 0.5+0.002*float64(k), 70)
+	}
 	for _, b := range costPayloads {
 		add("cost-payload-"+byteName(b), 1000, 0.4+float64(b)*1e-5, 50+float64(b)*1e-4)
 	}
@@ -137,6 +145,8 @@ func TestCostCurves(t *testing.T) {
 	}{
 		"cost-topics-time.svg": {5, 0.01, false},
 		"cost-topics-cpu.svg":  {0.4, 0.001, false},
+		"cost-tables-time.svg": {6, 0.02, false},
+		"cost-tables-cpu.svg":  {0.5, 0.002, false},
 		"cost-payload-rss.svg": {50, 1e-4, false},
 		"cost-payload-cpu.svg": {0.4, 1e-5, false},
 		"cost-buffer-rss.svg":  {0, 0, true}, // (MiB)²: only the flag is checked
@@ -150,7 +160,11 @@ func TestCostCurves(t *testing.T) {
 			t.Errorf("unexpected curve %s", c.file)
 			continue
 		}
-		if len(c.xs) != 4 || !c.fitted || c.super != w.super {
+		points := 4
+		if strings.HasPrefix(c.file, "cost-tables-") {
+			points = len(costTables)
+		}
+		if len(c.xs) != points || !c.fitted || c.super != w.super {
 			t.Errorf("%s: %d points, fitted %v, faster than linearly %v (want %v)", c.file, len(c.xs), c.fitted, c.super, w.super)
 		}
 		if !w.super && (math.Abs(c.fit.a-w.a) > 1e-6*math.Max(1, w.a) || math.Abs(c.fit.b-w.b) > 1e-9) {
@@ -165,7 +179,7 @@ func TestCostCurves(t *testing.T) {
 		}
 	}
 	body := costBody(runsOf(costRuns()), cs)
-	for _, s := range []string{"| 1000 | 1000 | 66.7k | 15.00 | 1.40 | 60 MB |", "| 1MB |", "| 128MiB |", "outbox tables | NOT RUN |",
+	for _, s := range []string{"| 1000 | 1000 | 66.7k | 15.00 | 1.40 | 60 MB |", "| 1MB |", "| 128MiB |", "| 100 | 1000 | 125.0k | 8.00 | 0.70 | 70 MB |",
 		"[µs per event](cost-topics-time.svg): µs per event ≈ 5 + 0.01 per topic"} {
 		if !strings.Contains(body, s) {
 			t.Errorf("the cost report has no %q:\n%s", s, body)

@@ -49,6 +49,8 @@ func main() {
 		err = cmdTopics(ctx, args)
 	case "fill":
 		err = cmdFill(ctx, args)
+	case "tables":
+		err = cmdTables(ctx, args)
 	case "catchup":
 		err = cmdCatchup(ctx, args)
 	case "produce":

@@ -110,6 +110,64 @@ BEGIN
 END $$`, n, prefix, types, md5s, data, tx, commit)
 }
 
+// outboxTables names the K outbox tables of a several-tables workload:
+// public.<prefix>_m0 … _m<K-1>, with outbox's shape.
+func outboxTables(prefix string, k int) []string {
+	names := make([]string, k)
+	for j := range names {
+		names[j] = fmt.Sprintf("public.%s_m%d", prefix, j)
+	}
+	return names
+}
+
+// tablesPublication is the publication of a several-tables workload's tables.
+func tablesPublication(prefix string) string { return prefix + "_pub" }
+
+// fillTablesSQL is fillSQL over k outbox tables: row g goes to table g mod
+// k, so every transaction of tx rows writes min(tx, k) tables.
+func fillTablesSQL(prefix string, k, types, n, tx, size int) string {
+	data := max(size-30, 1)
+	md5s := data/32 + 1
+	commit := "COMMIT;"
+	if tx >= n {
+		commit = ""
+	}
+	return fmt.Sprintf(`DO $$
+DECLARE i int := 0;
+BEGIN
+  WHILE i < %[1]d LOOP
+    FOR j IN 0 .. %[8]d - 1 LOOP
+      EXECUTE format($q$INSERT INTO public.%[2]s_m%%s (aggregate_type, aggregate_id, event_type, payload)
+        SELECT '%[2]s_t' || (g %%%% %[3]d), 'agg-' || ((g::bigint * 7919) %%%% 10000), 'Created',
+               jsonb_build_object('seq', g, 'data',
+                 substr((SELECT string_agg(md5(g::text || '.' || k::text), '') FROM generate_series(1, %[4]d) k), 1, %[5]d))
+          FROM generate_series($1, $2) g WHERE g %%%% %[8]d = $3$q$, j)
+        USING i, least(i + %[6]d, %[1]d) - 1, j;
+    END LOOP;
+    %[7]s
+    i := i + %[6]d;
+  END LOOP;
+END $$`, n, prefix, types, md5s, data, tx, commit, k)
+}
+
+// tablesSQL creates (or, with drop, drops) a several-tables workload's k
+// outbox tables and their publication.
+func tablesSQL(prefix string, k int, drop bool) []string {
+	names := outboxTables(prefix, k)
+	qs := []string{"DROP PUBLICATION IF EXISTS " + tablesPublication(prefix)}
+	for _, t := range names {
+		qs = append(qs, "DROP TABLE IF EXISTS "+t)
+	}
+	if drop {
+		return qs
+	}
+	for _, t := range names {
+		qs = append(qs, "CREATE TABLE "+t+" (LIKE public.outbox INCLUDING ALL)")
+	}
+	return append(qs, "CREATE PUBLICATION "+tablesPublication(prefix)+" FOR TABLE "+strings.Join(names, ", ")+
+		" WITH (publish = 'insert, update', publish_via_partition_root = true)")
+}
+
 func cmdFill(ctx context.Context, args []string) error {
 	var c common
 	fs := flag.NewFlagSet("fill", flag.ExitOnError)
@@ -118,17 +176,25 @@ func cmdFill(ctx context.Context, args []string) error {
 	tx := fs.Int("tx", 100, "rows per transaction (>= n: one transaction)")
 	size := fs.Int("size", 250, "approximate payload bytes")
 	deleteRows := fs.Bool("delete", false, "delete each transaction's rows before it commits (insert-then-delete)")
+	tables := fs.Int("tables", 0, "> 0: write the rows over this many outbox tables of their own (made by the tables subcommand), not public.outbox")
 	_ = fs.Parse(args)
 	conn, err := connect(ctx, c.dsn)
 	if err != nil {
 		return err
 	}
 	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, fillSQL(c.prefix, c.types, *n, *tx, *size, *deleteRows)); err != nil {
+	q, truncate := fillSQL(c.prefix, c.types, *n, *tx, *size, *deleteRows), "public.outbox"
+	if *tables > 0 {
+		if *deleteRows {
+			return fmt.Errorf("fill: -delete and -tables together are not supported")
+		}
+		q, truncate = fillTablesSQL(c.prefix, *tables, c.types, *n, *tx, *size), strings.Join(outboxTables(c.prefix, *tables), ", ")
+	}
+	if _, err := conn.Exec(ctx, q); err != nil {
 		return fmt.Errorf("filling outbox: %w", err)
 	}
 	// Keep the table small between workloads: the WAL keeps the inserts.
-	if _, err := conn.Exec(ctx, `TRUNCATE public.outbox`); err != nil {
+	if _, err := conn.Exec(ctx, `TRUNCATE `+truncate); err != nil {
 		return fmt.Errorf("truncating outbox: %w", err)
 	}
 	var lsn string
@@ -190,4 +256,26 @@ func payload(seq, size int) string {
 		sb.WriteString(hex.EncodeToString(b[:]))
 	}
 	return fmt.Sprintf(`{"seq": %d, "data": "%s"}`, seq, sb.String()[:data])
+}
+
+// cmdTables creates, or with -drop drops, the outbox tables and the
+// publication of a several-tables workload.
+func cmdTables(ctx context.Context, args []string) error {
+	var c common
+	fs := flag.NewFlagSet("tables", flag.ExitOnError)
+	c.register(fs)
+	k := fs.Int("n", 1, "outbox tables")
+	drop := fs.Bool("drop", false, "only drop them")
+	_ = fs.Parse(args)
+	conn, err := connect(ctx, c.dsn)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	for _, q := range tablesSQL(c.prefix, *k, *drop) {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			return fmt.Errorf("tables: %s: %w", q, err)
+		}
+	}
+	return nil
 }

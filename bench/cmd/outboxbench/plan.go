@@ -733,6 +733,17 @@ type workload struct {
 	fillExtra     []string // more flags of fill
 	maxMessage    int      // > 0: the topics' max.message.bytes and outboxd's kafka.max_message_bytes (the 1 MB events)
 	outboxdEnvAdd string   // more of outboxd's environment (the cost section's settings)
+	tables        int      // > 0: the events go over this many outbox tables of their own (postgres.tables), outboxd only
+}
+
+// tablesEnv is outboxd's environment for w's outbox tables: the list and
+// their publication (messages name no table here).
+func (w workload) tablesEnv(prefix string) string {
+	if w.tables == 0 {
+		return ""
+	}
+	return "OUTBOXD_POSTGRES_PUBLICATION=" + tablesPublication(prefix) + " OUTBOXD_POSTGRES_TABLES=" +
+		strings.Join(outboxTables(prefix, w.tables), ",") + " OUTBOXD_ROUTER_MESSAGES_UNOWNED=ignore"
 }
 
 // topicFlags are the flags of the topics subcommand for w's topics.
@@ -753,6 +764,17 @@ func (p *plan) catchupWorkload(ctx context.Context, w workload, contenders []str
 	prefix := notName.ReplaceAllString(w.name, "_")
 	p.log("catch-up %s: %d events, %d rows/tx, %d B", w.name, w.n, w.tx, w.size)
 	p.topics(ctx, prefix, w.topicFlags()...)
+	if w.tables > 0 {
+		if err := p.sub(ctx, io.Discard, "tables", "-dsn", p.dsn, "-prefix", prefix, "-n", strconv.Itoa(w.tables)); err != nil {
+			p.log("  creating %d outbox tables failed: %v", w.tables, err)
+			return
+		}
+		defer func() {
+			if err := p.sub(ctx, io.Discard, "tables", "-dsn", p.dsn, "-prefix", prefix, "-n", strconv.Itoa(w.tables), "-drop"); err != nil {
+				p.log("  dropping the outbox tables failed: %v", err)
+			}
+		}()
+	}
 	for rep := 1; rep <= p.catchupRepeat; rep++ { // every slot starts before the events
 		for _, c := range contenders {
 			if shardCount(c) != 0 {
@@ -768,6 +790,9 @@ func (p *plan) catchupWorkload(ctx context.Context, w workload, contenders []str
 	args := []string{"fill", "-dsn", p.dsn, "-prefix", prefix, "-n", strconv.Itoa(w.n), "-tx", strconv.Itoa(w.tx), "-size", strconv.Itoa(w.size)}
 	if w.types > 0 {
 		args = append(args, "-types", strconv.Itoa(w.types))
+	}
+	if w.tables > 0 {
+		args = append(args, "-tables", strconv.Itoa(w.tables))
 	}
 	if err := p.sub(ctx, &lsn, append(args, w.fillExtra...)...); err != nil {
 		p.log("  fill failed: %v", err)
@@ -821,7 +846,7 @@ func (p *plan) catchupRun(ctx context.Context, w workload, endLSN, c, slot strin
 		// outboxd_sN: -slot is the shards' base name (outboxbench reads the
 		// worst shard's slot lag); timed until the last shard's last record.
 		argv := p.outboxdCmd(c, slot)
-		env := w.outboxdEnvAdd
+		env := w.outboxdEnvAdd + " " + w.tablesEnv(prefix)
 		if w.maxMessage > 0 {
 			env += fmt.Sprintf(" OUTBOXD_KAFKA_MAX_MESSAGE_BYTES=%d", w.maxMessage)
 		}
