@@ -12,6 +12,7 @@ import (
 	"github.com/outboxd/outboxd/internal/delivery"
 	"github.com/outboxd/outboxd/internal/pg"
 	"github.com/outboxd/outboxd/internal/preflight"
+	"github.com/outboxd/outboxd/internal/tables"
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/shard"
 	"github.com/outboxd/outboxd/sink"
@@ -221,6 +222,15 @@ func (r *Relay) streamStage(ctx context.Context, rn *pipelineRun) error {
 		return r.pipe(gctx, items, rn)
 	})
 	g.Go(func() error { return rn.producer.Watch(watch, rn.tracker.Waiting) })
+	// A table dropped and created again, or swapped in by a rename, is a
+	// relation the publication lacks: nothing on the stream shows it.
+	g.Go(func() error {
+		per, err := r.cfg.PerTable()
+		if err != nil {
+			return err
+		}
+		return tables.NewWatch(r.cfg.Postgres, per, rn.slot.OutboxIDs, rn.slot.Addr, r.log).Run(watch, r.cfg.Postgres.SlotLagInterval)
+	})
 	err := g.Wait()
 	if cause := context.Cause(rn.ctx); cause != nil && !errors.Is(cause, context.Canceled) && !errors.Is(cause, errShutdownTimeout) {
 		err = cause // the delivery failure that ended the run

@@ -1,0 +1,174 @@
+package tables
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/internal/pg"
+	"github.com/outboxd/outboxd/internal/quote"
+	"github.com/outboxd/outboxd/wal"
+)
+
+// ErrUnpublished marks an outbox table that the publication no longer
+// publishes under its name; it is permanent.
+var ErrUnpublished error = permanent("an outbox table is not published")
+
+// Watch checks, while a run streams, that each outbox table is still the
+// table the publication publishes. A FOR TABLE publication names a table
+// by its relation, not by its name: a table dropped and created again, or
+// another table renamed to its name (the "build new, swap names" pattern),
+// is a new relation that the publication does not have, and Postgres puts
+// none of its rows into the slot. Nothing on the stream shows it, so
+// outboxd would go on confirming past rows it never sees. Watch reads the
+// catalogue instead, on one connection of its own to the run's server,
+// and ends the run naming the table.
+//
+// A table renamed while outboxd runs keeps its relation, which the
+// publication still publishes: its rows go on flowing, and Watch lets it
+// be (the next start refuses the configured name).
+type Watch struct {
+	publication string
+	names       []string // quoted, for to_regclass
+	shown       []string // schema.table, for messages
+	ids         []uint32 // relation IDs when the run started (0: unknown)
+	db          pg.Lazy
+	log         *slog.Logger
+}
+
+// NewWatch returns the Watch of a run on the server at addr (pg.Addr),
+// for the outbox tables per (config.Config.PerTable) whose relation IDs
+// were ids when the run started.
+func NewWatch(pgc config.Postgres, per []config.Config, ids []uint32, addr string, log *slog.Logger) *Watch {
+	w := &Watch{publication: pgc.Publication, db: pg.Lazy{PG: pgc, Addr: addr}, log: log}
+	for i, c := range per {
+		schema, name := c.Postgres.TableName()
+		w.names = append(w.names, pgx.Identifier{schema, name}.Sanitize())
+		w.shown = append(w.shown, schema+"."+name)
+		var id uint32
+		if i < len(ids) {
+			id = ids[i]
+		}
+		w.ids = append(w.ids, id)
+	}
+	return w
+}
+
+// Run checks every interval until ctx ends, and returns the first
+// table found unpublished (ErrUnpublished). A failed read is logged, at
+// most once a minute, and tried again at the next tick: the stream
+// reports a lost server itself.
+func (w *Watch) Run(ctx context.Context, every time.Duration) error {
+	defer w.db.Close()
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	var warned time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+		err := w.Check(ctx)
+		if isUnpublished(err) {
+			// Postgres may read the catalogue at two moments within one
+			// query, so a read that meets a DROP or a swap as it commits
+			// can mix the two states: read again to name what is so.
+			err = w.Check(ctx)
+		}
+		switch {
+		case err == nil, ctx.Err() != nil:
+		case isUnpublished(err):
+			return err
+		case time.Since(warned) >= time.Minute:
+			warned = time.Now()
+			w.log.Warn("checking that the outbox tables are still published; trying again", "err", err, "publication", w.publication)
+		}
+	}
+}
+
+func isUnpublished(err error) bool {
+	e, ok := err.(*wal.Error)
+	return ok && e.Kind == ErrUnpublished
+}
+
+// watchQuery reads, for each table by its quoted name and its relation ID
+// at the run's start: its relation now, whether the start's relation still
+// exists, and whether the publication publishes the relation now under
+// the name (a partitioned table with publish_via_partition_root appears
+// as itself). exists says whether the publication is there at all (its
+// loss is the stream's to report).
+const watchQuery = `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1),
+	u.i::int, coalesce(to_regclass(u.name)::oid, 0), EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = u.id),
+	EXISTS (SELECT 1 FROM pg_publication_tables pt WHERE pt.pubname = $1
+		AND to_regclass(format('%I.%I', pt.schemaname, pt.tablename)) = to_regclass(u.name))
+	FROM unnest($2::text[], $3::oid[]) WITH ORDINALITY AS u(name, id, i)`
+
+// Check reads the catalogue once and returns ErrUnpublished for the first
+// table whose name is now a relation the publication does not publish,
+// or whose relation was dropped with nothing of its name in its place.
+func (w *Watch) Check(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	conn, err := w.db.Get(ctx)
+	if err != nil {
+		return err
+	}
+	rows, err := conn.Query(ctx, watchQuery, w.publication, w.names, w.ids)
+	if err != nil {
+		w.db.Close() // a new connection at the next tick
+		return fmt.Errorf("reading the publication %q's tables: %w", w.publication, err)
+	}
+	var found error
+	for rows.Next() {
+		var (
+			pubExists, startExists, published bool
+			i                                 int
+			now                               uint32
+		)
+		if err := rows.Scan(&pubExists, &i, &now, &startExists, &published); err != nil {
+			rows.Close()
+			return err
+		}
+		if !pubExists || found != nil || i < 1 || i > len(w.names) {
+			continue
+		}
+		found = w.judge(i-1, now, startExists, published)
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	return found
+}
+
+// judge decides about table i from what watchQuery read.
+func (w *Watch) judge(i int, now uint32, startExists, published bool) error {
+	name, start := w.shown[i], w.ids[i]
+	add := fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s", quote.Ident(w.publication), w.names[i])
+	replay := "Its rows written before that statement are not in the slot and are not delivered: send them with outboxd replay -table " + name + " -where …, " +
+		"once outboxd runs again. Rename or re-create an outbox table only while outboxd is stopped, and add it to the publication before the application writes it"
+	switch {
+	case now != 0 && published:
+		return nil
+	case now != 0:
+		return &wal.Error{Kind: ErrUnpublished,
+			Msg: fmt.Sprintf("outbox table %s is not published by publication %q (relation %d; %d when the run started): "+
+				"it was dropped and created again, another table took its name, or it was removed from the publication, while outboxd ran. "+
+				"Postgres puts none of its rows into the slot", name, w.publication, now, start),
+			Remedy: "run " + add + " and restart outboxd. " + replay}
+	case start != 0 && startExists:
+		return nil // renamed: its relation is published and its rows flow
+	default:
+		return &wal.Error{Kind: ErrUnpublished,
+			Msg:    fmt.Sprintf("outbox table %s was dropped while outboxd ran (relation %d no longer exists)", name, start),
+			Remedy: "create it again (outboxd migrate), run " + add + ", and restart outboxd. " + replay}
+	}
+}
+
+// String lists the tables a Watch checks, for a log line.
+func (w *Watch) String() string { return strings.Join(w.shown, ",") }
