@@ -43,6 +43,8 @@ type Outbox struct {
 
 	others map[uint32]int // relation ID → the outbox table whose partition it is, or -1
 	db     pg.Lazy        // for the lookups
+	// find is lookup; tests stub it.
+	find func(ctx context.Context, id uint32) (exists bool, table int, err error)
 
 	// pgoutput names a column's declared type, which for a domain is the
 	// domain. Its base type tells how to read the value (a domain over bytea
@@ -75,8 +77,10 @@ func New(pgc config.Postgres, per []config.Config, ids []uint32, log *slog.Logge
 			ts[i].id = ids[i]
 		}
 	}
-	return &Outbox{publication: pgc.Publication, tables: ts, several: len(ts) > 1, log: log, others: map[uint32]int{},
+	t := &Outbox{publication: pgc.Publication, tables: ts, several: len(ts) > 1, log: log, others: map[uint32]int{},
 		db: pg.Lazy{PG: pgc, Addr: addr}, baseType: baseType}
+	t.find = t.lookup
+	return t
 }
 
 // Addr is the server whose catalogue it reads (pg.Addr).
@@ -103,6 +107,9 @@ func (t *Outbox) Which(ctx context.Context, rel *wal.Relation) (i int, ok bool, 
 func (t *Outbox) which(ctx context.Context, rel *wal.Relation) (int, error) {
 	for i := range t.tables {
 		if tb := &t.tables[i]; rel.Namespace == tb.schema && rel.Name == tb.name {
+			if tb.id != rel.ID {
+				t.idChanged(i, rel)
+			}
 			tb.id = rel.ID
 			return i, nil
 		}
@@ -115,7 +122,7 @@ func (t *Outbox) which(ctx context.Context, rel *wal.Relation) (int, error) {
 	if i, ok := t.others[rel.ID]; ok {
 		return i, nil
 	}
-	exists, i, err := t.lookup(ctx, rel.ID)
+	exists, i, err := t.find(ctx, rel.ID)
 	if err != nil {
 		return -1, fmt.Errorf("looking up %s (relation %d), which the publication publishes, to tell whether it is a partition of an outbox table (%s): %w",
 			rel.QualifiedName(), rel.ID, t.names(), err)
