@@ -187,9 +187,9 @@ func TestMetricsAreExported(t *testing.T) {
 		"outboxd_slot_read_errors_total":                                       0,
 		`outboxd_slot_wal_status{status="reserved"}`:                           1,
 		`outboxd_sink_records_produced_total{topic="` + d.name + `_m-events"}`: 1,
-		`outboxd_wal_changes_total{op="insert"}`:                               1,
+		`outboxd_wal_changes_total{op="insert",table="public.outbox"}`:         1,
 		"outboxd_relay_restarts_total":                                         0,
-		"outboxd_router_dead_lettered_total":                                   0,
+		`outboxd_router_dead_lettered_total{table="public.outbox"}`:            0,
 		`outboxd_relay_state{state="streaming"}`:                               1,
 	} {
 		name, labels := parseSeries(t, series)

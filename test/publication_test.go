@@ -56,10 +56,10 @@ func TestCreatedPublicationLeavesOutDeletes(t *testing.T) {
 	id2, _ := insertEvent(t, d, d.name+"_p", "k", `{}`)
 	d.exec(t, `UPDATE outbox SET event_type = 'Changed' WHERE id = $1`, id2)
 	p.waitLog(`UPDATE on the outbox table is not delivered`, 30*time.Second)
-	if v, ok := p.metricLabelled(`outboxd_wal_changes_total{op="update"}`); v != 1 {
+	if v, ok := p.metricLabelled(`outboxd_wal_changes_total{op="update",table="public.outbox"}`); v != 1 {
 		t.Errorf(`outboxd_wal_changes_total{op="update"} = %v (present %v), want 1`, v, ok)
 	}
-	if v, _ := p.metricLabelled(`outboxd_wal_changes_total{op="delete"}`); v != 0 {
+	if v, _ := p.metricLabelled(`outboxd_wal_changes_total{op="delete",table="public.outbox"}`); v != 0 {
 		t.Errorf(`outboxd_wal_changes_total{op="delete"} = %v, want 0: the publication leaves deletes out`, v)
 	}
 }

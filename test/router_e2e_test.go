@@ -111,7 +111,7 @@ func TestPoisonRowHaltsThenDeadLetters(t *testing.T) {
 	if got[after] == nil || got[after].Topic != agg+"-events" {
 		t.Errorf("the row after the poison row was not delivered to %s", agg+"-events")
 	}
-	if v, ok := p.metric("outboxd_router_dead_lettered_total"); !ok || v != 1 {
+	if v, ok := p.metricLabelled(`outboxd_router_dead_lettered_total{table="public.outbox"}`); !ok || v != 1 {
 		t.Errorf("outboxd_router_dead_lettered_total = %v (found %v), want 1", v, ok)
 	}
 }

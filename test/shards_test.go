@@ -140,7 +140,7 @@ func TestShardsDeliverExactlyTheCommittedEvents(t *testing.T) {
 			var inserts float64
 			for i := range n {
 				slot, _ := shard.Name(d.slot, i, n)
-				v, ok := seriesValue(mfs, "outboxd_wal_changes_total", map[string]string{"slot": slot, "op": "insert"})
+				v, ok := seriesValue(mfs, "outboxd_wal_changes_total", map[string]string{"slot": slot, "op": "insert", "table": "public.outbox"})
 				if !ok {
 					t.Errorf("no outboxd_wal_changes_total{slot=%q}", slot)
 				}

@@ -72,16 +72,16 @@ func NewPipeline(ctx context.Context, s Setup) (*Pipeline, error) {
 		if err != nil {
 			return nil, fmt.Errorf("outbox table %s: %w", c.Postgres.Table, err)
 		}
-		outboxes[i] = table{cfg: c, router: rt, schema: schema}
+		schemaName, tableName := c.Postgres.TableName()
+		outboxes[i] = table{cfg: c, router: rt, schema: schema, counts: s.Metrics.table(schemaName + "." + tableName)}
 	}
 	changes := s.Metrics.changes
 	p := &Pipeline{cfg: s.Config, log: s.Log, m: s.Metrics, txnM: s.TxnMetrics, shard: s.Shard,
 		ctx: ctx, tracker: s.Tracker, producer: s.Producer, fail: s.Fail, outboxes: outboxes,
 		window: s.Window, timeline: s.Timeline, stopReading: s.StopReading,
 		takesUnowned: s.Config.Router.Messages.Unowned != config.UnownedIgnore,
-		inserts:      changes.WithLabelValues("insert"), updates: changes.WithLabelValues("update"),
-		deletes: changes.WithLabelValues("delete"), messages: changes.WithLabelValues("message"), nontx: changes.WithLabelValues("message_nontransactional"),
-		others: changes.WithLabelValues("message_other_outbox"), unowned: changes.WithLabelValues("message_unowned")}
+		nontx:        changes.WithLabelValues("message_nontransactional", ""),
+		others:       changes.WithLabelValues("message_other_outbox", ""), unowned: changes.WithLabelValues("message_unowned", "")}
 	p.tables = tables.New(s.Config.Postgres, per, s.OutboxIDs, s.Log, s.Addr, p.learnBaseType)
 	return p, nil
 }
@@ -94,6 +94,7 @@ type table struct {
 	// the start-up checks read, with the domains the run met since.
 	router *router.Router
 	schema router.Schema
+	counts // its series of the pipeline's metrics
 }
 
 // learnBaseType rebuilds outbox table i's router with one more domain,
@@ -169,9 +170,9 @@ type Pipeline struct {
 	// After (a new shard after a reshard): the old shards delivered it.
 	before bool
 
-	inserts, updates, deletes, messages, nontx prometheus.Counter
-	others                                     prometheus.Counter // messages naming another outbox table
-	unowned                                    prometheus.Counter // messages naming none, left (unowned: ignore)
+	nontx   prometheus.Counter // non-transactional messages with the outbox prefix
+	others  prometheus.Counter // messages naming another outbox table
+	unowned prometheus.Counter // messages naming none, left (unowned: ignore)
 }
 
 // Handle routes one item of the stream: a Begin registers a transaction
@@ -243,11 +244,11 @@ func (p *Pipeline) Handle(item wal.Item) error {
 		o := &p.outboxes[i]
 		switch m.Op {
 		case wal.Insert:
-			p.inserts.Inc()
+			o.inserts.Inc()
 			err := o.router.RouteInto(m, &p.rec)
-			return p.deliver(&p.rec, err, m.LSN, m.Relation.QualifiedName)
+			return p.deliver(o, &p.rec, err, m.LSN, m.Relation.QualifiedName)
 		case wal.Update:
-			p.updates.Inc()
+			o.updates.Inc()
 			switch onUpdate := o.cfg.Router.OnUpdate; {
 			case onUpdate == config.OnUpdateError:
 				return &wal.Error{Kind: ErrUpdate,
@@ -259,7 +260,7 @@ func (p *Pipeline) Handle(item wal.Item) error {
 					"lsn", m.LSN.String(), "xid", m.XID, "table", o.cfg.Postgres.Table)
 			}
 		case wal.Delete:
-			p.deletes.Inc() // insert-then-delete keeps the table empty; the insert was delivered
+			o.deletes.Inc() // insert-then-delete keeps the table empty; the insert was delivered
 		}
 	case *wal.Message:
 		if rcfg.Messages.Prefix == "" || m.Prefix != rcfg.Messages.Prefix {
@@ -296,12 +297,12 @@ func (p *Pipeline) Handle(item wal.Item) error {
 				return nil
 			}
 		}
-		p.messages.Inc()
+		o.messages.Inc()
 		var rec *router.Record
 		if err == nil {
 			rec, err = o.router.RouteFields(m, fields, p.commitTime)
 		}
-		return p.deliver(rec, err, m.LSN, func() string { return "message " + m.Prefix })
+		return p.deliver(o, rec, err, m.LSN, func() string { return "message " + m.Prefix })
 	case *wal.Commit:
 		if w := p.window; w.Upto != 0 && !w.Delivers(m.EndLSN) {
 			p.log.Warn("an old shard delivered a transaction that ends after the reshard's cutover; the new shards deliver it again",
@@ -394,10 +395,10 @@ func (p *Pipeline) tableNames() string {
 // permanent.
 var ErrUpdate error = &kindError{text: "update on the outbox table", permanent: true}
 
-// deliver produces a routed record, or applies the poison policy to a row
-// that could not be routed (routeErr) or produced. source names where the row
-// came from, for errors only.
-func (p *Pipeline) deliver(rec *router.Record, routeErr error, lsn wal.LSN, source func() string) error {
+// deliver produces a routed record of outbox table o, or applies the poison
+// policy to a row that could not be routed (routeErr) or produced. source
+// names where the row came from, for errors only.
+func (p *Pipeline) deliver(o *table, rec *router.Record, routeErr error, lsn wal.LSN, source func() string) error {
 	if p.eos != nil {
 		if skip, err := p.eos.Row(p.ctx, rec); skip || err != nil {
 			return err
@@ -429,7 +430,7 @@ func (p *Pipeline) deliver(rec *router.Record, routeErr error, lsn wal.LSN, sour
 		return &hintError{err: fmt.Errorf("%w. outboxd stopped without confirming past it", poison),
 			hint: "to move past it deliberately, set router.poison.policy: dlq (and router.poison.dlq_topic) and restart: the row goes to the dead-letter topic and streaming continues"}
 	}
-	p.m.deadLettered.Inc()
+	o.deadLettered.Inc()
 	p.log.Warn("outbox row sent to the dead-letter topic", "event_id", poison.EventID, "lsn", lsn.String(), "topic", p.cfg.Router.Poison.DLQTopic, "reason", poison.Reason)
 	return Produce(p.ctx, p.txn, DeadLetter(p.cfg, poison), p.producer, p.done)
 }

@@ -220,8 +220,8 @@ func TestPipelineRoutesInserts(t *testing.T) {
 		t.Errorf("confirmed %s after every acknowledgement, want the commit's end 0/210", got)
 	}
 	for op, want := range map[string]float64{"insert": 2, "update": 1, "delete": 1} {
-		if got := testutil.ToFloat64(tp.m.changes.WithLabelValues(op)); got != want {
-			t.Errorf("outboxd_wal_changes_total{op=%q} = %v, want %v", op, got, want)
+		if got := testutil.ToFloat64(tp.m.changes.WithLabelValues(op, "public.outbox")); got != want {
+			t.Errorf("outboxd_wal_changes_total{op=%q,table=\"public.outbox\"} = %v, want %v", op, got, want)
 		}
 	}
 }
@@ -307,8 +307,8 @@ func TestPipelineDeadLetter(t *testing.T) {
 			if got := header(dl, "outboxd.error.reason"); !strings.Contains(got, tc.reason) {
 				t.Errorf("reason header %q lacks %q", got, tc.reason)
 			}
-			if got := testutil.ToFloat64(tp.m.deadLettered); got != 1 {
-				t.Errorf("outboxd_router_dead_lettered_total = %v, want 1", got)
+			if got := testutil.ToFloat64(tp.m.deadLettered.WithLabelValues("public.outbox")); got != 1 {
+				t.Errorf("outboxd_router_dead_lettered_total{table=\"public.outbox\"} = %v, want 1", got)
 			}
 			tp.prod.ackAll(nil)
 			if got := tp.tracker.Confirmed(); got != 0x210 {
@@ -435,7 +435,7 @@ func TestPipelineDeliversOnlyItsOwnMessages(t *testing.T) {
 			}
 			for op, n := range map[string]bool{"message_other_outbox": tc.kind == other, "message_unowned": tc.kind == unowned && !want} {
 				want := map[bool]float64{true: 1, false: 0}[n]
-				if got := testutil.ToFloat64(tp.m.changes.WithLabelValues(op)); got != want {
+				if got := testutil.ToFloat64(tp.m.changes.WithLabelValues(op, "")); got != want {
 					t.Errorf("outboxd_wal_changes_total{op=%q} = %v, want %v", op, got, want)
 				}
 			}
