@@ -25,26 +25,29 @@ import (
 // Report is what `outboxd status` shows: the slot and publication as
 // Postgres sees them, and the running outboxd's own status when reachable.
 type Report struct {
-	Slot        string         `json:"slot"`
-	SlotExists  bool           `json:"slot_exists"`
-	Plugin      string         `json:"plugin,omitempty"`
-	Active      bool           `json:"active"`
-	ActivePID   int            `json:"active_pid,omitempty"`
-	Confirmed   string         `json:"confirmed_flush_lsn,omitempty"`
-	LagBytes    int64          `json:"lag_bytes"`           // pg_current_wal_lsn() - confirmed_flush_lsn
-	Retained    int64          `json:"retained_wal_bytes"`  // pg_current_wal_lsn() - restart_lsn
-	FlushLag    string         `json:"flush_lag,omitempty"` // pg_stat_replication.flush_lag of the holder
-	WALStatus   string         `json:"wal_status,omitempty"`
-	SafeWALSize *int64         `json:"safe_wal_size_bytes,omitempty"`
-	Publication string         `json:"publication"`
-	PubTables   []string       `json:"publication_tables"`
-	Table       string         `json:"table"`
-	TableRows   int64          `json:"table_rows_estimate"` // -1: not known, the table was never analysed
-	TableBytes  int64          `json:"table_bytes"`
-	Process     *status.Status `json:"outboxd,omitempty"`
-	ProcessURL  string         `json:"outboxd_url"`
-	ProcessErr  string         `json:"outboxd_error,omitempty"`
-	ReadAt      time.Time      `json:"read_at"`
+	Slot        string   `json:"slot"`
+	SlotExists  bool     `json:"slot_exists"`
+	Plugin      string   `json:"plugin,omitempty"`
+	Active      bool     `json:"active"`
+	ActivePID   int      `json:"active_pid,omitempty"`
+	Confirmed   string   `json:"confirmed_flush_lsn,omitempty"`
+	LagBytes    int64    `json:"lag_bytes"`           // pg_current_wal_lsn() - confirmed_flush_lsn
+	Retained    int64    `json:"retained_wal_bytes"`  // pg_current_wal_lsn() - restart_lsn
+	FlushLag    string   `json:"flush_lag,omitempty"` // pg_stat_replication.flush_lag of the holder
+	WALStatus   string   `json:"wal_status,omitempty"`
+	SafeWALSize *int64   `json:"safe_wal_size_bytes,omitempty"`
+	Publication string   `json:"publication"`
+	PubTables   []string `json:"publication_tables"`
+	// Table, TableRows and TableBytes are the outbox tables' names
+	// (comma-separated), rows and bytes summed over them; Tables has each.
+	Table      string         `json:"table"`
+	TableRows  int64          `json:"table_rows_estimate"` // -1: not known, a table was never analysed
+	TableBytes int64          `json:"table_bytes"`
+	Tables     []TableSize    `json:"tables"`
+	Process    *status.Status `json:"outboxd,omitempty"`
+	ProcessURL string         `json:"outboxd_url"`
+	ProcessErr string         `json:"outboxd_error,omitempty"`
+	ReadAt     time.Time      `json:"read_at"`
 	// ConfirmedAge is how long ago the last transaction the running outboxd
 	// confirmed was committed, set only while it has records in flight: then
 	// the oldest undelivered event is at most this old. With nothing in
@@ -144,17 +147,19 @@ func BuildReport(ctx context.Context, cfg config.Config, statusURL string) (Repo
 	if err != nil {
 		return rep, err
 	}
-	for _, t := range per { // several tables: their sums
+	for _, t := range per { // each table, and their sums
 		schema, table := t.Postgres.TableName()
-		var tuples, bytes int64
-		_ = conn.QueryRow(ctx, `SELECT c.reltuples::bigint, pg_total_relation_size(c.oid) FROM pg_class c
-			JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2`, schema, table).Scan(&tuples, &bytes)
-		if tuples < 0 || rep.TableRows < 0 {
+		ts := TableSize{Name: schema + "." + table}
+		err := conn.QueryRow(ctx, `SELECT c.reltuples::bigint, pg_total_relation_size(c.oid) FROM pg_class c
+			JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2`, schema, table).Scan(&ts.Rows, &ts.Bytes)
+		ts.Exists = err == nil
+		rep.Tables = append(rep.Tables, ts)
+		if ts.Rows < 0 || rep.TableRows < 0 {
 			rep.TableRows = -1 // one was never analysed: the sum is not known
 		} else {
-			rep.TableRows += tuples
+			rep.TableRows += ts.Rows
 		}
-		rep.TableBytes += bytes
+		rep.TableBytes += ts.Bytes
 	}
 	if statusURL != "" {
 		st, err := fetchStatus(ctx, statusURL)
@@ -289,10 +294,11 @@ func (rep Report) WriteText(w io.Writer) error {
 		pub = "(missing or empty)"
 	}
 	row("publication", "%s: %s", rep.Publication, pub)
-	if rep.TableRows < 0 {
-		row("outbox", "%s: rows not known (never analysed), %s", rep.Table, bytesText(rep.TableBytes))
-	} else {
-		row("outbox", "%s: ~%d rows, %s", rep.Table, rep.TableRows, bytesText(rep.TableBytes))
+	if len(rep.Tables) == 0 { // a report without the list: the sums
+		row("outbox", "%s", TableSize{Name: rep.Table, Exists: true, Rows: rep.TableRows, Bytes: rep.TableBytes})
+	}
+	for _, t := range rep.Tables {
+		row("outbox", "%s", t)
 	}
 	switch {
 	case rep.Process != nil:
@@ -358,6 +364,25 @@ func bytesText(n int64) string {
 		exp++
 	}
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+// TableSize is one outbox table's size, as Postgres estimates it.
+type TableSize struct {
+	Name   string `json:"name"`          // schema.table
+	Exists bool   `json:"exists"`        // false: no such table, and the sizes are 0
+	Rows   int64  `json:"rows_estimate"` // pg_class.reltuples; -1: not known, never analysed
+	Bytes  int64  `json:"bytes"`         // pg_total_relation_size
+}
+
+// String is the table's line of the text report.
+func (t TableSize) String() string {
+	switch {
+	case !t.Exists:
+		return t.Name + ": does not exist"
+	case t.Rows < 0:
+		return fmt.Sprintf("%s: rows not known (never analysed), %s", t.Name, bytesText(t.Bytes))
+	}
+	return fmt.Sprintf("%s: ~%d rows, %s", t.Name, t.Rows, bytesText(t.Bytes))
 }
 
 // tableNames is postgres.table, or the names of postgres.tables,

@@ -187,3 +187,31 @@ func TestWriteTextShards(t *testing.T) {
 		t.Errorf("an unsharded report mentions shards:\n%s", b.String())
 	}
 }
+
+// With several outbox tables the report lists each on a line of its own,
+// with its size estimate (issue 35 §1, "outboxd status lists the tables").
+func TestWriteTextEachTable(t *testing.T) {
+	rep := Report{Slot: "outboxd", SlotExists: true, Table: "public.outbox,orders.events,wallet.gone", TableRows: -1, TableBytes: 3 * 8192,
+		Tables: []TableSize{
+			{Name: "public.outbox", Exists: true, Rows: 12, Bytes: 16384},
+			{Name: "orders.events", Exists: true, Rows: -1, Bytes: 8192},
+			{Name: "wallet.gone"},
+		}}
+	var b strings.Builder
+	if err := rep.WriteText(&b); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	for _, want := range []string{
+		"\noutbox       public.outbox: ~12 rows, 16.0 KiB\n",
+		"\noutbox       orders.events: rows not known (never analysed), 8.0 KiB\n",
+		"\noutbox       wallet.gone: does not exist\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("report lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "public.outbox,orders.events") {
+		t.Errorf("report shows the comma list:\n%s", out)
+	}
+}
