@@ -2,7 +2,6 @@ package test
 
 import (
 	"encoding/json"
-	"os/exec"
 	"regexp"
 	"testing"
 )
@@ -32,15 +31,8 @@ func TestSeveralTablesStatus(t *testing.T) {
 	cfg := writeConfig(t, "postgres:\n  tables:\n    - public.outbox\n    - name: "+s.table+"\n      router: "+s.router+"\nrouter:\n  messages:\n    unowned: ignore\n")
 	p := start(t, d.env(), "-config", cfg)
 	p.waitStreaming()
-	run := func(args ...string) string {
-		cmd := exec.Command(svc.bin, append([]string{"status", "-config", cfg}, args...)...)
-		cmd.Env = replace(d.env(), "OUTBOXD_HTTP_LISTEN", p.addr)
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			t.Fatalf("outboxd status %v: %v\n%s", args, err, out)
-		}
-		return string(out)
-	}
+	env := replace(d.env(), "OUTBOXD_HTTP_LISTEN", p.addr)
+	run := func(args ...string) string { return runStatus(t, env, append([]string{"-config", cfg}, args...)...) }
 	text := run()
 	t.Logf("outboxd status:\n%s", text)
 	for _, want := range []string{`(?m)^outbox +public\.outbox: (~0 rows|rows not known \(never analysed\)), `, `(?m)^outbox +orders\.events: ~1 rows, `} {

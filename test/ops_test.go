@@ -233,15 +233,7 @@ func TestStatusCommand(t *testing.T) {
 	p := start(t, d.env())
 	p.waitStreaming()
 	env := replace(d.env(), "OUTBOXD_HTTP_LISTEN", p.addr)
-	run := func(args ...string) string {
-		cmd := exec.Command(svc.bin, append([]string{"status"}, args...)...)
-		cmd.Env = env
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			t.Fatalf("outboxd status %v: %v\n%s", args, err, out)
-		}
-		return string(out)
-	}
+	run := func(args ...string) string { return runStatus(t, env, args...) }
 	text := run()
 	t.Logf("outboxd status:\n%s", text)
 	for _, want := range []string{"slot", d.slot + " (pgoutput), active, held by pid", "lag", "wal_status", "reserved",
