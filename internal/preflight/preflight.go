@@ -227,9 +227,6 @@ func (c *Checker) checkOn(ctx context.Context, conn *pgx.Conn, h *History) (foun
 	if err != nil {
 		return found{}, err
 	}
-	if err := c.refuseNested(ctx, conn); err != nil {
-		return found{}, err
-	}
 	schemas := make([]router.Schema, len(c.per))
 	for i, t := range c.per {
 		field := "postgres.table"
@@ -242,6 +239,9 @@ func (c *Checker) checkOn(ctx context.Context, conn *pgx.Conn, h *History) (foun
 		if schemas[i], err = checkColumnTypes(ctx, conn, t); err != nil {
 			return found{}, err
 		}
+	}
+	if err := c.refuseNested(ctx, conn); err != nil {
+		return found{}, err
 	}
 	if err := RefuseSplitBrain(ctx, conn, h, <-others); err != nil {
 		return found{}, err

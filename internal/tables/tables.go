@@ -43,7 +43,7 @@ type Outbox struct {
 
 	others map[uint32]int // relation ID → the outbox table whose partition it is, or -1
 	db     pg.Lazy        // for the lookups
-	// find is lookup; tests stub it.
+	// find replaces lookup when set (tests stub the catalogue).
 	find func(ctx context.Context, id uint32) (exists bool, table int, err error)
 
 	// pgoutput names a column's declared type, which for a domain is the
@@ -77,10 +77,8 @@ func New(pgc config.Postgres, per []config.Config, ids []uint32, log *slog.Logge
 			ts[i].id = ids[i]
 		}
 	}
-	t := &Outbox{publication: pgc.Publication, tables: ts, several: len(ts) > 1, log: log, others: map[uint32]int{},
+	return &Outbox{publication: pgc.Publication, tables: ts, several: len(ts) > 1, log: log, others: map[uint32]int{},
 		db: pg.Lazy{PG: pgc, Addr: addr}, baseType: baseType}
-	t.find = t.lookup
-	return t
 }
 
 // Addr is the server whose catalogue it reads (pg.Addr).
@@ -122,7 +120,11 @@ func (t *Outbox) which(ctx context.Context, rel *wal.Relation) (int, error) {
 	if i, ok := t.others[rel.ID]; ok {
 		return i, nil
 	}
-	exists, i, err := t.find(ctx, rel.ID)
+	find := t.lookup
+	if t.find != nil {
+		find = t.find
+	}
+	exists, i, err := find(ctx, rel.ID)
 	if err != nil {
 		return -1, fmt.Errorf("looking up %s (relation %d), which the publication publishes, to tell whether it is a partition of an outbox table (%s): %w",
 			rel.QualifiedName(), rel.ID, t.names(), err)
