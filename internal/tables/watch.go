@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -32,13 +33,18 @@ var ErrUnpublished error = permanent("an outbox table is not published")
 // A table renamed while outboxd runs keeps its relation, which the
 // publication still publishes: its rows go on flowing, and Watch lets it
 // be (the next start refuses the configured name).
+//
+// Tables learnt while the run streams (a table created that matches a
+// pattern) join the check through Add.
 type Watch struct {
 	publication string
-	names       []string // quoted, for to_regclass
-	shown       []string // schema.table, for messages
-	ids         []uint32 // relation IDs when the run started (0: unknown)
 	db          pg.Lazy
 	log         *slog.Logger
+
+	mu    sync.Mutex // guards the three lists, which Add extends while Run runs
+	names []string   // quoted, for to_regclass
+	shown []string   // schema.table, for messages
+	ids   []uint32   // relation IDs when the run started, or when Add learnt them (0: unknown)
 }
 
 // NewWatch returns the Watch of a run on the server at addr (pg.Addr),
@@ -48,15 +54,43 @@ func NewWatch(pgc config.Postgres, per []config.Config, ids []uint32, addr strin
 	w := &Watch{publication: pgc.Publication, db: pg.Lazy{PG: pgc, Addr: addr}, log: log}
 	for i, c := range per {
 		schema, name := c.Postgres.TableName()
-		w.names = append(w.names, pgx.Identifier{schema, name}.Sanitize())
-		w.shown = append(w.shown, schema+"."+name)
 		var id uint32
 		if i < len(ids) {
 			id = ids[i]
 		}
-		w.ids = append(w.ids, id)
+		w.Add(schema, name, id)
 	}
 	return w
+}
+
+// Add makes the Watch check one more outbox table, schema.name, whose
+// relation ID is id (0: unknown), from the next check on: a table learnt
+// while the run streams, such as one created that matches a pattern of
+// postgres.tables. A table the Watch already checks is left as it is. It
+// is safe to call while Run runs.
+//
+// From then on the table is held to what a listed table is: its name must
+// stay a relation the publication publishes, and a drop of it ends the run.
+func (w *Watch) Add(schema, name string, id uint32) {
+	shown := schema + "." + name
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, s := range w.shown {
+		if s == shown {
+			return
+		}
+	}
+	w.names = append(w.names, pgx.Identifier{schema, name}.Sanitize())
+	w.shown = append(w.shown, shown)
+	w.ids = append(w.ids, id)
+}
+
+// list returns the tables the next check reads: quoted names, the names
+// shown in messages, and the relation IDs.
+func (w *Watch) list() (names, shown []string, ids []uint32) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.names, w.shown, w.ids // Add only appends: a reader's slices stay as they were
 }
 
 // Run checks every interval until ctx ends, and returns the first
@@ -119,7 +153,8 @@ func (w *Watch) Check(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	rows, err := conn.Query(ctx, watchQuery, w.publication, w.names, w.ids)
+	names, shown, ids := w.list()
+	rows, err := conn.Query(ctx, watchQuery, w.publication, names, ids)
 	if err != nil {
 		w.db.Close() // a new connection at the next tick
 		return fmt.Errorf("reading the publication %q's tables: %w", w.publication, err)
@@ -135,10 +170,10 @@ func (w *Watch) Check(ctx context.Context) error {
 			rows.Close()
 			return err
 		}
-		if !pubExists || found != nil || i < 1 || i > len(w.names) {
+		if !pubExists || found != nil || i < 1 || i > len(names) {
 			continue
 		}
-		found = w.judge(i-1, now, startExists, published)
+		found = w.judge(names[i-1], shown[i-1], ids[i-1], now, startExists, published)
 	}
 	if err := rows.Err(); err != nil {
 		return err
@@ -146,10 +181,10 @@ func (w *Watch) Check(ctx context.Context) error {
 	return found
 }
 
-// judge decides about table i from what watchQuery read.
-func (w *Watch) judge(i int, now uint32, startExists, published bool) error {
-	name, start := w.shown[i], w.ids[i]
-	add := fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s", quote.Ident(w.publication), w.names[i])
+// judge decides about one table (quoted, its name for messages, and its
+// relation ID at the start) from what watchQuery read.
+func (w *Watch) judge(quoted, name string, start, now uint32, startExists, published bool) error {
+	add := fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s", quote.Ident(w.publication), quoted)
 	replay := "Its rows written before that statement are not in the slot and are not delivered: send them with outboxd replay -table " + name + " -where …, " +
 		"once outboxd runs again. Rename or re-create an outbox table only while outboxd is stopped, and add it to the publication before the application writes it"
 	switch {
@@ -171,4 +206,7 @@ func (w *Watch) judge(i int, now uint32, startExists, published bool) error {
 }
 
 // String lists the tables a Watch checks, for a log line.
-func (w *Watch) String() string { return strings.Join(w.shown, ",") }
+func (w *Watch) String() string {
+	_, shown, _ := w.list()
+	return strings.Join(shown, ",")
+}
