@@ -86,7 +86,29 @@ type Postgres struct {
 	// with a row filter on the key column's hash, streamed by N pipelines.
 	// Changing it and restarting reshards. Postgres 15 and later for N > 1.
 	Shards int `yaml:"shards"`
+	// Backfill delivers the rows already in the table when outboxd creates
+	// its slot (docs/backfill.md); off while Where is empty.
+	Backfill Backfill `yaml:"backfill"`
 }
+
+// Backfill is postgres.backfill: which rows already in the outbox table
+// outboxd delivers before the slot's first event, in which order, how fast.
+type Backfill struct {
+	// Where is the body of a SQL WHERE over the outbox table's columns,
+	// e.g. status IN ('PENDING','PROCESSING'); "" is no backfill.
+	Where string `yaml:"where"`
+	// OrderBy is the column whose order the rows are sent in, the primary
+	// key breaking ties; "" is the primary key.
+	OrderBy string `yaml:"order_by"`
+	// Batch is the number of rows sent and acknowledged at a time: a kill
+	// sends again at most that many.
+	Batch int `yaml:"batch"`
+	// Rate caps the rows sent per second; 0 is no cap.
+	Rate int `yaml:"rate"`
+}
+
+// On reports whether a backfill is configured.
+func (b Backfill) On() bool { return strings.TrimSpace(b.Where) != "" }
 
 // Kafka says where events go.
 type Kafka struct {
@@ -353,6 +375,7 @@ func base() Config {
 			SlotLagInterval:     10 * time.Second,
 			StandbyPollInterval: time.Second,
 			Shards:              1,
+			Backfill:            Backfill{Batch: 500},
 		},
 		Kafka: Kafka{
 			Brokers:                []string{"127.0.0.1:9092"},
@@ -671,6 +694,7 @@ func (c Config) Validate() error {
 			bad("postgres.publication", "%v", err)
 		}
 	}
+	errs = append(errs, c.validateBackfill()...)
 	for i, dsn := range c.Postgres.StandbyDSNs {
 		if _, err := pgconn.ParseConfig(dsn); err != nil {
 			bad(fmt.Sprintf("postgres.standby_dsns[%d]", i), "not a valid connection string%s; the value is not shown because it may hold a password", dsnReason(err))
@@ -911,4 +935,38 @@ func (c Config) Redacted() Config {
 		c.Kafka.SASL.Password = mask
 	}
 	return c
+}
+
+// validateBackfill checks postgres.backfill, and refuses it where this
+// outboxd cannot backfill yet.
+func (c Config) validateBackfill() []error {
+	b := c.Postgres.Backfill
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...)))
+	}
+	if b.Batch < 1 || b.Batch > 100000 {
+		bad("postgres.backfill.batch", "%d must be between 1 and 100000 rows", b.Batch)
+	}
+	if b.Rate < 0 {
+		bad("postgres.backfill.rate", "%d must be 0 (no limit) or a number of rows per second", b.Rate)
+	}
+	if !b.On() {
+		if b.OrderBy != "" {
+			bad("postgres.backfill.order_by", "%q is set without postgres.backfill.where; give the condition the rows to backfill match, e.g. where: \"status IN ('PENDING')\"", b.OrderBy)
+		}
+		return errs
+	}
+	switch {
+	case !c.Postgres.CreateSlot:
+		bad("postgres.backfill", "needs postgres.create_slot: true: the backfill reads the snapshot exported when outboxd creates the slot")
+	case len(c.Postgres.Tables) > 1:
+		bad("postgres.backfill", "is not supported with several postgres.tables yet: backfill one table per outboxd, or send the rows with outboxd replay")
+	case c.Postgres.Shards > 1:
+		bad("postgres.backfill", "is not supported with postgres.shards > 1 yet: backfill with postgres.shards: 1, then reshard")
+	case c.Kafka.ExactlyOnce():
+		bad("postgres.backfill", "is not supported with kafka.delivery: exactly_once yet (a kill during it would send the rows in flight again): "+
+			"backfill with at_least_once, then switch to exactly_once")
+	}
+	return errs
 }

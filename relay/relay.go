@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/internal/backfill"
 	"github.com/outboxd/outboxd/internal/pause"
 	"github.com/outboxd/outboxd/internal/pg"
 	"github.com/outboxd/outboxd/internal/preflight"
@@ -41,6 +42,21 @@ type Relay struct {
 	shard  shard.Shard
 	window shard.Window
 	drain  bool // an old shard drained by this process's reshard loop
+
+	backfillM *backfill.Metrics // postgres.backfill only
+}
+
+// backfill sends the rows of postgres.backfill that Kafka has not
+// acknowledged yet, before the first START_REPLICATION (package backfill's
+// duty 2), with a Kafka client of its own.
+func (r *Relay) backfill(ctx context.Context) error {
+	r.setState(StateStarting, "backfilling the rows already in the table")
+	p, err := r.newProducer()
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	return backfill.Run(ctx, r.cfg, p, r.backfillM, r.log)
 }
 
 // New returns a Relay for a validated cfg, with its metrics on reg.
@@ -61,6 +77,9 @@ func newShard(cfg config.Config, log *slog.Logger, reg prometheus.Registerer, sh
 	r.check = preflight.New(cfg, sh, log, r.newProducer, r.progress)
 	if cfg.Kafka.ExactlyOnce() {
 		r.txnM = sink.NewTxnMetrics(reg)
+	}
+	if cfg.Postgres.Backfill.On() {
+		r.backfillM = backfill.NewMetrics(reg)
 	}
 	r.status.SetState(StateStarting, "starting up")
 	return r, nil
@@ -110,6 +129,12 @@ func (r *Relay) Check(ctx context.Context) (*Checked, error) {
 // first pipeline and closed by Run; with nil the first pipeline opens its
 // own.
 func (r *Relay) Run(ctx context.Context, checked *Checked) error {
+	if r.cfg.Postgres.Backfill.On() {
+		if err := r.backfill(ctx); err != nil {
+			checked.Close()
+			return err
+		}
+	}
 	_, err := r.supervise(ctx, checked, r.runOnce, realClock{})
 	return err
 }

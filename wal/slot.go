@@ -192,6 +192,37 @@ func CreateSlot(ctx context.Context, conn *pgx.Conn, name string, failover bool)
 	return ParseLSN(lsn)
 }
 
+// Exported is a slot created with its snapshot exported
+// (CreateSlotExporting): the slot's consistent point and the name of the
+// snapshot that sees exactly the transactions committed before it.
+type Exported struct {
+	LSN      LSN
+	Snapshot string
+}
+
+// CreateSlotExporting creates a pgoutput logical replication slot on conn,
+// a connection opened with replication=database, with
+// CREATE_REPLICATION_SLOT ... EXPORT_SNAPSHOT. The snapshot lives until
+// conn issues its next command or closes: the caller imports it first
+// (SET TRANSACTION SNAPSHOT in a REPEATABLE READ transaction on another
+// connection). The slot decodes exactly the transactions the snapshot does
+// not see.
+func CreateSlotExporting(ctx context.Context, conn *pgconn.PgConn, name string) (Exported, error) {
+	res, err := pglogrepl.CreateReplicationSlot(ctx, conn, quote.Ident(name), "pgoutput",
+		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "EXPORT_SNAPSHOT"})
+	if err != nil {
+		return Exported{}, fmt.Errorf("creating replication slot %q with an exported snapshot: %w", name, err)
+	}
+	lsn, err := ParseLSN(res.ConsistentPoint)
+	if err != nil {
+		return Exported{}, fmt.Errorf("creating replication slot %q with an exported snapshot: %w", name, err)
+	}
+	if res.SnapshotName == "" {
+		return Exported{}, fmt.Errorf("creating replication slot %q: the server exported no snapshot", name)
+	}
+	return Exported{LSN: lsn, Snapshot: res.SnapshotName}, nil
+}
+
 // AlterSlotFailoverSQL is the replication command that makes slot name a
 // failover slot; it runs on a replication connection.
 func AlterSlotFailoverSQL(name string) string {

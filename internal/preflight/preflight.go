@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/internal/backfill"
 	"github.com/outboxd/outboxd/internal/pg"
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/shard"
@@ -452,6 +453,11 @@ func (c *Checker) ensureSlot(ctx context.Context, conn *pgx.Conn, h *History) (s
 		c.log.Info("the publication publishes DELETEs, which outboxd ignores; if rows are deleted after insert, Postgres decodes and sends "+
 			"every delete for nothing. Unless another reader of the publication needs them, "+wal.AlterPublicationSQL(pc.Publication)+
 			" leaves them out from that point in the WAL, on the same slot", "publication", pc.Publication)
+	}
+	if pc.Backfill.On() { // one slot (config.Config.Validate): made here with its snapshot exported
+		if err := backfill.Prepare(ctx, conn, c.ConnectReplication, c.cfg, c.log); err != nil {
+			return false, err
+		}
 	}
 	info, ok, err := wal.InspectSlot(ctx, conn, pc.Slot)
 	if err != nil {

@@ -1,0 +1,20 @@
+// Package backfill delivers the rows already in the outbox table when
+// outboxd creates its slot (postgres.backfill), before the slot's first
+// event: the rows a polling relay left pending. DESIGN.md ("Backfill")
+// states why the row set is exact.
+//
+// The caller's duties:
+//
+//  1. Call Prepare where the slot would be created, before the slot is
+//     inspected: it creates the slot with its snapshot exported, fixes the
+//     backfill's rows (their keys, in a table of outboxd's own) inside that
+//     snapshot, and records the run in the state table; on a slot that
+//     exists it checks that a backfill made it, and on a run a kill
+//     interrupted before its rows were fixed it drops the slot and starts
+//     again.
+//  2. Call Run before the first START_REPLICATION on the slot, and start
+//     replication only when it returned nil: it sends the rows not yet
+//     acknowledged, page by page, each page acknowledged by Kafka before
+//     its last key is recorded, and marks the backfill done.
+//  3. Never confirm a position of the slot before Run returned nil.
+package backfill

@@ -1,0 +1,145 @@
+package backfill
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/internal/replay"
+	"github.com/outboxd/outboxd/wal"
+)
+
+// snapshotName is the form of an exported snapshot's name
+// (00000003-0000001B-1), checked before it is put into SQL.
+var snapshotName = regexp.MustCompile(`^[0-9A-Fa-f-]+$`)
+
+// Prepare makes the slot of a configured backfill, or checks the one there
+// (the package's duty 1). conn is a normal connection, openRepl opens a
+// replication connection. It returns with the slot existing and the
+// backfill recorded, or an error.
+func Prepare(ctx context.Context, conn *pgx.Conn, openRepl func(context.Context) (*pgconn.PgConn, error), cfg config.Config, log *slog.Logger) error {
+	pc := cfg.Postgres
+	s := newStore(cfg)
+	if err := s.ensure(ctx, conn); err != nil {
+		return err
+	}
+	st, found, err := s.load(ctx, conn, pc.Slot)
+	if err != nil {
+		return err
+	}
+	info, exists, err := wal.InspectSlot(ctx, conn, pc.Slot)
+	if err != nil {
+		return err
+	}
+	switch {
+	case found && st.Phase != phaseSnapshot && exists:
+		if strings.TrimSpace(st.Where) != strings.TrimSpace(pc.Backfill.Where) && st.Phase != phaseDone {
+			log.Warn("postgres.backfill.where differs from the condition the backfill under way was started with; it goes on with the rows it fixed then",
+				"slot", pc.Slot, "where", st.Where)
+		}
+		return nil
+	case found && st.Phase != phaseSnapshot:
+		return fmt.Errorf("replication slot %q, which the backfill recorded in %s was made for, no longer exists; the backfill's rows and the events committed since are no longer told apart. "+
+			"To start again: DELETE FROM %s WHERE slot = '%s'; DROP TABLE IF EXISTS %s; then start outboxd, which creates the slot and backfills anew",
+			pc.Slot, s.name, s.state, pc.Slot, s.keys)
+	case !found && exists:
+		return fmt.Errorf("postgres.backfill is set, but replication slot %q exists and was not made by a backfill: events it already delivered cannot be told apart from the rows the backfill would send. "+
+			"Remove postgres.backfill (and send rows with outboxd replay), or stop outboxd, drop the slot (SELECT pg_drop_replication_slot('%s')) and start it again to create the slot with the backfill",
+			pc.Slot, pc.Slot)
+	case exists: // phase snapshot: a kill came before the rows were fixed, and nothing streamed from the slot
+		if info.Active {
+			return &wal.SlotActiveError{Slot: pc.Slot, PID: info.ActivePID}
+		}
+		if _, err := conn.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, pc.Slot); err != nil {
+			return fmt.Errorf("dropping replication slot %q, created by a backfill that stopped before it fixed its rows: %w", pc.Slot, err)
+		}
+		log.Info("dropped the replication slot a backfill created before it stopped without fixing its rows; creating it again", "slot", pc.Slot)
+	}
+	return create(ctx, conn, openRepl, cfg, s, log)
+}
+
+// create records the backfill, creates the slot with its snapshot exported
+// and fixes the rows in the key table inside that snapshot.
+func create(ctx context.Context, conn *pgx.Conn, openRepl func(context.Context) (*pgconn.PgConn, error), cfg config.Config, s store, log *slog.Logger) error {
+	pc := cfg.Postgres
+	if err := replay.CheckWhere(pc.Backfill.Where); err != nil {
+		return fmt.Errorf("postgres.backfill.where: %w", err)
+	}
+	src, err := replay.OpenSource(ctx, conn, cfg, pc.Backfill.OrderBy)
+	if err != nil {
+		return fmt.Errorf("postgres.backfill: %w", err)
+	}
+	st := State{Slot: pc.Slot, Table: src.Name, Where: pc.Backfill.Where, Keys: src.Keys, Phase: phaseSnapshot, Started: time.Now().UTC()}
+	if err := s.save(ctx, conn, st); err != nil {
+		return err
+	}
+	repl, err := openRepl(ctx)
+	if err != nil {
+		return err
+	}
+	defer repl.Close(context.WithoutCancel(ctx))
+	exp, err := wal.CreateSlotExporting(ctx, repl, pc.Slot)
+	if err != nil {
+		return err
+	}
+	if !snapshotName.MatchString(exp.Snapshot) {
+		return fmt.Errorf("creating replication slot %q: the server exported a snapshot named %q, not a snapshot name", pc.Slot, exp.Snapshot)
+	}
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		return fmt.Errorf("opening the backfill's snapshot: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit, a no-op
+	if _, err := tx.Exec(ctx, "SET TRANSACTION SNAPSHOT '"+exp.Snapshot+"'"); err != nil {
+		return fmt.Errorf("importing the snapshot of replication slot %q: %w", pc.Slot, err)
+	}
+	// The replication connection may now be closed: the transaction holds
+	// the snapshot.
+	keys := quoted(src.Keys)
+	schema, table := pc.TableName()
+	if _, err := tx.Exec(ctx, "DROP TABLE IF EXISTS "+s.keys); err != nil {
+		return fmt.Errorf("dropping the backfill's old key table %s: %w", s.keys, err)
+	}
+	if _, err := tx.Exec(ctx, "CREATE TABLE "+s.keys+" AS SELECT "+strings.Join(keys, ", ")+" FROM "+pgx.Identifier{schema, table}.Sanitize()+
+		" WHERE (\n"+pc.Backfill.Where+"\n)"); err != nil {
+		return fmt.Errorf("postgres.backfill.where %q: fixing the rows to backfill in %s failed: %w; fix the condition (the body of a WHERE over %s's columns), "+
+			"or grant the role of postgres.dsn CREATE on the schema", pc.Backfill.Where, s.keys, err, src.Name)
+	}
+	var nulls int64
+	if err := tx.QueryRow(ctx, "SELECT pg_current_snapshot()::text, count(*), count(*) FILTER (WHERE "+keys[0]+" IS NULL) FROM "+s.keys).
+		Scan(&st.Snapshot, &st.Total, &nulls); err != nil {
+		return fmt.Errorf("counting the rows to backfill: %w", err)
+	}
+	if nulls > 0 {
+		return fmt.Errorf("postgres.backfill.order_by %s: %d of the %d rows to backfill have no value (NULL) in it; order by another column, or add %q to the condition",
+			src.Keys[0], nulls, st.Total, "AND "+src.Keys[0]+" IS NOT NULL")
+	}
+	if _, err := tx.Exec(ctx, "ALTER TABLE "+s.keys+" ADD PRIMARY KEY ("+strings.Join(keys, ", ")+")"); err != nil {
+		return fmt.Errorf("indexing the backfill's key table %s: %w", s.keys, err)
+	}
+	st.Phase, st.LSN = phaseSending, exp.LSN.String()
+	if err := s.save(ctx, tx, st); err != nil {
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("fixing the rows to backfill: %w", err)
+	}
+	log.Info("created replication slot with the backfill's snapshot; the rows before it are sent first", "slot", pc.Slot, "lsn", exp.LSN.String(),
+		"table", src.Name, "where", st.Where, "order", st.Keys, "rows", st.Total, "snapshot", st.Snapshot)
+	return nil
+}
+
+func quoted(cols []string) []string {
+	out := make([]string, len(cols))
+	for i, c := range cols {
+		out[i] = pgx.Identifier{c}.Sanitize()
+	}
+	return out
+}

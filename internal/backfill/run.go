@@ -1,0 +1,313 @@
+package backfill
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/internal/pause"
+	"github.com/outboxd/outboxd/internal/pg"
+	"github.com/outboxd/outboxd/internal/replay"
+	"github.com/outboxd/outboxd/router"
+	"github.com/outboxd/outboxd/sink"
+	"github.com/outboxd/outboxd/wal"
+)
+
+// Metrics are the backfill's progress.
+type Metrics struct {
+	rows      prometheus.Counter
+	remaining prometheus.Gauge
+}
+
+// NewMetrics registers the backfill's metrics with reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		rows: prometheus.NewCounter(prometheus.CounterOpts{Name: "outboxd_backfill_rows_total",
+			Help: "Rows of the backfill (postgres.backfill) Kafka acknowledged, by this process."}),
+		remaining: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outboxd_backfill_rows_remaining",
+			Help: "Rows of the backfill not yet acknowledged; 0 once it is done."}),
+	}
+	reg.MustRegister(m.rows, m.remaining)
+	return m
+}
+
+// progressEvery is the time between two progress lines in the log.
+const progressEvery = 10 * time.Second
+
+// Run sends the rows of the slot's backfill that Kafka has not
+// acknowledged yet (the package's duty 2) through producer, and records the
+// backfill done. It returns nil at once when the backfill is done. Only
+// one process runs it at a time (a session advisory lock: another waits).
+// When ctx ends it returns ctx's error; what Kafka acknowledged stays
+// recorded.
+func Run(ctx context.Context, cfg config.Config, producer *sink.Producer, m *Metrics, log *slog.Logger) error {
+	conn, err := pg.Connect(ctx, cfg.Postgres)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	pc := cfg.Postgres
+	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock(hashtext('outboxd.backfill:' || $1))`, pc.Slot); err != nil {
+		return fmt.Errorf("locking the backfill of slot %q: %w", pc.Slot, err)
+	}
+	s := newStore(cfg)
+	st, found, err := s.load(ctx, conn, pc.Slot)
+	if err != nil {
+		return err
+	}
+	if !found || st.Phase == phaseSnapshot {
+		return fmt.Errorf("the backfill of slot %q has not fixed its rows; restart outboxd, whose start-up check does", pc.Slot)
+	}
+	if st.Phase == phaseDone {
+		m.remaining.Set(0)
+		return nil
+	}
+	src, err := replay.OpenSource(ctx, conn, cfg, st.Keys[0])
+	if err != nil {
+		return fmt.Errorf("postgres.backfill: %w", err)
+	}
+	if !slices.Equal(src.Keys, st.Keys) {
+		return fmt.Errorf("the backfill of slot %q pages by %v, and the table's order and primary key are now %v; restore the primary key, or start the backfill again (DELETE FROM %s WHERE slot = '%s', drop the slot)",
+			pc.Slot, st.Keys, src.Keys, s.name, pc.Slot)
+	}
+	b := &sender{cfg: cfg, log: log, conn: conn, store: s, state: st, src: src, producer: producer, m: m}
+	b.page = b.pageSQL()
+	g, gctx := errgroup.WithContext(ctx)
+	watch, stopWatch := context.WithCancel(gctx)
+	g.Go(func() error { return producer.Watch(watch, nil) })
+	g.Go(func() error {
+		defer stopWatch()
+		return b.send(gctx)
+	})
+	return g.Wait()
+}
+
+// sender sends a backfill's pages.
+type sender struct {
+	cfg      config.Config
+	log      *slog.Logger
+	conn     *pgx.Conn
+	store    store
+	state    State
+	src      replay.Source
+	producer *sink.Producer
+	m        *Metrics
+	page     string // the SQL of a page after a key
+	first    string // the SQL of the first page
+	sentHere int64  // rows acknowledged in this process
+}
+
+// pageSQL builds the statements that read a page: the rows of the key
+// table after the key in $1.., joined to the outbox table on its primary
+// key (the rows deleted since the snapshot drop out), in the key order.
+func (b *sender) pageSQL() string {
+	schema, table := b.cfg.Postgres.TableName()
+	var cols, keys, on []string
+	for _, c := range b.src.Relation.Columns {
+		cols = append(cols, "t."+pgx.Identifier{c.Name}.Sanitize())
+	}
+	for _, k := range b.state.Keys {
+		keys = append(keys, "k."+pgx.Identifier{k}.Sanitize())
+	}
+	for _, k := range b.src.Primary {
+		q := pgx.Identifier{k}.Sanitize()
+		on = append(on, "t."+q+" = k."+q)
+	}
+	head := "SELECT " + strings.Join(cols, ", ") + ", " + strings.Join(keys, ", ") + " FROM " + b.store.keys + " k JOIN " +
+		pgx.Identifier{schema, table}.Sanitize() + " t ON " + strings.Join(on, " AND ")
+	order := fmt.Sprintf(" ORDER BY %s LIMIT %d", strings.Join(keys, ", "), b.cfg.Postgres.Backfill.Batch)
+	params := make([]string, len(keys))
+	for i := range params {
+		params[i] = fmt.Sprintf("$%d", i+1)
+	}
+	b.first = head + order
+	return head + " WHERE (" + strings.Join(keys, ", ") + ") > (" + strings.Join(params, ", ") + ")" + order
+}
+
+// row is one row read: its columns as pgoutput would send them and its key.
+type row struct {
+	tuple []wal.Datum
+	key   []string
+}
+
+func (b *sender) send(ctx context.Context) error {
+	st := &b.state
+	b.m.remaining.Set(float64(max(st.Total-st.Sent, 0)))
+	b.log.Info("backfill started", "slot", st.Slot, "table", st.Table, "where", st.Where, "order", st.Keys, "rows", st.Total,
+		"rows_done", st.Sent, "rows_left", max(st.Total-st.Sent, 0), "resumed", st.Sent > 0 || st.Done != nil)
+	acks := make(chan error, b.cfg.Postgres.Backfill.Batch)
+	var rec router.Record
+	began, logged := time.Now(), time.Now()
+	for {
+		page, err := b.readPage(ctx)
+		if err != nil {
+			return err
+		}
+		if len(page) == 0 {
+			break
+		}
+		handed := 0
+		var sendErr error
+		for i := range page {
+			c := wal.Change{Op: wal.Insert, Relation: b.src.Relation, Tuple: page[i].tuple}
+			if sendErr = b.src.Router.RouteInto(&c, &rec); sendErr != nil {
+				break
+			}
+			if sendErr = b.producer.Produce(ctx, &rec, func(err error) { acks <- err }); sendErr != nil {
+				break
+			}
+			handed++
+		}
+		if err := b.await(ctx, acks, handed); err != nil {
+			return err
+		}
+		if handed > 0 {
+			st.Done, st.Sent = page[handed-1].key, st.Sent+int64(handed)
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			err := b.store.save(sctx, b.conn, *st)
+			cancel()
+			if err != nil {
+				return err
+			}
+			b.m.rows.Add(float64(handed))
+			b.m.remaining.Set(float64(max(st.Total-st.Sent, 0)))
+		}
+		if sendErr != nil {
+			var poison *router.RowError
+			if errors.As(sendErr, &poison) {
+				return fmt.Errorf("backfill: row %v of %s (in the order of %v) cannot be sent: %s; the backfill sends every row it fixed or stops: fix the row and restart outboxd",
+					page[handed].key, st.Table, st.Keys, poison.Reason)
+			}
+			return sendErr
+		}
+		if now := time.Now(); now.Sub(logged) >= progressEvery {
+			b.log.Info("backfill progress", "slot", st.Slot, "rows_done", st.Sent, "rows_left", max(st.Total-st.Sent, 0))
+			logged = now
+		}
+		if err := b.pace(ctx, began, handed); err != nil {
+			return err
+		}
+		if len(page) < b.cfg.Postgres.Backfill.Batch {
+			break
+		}
+	}
+	return b.finish(ctx, began)
+}
+
+// pace waits so that the rows sent by this process keep to
+// postgres.backfill.rate.
+func (b *sender) pace(ctx context.Context, began time.Time, handed int) error {
+	b.sentHere += int64(handed)
+	rate := b.cfg.Postgres.Backfill.Rate
+	if rate == 0 {
+		return nil
+	}
+	due := began.Add(time.Duration(float64(b.sentHere) / float64(rate) * float64(time.Second)))
+	if d := time.Until(due); d > 0 && !pause.For(ctx, d) {
+		return ctx.Err()
+	}
+	return nil
+}
+
+// finish records the backfill done and drops its key table, in one
+// transaction.
+func (b *sender) finish(ctx context.Context, began time.Time) error {
+	st := &b.state
+	st.Phase, st.Finished = phaseDone, time.Now().UTC()
+	tx, err := b.conn.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("recording the backfill done: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit, a no-op
+	if err := b.store.save(ctx, tx, *st); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, "DROP TABLE IF EXISTS "+b.store.keys); err != nil {
+		return fmt.Errorf("dropping the backfill's key table %s: %w", b.store.keys, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("recording the backfill done: %w", err)
+	}
+	b.m.remaining.Set(0)
+	b.log.Info("backfill done; streaming from the slot", "slot", st.Slot, "rows_done", st.Sent, "rows", st.Total,
+		"rows_deleted_before_sent", max(st.Total-st.Sent, 0), "took", time.Since(began).Round(time.Millisecond))
+	return nil
+}
+
+// await waits for n acknowledgements. When ctx ends it waits on, up to
+// shutdown_timeout, for the records already handed over. It fails unless
+// all n were acknowledged.
+func (b *sender) await(ctx context.Context, acks <-chan error, n int) error {
+	var first error
+	var deadline <-chan time.Time
+	done := ctx.Done()
+	for got := 0; got < n; {
+		select {
+		case err := <-acks:
+			got++
+			if err != nil && first == nil {
+				first = err
+			}
+		case <-done:
+			t := time.NewTimer(b.cfg.ShutdownTimeout)
+			defer t.Stop()
+			deadline, done = t.C, nil
+		case <-deadline:
+			return fmt.Errorf("%d backfilled records handed to Kafka were not acknowledged within shutdown_timeout (%s): %w", n-got, b.cfg.ShutdownTimeout, context.Cause(ctx))
+		}
+	}
+	if first == nil && ctx.Err() != nil {
+		return nil // acknowledged: recorded by the caller, which stops at the next read
+	}
+	return first
+}
+
+// readPage reads the rows after the last one done. Each row's bytes are
+// copied: the records alias them until Kafka acknowledges.
+func (b *sender) readPage(ctx context.Context) ([]row, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	sql, params := b.first, [][]byte(nil)
+	if b.state.Done != nil {
+		sql = b.page
+		for _, k := range b.state.Done {
+			params = append(params, []byte(k))
+		}
+	}
+	ncols, nkeys := len(b.src.Relation.Columns), len(b.state.Keys)
+	res := b.conn.PgConn().ExecParams(ctx, sql, params, nil, nil, nil)
+	var page []row
+	for res.NextRow() {
+		vals := res.Values()
+		if len(vals) != ncols+nkeys {
+			res.Close() //nolint:errcheck // the error is the column count
+			return nil, fmt.Errorf("reading rows of %s: %d columns, want %d", b.state.Table, len(vals), ncols+nkeys)
+		}
+		w := row{tuple: make([]wal.Datum, ncols), key: make([]string, nkeys)}
+		for i, v := range vals[:ncols] {
+			if v == nil {
+				w.tuple[i] = wal.Datum{Kind: wal.DatumNull}
+				continue
+			}
+			w.tuple[i] = wal.Datum{Kind: wal.DatumText, Data: append([]byte(nil), v...)}
+		}
+		for i, v := range vals[ncols:] {
+			w.key[i] = string(v)
+		}
+		page = append(page, w)
+	}
+	if _, err := res.Close(); err != nil {
+		return nil, fmt.Errorf("reading rows of %s to backfill after %v: %w", b.state.Table, b.state.Done, err)
+	}
+	return page, nil
+}

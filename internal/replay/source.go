@@ -1,0 +1,45 @@
+package replay
+
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/router"
+	"github.com/outboxd/outboxd/wal"
+)
+
+// Source is an outbox table as the daemon routes it, for a reader of its
+// rows other than the stream (the backfill, package backfill).
+type Source struct {
+	Name     string         // schema.table
+	Relation *wal.Relation  // the columns pgoutput sends, with their base types
+	Router   *router.Router // the router the daemon routes the table's rows with
+	// Keys are the columns the rows are paged by: order (the primary key
+	// when ""), then the primary key's columns that are not order.
+	Keys    []string
+	Primary []string // the primary key's columns
+}
+
+// OpenSource reads the schema of cfg's outbox table (postgres.table) on
+// conn and builds its router and page keys.
+func OpenSource(ctx context.Context, conn *pgx.Conn, cfg config.Config, order string) (Source, error) {
+	schema, name := cfg.Postgres.TableName()
+	t, err := readTable(ctx, conn, schema, name, cfg.Router.KeyColumn)
+	if err != nil {
+		return Source{}, err
+	}
+	rt, err := newRouter(cfg.Router, t)
+	if err != nil {
+		return Source{}, err
+	}
+	if order == "" && len(t.primary) > 0 {
+		order = t.primary[0] // the default is the primary key, not created_at
+	}
+	keys, err := t.keyColumns(order)
+	if err != nil {
+		return Source{}, err
+	}
+	return Source{Name: t.name, Relation: t.rel, Router: rt, Keys: keys, Primary: t.primary}, nil
+}
