@@ -396,6 +396,16 @@ func TestValidateNamesField(t *testing.T) {
 		{"log.level", func(c *config.Config) { c.Log.Level = "INFO" }},
 		{"log.format", func(c *config.Config) { c.Log.Format = "xml" }},
 		{"shutdown_timeout", func(c *config.Config) { c.ShutdownTimeout = -time.Second }},
+		{"postgres.backfill.batch", func(c *config.Config) { c.Postgres.Backfill.Batch = 0 }},
+		{"postgres.backfill.rate", func(c *config.Config) { c.Postgres.Backfill.Rate = -1 }},
+		{"postgres.backfill.order_by", func(c *config.Config) { c.Postgres.Backfill.OrderBy = "created_at" }},
+		{"postgres.backfill", func(c *config.Config) { c.Postgres.Backfill.Where, c.Postgres.CreateSlot = "true", false }},
+		{"postgres.backfill", func(c *config.Config) { c.Postgres.Backfill.Where, c.Postgres.Shards = "true", 2 }},
+		{"postgres.backfill", func(c *config.Config) { c.Postgres.Backfill.Where, c.Kafka.Delivery = "true", "exactly_once" }},
+		{"postgres.backfill", func(c *config.Config) {
+			c.Postgres.Backfill.Where, c.Postgres.Table, c.Router.Messages.Unowned = "true", "", config.UnownedIgnore
+			c.Postgres.Tables = []config.TableEntry{{Name: "public.a"}, {Name: "public.b"}}
+		}},
 	}
 	for _, tt := range tests {
 		cfg := config.Default()

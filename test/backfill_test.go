@@ -171,7 +171,7 @@ func TestBackfillWithWritersRunning(t *testing.T) {
 		t.Errorf("backfill state: phase %s, %d of %d rows sent; want done, all, at least the 5000 seeded", phase, sent, total)
 	}
 	var left bool
-	if err := s.d.pool.QueryRow(ctx, `SELECT to_regclass('public.outboxd_backfill_'||$1) IS NOT NULL`, s.d.slot).Scan(&left); err != nil {
+	if err := s.d.pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_tables WHERE schemaname = 'public' AND tablename LIKE 'outboxd\_backfill\_%')`).Scan(&left); err != nil {
 		t.Fatal(err)
 	}
 	if left {
@@ -229,4 +229,38 @@ func TestBackfillSurvivesKills(t *testing.T) {
 	if phase, sent, total := s.progress(t); phase != "done" || sent != total {
 		t.Errorf("backfill state: phase %s, %d of %d rows sent; want done, all", phase, sent, total)
 	}
+}
+
+// The start-up's two refusals and its recovery: a slot that exists without
+// a backfill is refused (what it streamed cannot be told apart from what
+// is pending), and a slot a backfill created before a kill left its rows
+// unfixed (phase snapshot) is dropped and made again, so that the pending
+// rows are all delivered.
+func TestBackfillStartUp(t *testing.T) {
+	t.Run("slot without backfill refused", func(t *testing.T) {
+		s := newBackfillSetup(t, 100, 5)
+		s.d.exec(t, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, s.d.slot)
+		p := start(t, s.d.env(), "-config", writeConfig(t, backfillConfig(100, 0)))
+		if code := p.waitExit(30 * time.Second); code == 0 {
+			t.Fatal("outboxd exited 0 with a backfill on a slot it did not make")
+		}
+		p.waitLog(`exists and was not made by a backfill`, time.Second)
+	})
+	t.Run("killed before the rows were fixed", func(t *testing.T) {
+		s := newBackfillSetup(t, 2000, 20)
+		// What a kill between CREATE_REPLICATION_SLOT and the commit of the
+		// key table leaves: the state of phase snapshot, and the slot.
+		s.d.exec(t, `CREATE TABLE public.outboxd_backfill (slot text PRIMARY KEY, state jsonb NOT NULL, updated_at timestamptz NOT NULL DEFAULT now())`)
+		s.d.exec(t, `INSERT INTO public.outboxd_backfill (slot, state) VALUES ($1, jsonb_build_object('slot', $1::text, 'phase', 'snapshot'))`, s.d.slot)
+		s.d.exec(t, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, s.d.slot)
+		s.d.exec(t, `UPDATE public.relay_outbox SET retry_count = retry_count + 1 WHERE status = 'PROCESSING'`) // after the old slot: not streamed by it
+		p := start(t, s.d.env(), "-config", writeConfig(t, backfillConfig(100, 0)))
+		p.waitStreaming()
+		p.waitLog(`dropped the replication slot a backfill created`, time.Second)
+		done := make(chan error, 1)
+		done <- nil
+		if r := verifyLoad(t, s.l, done); r.Duplicates != 0 {
+			t.Errorf("%d duplicates; want none", r.Duplicates)
+		}
+	})
 }

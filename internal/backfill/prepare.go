@@ -45,6 +45,10 @@ func Prepare(ctx context.Context, conn *pgx.Conn, openRepl func(context.Context)
 				"slot", pc.Slot, "where", st.Where)
 		}
 		return nil
+	case found && st.Phase == phaseDone:
+		return fmt.Errorf("replication slot %q no longer exists, and postgres.backfill is set: its backfill is done (%s), and creating a new slot with a new backfill would send its rows again. "+
+			"Remove postgres.backfill to create the slot without one (events committed while there was no slot are not delivered: send them with outboxd replay), "+
+			"or, to backfill anew, DELETE FROM %s WHERE slot = '%s' and start outboxd", pc.Slot, s.name, s.state, pc.Slot)
 	case found && st.Phase != phaseSnapshot:
 		return fmt.Errorf("replication slot %q, which the backfill recorded in %s was made for, no longer exists; the backfill's rows and the events committed since are no longer told apart. "+
 			"To start again: DELETE FROM %s WHERE slot = '%s'; DROP TABLE IF EXISTS %s; then start outboxd, which creates the slot and backfills anew",

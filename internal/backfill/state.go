@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -65,9 +66,22 @@ func newStore(cfg config.Config) store {
 	schema, _ := cfg.Postgres.TableName()
 	return store{
 		state: pgx.Identifier{schema, StateTable}.Sanitize(),
-		keys:  pgx.Identifier{schema, StateTable + "_" + cfg.Postgres.Slot}.Sanitize(),
+		keys:  pgx.Identifier{schema, keyTable(cfg.Postgres.Slot)}.Sanitize(),
 		name:  schema + "." + StateTable,
 	}
+}
+
+// keyTable is the name of slot's key table: outboxd_backfill_<slot>, with
+// the slot's name cut and a hash of it in place of the rest where that is
+// longer than Postgres' 63 bytes.
+func keyTable(slot string) string {
+	name := StateTable + "_" + slot
+	if len(name) <= 63 {
+		return name
+	}
+	h := fnv.New32a()
+	h.Write([]byte(slot))
+	return fmt.Sprintf("%s_%08x", name[:63-9], h.Sum32())
 }
 
 const stateTableSQL = `CREATE TABLE IF NOT EXISTS %s (slot text PRIMARY KEY, state jsonb NOT NULL, updated_at timestamptz NOT NULL DEFAULT now())`
