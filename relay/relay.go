@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -56,7 +57,9 @@ func (r *Relay) backfill(ctx context.Context) error {
 		return err
 	}
 	defer p.Close()
-	return backfill.Run(ctx, r.cfg, p, r.backfillM, r.log)
+	return backfill.Run(ctx, r.cfg, p, r.backfillM, r.log, func(sent, total int64) {
+		r.setState(StateStarting, fmt.Sprintf("backfilling the rows already in the table: %d of %d sent, %d left (postgres.backfill)", sent, total, max(total-sent, 0)))
+	})
 }
 
 // New returns a Relay for a validated cfg, with its metrics on reg.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -211,6 +212,15 @@ func TestBackfillSurvivesKills(t *testing.T) {
 				t.Fatalf("the backfill recorded %d rows in 60 s, want %d before kill %d", sent, want, k+1)
 			}
 			time.Sleep(20 * time.Millisecond)
+		}
+		if k == 0 { // progress shows in /status and the metrics while it runs
+			p.addr = listenRE.FindStringSubmatch(p.waitLog(`msg="serving metrics and health" addr=\S+`, time.Second))[1]
+			if _, body := p.get("/status"); !strings.Contains(body, "backfilling the rows already in the table") {
+				t.Errorf("/status during the backfill: %s; want its progress", body)
+			}
+			if left, ok := p.metric("outboxd_backfill_rows_remaining"); !ok || left <= 0 {
+				t.Errorf("outboxd_backfill_rows_remaining during the backfill: %v (found: %v); want the rows left", left, ok)
+			}
 		}
 		if code := p.stop(syscall.SIGKILL, 10*time.Second); code != -1 {
 			t.Logf("kill %d: exit code %d", k+1, code)

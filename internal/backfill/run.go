@@ -48,8 +48,9 @@ const progressEvery = 10 * time.Second
 // backfill done. It returns nil at once when the backfill is done. Only
 // one process runs it at a time (a session advisory lock: another waits).
 // When ctx ends it returns ctx's error; what Kafka acknowledged stays
-// recorded.
-func Run(ctx context.Context, cfg config.Config, producer *sink.Producer, m *Metrics, log *slog.Logger) error {
+// recorded. progress is called with the rows sent and the rows to send
+// after each page.
+func Run(ctx context.Context, cfg config.Config, producer *sink.Producer, m *Metrics, log *slog.Logger, progress func(sent, total int64)) error {
 	conn, err := pg.Connect(ctx, cfg.Postgres)
 	if err != nil {
 		return err
@@ -79,7 +80,7 @@ func Run(ctx context.Context, cfg config.Config, producer *sink.Producer, m *Met
 		return fmt.Errorf("the backfill of slot %q pages by %v, and the table's order and primary key are now %v; restore the primary key, or start the backfill again (DELETE FROM %s WHERE slot = '%s', drop the slot)",
 			pc.Slot, st.Keys, src.Keys, s.name, pc.Slot)
 	}
-	b := &sender{cfg: cfg, log: log, conn: conn, store: s, state: st, src: src, producer: producer, m: m}
+	b := &sender{cfg: cfg, log: log, conn: conn, store: s, state: st, src: src, producer: producer, m: m, progress: progress}
 	b.page = b.pageSQL()
 	g, gctx := errgroup.WithContext(ctx)
 	watch, stopWatch := context.WithCancel(gctx)
@@ -104,6 +105,7 @@ type sender struct {
 	page     string // the SQL of a page after a key
 	first    string // the SQL of the first page
 	sentHere int64  // rows acknowledged in this process
+	progress func(sent, total int64)
 }
 
 // pageSQL builds the statements that read a page: the rows of the key
@@ -142,6 +144,7 @@ type row struct {
 func (b *sender) send(ctx context.Context) error {
 	st := &b.state
 	b.m.remaining.Set(float64(max(st.Total-st.Sent, 0)))
+	b.progress(st.Sent, st.Total)
 	b.log.Info("backfill started", "slot", st.Slot, "table", st.Table, "where", st.Where, "order", st.Keys, "rows", st.Total,
 		"rows_done", st.Sent, "rows_left", max(st.Total-st.Sent, 0), "resumed", st.Sent > 0 || st.Done != nil)
 	acks := make(chan error, b.cfg.Postgres.Backfill.Batch)
@@ -180,6 +183,7 @@ func (b *sender) send(ctx context.Context) error {
 			}
 			b.m.rows.Add(float64(handed))
 			b.m.remaining.Set(float64(max(st.Total-st.Sent, 0)))
+			b.progress(st.Sent, st.Total)
 		}
 		if sendErr != nil {
 			var poison *router.RowError
