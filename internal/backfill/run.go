@@ -170,7 +170,7 @@ func (b *sender) send(ctx context.Context) error {
 			}
 			handed++
 		}
-		if err := b.await(ctx, acks, handed); err != nil {
+		if err := replay.AwaitAcks(ctx, acks, handed, b.cfg.ShutdownTimeout); err != nil {
 			return err
 		}
 		if handed > 0 {
@@ -245,34 +245,6 @@ func (b *sender) finish(ctx context.Context, began time.Time) error {
 	b.log.Info("backfill done; streaming from the slot", "slot", st.Slot, "rows_done", st.Sent, "rows", st.Total,
 		"rows_deleted_before_sent", max(st.Total-st.Sent, 0), "took", time.Since(began).Round(time.Millisecond))
 	return nil
-}
-
-// await waits for n acknowledgements. When ctx ends it waits on, up to
-// shutdown_timeout, for the records already handed over. It fails unless
-// all n were acknowledged.
-func (b *sender) await(ctx context.Context, acks <-chan error, n int) error {
-	var first error
-	var deadline <-chan time.Time
-	done := ctx.Done()
-	for got := 0; got < n; {
-		select {
-		case err := <-acks:
-			got++
-			if err != nil && first == nil {
-				first = err
-			}
-		case <-done:
-			t := time.NewTimer(b.cfg.ShutdownTimeout)
-			defer t.Stop()
-			deadline, done = t.C, nil
-		case <-deadline:
-			return fmt.Errorf("%d backfilled records handed to Kafka were not acknowledged within shutdown_timeout (%s): %w", n-got, b.cfg.ShutdownTimeout, context.Cause(ctx))
-		}
-	}
-	if first == nil && ctx.Err() != nil {
-		return nil // acknowledged: recorded by the caller, which stops at the next read
-	}
-	return first
 }
 
 // readPage reads the rows after the last one done. Each row's bytes are

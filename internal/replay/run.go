@@ -181,10 +181,15 @@ func (r *Replay) unroutable(poison *router.RowError, key []string) error {
 		"fix the row, or start a new run whose -where leaves it out", key, r.state.Table, r.state.Keys, poison.Reason)
 }
 
-// await waits for n acknowledgements. When ctx ends it waits on, up to
-// shutdown_timeout, for the records already handed over. It fails unless
-// all n were acknowledged.
+// await waits for n acknowledgements (AwaitAcks).
 func (r *Replay) await(ctx context.Context, acks <-chan error, n int) error {
+	return AwaitAcks(ctx, acks, n, r.cfg.ShutdownTimeout)
+}
+
+// AwaitAcks waits for n acknowledgements on acks. When ctx ends it waits
+// on, up to grace (shutdown_timeout), for the records already handed over.
+// It fails unless all n were acknowledged.
+func AwaitAcks(ctx context.Context, acks <-chan error, n int, grace time.Duration) error {
 	var first error
 	var deadline <-chan time.Time
 	done := ctx.Done()
@@ -196,11 +201,11 @@ func (r *Replay) await(ctx context.Context, acks <-chan error, n int) error {
 				first = err
 			}
 		case <-done:
-			t := time.NewTimer(r.cfg.ShutdownTimeout)
+			t := time.NewTimer(grace)
 			defer t.Stop()
 			deadline, done = t.C, nil
 		case <-deadline:
-			return fmt.Errorf("%d records handed to Kafka were not acknowledged within shutdown_timeout (%s): %w", n-got, r.cfg.ShutdownTimeout, context.Cause(ctx))
+			return fmt.Errorf("%d records handed to Kafka were not acknowledged within shutdown_timeout (%s): %w", n-got, grace, context.Cause(ctx))
 		}
 	}
 	return first
