@@ -274,3 +274,48 @@ func TestBackfillStartUp(t *testing.T) {
 		}
 	})
 }
+
+// The cut-over from a running polling relay with a backfill, as
+// docs/migrating-from-polling.md gives it, with writers that never pause:
+// the relay runs under load and stops between a produce and its mark;
+// outboxd starts with postgres.backfill. Nothing is lost or phantom, each
+// key keeps its order, and the only repeats are the rows the relay sent and
+// never marked.
+func TestPollingRelayCutOverWithBackfill(t *testing.T) {
+	d := newDB(t)
+	d.exec(t, pollingTable)
+	topic := d.name + "-orders"
+	if _, err := kadm.NewClient(kafkaClient(t)).CreateTopic(context.Background(), 6, 1, nil, topic); err != nil {
+		t.Fatal(err)
+	}
+	l := newLedger()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	relay := newPollingRelay(t, d)
+	relayDone := make(chan error, 1)
+	go func() { relayDone <- relay.run(ctx, 6) }()
+	stop := make(chan struct{})
+	done := make(chan error, 1)
+	go func() { done <- pollingWriters(ctx, d, l, topic, stop, 3) }()
+	deadline := time.Now().Add(30 * time.Second)
+	for relay.sent.Load() < 300 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if relay.sent.Load() == 0 {
+		t.Fatal("the polling relay sent nothing in 30 s")
+	}
+	relay.crash.Store(true)
+	if err := <-relayDone; err != nil {
+		t.Fatal(err)
+	}
+	p := start(t, d.env(), "-config", writeConfig(t, backfillConfig(200, 0)))
+	p.waitStreaming()
+	t.Log(p.waitLog(`msg="backfill done[^"]*"[^\n]*`, time.Second))
+	time.Sleep(1500 * time.Millisecond)
+	close(stop)
+	r := verifyLoad(t, l, done)
+	t.Logf("the relay sent %d records, the last %d of them unmarked", relay.sent.Load(), relay.unmarked)
+	if r.Duplicates != relay.unmarked {
+		t.Errorf("%d duplicates; want the %d rows the relay sent and never marked, sent again", r.Duplicates, relay.unmarked)
+	}
+}
