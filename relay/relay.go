@@ -133,8 +133,10 @@ func (r *Relay) Check(ctx context.Context) (*Checked, error) {
 // own.
 func (r *Relay) Run(ctx context.Context, checked *Checked) error {
 	if r.cfg.Postgres.Backfill.On() {
+		// The connections and client Check opened would idle through the
+		// backfill: the first pipeline opens its own.
+		checked.Close()
 		if err := r.backfill(ctx); err != nil {
-			checked.Close()
 			return err
 		}
 	}

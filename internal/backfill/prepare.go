@@ -26,6 +26,14 @@ var snapshotName = regexp.MustCompile(`^[0-9A-Fa-f-]+$`)
 // backfill recorded, or an error.
 func Prepare(ctx context.Context, conn *pgx.Conn, openRepl func(context.Context) (*pgconn.PgConn, error), cfg config.Config, log *slog.Logger) error {
 	pc := cfg.Postgres
+	// Two processes starting on one slot (a standby beside its primary)
+	// prepare one after the other: neither drops a slot the other is
+	// fixing the rows of.
+	unlock, err := lock(ctx, conn, pc.Slot)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	s := newStore(cfg)
 	if err := s.ensure(ctx, conn); err != nil {
 		return err

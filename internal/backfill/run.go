@@ -57,8 +57,8 @@ func Run(ctx context.Context, cfg config.Config, producer *sink.Producer, m *Met
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	pc := cfg.Postgres
-	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock(hashtext('outboxd.backfill:' || $1))`, pc.Slot); err != nil {
-		return fmt.Errorf("locking the backfill of slot %q: %w", pc.Slot, err)
+	if _, err := lock(ctx, conn, pc.Slot); err != nil {
+		return err // released when conn closes
 	}
 	s := newStore(cfg)
 	st, found, err := s.load(ctx, conn, pc.Slot)

@@ -132,3 +132,15 @@ func (s store) save(ctx context.Context, db execer, st State) error {
 	}
 	return nil
 }
+
+// lock takes the session advisory lock of slot's backfill on conn, waiting
+// while another process holds it; unlock releases it (closing conn does
+// too).
+func lock(ctx context.Context, conn *pgx.Conn, slot string) (unlock func(), err error) {
+	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock(hashtext('outboxd.backfill:' || $1))`, slot); err != nil {
+		return nil, fmt.Errorf("locking the backfill of slot %q: %w", slot, err)
+	}
+	return func() {
+		_, _ = conn.Exec(context.Background(), `SELECT pg_advisory_unlock(hashtext('outboxd.backfill:' || $1))`, slot)
+	}, nil
+}
