@@ -48,16 +48,25 @@ type Relay struct {
 }
 
 // backfill sends the rows of postgres.backfill that Kafka has not
-// acknowledged yet, before the first START_REPLICATION (package backfill's
-// duty 2), with a Kafka client of its own.
-func (r *Relay) backfill(ctx context.Context) error {
+// acknowledged yet, with a Kafka client of its own, before the run issues
+// START_REPLICATION (package backfill's duty 2). A run that finds it done
+// goes on at once. While it sends, the connections and client Check opened
+// for the first run (first) would idle: they are closed, and the run opens
+// its own.
+func (r *Relay) backfill(ctx context.Context, first *Checked) error {
+	bf, err := backfill.Open(ctx, r.cfg, r.log)
+	if bf == nil || err != nil {
+		return err
+	}
+	defer bf.Close()
+	first.Close()
 	r.setState(StateStarting, "backfilling the rows already in the table")
 	p, err := r.newProducer()
 	if err != nil {
 		return err
 	}
 	defer p.Close()
-	return backfill.Run(ctx, r.cfg, p, r.backfillM, r.log, func(sent, total int64) {
+	return bf.Run(ctx, p, r.backfillM, func(sent, total int64) {
 		r.setState(StateStarting, fmt.Sprintf("backfilling the rows already in the table: %d of %d sent, %d left (postgres.backfill)", sent, total, max(total-sent, 0)))
 	})
 }
@@ -132,14 +141,6 @@ func (r *Relay) Check(ctx context.Context) (*Checked, error) {
 // first pipeline and closed by Run; with nil the first pipeline opens its
 // own.
 func (r *Relay) Run(ctx context.Context, checked *Checked) error {
-	if r.cfg.Postgres.Backfill.On() {
-		// The connections and client Check opened would idle through the
-		// backfill: the first pipeline opens its own.
-		checked.Close()
-		if err := r.backfill(ctx); err != nil {
-			return err
-		}
-	}
 	_, err := r.supervise(ctx, checked, r.runOnce, realClock{})
 	return err
 }

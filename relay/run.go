@@ -36,6 +36,13 @@ var errShutdownTimeout = errors.New("shutdown_timeout reached")
 // It returns what the run achieved (outcome), with the server it streamed
 // from for explain to read the catalogue there.
 func (r *Relay) runOnce(ctx context.Context, a attempt) (outcome, error) {
+	// A standby's slot is streamed by another process, which began only
+	// once the backfill was done: the backfill is read when the slot is free.
+	if r.cfg.Postgres.Backfill.On() && a.standby == nil {
+		if err := r.backfill(ctx, a.first); err != nil {
+			return outcome{}, err
+		}
+	}
 	c, err := r.connectStage(ctx, a)
 	if err != nil {
 		return outcome{}, err

@@ -12,9 +12,12 @@
 //     exists it checks that a backfill made it, and on a run a kill
 //     interrupted before its rows were fixed it drops the slot and starts
 //     again.
-//  2. Call Run before the first START_REPLICATION on the slot, and start
-//     replication only when it returned nil: it sends the rows not yet
-//     acknowledged, page by page, each page acknowledged by Kafka before
-//     its last key is recorded, and marks the backfill done.
+//  2. Before each START_REPLICATION on the slot, call Open, and when it
+//     returns a Backfill (the backfill is not done), its Run, then Close;
+//     start replication only when Open returned nil or Run returned nil.
+//     Run sends the rows not yet acknowledged, page by page, each page
+//     acknowledged by Kafka before its last key is recorded, and marks the
+//     backfill done. An error is retried as the pipeline's are: a kill or
+//     a failure repeats at most the page in flight.
 //  3. Never confirm a position of the slot before Run returned nil.
 package backfill

@@ -43,45 +43,63 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 // progressEvery is the time between two progress lines in the log.
 const progressEvery = 10 * time.Second
 
-// Run sends the rows of the slot's backfill that Kafka has not
-// acknowledged yet (the package's duty 2) through producer, and records the
-// backfill done. It returns nil at once when the backfill is done. Only
-// one process runs it at a time (a session advisory lock: another waits).
-// When ctx ends it returns ctx's error; what Kafka acknowledged stays
-// recorded. progress is called with the rows sent and the rows to send
-// after each page.
-func Run(ctx context.Context, cfg config.Config, producer *sink.Producer, m *Metrics, log *slog.Logger, progress func(sent, total int64)) error {
+// Backfill is a backfill under way that Open found; Run sends its rows.
+type Backfill struct {
+	conn *pgx.Conn // holds the backfill's lock
+	b    *sender
+}
+
+// Open reads the slot's backfill (the package's duty 2). It returns nil
+// when the backfill is done, and otherwise the backfill, locked: only one
+// process sends it at a time (a session advisory lock; another waits in
+// Open). Close releases it.
+func Open(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Backfill, err error) {
 	conn, err := pg.Connect(ctx, cfg.Postgres)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer conn.Close(context.WithoutCancel(ctx))
+	defer func() {
+		if conn != nil { // not handed to the Backfill
+			conn.Close(context.WithoutCancel(ctx))
+		}
+	}()
 	pc := cfg.Postgres
 	if _, err := lock(ctx, conn, pc.Slot); err != nil {
-		return err // released when conn closes
+		return nil, err // released when conn closes
 	}
 	s := newStore(cfg)
 	st, found, err := s.load(ctx, conn, pc.Slot)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if !found || st.Phase == phaseSnapshot {
-		return fmt.Errorf("the backfill of slot %q has not fixed its rows; restart outboxd, whose start-up check does", pc.Slot)
+		return nil, fmt.Errorf("the backfill of slot %q has not fixed its rows; restart outboxd, whose start-up check does", pc.Slot)
 	}
 	if st.Phase == phaseDone {
-		m.remaining.Set(0)
-		return nil
+		return nil, nil
 	}
 	src, err := replay.OpenSource(ctx, conn, cfg, st.Keys[0])
 	if err != nil {
-		return fmt.Errorf("postgres.backfill: %w", err)
+		return nil, fmt.Errorf("postgres.backfill: %w", err)
 	}
 	if !slices.Equal(src.Keys, st.Keys) {
-		return fmt.Errorf("the backfill of slot %q pages by %v, and the table's order and primary key are now %v; restore the primary key, or start the backfill again (DELETE FROM %s WHERE slot = '%s', drop the slot)",
+		return nil, fmt.Errorf("the backfill of slot %q pages by %v, and the table's order and primary key are now %v; restore the primary key, or start the backfill again (DELETE FROM %s WHERE slot = '%s', drop the slot)",
 			pc.Slot, st.Keys, src.Keys, s.name, pc.Slot)
 	}
-	b := &sender{cfg: cfg, log: log, conn: conn, store: s, state: st, src: src, producer: producer, m: m, progress: progress}
+	b := &sender{cfg: cfg, log: log, conn: conn, store: s, state: st, src: src}
 	b.page = b.pageSQL()
+	bf := &Backfill{conn: conn, b: b}
+	conn = nil // the Backfill's now
+	return bf, nil
+}
+
+// Run sends the rows Kafka has not acknowledged yet through producer, and
+// records the backfill done. When ctx ends it returns ctx's error; what
+// Kafka acknowledged stays recorded. progress is called with the rows sent
+// and the rows to send, at the start and after each page.
+func (bf *Backfill) Run(ctx context.Context, producer *sink.Producer, m *Metrics, progress func(sent, total int64)) error {
+	b := bf.b
+	b.producer, b.m, b.progress = producer, m, progress
 	g, gctx := errgroup.WithContext(ctx)
 	watch, stopWatch := context.WithCancel(gctx)
 	g.Go(func() error { return producer.Watch(watch, nil) })
@@ -90,6 +108,13 @@ func Run(ctx context.Context, cfg config.Config, producer *sink.Producer, m *Met
 		return b.send(gctx)
 	})
 	return g.Wait()
+}
+
+// Close releases the backfill's connection and lock.
+func (bf *Backfill) Close() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	bf.conn.Close(ctx)
 }
 
 // sender sends a backfill's pages.
@@ -188,8 +213,8 @@ func (b *sender) send(ctx context.Context) error {
 		if sendErr != nil {
 			var poison *router.RowError
 			if errors.As(sendErr, &poison) {
-				return fmt.Errorf("backfill: row %v of %s (in the order of %v) cannot be sent: %s; the backfill sends every row it fixed or stops: fix the row and restart outboxd",
-					page[handed].key, st.Table, st.Keys, poison.Reason)
+				return fmt.Errorf("backfill: row %v of %s (in the order of %v) cannot be sent: %w; the backfill sends every row it fixed or stops: fix the row and restart outboxd",
+					page[handed].key, st.Table, st.Keys, poison)
 			}
 			return sendErr
 		}
