@@ -17,11 +17,16 @@ import (
 // backfillConfig is pollingConfig's router with a backfill of the rows a
 // polling relay left PENDING or PROCESSING, in created_at order.
 func backfillConfig(batch, rate int) string {
+	return backfillConfigOf("status IN ('PENDING','PROCESSING')", "created_at", batch, rate)
+}
+
+// backfillConfigOf is backfillConfig with another condition and order.
+func backfillConfigOf(where, order string, batch, rate int) string {
 	return fmt.Sprintf(`postgres:
   table: public.relay_outbox
   backfill:
-    where: "status IN ('PENDING','PROCESSING')"
-    order_by: created_at
+    where: %q
+    order_by: %s
     batch: %d
     rate: %d
 router:
@@ -29,7 +34,7 @@ router:
   route_by_column: topic
   key_column: partition_key
   event_type_column: event_type
-`, batch, rate)
+`, where, order, batch, rate)
 }
 
 // backfillSetup is a polling relay's table holding pending rows before
@@ -256,6 +261,26 @@ func TestBackfillStartUp(t *testing.T) {
 		}
 		p.waitLog(`exists and was not made by a backfill`, time.Second)
 	})
+	for _, tt := range []struct{ name, where, order, log string }{
+		{"a condition Postgres refuses", "nosuch = 1", "created_at", `postgres.backfill.where \W+nosuch = 1\W+ is refused by Postgres`},
+		{"an order column with NULLs", "status = 'PENDING'", "published_at", `postgres.backfill.order_by published_at: \d+ of the \d+ rows to backfill have no value`},
+	} {
+		t.Run(tt.name+" leaves no slot", func(t *testing.T) {
+			s := newBackfillSetup(t, 100, 5)
+			p := start(t, s.d.env(), "-config", writeConfig(t, backfillConfigOf(tt.where, tt.order, 100, 0)))
+			if code := p.waitExit(30 * time.Second); code == 0 {
+				t.Fatal("outboxd exited 0")
+			}
+			p.waitLog(tt.log, time.Second)
+			var slots int
+			if err := s.d.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, s.d.slot).Scan(&slots); err != nil {
+				t.Fatal(err)
+			}
+			if slots != 0 {
+				t.Error("the backfill's failure left its replication slot behind")
+			}
+		})
+	}
 	t.Run("killed before the rows were fixed", func(t *testing.T) {
 		s := newBackfillSetup(t, 2000, 20)
 		// What a kill between CREATE_REPLICATION_SLOT and the commit of the

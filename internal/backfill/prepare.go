@@ -2,6 +2,7 @@ package backfill
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"regexp"
@@ -79,14 +80,23 @@ func Prepare(ctx context.Context, conn *pgx.Conn, openRepl func(context.Context)
 
 // create records the backfill, creates the slot with its snapshot exported
 // and fixes the rows in the key table inside that snapshot.
-func create(ctx context.Context, conn *pgx.Conn, openRepl func(context.Context) (*pgconn.PgConn, error), cfg config.Config, s store, log *slog.Logger) error {
+func create(ctx context.Context, conn *pgx.Conn, openRepl func(context.Context) (*pgconn.PgConn, error), cfg config.Config, s store, log *slog.Logger) (err error) {
 	pc := cfg.Postgres
 	if err := replay.CheckWhere(pc.Backfill.Where); err != nil {
-		return fmt.Errorf("postgres.backfill.where: %w", err)
+		// The checks are replay's, whose flag the message names.
+		return errors.New(strings.Replace(err.Error(), "-where", "postgres.backfill.where", 1))
 	}
 	src, err := replay.OpenSource(ctx, conn, cfg, pc.Backfill.OrderBy)
 	if err != nil {
-		return fmt.Errorf("postgres.backfill: %w", err)
+		return fmt.Errorf("postgres.backfill.order_by %q: %w", pc.Backfill.OrderBy, err)
+	}
+	schema, table := pc.TableName()
+	from := pgx.Identifier{schema, table}.Sanitize()
+	// Planned, not run, before the slot is made: a condition Postgres
+	// refuses leaves no slot behind.
+	if _, err := conn.Exec(ctx, "EXPLAIN SELECT 1 FROM "+from+" WHERE (\n"+pc.Backfill.Where+"\n)"); err != nil {
+		return fmt.Errorf("postgres.backfill.where %q is refused by Postgres: %w; fix the condition: it is the body of a WHERE over the columns of %s",
+			pc.Backfill.Where, err, src.Name)
 	}
 	st := State{Slot: pc.Slot, Table: src.Name, Where: pc.Backfill.Where, Keys: src.Keys, Phase: phaseSnapshot, Started: time.Now().UTC()}
 	if err := s.save(ctx, conn, st); err != nil {
@@ -101,6 +111,16 @@ func create(ctx context.Context, conn *pgx.Conn, openRepl func(context.Context) 
 	if err != nil {
 		return err
 	}
+	defer func() {
+		if err != nil { // the rows were not fixed: no slot is left without them
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			repl.Close(dctx) // releases the snapshot and the slot
+			if _, derr := conn.Exec(dctx, `SELECT pg_drop_replication_slot($1)`, pc.Slot); derr != nil {
+				log.Warn("could not drop the replication slot the backfill made before it failed; the next start drops it", "slot", pc.Slot, "err", derr)
+			}
+		}
+	}()
 	if !snapshotName.MatchString(exp.Snapshot) {
 		return fmt.Errorf("creating replication slot %q: the server exported a snapshot named %q, not a snapshot name", pc.Slot, exp.Snapshot)
 	}
@@ -115,11 +135,10 @@ func create(ctx context.Context, conn *pgx.Conn, openRepl func(context.Context) 
 	// The replication connection may now be closed: the transaction holds
 	// the snapshot.
 	keys := quoted(src.Keys)
-	schema, table := pc.TableName()
 	if _, err := tx.Exec(ctx, "DROP TABLE IF EXISTS "+s.keys); err != nil {
 		return fmt.Errorf("dropping the backfill's old key table %s: %w", s.keys, err)
 	}
-	if _, err := tx.Exec(ctx, "CREATE TABLE "+s.keys+" AS SELECT "+strings.Join(keys, ", ")+" FROM "+pgx.Identifier{schema, table}.Sanitize()+
+	if _, err := tx.Exec(ctx, "CREATE TABLE "+s.keys+" AS SELECT "+strings.Join(keys, ", ")+" FROM "+from+
 		" WHERE (\n"+pc.Backfill.Where+"\n)"); err != nil {
 		return fmt.Errorf("postgres.backfill.where %q: fixing the rows to backfill in %s failed: %w; fix the condition (the body of a WHERE over %s's columns), "+
 			"or grant the role of postgres.dsn CREATE on the schema", pc.Backfill.Where, s.keys, err, src.Name)

@@ -2,6 +2,7 @@ package replay
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/jackc/pgx/v5"
 
@@ -34,7 +35,13 @@ func OpenSource(ctx context.Context, conn *pgx.Conn, cfg config.Config, order st
 	if err != nil {
 		return Source{}, err
 	}
-	if order == "" && len(t.primary) > 0 {
+	if order != "" && !t.has(order) {
+		return Source{}, fmt.Errorf("table %s has no column %q; name a column of it, or none for the primary key", t.name, order)
+	}
+	if len(t.primary) == 0 {
+		return Source{}, fmt.Errorf("table %s has no primary key, by which its rows are read in pages and told apart; add one (ALTER TABLE %s ADD PRIMARY KEY (...))", t.name, t.name)
+	}
+	if order == "" {
 		order = t.primary[0] // the default is the primary key, not created_at
 	}
 	keys, err := t.keyColumns(order)
