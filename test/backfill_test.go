@@ -309,30 +309,10 @@ func TestBackfillStartUp(t *testing.T) {
 func TestPollingRelayCutOverWithBackfill(t *testing.T) {
 	d := newDB(t)
 	d.exec(t, pollingTable)
-	topic := d.name + "-orders"
-	if _, err := kadm.NewClient(kafkaClient(t)).CreateTopic(context.Background(), 6, 1, nil, topic); err != nil {
-		t.Fatal(err)
-	}
 	l := newLedger()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	relay := newPollingRelay(t, d)
-	relayDone := make(chan error, 1)
-	go func() { relayDone <- relay.run(ctx, 6) }()
-	stop := make(chan struct{})
-	done := make(chan error, 1)
-	go func() { done <- pollingWriters(ctx, d, l, topic, stop, 3) }()
-	deadline := time.Now().Add(30 * time.Second)
-	for relay.sent.Load() < 300 && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
-	if relay.sent.Load() == 0 {
-		t.Fatal("the polling relay sent nothing in 30 s")
-	}
-	relay.crash.Store(true)
-	if err := <-relayDone; err != nil {
-		t.Fatal(err)
-	}
+	relay, _, stop, done := pollingRelayCrashed(ctx, t, d, l)
 	p := start(t, d.env(), "-config", writeConfig(t, backfillConfig(200, 0)))
 	p.waitStreaming()
 	t.Log(p.waitLog(`msg="backfill done[^"]*"[^\n]*`, time.Second))

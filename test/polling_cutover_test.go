@@ -178,39 +178,14 @@ func pollingWriters(ctx context.Context, d *db, l *ledger, topic string, stop <-
 func TestPollingRelayCutOver(t *testing.T) {
 	d := newDB(t)
 	d.exec(t, pollingTable)
-	topic := d.name + "-orders"
-	if _, err := kadm.NewClient(kafkaClient(t)).CreateTopic(context.Background(), 6, 1, nil, topic); err != nil {
-		t.Fatal(err)
-	}
 	cfg := writeConfig(t, pollingConfig)
 	l := newLedger()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-
-	// The relay at work under load.
-	relay := newPollingRelay(t, d)
-	relayCtx, stopRelay := context.WithCancel(ctx)
-	relayDone := make(chan error, 1)
-	go func() { relayDone <- relay.run(relayCtx, 6) }()
-	stopWriters := make(chan struct{})
-	writersDone := make(chan error, 1)
-	go func() { writersDone <- pollingWriters(ctx, d, l, topic, stopWriters, 3) }()
-	deadline := time.Now().Add(30 * time.Second)
-	for relay.sent.Load() < 300 && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
-	if relay.sent.Load() == 0 {
-		t.Fatal("the polling relay sent nothing in 30 s")
-	}
-
-	// The switch: the relay stops between a produce and its mark, as a
-	// kill would leave it; the writers pause; outboxd starts and creates
-	// its slot, and the replay sends what is PENDING.
-	relay.crash.Store(true)
-	if err := <-relayDone; err != nil {
-		t.Fatal(err)
-	}
-	stopRelay()
+	// The relay at work under load, stopped between a produce and its
+	// mark, as a kill would leave it; then the writers pause; outboxd
+	// starts and creates its slot, and the replay sends what is PENDING.
+	relay, topic, stopWriters, writersDone := pollingRelayCrashed(ctx, t, d, l)
 	close(stopWriters)
 	if err := <-writersDone; err != nil {
 		t.Fatal(err)
@@ -230,11 +205,11 @@ func TestPollingRelayCutOver(t *testing.T) {
 
 	// After the switch the writers go on, and outboxd streams.
 	stopWriters = make(chan struct{})
-	writersDone = make(chan error, 1)
-	go func() { writersDone <- pollingWriters(ctx, d, l, topic, stopWriters, 3) }()
+	after := make(chan error, 1)
+	go func() { after <- pollingWriters(ctx, d, l, topic, stopWriters, 3) }()
 	time.Sleep(2 * time.Second)
 	close(stopWriters)
-	r := verifyLoad(t, l, writersDone)
+	r := verifyLoad(t, l, after)
 	if r.Duplicates != relay.unmarked {
 		t.Errorf("%d duplicates; want the %d rows the relay sent and never marked, sent again", r.Duplicates, relay.unmarked)
 	}
@@ -245,4 +220,36 @@ func TestPollingRelayCutOver(t *testing.T) {
 	if still != 0 {
 		t.Errorf("%d rows are SENT without published_at: outboxd wrote the table", still)
 	}
+}
+
+// pollingRelayCrashed runs the polling relay on d's relay_outbox under the
+// load of pollingWriters (recorded in l) until it sent 300 records, then
+// stops it between a produce and its mark. The writers go on until stop is
+// closed; done gives their end.
+func pollingRelayCrashed(ctx context.Context, t *testing.T, d *db, l *ledger) (relay *pollingRelay, topic string, stop chan struct{}, done <-chan error) {
+	t.Helper()
+	topic = d.name + "-orders"
+	if _, err := kadm.NewClient(kafkaClient(t)).CreateTopic(context.Background(), 6, 1, nil, topic); err != nil {
+		t.Fatal(err)
+	}
+	relay = newPollingRelay(t, d)
+	relayCtx, stopRelay := context.WithCancel(ctx)
+	defer stopRelay()
+	relayDone := make(chan error, 1)
+	go func() { relayDone <- relay.run(relayCtx, 6) }()
+	stop = make(chan struct{})
+	writersDone := make(chan error, 1)
+	go func() { writersDone <- pollingWriters(ctx, d, l, topic, stop, 3) }()
+	deadline := time.Now().Add(30 * time.Second)
+	for relay.sent.Load() < 300 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if relay.sent.Load() == 0 {
+		t.Fatal("the polling relay sent nothing in 30 s")
+	}
+	relay.crash.Store(true)
+	if err := <-relayDone; err != nil {
+		t.Fatal(err)
+	}
+	return relay, topic, stop, writersDone
 }
