@@ -188,7 +188,8 @@ func TestBackfillWithWritersRunning(t *testing.T) {
 // A backfill of 30,000 pending rows, with writers running, SIGKILLed three
 // times during it: each resumed run starts after the last page Kafka
 // acknowledged. Nothing is lost, each key keeps its order, and the repeats
-// are at most the page in flight at each kill.
+// are at most the page in flight at each kill. Rows deleted or flipped to
+// SENT after the slot's snapshot, before their page, are still sent.
 func TestBackfillSurvivesKills(t *testing.T) {
 	const rows, batch, kills = 30000, 100, 3
 	s := newBackfillSetup(t, rows, 200)
@@ -231,6 +232,15 @@ func TestBackfillSurvivesKills(t *testing.T) {
 			t.Logf("kill %d: exit code %d", k+1, code)
 		}
 		t.Logf("kill %d at %d rows recorded", k+1, at)
+		if k == 0 {
+			// While outboxd is down the application cleans up: it deletes
+			// pending rows and flips others to SENT. The backfill sends
+			// each as the slot's snapshot saw it, as the stream would.
+			s.d.exec(t, `DELETE FROM public.relay_outbox WHERE id IN (SELECT id FROM public.relay_outbox
+				WHERE status IN ('PENDING','PROCESSING') ORDER BY created_at DESC LIMIT 2000)`)
+			s.d.exec(t, `UPDATE public.relay_outbox SET status = 'SENT', retry_count = retry_count + 1 WHERE id IN (SELECT id FROM public.relay_outbox
+				WHERE status IN ('PENDING','PROCESSING') ORDER BY created_at DESC LIMIT 2000)`)
+		}
 	}
 	p := start(t, s.d.env(), "-config", cfg)
 	p.waitStreaming()

@@ -138,7 +138,14 @@ func create(ctx context.Context, conn *pgx.Conn, openRepl func(context.Context) 
 	if _, err := tx.Exec(ctx, "DROP TABLE IF EXISTS "+s.keys); err != nil {
 		return fmt.Errorf("dropping the backfill's old key table %s: %w", s.keys, err)
 	}
-	if _, err := tx.Exec(ctx, "CREATE TABLE "+s.keys+" AS SELECT "+strings.Join(keys, ", ")+" FROM "+from+
+	// The rows themselves, not only their keys: a row the application
+	// deletes or updates after the snapshot is still the event it was, as
+	// the WAL keeps a streamed row. The keys are among the columns.
+	cols := make([]string, len(src.Relation.Columns))
+	for i, c := range src.Relation.Columns {
+		cols[i] = pgx.Identifier{c.Name}.Sanitize()
+	}
+	if _, err := tx.Exec(ctx, "CREATE TABLE "+s.keys+" AS SELECT "+strings.Join(cols, ", ")+" FROM "+from+
 		" WHERE (\n"+pc.Backfill.Where+"\n)"); err != nil {
 		return fmt.Errorf("postgres.backfill.where %q: fixing the rows to backfill in %s failed: %w; fix the condition (the body of a WHERE over %s's columns), "+
 			"or grant the role of postgres.dsn CREATE on the schema", pc.Backfill.Where, s.keys, err, src.Name)

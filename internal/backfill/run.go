@@ -134,23 +134,17 @@ type sender struct {
 }
 
 // pageSQL builds the statements that read a page: the rows of the key
-// table after the key in $1.., joined to the outbox table on its primary
-// key (the rows deleted since the snapshot drop out), in the key order.
+// table (the rows as the snapshot saw them) after the key in $1.., in the
+// key order.
 func (b *sender) pageSQL() string {
-	schema, table := b.cfg.Postgres.TableName()
-	var cols, keys, on []string
+	var cols, keys []string
 	for _, c := range b.src.Relation.Columns {
-		cols = append(cols, "t."+pgx.Identifier{c.Name}.Sanitize())
+		cols = append(cols, "k."+pgx.Identifier{c.Name}.Sanitize())
 	}
 	for _, k := range b.state.Keys {
 		keys = append(keys, "k."+pgx.Identifier{k}.Sanitize())
 	}
-	for _, k := range b.src.Primary {
-		q := pgx.Identifier{k}.Sanitize()
-		on = append(on, "t."+q+" = k."+q)
-	}
-	head := "SELECT " + strings.Join(cols, ", ") + ", " + strings.Join(keys, ", ") + " FROM " + b.store.keys + " k JOIN " +
-		pgx.Identifier{schema, table}.Sanitize() + " t ON " + strings.Join(on, " AND ")
+	head := "SELECT " + strings.Join(cols, ", ") + ", " + strings.Join(keys, ", ") + " FROM " + b.store.keys + " k"
 	order := fmt.Sprintf(" ORDER BY %s LIMIT %d", strings.Join(keys, ", "), b.cfg.Postgres.Backfill.Batch)
 	params := make([]string, len(keys))
 	for i := range params {
@@ -268,7 +262,7 @@ func (b *sender) finish(ctx context.Context, began time.Time) error {
 	}
 	b.m.remaining.Set(0)
 	b.log.Info("backfill done; streaming from the slot", "slot", st.Slot, "rows_done", st.Sent, "rows", st.Total,
-		"rows_deleted_before_sent", max(st.Total-st.Sent, 0), "took", time.Since(began).Round(time.Millisecond))
+		"took", time.Since(began).Round(time.Millisecond))
 	return nil
 }
 
