@@ -79,6 +79,21 @@ func produceN(t *testing.T, ctx context.Context, p *sink.Producer, from, n int) 
 	}
 }
 
+// commitEach commits a transaction of three records for each position,
+// records 0–2 with the first, 3–5 with the second, and so on.
+func commitEach(t *testing.T, ctx context.Context, p *sink.Producer, positions ...string) {
+	t.Helper()
+	for i, pos := range positions {
+		if err := p.Begin(); err != nil {
+			t.Fatal(err)
+		}
+		produceN(t, ctx, p, i*3, 3)
+		if err := p.Commit(ctx, []byte(pos)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // readCommitted returns the values of topic's records a read_committed
 // consumer sees.
 func readCommitted(t *testing.T, c *kfake.Cluster, topic string) []string {
@@ -111,15 +126,7 @@ func TestTransactionCommitAbortAndPosition(t *testing.T) {
 	if _, ok, err := p.ReadPosition(ctx); err != nil || ok {
 		t.Fatalf("ReadPosition on an empty topic = %v, %v; want none", ok, err)
 	}
-	for i, pos := range []string{"p1", "p2"} {
-		if err := p.Begin(); err != nil {
-			t.Fatal(err)
-		}
-		produceN(t, ctx, p, i*3, 3)
-		if err := p.Commit(ctx, []byte(pos)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	commitEach(t, ctx, p, "p1", "p2")
 	if err := p.Begin(); err != nil {
 		t.Fatal(err)
 	}
@@ -354,15 +361,7 @@ func TestTransactionRetriesConcurrentTransactionsItself(t *testing.T) {
 		return resp, nil, true
 	})
 	p, ctx := txnProducer(t, c, "outboxd-concurrent")
-	for i, pos := range []string{"p1", "p2"} {
-		if err := p.Begin(); err != nil {
-			t.Fatal(err)
-		}
-		produceN(t, ctx, p, i*3, 3)
-		if err := p.Commit(ctx, []byte(pos)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	commitEach(t, ctx, p, "p1", "p2")
 	if refused.Load() < 3 {
 		t.Fatalf("the producer sent %d AddPartitionsToTxn requests (%d refused): it left adding partitions to the broker (transactions version 2), "+
 			"whose CONCURRENT_TRANSACTIONS retry waits add.partitions.to.txn.retry.backoff.ms", adds.Load(), refused.Load())
