@@ -334,3 +334,35 @@ func TestPollingRelayCutOverWithBackfill(t *testing.T) {
 		t.Errorf("%d duplicates; want the %d rows the relay sent and never marked, sent again", r.Duplicates, relay.unmarked)
 	}
 }
+
+// A backfill killed half-way, then outboxd started without
+// postgres.backfill: it refuses, since streaming the slot would confirm it
+// past the rows not yet sent. With the setting back it finishes, and
+// nothing is lost.
+func TestBackfillUnfinishedIsNotPassedOver(t *testing.T) {
+	s := newBackfillSetup(t, 3000, 30)
+	cfg := writeConfig(t, backfillConfig(100, 1000))
+	p := start(t, s.d.env(), "-config", cfg)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		phase, sent, _ := s.progress(t)
+		if phase == "done" {
+			t.Fatal("the backfill finished before the kill; lower postgres.backfill.rate")
+		}
+		if phase == "sending" && sent > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the backfill sent nothing in 60 s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	p.stop(syscall.SIGKILL, 10*time.Second)
+	expectStartupError(t, s.d.env(), `postgres.backfill is not set, but the backfill of slot \\?"`+s.d.slot+`\\?" recorded in public.outboxd_backfill is not done \(phase sending, \d+ of 3000 rows sent\)`,
+		"-config", writeConfig(t, pollingConfig))
+	p = start(t, s.d.env(), "-config", cfg)
+	p.waitStreaming()
+	done := make(chan error, 1)
+	done <- nil
+	verifyLoad(t, s.l, done)
+}

@@ -70,6 +70,15 @@ func Prepare(ctx context.Context, conn *pgx.Conn, openRepl func(context.Context)
 		if info.Active {
 			return &wal.SlotActiveError{Slot: pc.Slot, PID: info.ActivePID}
 		}
+		var db string
+		if err := conn.QueryRow(ctx, `SELECT current_database()`).Scan(&db); err != nil {
+			return err
+		}
+		if info.Database != db {
+			return fmt.Errorf("replication slot %q is a slot of database %q, not of %q where the backfill recorded in %s was started; "+
+				"outboxd drops only a slot its own backfill made. Name another slot (postgres.slot), or DELETE FROM %s WHERE slot = '%s'",
+				pc.Slot, info.Database, db, s.name, s.state, pc.Slot)
+		}
 		if _, err := conn.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, pc.Slot); err != nil {
 			return fmt.Errorf("dropping replication slot %q, created by a backfill that stopped before it fixed its rows: %w", pc.Slot, err)
 		}
@@ -180,4 +189,29 @@ func quoted(cols []string) []string {
 		out[i] = pgx.Identifier{c}.Sanitize()
 	}
 	return out
+}
+
+// RefuseUnfinished is the start-up check of a slot without postgres.backfill:
+// a backfill recorded for the slot that is not done would have its
+// remaining rows passed over, as streaming confirms the slot past them.
+// It reads the state table only when there is one, and lets a role that
+// may not read it go on (it never made a backfill there).
+func RefuseUnfinished(ctx context.Context, conn *pgx.Conn, cfg config.Config, log *slog.Logger) error {
+	s := newStore(cfg)
+	var exists bool
+	if err := conn.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, s.state).Scan(&exists); err != nil || !exists {
+		return err
+	}
+	st, found, err := s.load(ctx, conn, cfg.Postgres.Slot)
+	if err != nil {
+		log.Warn("could not read the backfill state table to check that no backfill of the slot is unfinished", "table", s.name, "err", err)
+		return nil
+	}
+	if !found || st.Phase == phaseDone {
+		return nil
+	}
+	return fmt.Errorf("postgres.backfill is not set, but the backfill of slot %q recorded in %s is not done (phase %s, %d of %d rows sent): "+
+		"streaming the slot now would confirm it past the rows not sent, and they would never be. Set postgres.backfill back as it was to finish it "+
+		"(it resumes after the last page Kafka acknowledged), then remove it; or, to give those rows up, DELETE FROM %s WHERE slot = '%s'; DROP TABLE IF EXISTS %s",
+		cfg.Postgres.Slot, s.name, st.Phase, st.Sent, st.Total, s.state, cfg.Postgres.Slot, s.keys)
 }

@@ -458,6 +458,8 @@ func (c *Checker) ensureSlot(ctx context.Context, conn *pgx.Conn, h *History) (s
 		if err := backfill.Prepare(ctx, conn, c.ConnectReplication, c.cfg, c.log); err != nil {
 			return false, err
 		}
+	} else if err := backfill.RefuseUnfinished(ctx, conn, c.cfg, c.log); err != nil {
+		return false, err
 	}
 	info, ok, err := wal.InspectSlot(ctx, conn, pc.Slot)
 	if err != nil {
