@@ -17,8 +17,9 @@ type Source struct {
 	Name     string         // schema.table
 	Relation *wal.Relation  // the columns pgoutput sends, with their base types
 	Router   *router.Router // the router the daemon routes the table's rows with
-	// Keys are the columns the rows are paged by: order (the primary key
-	// when ""), then the primary key's columns that are not order.
+	// Keys are the columns the rows are paged by: order (when "",
+	// created_at if the table has it, else the primary key), then the
+	// primary key's columns that are not order.
 	Keys    []string
 	Primary []string // the primary key's columns
 }
@@ -42,7 +43,13 @@ func OpenSource(ctx context.Context, conn *pgx.Conn, cfg config.Config, order st
 		return Source{}, fmt.Errorf("table %s has no primary key, by which its rows are read in pages and told apart; add one (ALTER TABLE %s ADD PRIMARY KEY (...))", t.name, t.name)
 	}
 	if order == "" {
-		order = t.primary[0] // the default is the primary key, not created_at
+		// As the replay's default: created_at when the table has it. A
+		// primary key of random UUIDs would put each key's events out of
+		// their order.
+		order = t.primary[0]
+		if t.has("created_at") {
+			order = "created_at"
+		}
 	}
 	keys, err := t.keyColumns(order)
 	if err != nil {
