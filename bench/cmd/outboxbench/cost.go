@@ -314,7 +314,8 @@ func costBody(t runs, cs []curve) string {
 		rs := t[runKey("catchup", w, "outboxd", 0)]
 		return tp, cp, rss, rs[0].Events
 	}
-	table("topics", "| topics | events | events/s | µs per event | CPU-s per 100k | peak RSS |\n|--:|--:|--:|--:|--:|--:|\n", func(w string) string {
+	// A count curve's row: topics or tables, the time and CPU per event.
+	countRow := func(w string) string {
 		_, x, _ := costPoint(w)
 		tp, cp, rss, n := figures(w)
 		us := 0.0
@@ -322,16 +323,10 @@ func costBody(t runs, cs []curve) string {
 			us = 1e6 / tp
 		}
 		return fmt.Sprintf("| %.0f | %d | %s | %.2f | %.2f | %s |\n", x, n, kilo(tp), us, cp, mb(rss))
-	})
-	table("tables", "| outbox tables | events | events/s | µs per event | CPU-s per 100k | peak RSS |\n|--:|--:|--:|--:|--:|--:|\n", func(w string) string {
-		_, x, _ := costPoint(w)
-		tp, cp, rss, n := figures(w)
-		us := 0.0
-		if tp > 0 {
-			us = 1e6 / tp
-		}
-		return fmt.Sprintf("| %.0f | %d | %s | %.2f | %.2f | %s |\n", x, n, kilo(tp), us, cp, mb(rss))
-	})
+	}
+	const countHead = " | events | events/s | µs per event | CPU-s per 100k | peak RSS |\n|--:|--:|--:|--:|--:|--:|\n"
+	table("topics", "| topics"+countHead, countRow)
+	table("tables", "| outbox tables"+countHead, countRow)
 	table("payload", "| payload | events | events/s | MB/s | CPU-s per 100k | peak RSS |\n|--:|--:|--:|--:|--:|--:|\n", func(w string) string {
 		_, x, _ := costPoint(w)
 		tp, cp, rss, n := figures(w)
