@@ -207,8 +207,9 @@ func (b *sender) send(ctx context.Context) error {
 		if sendErr != nil {
 			var poison *router.RowError
 			if errors.As(sendErr, &poison) {
-				return fmt.Errorf("backfill: row %v of %s (in the order of %v) cannot be sent: %w; the backfill sends every row it fixed or stops: fix the row and restart outboxd",
-					page[handed].key, st.Table, st.Keys, poison)
+				return fmt.Errorf("backfill: row %[1]v of %[2]s (in the order of %[3]v) cannot be sent: %[5]w; the backfill sends every row it fixed or stops. "+
+					"It sends the row as copied into %[4]s when the slot was made: fix it there (UPDATE %[4]s SET … WHERE …) and restart outboxd",
+					page[handed].key, st.Table, st.Keys, b.store.keys, poison)
 			}
 			return sendErr
 		}
