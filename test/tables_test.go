@@ -140,7 +140,7 @@ func TestOtherTablesAreIgnored(t *testing.T) {
 	if ids(recs)[child] != nil {
 		t.Error("the row of a table that inherits from the outbox table was delivered")
 	}
-	if v, _ := p.metricLabelled(`outboxd_wal_changes_total{op="insert"}`); v != 1 {
+	if v, _ := p.metricLabelled(`outboxd_wal_changes_total{op="insert",table="public.outbox"}`); v != 1 {
 		t.Errorf(`outboxd_wal_changes_total{op="insert"} = %v, want 1: the outbox's row only`, v)
 	}
 }
