@@ -15,6 +15,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"github.com/twmb/franz-go/pkg/kversion"
 )
 
 func newAdmin(brokers string) (*kgo.Client, *kadm.Client, error) {
@@ -247,7 +249,11 @@ func cmdProduce(ctx context.Context, args []string) error {
 	rate := fs.Float64("rate", 0, "records/s, paced, reporting send → ack latency (0: -n records as fast as possible)")
 	duration := fs.Duration("duration", 15*time.Second, "how long to send at -rate")
 	warmup := fs.Duration("warmup", 3*time.Second, "latencies of records sent in this first part of a -rate run are not counted")
+	txn := fs.Bool("txn", false, "with -rate: send in Kafka transactions, each committed as soon as the previous commit returns, and report send → commit (the floor of exactly-once latency)")
 	_ = fs.Parse(args)
+	if *rate > 0 && *txn {
+		return produceTxnPaced(ctx, c, *size, *rate, *duration, *warmup)
+	}
 	if *rate > 0 {
 		return producePaced(ctx, c, *size, *rate, *duration, *warmup)
 	}
@@ -404,6 +410,101 @@ func producePaced(ctx context.Context, c common, size int, rate float64, duratio
 	res.CPUSeconds = tv(ru1.Utime) + tv(ru1.Stime) - tv(ru0.Utime) - tv(ru0.Stime)
 	res.CPUPer100k = res.CPUSeconds / float64(n) * 1e5
 	res.Note = fmt.Sprintf("send → ack (franz-go, acks=all, idempotent, linger 0), %d records measured after %s warm-up", len(lat), warmup)
+	res.print()
+	return nil
+}
+
+// produceTxnPaced is producePaced in Kafka transactions: the floor of
+// exactly-once latency that the broker allows. Records are sent at a fixed
+// rate; one committer puts every record waiting into a transaction, commits
+// it, and starts the next as soon as that commit returns (a group commit: no
+// exactly-once relay on one transactional id can commit sooner). Each
+// record's latency is send → its commit returned, when a read_committed
+// consumer may read it. The client speaks transactions version 1 with a
+// 2 ms CONCURRENT_TRANSACTIONS backoff, as outboxd's exactly-once producer
+// does (sink.txnVersionOpts).
+func produceTxnPaced(ctx context.Context, c common, size int, rate float64, duration, warmup time.Duration) error {
+	pool := payloads(size)
+	vs := kversion.Stable()
+	vs.SetMaxKeyVersion(int16(kmsg.EndTxn), 4)
+	p, err := rawProducer(c, kgo.ProducerLinger(0), kgo.TransactionalID("outboxbench-"+c.prefix),
+		kgo.MaxVersions(vs), kgo.ConcurrentTransactionsBackoff(2*time.Millisecond))
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	res := newResult(c, "live")
+	var ru0 syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru0)
+	type sent struct {
+		g       int
+		at      time.Time
+		counted bool
+	}
+	n := int(rate * duration.Seconds())
+	queue := make(chan sent, n)
+	start := time.Now()
+	go func() {
+		defer close(queue)
+		for g := range n {
+			at := start.Add(time.Duration(float64(g) / rate * float64(time.Second)))
+			time.Sleep(time.Until(at))
+			now := time.Now()
+			queue <- sent{g, now, now.Sub(start) >= warmup}
+		}
+	}()
+	var (
+		lat   []float64
+		txns  int
+		batch []sent
+	)
+	for first := range queue {
+		batch = append(batch[:0], first)
+	drain:
+		for {
+			select {
+			case s, ok := <-queue:
+				if !ok {
+					break drain
+				}
+				batch = append(batch, s)
+			default:
+				break drain
+			}
+		}
+		if err := p.BeginTransaction(); err != nil {
+			return fmt.Errorf("beginning a transaction: %w", err)
+		}
+		for _, s := range batch {
+			p.Produce(ctx, eventRecord(c, s.g, pool), nil)
+		}
+		if err := p.Flush(ctx); err != nil {
+			return fmt.Errorf("flushing: %w", err)
+		}
+		if err := p.EndTransaction(ctx, kgo.TryCommit); err != nil {
+			return fmt.Errorf("committing: %w", err)
+		}
+		txns++
+		done := time.Now()
+		for _, s := range batch {
+			if s.counted {
+				lat = append(lat, float64(done.Sub(s.at).Microseconds())/1000)
+			}
+		}
+	}
+	var ru1 syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru1)
+	slices.Sort(lat)
+	res.Events, res.PayloadBytes = n, size
+	res.TargetRate = rate
+	res.WriteRate = float64(n) / time.Since(start).Seconds()
+	res.P50ms, res.P99ms, res.P999ms = percentile(lat, 0.5), percentile(lat, 0.99), percentile(lat, 0.999)
+	if len(lat) > 0 {
+		res.Maxms = lat[len(lat)-1]
+	}
+	res.CPUSeconds = tv(ru1.Utime) + tv(ru1.Stime) - tv(ru0.Utime) - tv(ru0.Stime)
+	res.CPUPer100k = res.CPUSeconds / float64(n) * 1e5
+	res.Note = fmt.Sprintf("send → commit returned (franz-go transactions v1, group commit, linger 0), %d transactions, %d records measured after %s warm-up", txns, len(lat), warmup)
 	res.print()
 	return nil
 }

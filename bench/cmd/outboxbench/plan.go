@@ -30,7 +30,7 @@ import (
 var (
 	defaultSections   = []string{"catchup", "sizes", "live", "idle", "shards"}
 	knownSections     = append(slices.Clone(defaultSections), "cost", "deletes")
-	defaultContenders = []string{"pg_recvlogical", "pg_walread", "kafka_raw", "outboxd", "outboxd_eos", "outboxd_s2", "outboxd_s4",
+	defaultContenders = []string{"pg_recvlogical", "pg_walread", "kafka_raw", "kafka_raw_eos", "outboxd", "outboxd_eos", "outboxd_s2", "outboxd_s4",
 		"go_pq_cdc_kafka", "conduit", "debezium_default", "debezium_tuned"}
 )
 
@@ -228,6 +228,9 @@ func (p *plan) run(ctx context.Context) error {
 	// The catch-up contenders: the sharded ones need row filters (Postgres 15+).
 	var catchupAll []string
 	for _, c := range p.contenders {
+		if c == "kafka_raw_eos" {
+			continue // a live floor only
+		}
 		if shardCount(c) != 0 && p.pgVersion < 150000 {
 			p.log("%s: Postgres 15 or later needed for postgres.shards; skipped", c)
 			continue
@@ -898,7 +901,10 @@ func (p *plan) liveSection(ctx context.Context) {
 	for _, rate := range p.rates {
 		for rep := 1; rep <= p.liveRepeat; rep++ { // repeats alternate, so drift hits every contender alike
 			if rate != 0 && p.has("kafka_raw") {
-				p.rawLatency(ctx, rate)
+				p.rawLatency(ctx, "kafka_raw", rate)
+			}
+			if rate != 0 && p.has("kafka_raw_eos") {
+				p.rawLatency(ctx, "kafka_raw_eos", rate)
 			}
 			if rate != 0 && p.has("pg_walread") {
 				p.liveRun(ctx, "pg_walread", rate, strconv.Itoa(rep), false)
@@ -971,16 +977,22 @@ func rateLabel(rate float64) string {
 	return fmt.Sprintf("%.0f", rate)
 }
 
-// rawLatency is the broker's own send → ack latency at rate, records sent
-// one at a time by a plain franz-go producer while nothing else runs (the
-// floor under the contenders' commit → append latency).
-func (p *plan) rawLatency(ctx context.Context, rate float64) {
+// rawLatency is the broker's own latency at rate, records sent one at a
+// time by a plain franz-go producer while nothing else runs: for kafka_raw
+// send → ack (the floor under the contenders' commit → append latency), for
+// kafka_raw_eos send → commit in transactions committed back to back (the
+// floor under outboxd_eos's).
+func (p *plan) rawLatency(ctx context.Context, label string, rate float64) {
 	r := fmt.Sprintf("%.0f", rate)
-	prefix := "live_kafka_raw_" + r
-	p.log("live kafka_raw (send → ack) at %s ev/s", r)
+	prefix := "live_" + label + "_" + r
+	what, args := "send → ack", []string{}
+	if label == "kafka_raw_eos" {
+		what, args = "send → commit, transactions back to back", []string{"-txn"}
+	}
+	p.log("live %s (%s) at %s ev/s", label, what, r)
 	p.topics(ctx, prefix)
-	p.result(ctx, "kafka_raw", "", "produce", "-prefix", prefix, "-label", "kafka_raw", "-workload", live250, "-rate", r,
-		"-duration", fmt.Sprintf("%ds", p.liveS))
+	p.result(ctx, label, "", append([]string{"produce", "-prefix", prefix, "-label", label, "-workload", live250, "-rate", r,
+		"-duration", fmt.Sprintf("%ds", p.liveS)}, args...)...)
 	p.untopics(ctx, prefix)
 }
 

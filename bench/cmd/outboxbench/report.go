@@ -196,7 +196,7 @@ func paren(s string) string {
 
 var (
 	catchupOrder = []string{"pg_recvlogical", "pg_walread", "kafka_raw", "outboxd", "outboxd_s2", "outboxd_s4", "outboxd_eos", "outboxd_b", "go_pq_cdc_kafka", "conduit", "debezium_default", "debezium_tuned"}
-	liveOrder    = []string{"kafka_raw", "pg_walread", "outboxd", "outboxd_eos", "outboxd_b", "go_pq_cdc_kafka", "conduit", "debezium_default", "debezium_tuned"}
+	liveOrder    = []string{"kafka_raw", "kafka_raw_eos", "pg_walread", "outboxd", "outboxd_eos", "outboxd_b", "go_pq_cdc_kafka", "conduit", "debezium_default", "debezium_tuned"}
 	workloads    = []string{catchup100, catchup1, "catchup-100tx-4KB", "catchup-100tx-64KB", "catchup-100tx-delete"}
 	rates        = []float64{1000, 5000, 20000, 0}
 )

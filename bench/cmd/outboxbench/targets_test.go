@@ -261,3 +261,24 @@ func TestShardedOutboxd(t *testing.T) {
 		t.Errorf("outboxd_s4 alone: ok %v, shown %q; want – / 0.80×", ok, v.shown)
 	}
 }
+
+// TestEOSFigureNamesKafkasFloor: with kafka_raw_eos in the run, the
+// exactly-once latency targets cite Kafka's own transaction floor beside
+// outboxd_eos, so a FAIL shows whether the broker leaves room to pass.
+func TestEOSFigureNamesKafkasFloor(t *testing.T) {
+	rs := append(passing(), liveRun("kafka_raw_eos", 1000, 9.5, 20, 0), liveRun("kafka_raw_eos", liveRate, 11, 30, 0))
+	found := 0
+	for _, v := range judge(rs) {
+		if !strings.HasPrefix(v.target, "outboxd_eos live") {
+			continue
+		}
+		found++
+		if !strings.Contains(v.figure, "1k: outboxd_eos 3.0 ms, outboxd 1.0 ms, kafka_raw_eos (Kafka's transaction floor) 9.5 ms") &&
+			!strings.Contains(v.figure, "kafka_raw_eos (Kafka's transaction floor) 20.0 ms") {
+			t.Errorf("%s: figure %q does not cite kafka_raw_eos", v.target, v.figure)
+		}
+	}
+	if found != 2 {
+		t.Errorf("found %d exactly-once latency targets, want 2", found)
+	}
+}
