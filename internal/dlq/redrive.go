@@ -141,6 +141,23 @@ type run struct {
 
 func (r *run) eos() bool { return r.tm != nil }
 
+// fenced returns err as a *sink.FencedError when Kafka's answer says this
+// run was fenced, or, in exactly_once, when the transaction coordinator
+// holds a newer epoch: under transactions version 1 a fenced producer's
+// write may be answered INVALID_TXN_STATE, which means other things too,
+// so the coordinator is asked.
+func (r *run) fenced(ctx context.Context, err error) error {
+	err = r.p.AsFenced(err)
+	var fe *sink.FencedError
+	if !r.eos() || errors.As(err, &fe) {
+		return err
+	}
+	if newer, askErr := r.p.Fenced(context.WithoutCancel(ctx)); askErr == nil && newer {
+		return &sink.FencedError{TransactionalID: r.p.TransactionalID(), Err: err}
+	}
+	return err
+}
+
 // open makes the producer: transactional in exactly_once (Init fences an
 // earlier run of the same topic and settles its last transaction).
 func (r *run) open(ctx context.Context) error {
@@ -250,7 +267,7 @@ func (r *run) batch(ctx context.Context, letters []*Letter) (err error) {
 	// run that fenced this one and send again what it sent.
 	for i, e := range failed {
 		if e != nil && !recordFault(e) && (len(letters) == 1 || !earlier(ctx, e)) {
-			return fmt.Errorf("redriving event %s to %s: %w", letters[i].EventID, letters[i].Topic, r.p.AsFenced(e))
+			return fmt.Errorf("redriving event %s to %s: %w", letters[i].EventID, letters[i].Topic, r.fenced(ctx, e))
 		}
 	}
 	if err := r.reopen(ctx); err != nil {
@@ -366,7 +383,7 @@ func (r *run) send(ctx context.Context, recs []*router.Record) (refused, failed 
 			refused[i] = err
 		default:
 			wg.Done()
-			return nil, nil, fmt.Errorf("redriving event %s to %s: %w", rec.EventID, rec.Topic, r.p.AsFenced(err))
+			return nil, nil, fmt.Errorf("redriving event %s to %s: %w", rec.EventID, rec.Topic, r.fenced(ctx, err))
 		}
 	}
 	all := make(chan struct{})
