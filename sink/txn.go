@@ -70,7 +70,6 @@ type txnState struct {
 	pid    atomic.Int64 // the producer id and epoch after Init and each commit,
 	epoch  atomic.Int32 // to tell a fenced producer (Fenced)
 	fenced bool
-	unsure bool // a commit was sent and its answer not read
 }
 
 // NewTransactional returns a Producer for kafka.delivery: exactly_once with
@@ -113,11 +112,11 @@ const concurrentTxnBackoff = 2 * time.Millisecond
 // franz-go on version 1 (it opts into version 2 only when EndTxn v5,
 // Produce v12 and TxnOffsetCommit v5 are all allowed): it adds partitions
 // with AddPartitionsToTxn, whose CONCURRENT_TRANSACTIONS it retries
-// after kgo.ConcurrentTransactionsBackoff, which outboxd sets short. The
-// broker still verifies each transactional produce against the
-// coordinator (KIP-890 part 1); what version 1 lacks is version 2's epoch
-// bump per transaction, which the fence (the epoch bump of Init) does not
-// need.
+// after kgo.ConcurrentTransactionsBackoff, which outboxd sets short. On
+// Kafka 3.6 and later the broker still verifies a producer's first write
+// to each partition of a transaction against the coordinator (KIP-890
+// part 1); what version 1 lacks is version 2's epoch bump per transaction,
+// which the fence (the epoch bump of Init) does not need.
 func txnVersionOpts() []kgo.Opt {
 	vs := kversion.Stable()
 	vs.SetMaxKeyVersion(int16(kmsg.EndTxn), 4)
@@ -245,11 +244,10 @@ func (p *Producer) Commit(ctx context.Context, position []byte) error {
 	if p.fence.Err() != nil {
 		return context.Cause(p.fence) // a record failed: never commit past it
 	}
-	p.txn.unsure = true // until the answer is read: the epoch may have moved
 	if err := p.client.EndTransaction(ctx, kgo.TryCommit); err != nil {
 		return p.AsFenced(p.timedOut("committing a Kafka transaction", start, err))
 	}
-	p.txn.open, p.txn.unsure = false, false
+	p.txn.open = false
 	p.txn.m.committed.Inc()
 	p.txn.m.duration.Observe(time.Since(p.txn.began).Seconds())
 	// Safe after a commit: the producer id has no error to reload.
@@ -300,17 +298,17 @@ func (p *Producer) Fenced(ctx context.Context) (bool, error) {
 		return false, err
 	}
 	d, ok := ds[p.txn.id]
-	if !ok || d.Err != nil {
+	if !ok {
+		return false, fmt.Errorf("the transaction coordinator does not know transactional id %q", p.txn.id)
+	}
+	if d.Err != nil {
 		return false, d.Err
 	}
 	// Another producer's initialisation bumps the epoch (or changes the
-	// id). So does a commit of this producer's own whose answer it did not
-	// read, by one.
-	slack := int32(0)
-	if p.txn.unsure {
-		slack = 1
-	}
-	fenced := d.ProducerID != pid || int32(d.ProducerEpoch) > p.txn.epoch.Load()+slack
+	// id). Under transactions version 1 (txnVersionOpts) a commit does not,
+	// even one whose answer this producer did not read, so any newer epoch
+	// is another producer's.
+	fenced := d.ProducerID != pid || int32(d.ProducerEpoch) > p.txn.epoch.Load()
 	if fenced {
 		p.noteFenced()
 	}

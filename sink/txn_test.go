@@ -370,3 +370,36 @@ func TestTransactionRetriesConcurrentTransactionsItself(t *testing.T) {
 		t.Errorf("read_committed sees %v, want [0 1 2 3 4 5]", got)
 	}
 }
+
+// TestFencedAfterUnsureCommit: under transactions version 1 EndTxn bumps no epoch, so a
+// commit whose answer was lost leaves the epoch where it was; a takeover
+// (one bump) must still be seen by Fenced.
+func TestFencedAfterUnsureCommit(t *testing.T) {
+	c := newCluster(t, 1)
+	var lose atomic.Bool
+	lose.Store(true)
+	c.ControlKey(int16(kmsg.EndTxn), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if !lose.Swap(false) {
+			return nil, nil, false
+		}
+		r := req.(*kmsg.EndTxnRequest)
+		resp := r.ResponseKind().(*kmsg.EndTxnResponse)
+		resp.ErrorCode = kerr.UnknownServerError.Code // outcome unknown; not applied
+		return resp, nil, true
+	})
+	old, ctx := txnProducer(t, c, "outboxd-unsure")
+	if err := old.Begin(); err != nil {
+		t.Fatal(err)
+	}
+	produceN(t, ctx, old, 0, 3)
+	if err := old.Commit(ctx, []byte("old")); err == nil {
+		t.Fatal("commit succeeded; want its answer lost")
+	} else {
+		t.Logf("commit: %v", err)
+	}
+	_, _ = txnProducer(t, c, "outboxd-unsure") // another instance takes over
+	if f, err := old.Fenced(ctx); err != nil || !f {
+		t.Errorf("Fenced after a takeover = %v, %v; want true", f, err)
+	}
+}

@@ -152,7 +152,11 @@ func (r *run) fenced(ctx context.Context, err error) error {
 	if !r.eos() || errors.As(err, &fe) {
 		return err
 	}
-	if newer, askErr := r.p.Fenced(context.WithoutCancel(ctx)); askErr == nil && newer {
+	newer, askErr := r.p.Fenced(context.WithoutCancel(ctx))
+	switch {
+	case askErr != nil:
+		return fmt.Errorf("%w (could not ask the transaction coordinator whether another redrive took over: %v)", err, askErr)
+	case newer:
 		return &sink.FencedError{TransactionalID: r.p.TransactionalID(), Err: err}
 	}
 	return err
@@ -337,10 +341,10 @@ func (r *run) settle(ctx context.Context, letters []*Letter, again []string) err
 		err = errors.Join(append(refused, failed...)...)
 	}
 	if err != nil {
-		return fmt.Errorf("marking redriven dead letters in %s: %w", r.dlq, err)
+		return fmt.Errorf("marking redriven dead letters in %s: %w", r.dlq, r.fenced(ctx, err))
 	}
 	if err := r.commit(ctx); err != nil {
-		return err
+		return r.fenced(ctx, err)
 	}
 	for i, l := range letters {
 		if again[i] != "" {
