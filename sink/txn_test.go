@@ -79,6 +79,21 @@ func produceN(t *testing.T, ctx context.Context, p *sink.Producer, from, n int) 
 	}
 }
 
+// commitEach commits a transaction of three records for each position,
+// records 0–2 with the first, 3–5 with the second, and so on.
+func commitEach(t *testing.T, ctx context.Context, p *sink.Producer, positions ...string) {
+	t.Helper()
+	for i, pos := range positions {
+		if err := p.Begin(); err != nil {
+			t.Fatal(err)
+		}
+		produceN(t, ctx, p, i*3, 3)
+		if err := p.Commit(ctx, []byte(pos)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // readCommitted returns the values of topic's records a read_committed
 // consumer sees.
 func readCommitted(t *testing.T, c *kfake.Cluster, topic string) []string {
@@ -111,15 +126,7 @@ func TestTransactionCommitAbortAndPosition(t *testing.T) {
 	if _, ok, err := p.ReadPosition(ctx); err != nil || ok {
 		t.Fatalf("ReadPosition on an empty topic = %v, %v; want none", ok, err)
 	}
-	for i, pos := range []string{"p1", "p2"} {
-		if err := p.Begin(); err != nil {
-			t.Fatal(err)
-		}
-		produceN(t, ctx, p, i*3, 3)
-		if err := p.Commit(ctx, []byte(pos)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	commitEach(t, ctx, p, "p1", "p2")
 	if err := p.Begin(); err != nil {
 		t.Fatal(err)
 	}
@@ -317,5 +324,82 @@ func TestPeekPositionFencesNobody(t *testing.T) {
 	}
 	if f, err := p.Fenced(ctx); err != nil || f {
 		t.Errorf("the id's holder is fenced after a peek: %v, %v", f, err)
+	}
+}
+
+// TestTransactionRetriesConcurrentTransactionsItself: the transactional
+// producer adds partitions to a transaction itself (transactions version
+// 1), even on a cluster that offers version 2, so that the coordinator's
+// CONCURRENT_TRANSACTIONS, answered while the previous commit's markers are
+// written, comes back to it and is retried after a few milliseconds, not
+// after the 20 ms a Kafka 4 broker waits before it retries it itself for a
+// version 2 produce (issue 36 §2). The commit succeeds after the refusals
+// and read_committed sees every record once.
+func TestTransactionRetriesConcurrentTransactionsItself(t *testing.T) {
+	c := newCluster(t, 1)
+	var adds, refused atomic.Int32
+	c.ControlKey(int16(kmsg.AddPartitionsToTxn), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		adds.Add(1)
+		r := req.(*kmsg.AddPartitionsToTxnRequest)
+		if len(r.Transactions) > 0 || refused.Load() >= 3 {
+			return nil, nil, false // verification (v4+) and the fourth try on: the broker answers
+		}
+		refused.Add(1)
+		resp := r.ResponseKind().(*kmsg.AddPartitionsToTxnResponse)
+		for _, rt := range r.Topics {
+			st := kmsg.NewAddPartitionsToTxnResponseTopic()
+			st.Topic = rt.Topic
+			for _, part := range rt.Partitions {
+				sp := kmsg.NewAddPartitionsToTxnResponseTopicPartition()
+				sp.Partition = part
+				sp.ErrorCode = kerr.ConcurrentTransactions.Code
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+	p, ctx := txnProducer(t, c, "outboxd-concurrent")
+	commitEach(t, ctx, p, "p1", "p2")
+	if refused.Load() < 3 {
+		t.Fatalf("the producer sent %d AddPartitionsToTxn requests (%d refused): it left adding partitions to the broker (transactions version 2), "+
+			"whose CONCURRENT_TRANSACTIONS retry waits add.partitions.to.txn.retry.backoff.ms", adds.Load(), refused.Load())
+	}
+	if got := readCommitted(t, c, topic); fmt.Sprint(got) != "[0 1 2 3 4 5]" {
+		t.Errorf("read_committed sees %v, want [0 1 2 3 4 5]", got)
+	}
+}
+
+// TestFencedAfterUnsureCommit: under transactions version 1 EndTxn bumps no epoch, so a
+// commit whose answer was lost leaves the epoch where it was; a takeover
+// (one bump) must still be seen by Fenced.
+func TestFencedAfterUnsureCommit(t *testing.T) {
+	c := newCluster(t, 1)
+	var lose atomic.Bool
+	lose.Store(true)
+	c.ControlKey(int16(kmsg.EndTxn), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if !lose.Swap(false) {
+			return nil, nil, false
+		}
+		r := req.(*kmsg.EndTxnRequest)
+		resp := r.ResponseKind().(*kmsg.EndTxnResponse)
+		resp.ErrorCode = kerr.UnknownServerError.Code // outcome unknown; not applied
+		return resp, nil, true
+	})
+	old, ctx := txnProducer(t, c, "outboxd-unsure")
+	if err := old.Begin(); err != nil {
+		t.Fatal(err)
+	}
+	produceN(t, ctx, old, 0, 3)
+	if err := old.Commit(ctx, []byte("old")); err == nil {
+		t.Fatal("commit succeeded; want its answer lost")
+	} else {
+		t.Logf("commit: %v", err)
+	}
+	_, _ = txnProducer(t, c, "outboxd-unsure") // another instance takes over
+	if f, err := old.Fenced(ctx); err != nil || !f {
+		t.Errorf("Fenced after a takeover = %v, %v; want true", f, err)
 	}
 }

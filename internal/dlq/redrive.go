@@ -141,6 +141,27 @@ type run struct {
 
 func (r *run) eos() bool { return r.tm != nil }
 
+// fenced returns err as a *sink.FencedError when Kafka's answer says this
+// run was fenced, or, in exactly_once, when the transaction coordinator
+// holds a newer epoch: under transactions version 1 a fenced producer's
+// write may be answered INVALID_TXN_STATE, which means other things too,
+// so the coordinator is asked.
+func (r *run) fenced(ctx context.Context, err error) error {
+	err = r.p.AsFenced(err)
+	var fe *sink.FencedError
+	if !r.eos() || errors.As(err, &fe) {
+		return err
+	}
+	newer, askErr := r.p.Fenced(context.WithoutCancel(ctx))
+	switch {
+	case askErr != nil:
+		return fmt.Errorf("%w (could not ask the transaction coordinator whether another redrive took over: %v)", err, askErr)
+	case newer:
+		return &sink.FencedError{TransactionalID: r.p.TransactionalID(), Err: err}
+	}
+	return err
+}
+
 // open makes the producer: transactional in exactly_once (Init fences an
 // earlier run of the same topic and settles its last transaction).
 func (r *run) open(ctx context.Context) error {
@@ -250,7 +271,7 @@ func (r *run) batch(ctx context.Context, letters []*Letter) (err error) {
 	// run that fenced this one and send again what it sent.
 	for i, e := range failed {
 		if e != nil && !recordFault(e) && (len(letters) == 1 || !earlier(ctx, e)) {
-			return fmt.Errorf("redriving event %s to %s: %w", letters[i].EventID, letters[i].Topic, r.p.AsFenced(e))
+			return fmt.Errorf("redriving event %s to %s: %w", letters[i].EventID, letters[i].Topic, r.fenced(ctx, e))
 		}
 	}
 	if err := r.reopen(ctx); err != nil {
@@ -320,10 +341,10 @@ func (r *run) settle(ctx context.Context, letters []*Letter, again []string) err
 		err = errors.Join(append(refused, failed...)...)
 	}
 	if err != nil {
-		return fmt.Errorf("marking redriven dead letters in %s: %w", r.dlq, err)
+		return fmt.Errorf("marking redriven dead letters in %s: %w", r.dlq, r.fenced(ctx, err))
 	}
 	if err := r.commit(ctx); err != nil {
-		return err
+		return r.fenced(ctx, err)
 	}
 	for i, l := range letters {
 		if again[i] != "" {
@@ -366,7 +387,7 @@ func (r *run) send(ctx context.Context, recs []*router.Record) (refused, failed 
 			refused[i] = err
 		default:
 			wg.Done()
-			return nil, nil, fmt.Errorf("redriving event %s to %s: %w", rec.EventID, rec.Topic, r.p.AsFenced(err))
+			return nil, nil, fmt.Errorf("redriving event %s to %s: %w", rec.EventID, rec.Topic, r.fenced(ctx, err))
 		}
 	}
 	all := make(chan struct{})

@@ -538,3 +538,59 @@ func TestRedriveInSourceOrder(t *testing.T) {
 		t.Errorf("orders-events holds %v, want %v", got, want)
 	}
 }
+
+// TestRedriveFencedDuringMarkersEnds: TestRedriveFencedRunEnds with run B
+// running while A's markers (settle) are held, not its records: A still ends
+// with a *sink.FencedError (kfake: B's Init does not abort A's open
+// transaction as Kafka does, so read_committed is not checked here; the
+// real-broker test is test/dlq_test.go).
+func TestRedriveFencedDuringMarkersEnds(t *testing.T) {
+	b := newBed(t, config.ExactlyOnce)
+	var all []string
+	for i := 0; i < 12; i++ {
+		all = append(all, fmt.Sprintf("e%02d", i))
+	}
+	b.seed(t, "orders-events", 10, all...)
+	var commits atomic.Int32
+	b.c.ControlKey(int16(kmsg.EndTxn), func(kmsg.Request) (kmsg.Response, error, bool) {
+		b.c.KeepControl()
+		commits.Add(1)
+		return nil, nil, false
+	})
+	td, err := b.adm.ListTopics(b.ctx, "dlq")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dlqID := td["dlq"].ID
+	var started atomic.Bool
+	var bErr error
+	b.c.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		b.c.KeepControl()
+		r := req.(*kmsg.ProduceRequest)
+		if commits.Load() != 1 || len(r.Topics) == 0 || (r.Topics[0].Topic != "dlq" && r.Topics[0].TopicID != dlqID) || started.Swap(true) {
+			return nil, nil, false
+		}
+		b.c.SleepControl(func() {
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				_, err := Redrive(b.ctx, b.cfg, Options{Topic: "dlq", Batch: 100}, slog.New(slog.DiscardHandler))
+				bErr = err
+			}()
+			<-done
+		})
+		return nil, nil, false
+	})
+	res, err := Redrive(b.ctx, b.cfg, Options{Topic: "dlq", Batch: 4}, slog.New(slog.DiscardHandler))
+	if !started.Load() || bErr != nil {
+		t.Fatalf("run B started %v, ended with %v", started.Load(), bErr)
+	}
+	var fenced *sink.FencedError
+	if !errors.As(err, &fenced) {
+		t.Errorf("run A, fenced by B during its markers, ended with %v; want a *sink.FencedError", err)
+	}
+	t.Logf("run A redrove %v, ended with %v", ids(res.Redriven), err)
+	if got := pendingIDs(t, b); len(got) != 0 {
+		t.Errorf("pending after both runs: %v", got)
+	}
+}
