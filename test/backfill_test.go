@@ -185,20 +185,20 @@ func TestBackfillWithWritersRunning(t *testing.T) {
 	}
 }
 
-// A backfill of 30,000 pending rows, with writers running, SIGKILLed three
+// A backfill of 100,000 pending rows, with writers running, SIGKILLed three
 // times during it: each resumed run starts after the last page Kafka
 // acknowledged. Nothing is lost, each key keeps its order, and the repeats
 // are at most the page in flight at each kill. Rows deleted or flipped to
 // SENT after the slot's snapshot, before their page, are still sent.
 func TestBackfillSurvivesKills(t *testing.T) {
-	const rows, batch, kills = 30000, 100, 3
+	const rows, batch, kills = 100000, 100, 3 // issue 35: 100,000 pending rows, three SIGKILLs
 	s := newBackfillSetup(t, rows, 200)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	stop := make(chan struct{})
 	done := make(chan error, 1)
 	go func() { done <- s.write(ctx, stop, 3) }()
-	cfg := writeConfig(t, backfillConfig(batch, 5000))
+	cfg := writeConfig(t, backfillConfig(batch, 20000))
 	var at int64
 	for k := range kills {
 		p := start(t, s.d.env(), "-config", cfg)
