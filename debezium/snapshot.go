@@ -145,13 +145,16 @@ func containsFold(list []string, s string) bool {
 	return false
 }
 
+// ident is an SQL identifier, quoted or not.
+const ident = `(?:"[^"]+"|[A-Za-z_][A-Za-z0-9_$]*)`
+
 var (
-	ident = `(?:"[^"]+"|[A-Za-z_][A-Za-z0-9_$]*)`
 	// selectStar is SELECT * FROM [schema.]table [WHERE cond] [ORDER BY column [ASC]] [;].
 	selectStar = regexp.MustCompile(`(?is)^\s*select\s+\*\s+from\s+(` + ident + `(?:\s*\.\s*` + ident + `)?)(?:\s+where\s+(.*?))?(?:\s+order\s+by\s+(` + ident + `)(?:\s+asc)?)?\s*;?\s*$`)
 	// notACondition are what a WHERE body cannot hold safely when taken
 	// out of its statement; a condition holding one is refused.
 	notACondition = regexp.MustCompile(`(?i);|--|/\*|\b(order|limit|offset|fetch|union|intersect|except|group|having|window|for|join|returning)\b`)
+	dot           = regexp.MustCompile(`\s*\.\s*`)
 )
 
 // selectWhere takes the condition out of SELECT * FROM table WHERE cond, and
@@ -178,7 +181,7 @@ func selectWhere(stmt, table string) (where, orderBy string, err error) {
 // sameTable compares a table name as written in SQL with schema.table:
 // unquoted names fold to lower case, a name without a schema is public's.
 func sameTable(sql, table string) bool {
-	parts := regexp.MustCompile(`\s*\.\s*`).Split(sql, -1)
+	parts := dot.Split(sql, -1)
 	if len(parts) == 1 {
 		parts = []string{"public", parts[0]}
 	}
