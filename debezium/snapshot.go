@@ -78,7 +78,8 @@ func (v *conv) snapshot(pg *section, kafka section) error {
 	if orderBy != "" {
 		b = append(b, "  order_by: "+orderBy+" # the override's ORDER BY")
 	} else {
-		b = append(b, "  # order_by: default created_at if the table has it, else the primary key")
+		b = append(b, "  # order_by: a column that grows in insertion order; without it, created_at if the table has one,",
+			"  # else the primary key, which with uuid ids (Debezium's outbox table) reorders each aggregate's events")
 	}
 	pg.foot = strings.Join(b, "\n")
 	return nil
@@ -155,6 +156,9 @@ var (
 	// out of its statement; a condition holding one is refused.
 	notACondition = regexp.MustCompile(`(?i);|--|/\*|\b(order|limit|offset|fetch|union|intersect|except|group|having|window|for|join|returning)\b`)
 	dot           = regexp.MustCompile(`\s*\.\s*`)
+	// literal is a quoted string or identifier, whose words and
+	// punctuation notACondition must not read as SQL ('' and "" escape).
+	literal = regexp.MustCompile(`'(?:[^']|'')*'|"(?:[^"]|"")*"`)
 )
 
 // selectWhere takes the condition out of SELECT * FROM table WHERE cond, and
@@ -172,7 +176,7 @@ func selectWhere(stmt, table string) (where, orderBy string, err error) {
 	if where == "" {
 		where = "true"
 	}
-	if bad := notACondition.FindString(where); bad != "" {
+	if bad := notACondition.FindString(literal.ReplaceAllString(where, "''")); bad != "" {
 		return "", "", fmt.Errorf("has %q in its condition, which outboxd does not take apart", bad)
 	}
 	return where, unquote(m[3]), nil

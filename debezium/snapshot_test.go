@@ -49,6 +49,8 @@ func TestConvertSnapshotMode(t *testing.T) {
 			foot: []string{"snapshot.mode initial:"}, where: "status IN ('PENDING','PROCESSING')"},
 		{name: "override, quoted, ordered", settings: map[string]string{overrides: "public.outbox", outbox: `select * from "public"."outbox" where published_at is null order by created_at;`},
 			where: "published_at is null", orderBy: "created_at"},
+		{name: "override, keywords in a literal (review-bf36 R6)", settings: map[string]string{overrides: "public.outbox", outbox: "SELECT * FROM public.outbox WHERE aggregatetype = 'Order' AND type <> 'a;b -- for'"},
+			where: "aggregatetype = 'Order' AND type <> 'a;b -- for'"},
 		{name: "override without a schema", settings: map[string]string{overrides: "outbox", overrides + ".outbox": "SELECT * FROM outbox"}, where: "true"},
 		{name: "override for another table", settings: map[string]string{overrides: "public.orders", overrides + ".public.orders": "SELECT * FROM public.orders WHERE x"},
 			warn: map[string][]string{overrides + ".public.orders": {"does not stream"}}, where: "true"},

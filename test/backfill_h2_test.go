@@ -3,6 +3,7 @@ package test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 )
@@ -77,7 +78,12 @@ func TestBackfillLeavesNoClaimOnASlotItDidNotMake(t *testing.T) {
 	if code := p.waitExit(30 * time.Second); code == 0 {
 		t.Fatal("outboxd exited 0 with a backfill on a slot confirmed past the point its state recorded")
 	}
-	p.waitLog(`is not one outboxd can tell its own backfill made`, time.Second)
+	// Something confirmed from it: the remedy must not be to drop it
+	// (review-bf36 R1), which would lose what that consumer has not seen.
+	refusal := p.waitLog(`another process streamed from it[^\n]*`, time.Second)
+	if strings.Contains(refusal, "pg_drop_replication_slot") || !strings.Contains(refusal, "outboxd replay") {
+		t.Errorf("the refusal advises a drop or no replay: %s", refusal)
+	}
 	if got := slotAt(); got != streamed {
 		t.Errorf("the slot is at %s, was at %s: outboxd dropped a slot its backfill did not make", got, streamed)
 	}

@@ -63,6 +63,13 @@ func Prepare(ctx context.Context, conn *pgx.Conn, openRepl func(context.Context)
 			"To start again: DELETE FROM %s WHERE slot = '%s'; DROP TABLE IF EXISTS %s; then start outboxd, which creates the slot and backfills anew",
 			pc.Slot, s.name, s.state, pc.Slot, s.keys)
 	case !found && exists:
+		db, err := currentDatabase(ctx, conn)
+		if err != nil {
+			return err
+		}
+		if info.Database != db {
+			return otherDatabaseSlot(pc.Slot, info.Database, s)
+		}
 		return fmt.Errorf("postgres.backfill is set, but replication slot %q exists and was not made by a backfill: events it already delivered cannot be told apart from the rows the backfill would send. "+
 			"Remove postgres.backfill (and send rows with outboxd replay), or stop outboxd, drop the slot (SELECT pg_drop_replication_slot('%s')) and start it again to create the slot with the backfill",
 			pc.Slot, pc.Slot)
@@ -70,23 +77,31 @@ func Prepare(ctx context.Context, conn *pgx.Conn, openRepl func(context.Context)
 		if info.Active {
 			return &wal.SlotActiveError{Slot: pc.Slot, PID: info.ActivePID}
 		}
-		var db string
-		if err := conn.QueryRow(ctx, `SELECT current_database()`).Scan(&db); err != nil {
+		db, err := currentDatabase(ctx, conn)
+		if err != nil {
 			return err
 		}
 		// Drop it only if it is the slot the backfill recorded making: of
 		// this database, and still at the consistent point recorded when it
 		// was made, so nothing was confirmed from it (review H2).
-		made, err := wal.ParseLSN(st.LSN)
-		if info.Database != db || err != nil || info.ConfirmedFlushLSN != made {
-			what := "was stopped before it recorded the slot it made"
-			if st.LSN != "" {
-				what = "recorded making it at " + st.LSN
-			}
-			return fmt.Errorf("replication slot %q (database %q, confirmed at %s) is not one outboxd can tell its own backfill made: the backfill recorded in %s %s. "+
-				"outboxd drops only a slot its backfill made and nothing streamed from. If no other process uses the slot, drop it "+
-				"(SELECT pg_drop_replication_slot('%s')) and start again; otherwise name another slot (postgres.slot) and DELETE FROM %s WHERE slot = '%s'",
-				pc.Slot, info.Database, info.ConfirmedFlushLSN, s.name, what, pc.Slot, s.state, pc.Slot)
+		made, lsnErr := wal.ParseLSN(st.LSN)
+		switch {
+		case info.Database != db:
+			return otherDatabaseSlot(pc.Slot, info.Database, s)
+		case lsnErr != nil:
+			// Killed between making the slot and recording where, or a
+			// state row of an older outboxd: nothing can have been sent.
+			return fmt.Errorf("replication slot %q exists, and the backfill recorded in %s was stopped before it recorded the slot it made, so outboxd cannot tell that it made it. "+
+				"If no other process uses the slot, drop it (SELECT pg_drop_replication_slot('%s')) and start again; otherwise name another slot (postgres.slot) and DELETE FROM %s WHERE slot = '%s'",
+				pc.Slot, s.name, pc.Slot, s.state, pc.Slot)
+		case info.ConfirmedFlushLSN != made:
+			// Something streamed from it and confirmed: dropping it would
+			// lose what that consumer has not seen and send again what it
+			// has (review-bf36 R1).
+			return fmt.Errorf("replication slot %q was confirmed to %s after the backfill recorded in %s made it at %s: another process streamed from it. Do not drop it. "+
+				"To keep streaming from it without the backfill: remove postgres.backfill, DELETE FROM %s WHERE slot = '%s'; DROP TABLE IF EXISTS %s; "+
+				"and send rows still pending from before the slot with outboxd replay",
+				pc.Slot, info.ConfirmedFlushLSN, s.name, st.LSN, s.state, pc.Slot, s.keys)
 		}
 		if _, err := conn.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, pc.Slot); err != nil {
 			return fmt.Errorf("dropping replication slot %q, created by a backfill that stopped before it fixed its rows: %w", pc.Slot, err)
@@ -241,4 +256,17 @@ func RefuseUnfinished(ctx context.Context, conn *pgx.Conn, cfg config.Config, lo
 		"streaming the slot now would confirm it past the rows not sent, and they would never be. Set postgres.backfill back as it was to finish it "+
 		"(it resumes after the last page Kafka acknowledged), then remove it; or, to give those rows up, DELETE FROM %s WHERE slot = '%s'; DROP TABLE IF EXISTS %s",
 		cfg.Postgres.Slot, s.name, st.Phase, st.Sent, st.Total, s.state, cfg.Postgres.Slot, s.keys)
+}
+
+func currentDatabase(ctx context.Context, conn *pgx.Conn) (string, error) {
+	var db string
+	err := conn.QueryRow(ctx, `SELECT current_database()`).Scan(&db)
+	return db, err
+}
+
+// otherDatabaseSlot refuses a slot of the backfill's name that belongs to
+// another database: it is that database's, never outboxd's to drop.
+func otherDatabaseSlot(slot, db string, s store) error {
+	return fmt.Errorf("replication slot %q belongs to database %q, not this one: it is not this backfill's and outboxd leaves it alone. "+
+		"Name another slot (postgres.slot) and DELETE FROM %s WHERE slot = '%s'", slot, db, s.state, slot)
 }
