@@ -83,6 +83,9 @@ func Convert(c Connector, opts Options) (Result, error) {
 	if err := v.check(err); err != nil {
 		return Result{}, err
 	}
+	if err := v.check(v.snapshot(&pg, kafka)); err != nil {
+		return Result{}, err
+	}
 	v.leftovers()
 
 	name := c.Name
@@ -254,6 +257,7 @@ func (v *conv) consumePrefix(prefix string) {
 type section struct {
 	name  string
 	items []item
+	foot  string // a comment after the last item
 }
 
 type item struct {
@@ -264,6 +268,16 @@ type item struct {
 
 func (s *section) add(key string, value any, comment string) {
 	s.items = append(s.items, item{key, value, comment})
+}
+
+// value returns the value of key, or nil.
+func (s section) value(key string) any {
+	for _, it := range s.items {
+		if it.key == key {
+			return it.value
+		}
+	}
+	return nil
 }
 
 func (v *conv) postgres() (section, error) {
@@ -855,9 +869,9 @@ func (v *conv) kafka(opts Options) (section, error) {
 // unsupported explains settings outboxd has no use for, by exact key or by
 // prefix (ending in '.').
 var unsupported = []struct{ key, why string }{
-	{"snapshot.", "outboxd does not snapshot: it streams from the slot, so rows already in the table are not sent again"},
-	{"incremental.snapshot.", "outboxd does not snapshot"},
-	{"signal.", "outboxd has no signalling table (it does not snapshot)"},
+	{"snapshot.", "only snapshot.mode and snapshot.select.statement.overrides are mapped (to postgres.backfill, which reads the snapshot exported when outboxd creates its slot, without locks)"},
+	{"incremental.snapshot.", "outboxd has no incremental snapshots; send rows still in the table again with outboxd replay"},
+	{"signal.", "outboxd has no signalling table; send rows still in the table again with outboxd replay"},
 	{"heartbeat.", "outboxd confirms an idle slot's position from keepalives, so writes to other tables do not pin WAL; a heartbeat table's writes can stop"},
 	{"slot.drop.on.stop", "outboxd never drops its slot"},
 	{"slot.stream.params", "outboxd sets pgoutput's parameters itself (proto_version 1, publication_names)"},
@@ -920,11 +934,6 @@ func (v *conv) leftovers() {
 	}
 	sort.Strings(keys)
 	for _, k := range keys {
-		if k == "snapshot.mode" {
-			if m := strings.TrimSpace(v.cfg[k]); m == "never" || m == "no_data" {
-				continue // what outboxd does
-			}
-		}
 		if (k == "slot.drop.on.stop" || k == "provide.transaction.metadata") && strings.EqualFold(strings.TrimSpace(v.cfg[k]), "false") {
 			continue
 		}
@@ -963,6 +972,9 @@ func document(head string, sections ...section) *yaml.Node {
 				key.HeadComment = it.comment
 			}
 			m.Content = append(m.Content, key, val)
+		}
+		if s.foot != "" {
+			m.Content[len(m.Content)-2].FootComment = s.foot
 		}
 		root.Content = append(root.Content, &yaml.Node{Kind: yaml.ScalarNode, Value: s.name}, m)
 	}

@@ -40,6 +40,8 @@ func TestConvertGolden(t *testing.T) {
 		{"err-lookahead.json", ""},
 		{"err-two-tables.properties", ""},
 		{"err-bad-group.json", ""},
+		{"snapshot-override.properties", "kafka:9092"}, // snapshot.mode when_needed, an override, exactly-once
+		{"err-initial-only.properties", ""},
 	} {
 		t.Run(tc.file, func(t *testing.T) {
 			in := filepath.Join("testdata", tc.file)

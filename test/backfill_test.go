@@ -296,8 +296,8 @@ func TestBackfillStartUp(t *testing.T) {
 		// What a kill between CREATE_REPLICATION_SLOT and the commit of the
 		// key table leaves: the state of phase snapshot, and the slot.
 		s.d.exec(t, `CREATE TABLE public.outboxd_backfill (slot text PRIMARY KEY, state jsonb NOT NULL, updated_at timestamptz NOT NULL DEFAULT now())`)
-		s.d.exec(t, `INSERT INTO public.outboxd_backfill (slot, state) VALUES ($1, jsonb_build_object('slot', $1::text, 'phase', 'snapshot'))`, s.d.slot)
-		s.d.exec(t, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, s.d.slot)
+		s.d.exec(t, `INSERT INTO public.outboxd_backfill (slot, state) SELECT $1, jsonb_build_object('slot', $1::text, 'phase', 'snapshot', 'lsn', lsn::text)
+			FROM pg_create_logical_replication_slot($1, 'pgoutput')`, s.d.slot)
 		s.d.exec(t, `UPDATE public.relay_outbox SET retry_count = retry_count + 1 WHERE status = 'PROCESSING'`) // after the old slot: not streamed by it
 		p := start(t, s.d.env(), "-config", writeConfig(t, backfillConfig(100, 0)))
 		p.waitStreaming()

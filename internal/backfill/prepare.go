@@ -63,21 +63,45 @@ func Prepare(ctx context.Context, conn *pgx.Conn, openRepl func(context.Context)
 			"To start again: DELETE FROM %s WHERE slot = '%s'; DROP TABLE IF EXISTS %s; then start outboxd, which creates the slot and backfills anew",
 			pc.Slot, s.name, s.state, pc.Slot, s.keys)
 	case !found && exists:
-		return fmt.Errorf("postgres.backfill is set, but replication slot %q exists and was not made by a backfill: events it already delivered cannot be told apart from the rows the backfill would send. "+
-			"Remove postgres.backfill (and send rows with outboxd replay), or stop outboxd, drop the slot (SELECT pg_drop_replication_slot('%s')) and start it again to create the slot with the backfill",
-			pc.Slot, pc.Slot)
-	case exists: // phase snapshot: a kill came before the rows were fixed, and nothing streamed from the slot
-		if info.Active {
-			return &wal.SlotActiveError{Slot: pc.Slot, PID: info.ActivePID}
-		}
-		var db string
-		if err := conn.QueryRow(ctx, `SELECT current_database()`).Scan(&db); err != nil {
+		db, err := currentDatabase(ctx, conn)
+		if err != nil {
 			return err
 		}
 		if info.Database != db {
-			return fmt.Errorf("replication slot %q is a slot of database %q, not of %q where the backfill recorded in %s was started; "+
-				"outboxd drops only a slot its own backfill made. Name another slot (postgres.slot), or DELETE FROM %s WHERE slot = '%s'",
-				pc.Slot, info.Database, db, s.name, s.state, pc.Slot)
+			return otherDatabaseSlot(pc.Slot, info.Database, s)
+		}
+		return fmt.Errorf("postgres.backfill is set, but replication slot %q exists and was not made by a backfill: events it already delivered cannot be told apart from the rows the backfill would send. "+
+			"Remove postgres.backfill (and send rows with outboxd replay), or stop outboxd, drop the slot (SELECT pg_drop_replication_slot('%s')) and start it again to create the slot with the backfill",
+			pc.Slot, pc.Slot)
+	case exists: // phase snapshot: a kill came before the rows were fixed
+		if info.Active {
+			return &wal.SlotActiveError{Slot: pc.Slot, PID: info.ActivePID}
+		}
+		db, err := currentDatabase(ctx, conn)
+		if err != nil {
+			return err
+		}
+		// Drop it only if it is the slot the backfill recorded making: of
+		// this database, and still at the consistent point recorded when it
+		// was made, so nothing was confirmed from it (review H2).
+		made, lsnErr := wal.ParseLSN(st.LSN)
+		switch {
+		case info.Database != db:
+			return otherDatabaseSlot(pc.Slot, info.Database, s)
+		case lsnErr != nil:
+			// Killed between making the slot and recording where, or a
+			// state row of an older outboxd: nothing can have been sent.
+			return fmt.Errorf("replication slot %q exists, and the backfill recorded in %s was stopped before it recorded the slot it made, so outboxd cannot tell that it made it. "+
+				"If no other process uses the slot, drop it (SELECT pg_drop_replication_slot('%s')) and start again; otherwise name another slot (postgres.slot) and DELETE FROM %s WHERE slot = '%s'",
+				pc.Slot, s.name, pc.Slot, s.state, pc.Slot)
+		case info.ConfirmedFlushLSN != made:
+			// Something streamed from it and confirmed: dropping it would
+			// lose what that consumer has not seen and send again what it
+			// has (review-bf36 R1).
+			return fmt.Errorf("replication slot %q was confirmed to %s after the backfill recorded in %s made it at %s: another process streamed from it. Do not drop it. "+
+				"To keep streaming from it without the backfill: remove postgres.backfill, DELETE FROM %s WHERE slot = '%s'; DROP TABLE IF EXISTS %s; "+
+				"and send rows still pending from before the slot with outboxd replay",
+				pc.Slot, info.ConfirmedFlushLSN, s.name, st.LSN, s.state, pc.Slot, s.keys)
 		}
 		if _, err := conn.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, pc.Slot); err != nil {
 			return fmt.Errorf("dropping replication slot %q, created by a backfill that stopped before it fixed its rows: %w", pc.Slot, err)
@@ -107,18 +131,23 @@ func create(ctx context.Context, conn *pgx.Conn, openRepl func(context.Context) 
 		return fmt.Errorf("postgres.backfill.where %q is refused by Postgres: %w; fix the condition: it is the body of a WHERE over the columns of %s",
 			pc.Backfill.Where, err, src.Name)
 	}
+	// Saved before the slot is made, so that a kill after CREATE_REPLICATION_SLOT
+	// finds it; the slot's consistent point is added as soon as it is known.
 	st := State{Slot: pc.Slot, Table: src.Name, Where: pc.Backfill.Where, Keys: src.Keys, Phase: phaseSnapshot, Started: time.Now().UTC()}
 	if err := s.save(ctx, conn, st); err != nil {
 		return err
 	}
 	repl, err := openRepl(ctx)
 	if err != nil {
-		return err
+		return s.forget(ctx, conn, pc.Slot, err, log)
 	}
 	defer repl.Close(context.WithoutCancel(ctx))
 	exp, err := wal.CreateSlotExporting(ctx, repl, pc.Slot)
 	if err != nil {
-		return err
+		// No slot was made: a row saying one was would let a later start
+		// take a slot of that name, made by someone else, for the
+		// backfill's (review H2).
+		return s.forget(ctx, conn, pc.Slot, err, log)
 	}
 	defer func() {
 		if err != nil { // the rows were not fixed: no slot is left without them
@@ -127,9 +156,18 @@ func create(ctx context.Context, conn *pgx.Conn, openRepl func(context.Context) 
 			repl.Close(dctx) // releases the snapshot and the slot
 			if _, derr := conn.Exec(dctx, `SELECT pg_drop_replication_slot($1)`, pc.Slot); derr != nil {
 				log.Warn("could not drop the replication slot the backfill made before it failed; the next start drops it", "slot", pc.Slot, "err", derr)
+				return
 			}
+			_ = s.forget(dctx, conn, pc.Slot, nil, log)
 		}
 	}()
+	// Which slot the backfill made: a start after a kill drops a slot of
+	// this name only while it is still at this point. The exported snapshot
+	// stays valid: the replication connection runs nothing else.
+	st.LSN = exp.LSN.String()
+	if err := s.save(ctx, conn, st); err != nil {
+		return err
+	}
 	if !snapshotName.MatchString(exp.Snapshot) {
 		return fmt.Errorf("creating replication slot %q: the server exported a snapshot named %q, not a snapshot name", pc.Slot, exp.Snapshot)
 	}
@@ -171,12 +209,16 @@ func create(ctx context.Context, conn *pgx.Conn, openRepl func(context.Context) 
 	if _, err := tx.Exec(ctx, "ALTER TABLE "+s.keys+" ADD PRIMARY KEY ("+strings.Join(keys, ", ")+")"); err != nil {
 		return fmt.Errorf("indexing the backfill's key table %s: %w", s.keys, err)
 	}
-	st.Phase, st.LSN = phaseSending, exp.LSN.String()
-	if err := s.save(ctx, tx, st); err != nil {
-		return err
-	}
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("fixing the rows to backfill: %w", err)
+	}
+	// Saved after the commit, not in the snapshot's transaction, which
+	// cannot update the row saved since the snapshot (SQLSTATE 40001). A
+	// kill in between leaves phase snapshot: the next start drops the slot,
+	// nothing having streamed from it, and fixes the rows again.
+	st.Phase = phaseSending
+	if err := s.save(ctx, conn, st); err != nil {
+		return err
 	}
 	log.Info("created replication slot with the backfill's snapshot; the rows before it are sent first", "slot", pc.Slot, "lsn", exp.LSN.String(),
 		"table", src.Name, "where", st.Where, "order", st.Keys, "rows", st.Total, "snapshot", st.Snapshot)
@@ -214,4 +256,17 @@ func RefuseUnfinished(ctx context.Context, conn *pgx.Conn, cfg config.Config, lo
 		"streaming the slot now would confirm it past the rows not sent, and they would never be. Set postgres.backfill back as it was to finish it "+
 		"(it resumes after the last page Kafka acknowledged), then remove it; or, to give those rows up, DELETE FROM %s WHERE slot = '%s'; DROP TABLE IF EXISTS %s",
 		cfg.Postgres.Slot, s.name, st.Phase, st.Sent, st.Total, s.state, cfg.Postgres.Slot, s.keys)
+}
+
+func currentDatabase(ctx context.Context, conn *pgx.Conn) (string, error) {
+	var db string
+	err := conn.QueryRow(ctx, `SELECT current_database()`).Scan(&db)
+	return db, err
+}
+
+// otherDatabaseSlot refuses a slot of the backfill's name that belongs to
+// another database: it is that database's, never outboxd's to drop.
+func otherDatabaseSlot(slot, db string, s store) error {
+	return fmt.Errorf("replication slot %q belongs to database %q, not this one: it is not this backfill's and outboxd leaves it alone. "+
+		"Name another slot (postgres.slot) and DELETE FROM %s WHERE slot = '%s'", slot, db, s.state, slot)
 }

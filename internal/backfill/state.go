@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -16,8 +17,10 @@ import (
 
 // The phases of a backfill (DESIGN.md, "Backfill").
 const (
-	// phaseSnapshot: recorded before the slot is created; the rows are not
-	// fixed yet, and nothing has streamed from the slot.
+	// phaseSnapshot: recorded before the slot is created, then with the
+	// slot's consistent point (LSN) once it is; the rows are not fixed yet,
+	// and nothing has streamed from the slot. Deleted when the creation
+	// fails.
 	phaseSnapshot = "snapshot"
 	// phaseSending: the rows are fixed in the key table; Done is the key
 	// of the last row Kafka acknowledged with every row before it.
@@ -131,6 +134,19 @@ func (s store) save(ctx context.Context, db execer, st State) error {
 		return fmt.Errorf("saving the progress of the backfill of slot %q in %s: %w", st.Slot, s.name, err)
 	}
 	return nil
+}
+
+// forget deletes the state of a backfill whose slot was not made (or was
+// dropped again), and returns cause. A failure to delete is logged: the
+// next start finds the row and, without the slot it records, makes both
+// again.
+func (s store) forget(ctx context.Context, conn *pgx.Conn, slot string, cause error, log *slog.Logger) error {
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if _, err := conn.Exec(dctx, `DELETE FROM `+s.state+` WHERE slot = $1 AND state->>'phase' = $2`, slot, phaseSnapshot); err != nil {
+		log.Warn("could not delete the state of a backfill whose slot was not made", "slot", slot, "table", s.name, "err", err)
+	}
+	return cause
 }
 
 // lock takes the session advisory lock of slot's backfill on conn, waiting
