@@ -397,18 +397,7 @@ func producePaced(ctx context.Context, c common, size int, rate float64, duratio
 	if e := failed.Load(); e != nil {
 		return fmt.Errorf("producing: %w", *e)
 	}
-	var ru1 syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru1)
-	slices.Sort(lat)
-	res.Events, res.PayloadBytes = n, size
-	res.TargetRate = rate
-	res.WriteRate = float64(n) / time.Since(start).Seconds()
-	res.P50ms, res.P99ms, res.P999ms = percentile(lat, 0.5), percentile(lat, 0.99), percentile(lat, 0.999)
-	if len(lat) > 0 {
-		res.Maxms = lat[len(lat)-1]
-	}
-	res.CPUSeconds = tv(ru1.Utime) + tv(ru1.Stime) - tv(ru0.Utime) - tv(ru0.Stime)
-	res.CPUPer100k = res.CPUSeconds / float64(n) * 1e5
+	res.paced(ru0, start, n, size, rate, lat)
 	res.Note = fmt.Sprintf("send → ack (franz-go, acks=all, idempotent, linger 0), %d records measured after %s warm-up", len(lat), warmup)
 	res.print()
 	return nil
@@ -492,6 +481,15 @@ func produceTxnPaced(ctx context.Context, c common, size int, rate float64, dura
 			}
 		}
 	}
+	res.paced(ru0, start, n, size, rate, lat)
+	res.Note = fmt.Sprintf("send → commit returned (franz-go transactions v1, group commit, linger 0), %d transactions, %d records measured after %s warm-up", txns, len(lat), warmup)
+	res.print()
+	return nil
+}
+
+// paced fills a paced run's result: its latencies lat (sorted here), the
+// rates and the CPU used since ru0.
+func (res *result) paced(ru0 syscall.Rusage, start time.Time, n, size int, rate float64, lat []float64) {
 	var ru1 syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru1)
 	slices.Sort(lat)
@@ -504,7 +502,4 @@ func produceTxnPaced(ctx context.Context, c common, size int, rate float64, dura
 	}
 	res.CPUSeconds = tv(ru1.Utime) + tv(ru1.Stime) - tv(ru0.Utime) - tv(ru0.Stime)
 	res.CPUPer100k = res.CPUSeconds / float64(n) * 1e5
-	res.Note = fmt.Sprintf("send → commit returned (franz-go transactions v1, group commit, linger 0), %d transactions, %d records measured after %s warm-up", txns, len(lat), warmup)
-	res.print()
-	return nil
 }
