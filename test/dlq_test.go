@@ -186,32 +186,8 @@ func TestDLQRedriveSIGKILL(t *testing.T) {
 func testDLQRedriveSIGKILL(t *testing.T, eos bool) {
 	b := newDLQBed(t, eos)
 	c := collect(t, svc.brokers, []string{b.topic}, kgo.FetchIsolationLevel(b.isolation))
-	p := start(t, b.env)
-	p.waitStreaming()
 	const n = 2000
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	rows, err := b.d.pool.Query(ctx, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, shard)
-		SELECT gen_random_uuid(), $1, 'k-' || (g % 7), 'Placed', jsonb_build_object('n', g), 99 FROM generate_series(1, $2) g
-		RETURNING id::text`, b.agg, n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var all []string
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			t.Fatal(err)
-		}
-		all = append(all, id)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	readUntil(t, []string{b.dlq}, time.Minute, 0, waitIDs(all...))
-	if code := p.stop(syscall.SIGTERM, 30*time.Second); code != 0 {
-		t.Fatalf("outboxd exited %d on SIGTERM", code)
-	}
+	all := b.deadLetters(t, n)
 
 	r := start(t, b.env, "dlq", "redrive", "-topic", b.dlq, "-batch", "5")
 	deadline := time.Now().Add(time.Minute)
@@ -321,32 +297,8 @@ func dlqList(t *testing.T, env []string, topic string) []dlqLetter {
 func TestDLQRedriveOverlapping(t *testing.T) {
 	b := newDLQBed(t, true)
 	c := collect(t, svc.brokers, []string{b.topic}, kgo.FetchIsolationLevel(b.isolation))
-	p := start(t, b.env)
-	p.waitStreaming()
 	const n = 2000
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	rows, err := b.d.pool.Query(ctx, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, shard)
-		SELECT gen_random_uuid(), $1, 'k-' || (g % 7), 'Placed', jsonb_build_object('n', g), 99 FROM generate_series(1, $2) g
-		RETURNING id::text`, b.agg, n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var all []string
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			t.Fatal(err)
-		}
-		all = append(all, id)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	readUntil(t, []string{b.dlq}, time.Minute, 0, waitIDs(all...))
-	if code := p.stop(syscall.SIGTERM, 30*time.Second); code != 0 {
-		t.Fatalf("outboxd exited %d on SIGTERM", code)
-	}
+	all := b.deadLetters(t, n)
 
 	// A: small batches, so it is still running when B starts.
 	a := start(t, b.env, "dlq", "redrive", "-topic", b.dlq, "-batch", "5")
@@ -393,4 +345,37 @@ func TestDLQRedriveOverlapping(t *testing.T) {
 	if lost != 0 || dups != 0 {
 		t.Errorf("%d lost, %d duplicates", lost, dups)
 	}
+}
+
+// deadLetters has outboxd dead-letter n poison rows (their partition column
+// names a partition the topic lacks), waits until the dead-letter topic
+// holds them all and stops outboxd; it returns their event ids.
+func (b dlqBed) deadLetters(t *testing.T, n int) []string {
+	t.Helper()
+	p := start(t, b.env)
+	p.waitStreaming()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rows, err := b.d.pool.Query(ctx, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, shard)
+		SELECT gen_random_uuid(), $1, 'k-' || (g % 7), 'Placed', jsonb_build_object('n', g), 99 FROM generate_series(1, $2) g
+		RETURNING id::text`, b.agg, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var all []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, id)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	readUntil(t, []string{b.dlq}, time.Minute, 0, waitIDs(all...))
+	if code := p.stop(syscall.SIGTERM, 30*time.Second); code != 0 {
+		t.Fatalf("outboxd exited %d on SIGTERM", code)
+	}
+	return all
 }
