@@ -219,19 +219,7 @@ func testDLQRedriveSIGKILL(t *testing.T, eos bool) {
 	if left := len(dlqList(t, b.env, b.dlq)); left != 0 {
 		t.Errorf("%d dead letters still pending", left)
 	}
-	c.waitFor(t, all, time.Minute)
-	time.Sleep(2 * time.Second) // for duplicates
-	seen := map[string]int{}
-	for _, rec := range c.records() {
-		seen[header(rec, "id")]++
-	}
-	lost, dups := 0, 0
-	for _, id := range all {
-		if seen[id] == 0 {
-			lost++
-		}
-		dups += max(seen[id]-1, 0)
-	}
+	lost, dups := c.lostAndRepeated(t, all)
 	t.Logf("%s: %d dead letters; %d seen when the redrive was killed, %d redriven by the next run; %d lost, %d sent twice",
 		modeName(eos), n, seenAtKill, resumed, lost, dups)
 	if lost != 0 {
@@ -328,19 +316,7 @@ func TestDLQRedriveOverlapping(t *testing.T) {
 	if left := len(dlqList(t, b.env, b.dlq)); left != 0 {
 		t.Errorf("%d dead letters still pending after both redrives", left)
 	}
-	c.waitFor(t, all, time.Minute)
-	time.Sleep(2 * time.Second) // for duplicates
-	seen := map[string]int{}
-	for _, rec := range c.records() {
-		seen[header(rec, "id")]++
-	}
-	lost, dups := 0, 0
-	for _, id := range all {
-		if seen[id] == 0 {
-			lost++
-		}
-		dups += max(seen[id]-1, 0)
-	}
+	lost, dups := c.lostAndRepeated(t, all)
 	t.Logf("%d dead letters, two overlapping exactly-once redrives: %d lost, %d seen twice by read_committed", n, lost, dups)
 	if lost != 0 || dups != 0 {
 		t.Errorf("%d lost, %d duplicates", lost, dups)
@@ -378,4 +354,24 @@ func (b dlqBed) deadLetters(t *testing.T, n int) []string {
 		t.Fatalf("outboxd exited %d on SIGTERM", code)
 	}
 	return all
+}
+
+// lostAndRepeated waits until c has every event of all (or a minute), two
+// seconds more for repeats, and counts those it never saw and the extra
+// copies of the others, by the id header.
+func (c *collector) lostAndRepeated(t *testing.T, all []string) (lost, dups int) {
+	t.Helper()
+	c.waitFor(t, all, time.Minute)
+	time.Sleep(2 * time.Second) // for duplicates
+	seen := map[string]int{}
+	for _, rec := range c.records() {
+		seen[header(rec, "id")]++
+	}
+	for _, id := range all {
+		if seen[id] == 0 {
+			lost++
+		}
+		dups += max(seen[id]-1, 0)
+	}
+	return lost, dups
 }
