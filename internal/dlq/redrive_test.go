@@ -300,12 +300,37 @@ func TestRedriveResumes(t *testing.T) {
 // fence B back) to send its stale letters again. A read_committed consumer
 // sees each event once.
 func TestRedriveFencedRunEnds(t *testing.T) {
-	b := newBed(t, config.ExactlyOnce)
+	b, all := newBed(t, config.ExactlyOnce), letters(12)
+	b.seed(t, "orders-events", 10, all...)
+	res, err := fencedMidway(t, b, func(*kmsg.ProduceRequest) bool { return true })
+	var fenced *sink.FencedError
+	if !errors.As(err, &fenced) {
+		t.Errorf("run A, fenced by B, ended with %v; want a *sink.FencedError", err)
+	}
+	t.Logf("run A redrove %v, ended with %v", ids(res.Redriven), err)
+	if got := ids(b.read(t, "orders-events")); !slices.Equal(got, all) {
+		t.Errorf("read_committed, orders-events holds %d records %v; want e00 to e11 once each", len(got), got)
+	}
+	if got := pendingIDs(t, b); len(got) != 0 {
+		t.Errorf("pending after both runs: %v", got)
+	}
+}
+
+// letters are the event ids e00, e01, … of n dead letters.
+func letters(n int) []string {
 	var all []string
-	for i := 0; i < 12; i++ {
+	for i := range n {
 		all = append(all, fmt.Sprintf("e%02d", i))
 	}
-	b.seed(t, "orders-events", 10, all...)
+	return all
+}
+
+// fencedMidway runs redrive A in batches of 4. When A, after its first
+// commit, sends a produce request that hold accepts, redrive B runs to its
+// end (fencing A) before the request goes on. It returns A's result and
+// error; B must have run and succeeded.
+func fencedMidway(t *testing.T, b *bed, hold func(*kmsg.ProduceRequest) bool) (*Result, error) {
+	t.Helper()
 	var commits atomic.Int32
 	b.c.ControlKey(int16(kmsg.EndTxn), func(kmsg.Request) (kmsg.Response, error, bool) {
 		b.c.KeepControl()
@@ -314,12 +339,11 @@ func TestRedriveFencedRunEnds(t *testing.T) {
 	})
 	var started atomic.Bool
 	var bErr error
-	b.c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+	b.c.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
 		b.c.KeepControl()
-		if commits.Load() != 1 || started.Swap(true) {
+		if commits.Load() != 1 || !hold(req.(*kmsg.ProduceRequest)) || started.Swap(true) {
 			return nil, nil, false
 		}
-		// A committed its first batch: B runs to its end meanwhile.
 		b.c.SleepControl(func() {
 			done := make(chan struct{})
 			go func() {
@@ -338,17 +362,7 @@ func TestRedriveFencedRunEnds(t *testing.T) {
 	if !started.Load() || bErr != nil {
 		t.Fatalf("run B started %v, ended with %v", started.Load(), bErr)
 	}
-	var fenced *sink.FencedError
-	if !errors.As(err, &fenced) {
-		t.Errorf("run A, fenced by B, ended with %v; want a *sink.FencedError", err)
-	}
-	t.Logf("run A redrove %v, ended with %v", ids(res.Redriven), err)
-	if got := ids(b.read(t, "orders-events")); !slices.Equal(got, all) {
-		t.Errorf("read_committed, orders-events holds %d records %v; want e00 to e11 once each", len(got), got)
-	}
-	if got := pendingIDs(t, b); len(got) != 0 {
-		t.Errorf("pending after both runs: %v", got)
-	}
+	return res, err
 }
 
 // exactly_once, the daemon opens a transaction in the dead-letter topic
@@ -546,45 +560,15 @@ func TestRedriveInSourceOrder(t *testing.T) {
 // real-broker test is test/dlq_test.go).
 func TestRedriveFencedDuringMarkersEnds(t *testing.T) {
 	b := newBed(t, config.ExactlyOnce)
-	var all []string
-	for i := 0; i < 12; i++ {
-		all = append(all, fmt.Sprintf("e%02d", i))
-	}
-	b.seed(t, "orders-events", 10, all...)
-	var commits atomic.Int32
-	b.c.ControlKey(int16(kmsg.EndTxn), func(kmsg.Request) (kmsg.Response, error, bool) {
-		b.c.KeepControl()
-		commits.Add(1)
-		return nil, nil, false
-	})
+	b.seed(t, "orders-events", 10, letters(12)...)
 	td, err := b.adm.ListTopics(b.ctx, "dlq")
 	if err != nil {
 		t.Fatal(err)
 	}
 	dlqID := td["dlq"].ID
-	var started atomic.Bool
-	var bErr error
-	b.c.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		b.c.KeepControl()
-		r := req.(*kmsg.ProduceRequest)
-		if commits.Load() != 1 || len(r.Topics) == 0 || (r.Topics[0].Topic != "dlq" && r.Topics[0].TopicID != dlqID) || started.Swap(true) {
-			return nil, nil, false
-		}
-		b.c.SleepControl(func() {
-			done := make(chan struct{})
-			go func() {
-				defer close(done)
-				_, err := Redrive(b.ctx, b.cfg, Options{Topic: "dlq", Batch: 100}, slog.New(slog.DiscardHandler))
-				bErr = err
-			}()
-			<-done
-		})
-		return nil, nil, false
+	res, err := fencedMidway(t, b, func(r *kmsg.ProduceRequest) bool {
+		return len(r.Topics) > 0 && (r.Topics[0].Topic == "dlq" || r.Topics[0].TopicID == dlqID)
 	})
-	res, err := Redrive(b.ctx, b.cfg, Options{Topic: "dlq", Batch: 4}, slog.New(slog.DiscardHandler))
-	if !started.Load() || bErr != nil {
-		t.Fatalf("run B started %v, ended with %v", started.Load(), bErr)
-	}
 	var fenced *sink.FencedError
 	if !errors.As(err, &fenced) {
 		t.Errorf("run A, fenced by B during its markers, ended with %v; want a *sink.FencedError", err)
