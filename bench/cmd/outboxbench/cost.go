@@ -14,13 +14,16 @@ import (
 
 // The cost section (issue 36 §4): how outboxd's cost grows with the number
 // of topics (aggregate types), of outbox tables on the slot, the payload size and
-// kafka.max_buffered_bytes. Each point is a catch-up of outboxd alone
+// kafka.max_buffered_bytes. Each point is a catch-up of outboxd
 // (100-row transactions), catchupRepeat times from one fill, under a
-// workload named cost-<curve>-<x>. The report fits a least-squares line
+// workload named cost-<curve>-<x>; the topics curve's points also run
+// kafka_raw, the same events produced by a bare producer, which tells the
+// broker's cost of many topics from outboxd's. The report fits a least-squares line
 // to each curve, states it beside the curve's table and plot, and flags a
 // curve that grows faster than linearly.
 
 var (
+	costCurveNames = []string{"topics", "tables", "payload", "buffer"}
 	costTopics   = []int{1, 10, 100, 1000}
 	costTables   = []int{1, 10, 100}
 	costPayloads = []int{250, 4 << 10, 64 << 10, 1 << 20}
@@ -277,7 +280,7 @@ func costBody(t runs, cs []curve) string {
 		md.WriteString("NOT RUN: no run of the cost section (`bench/run full cost`).\n")
 		return md.String()
 	}
-	md.WriteString("outboxd alone drains 100-row transactions from its own slot; medians of its runs. " +
+	md.WriteString("outboxd drains 100-row transactions from its own slot (on the topics curve kafka_raw produces the same events beside it); medians of the runs. " +
 		"Each curve's model is a least-squares line; a curve is flagged when the slope of its last segment is at least " +
 		fmt.Sprintf("%.0f× the one before it (and adds at least %.0f %% of the last value).\n\n", superSlope, superShare*100))
 	table := func(curveName, head string, row func(w string) string) {
@@ -325,7 +328,19 @@ func costBody(t runs, cs []curve) string {
 		return fmt.Sprintf("| %.0f | %d | %s | %.2f | %.2f | %s |\n", x, n, kilo(tp), us, cp, mb(rss))
 	}
 	const countHead = " | events | events/s | µs per event | CPU-s per 100k | peak RSS |\n|--:|--:|--:|--:|--:|--:|\n"
-	table("topics", "| topics"+countHead, countRow)
+	// The topics' rows add kafka_raw's rate where it ran: the broker's own
+	// cost of the topics, with no Postgres and no outboxd.
+	raw := func(w string) (float64, bool) { return t.median("catchup", w, "kafka_raw", 0, throughput) }
+	if _, ok := raw(fmt.Sprintf("cost-topics-%d", costTopics[len(costTopics)-1])); ok {
+		table("topics", "| topics | events | events/s | kafka_raw events/s | µs per event | CPU-s per 100k | peak RSS |\n|--:|--:|--:|--:|--:|--:|--:|\n", func(w string) string {
+			r := countRow(w)
+			rp, _ := raw(w)
+			cells := strings.SplitN(r, " | ", 4) // "| x", n, rate, rest
+			return strings.Join(cells[:3], " | ") + " | " + kilo(rp) + " | " + cells[3]
+		})
+	} else {
+		table("topics", "| topics"+countHead, countRow)
+	}
 	table("tables", "| outbox tables"+countHead, countRow)
 	table("payload", "| payload | events | events/s | MB/s | CPU-s per 100k | peak RSS |\n|--:|--:|--:|--:|--:|--:|\n", func(w string) string {
 		_, x, _ := costPoint(w)

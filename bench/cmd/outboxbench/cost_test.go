@@ -185,6 +185,24 @@ func TestCostCurves(t *testing.T) {
 			t.Errorf("the cost report has no %q:\n%s", s, body)
 		}
 	}
+	// kafka_raw beside outboxd on the topics curve: a column of its own,
+	// and the curves stay outboxd's.
+	withRaw := costRuns()
+	for _, k := range costTopics {
+		r := catchupRun("kafka_raw", "cost-topics-"+strconv.Itoa(k), 200000/float64(k), 0.1, 30, 0)
+		r.Events = 1000
+		withRaw = append(withRaw, r)
+	}
+	rawCurves := costCurves(runsOf(withRaw))
+	if len(rawCurves) != len(cs) || rawCurves[0].fit != cs[0].fit {
+		t.Errorf("kafka_raw's runs changed the curves: %+v", rawCurves[0])
+	}
+	body = costBody(runsOf(withRaw), rawCurves)
+	for _, s := range []string{"| topics | events | events/s | kafka_raw events/s |", "| 1000 | 1000 | 66.7k | 200 | 15.00 | 1.40 | 60 MB |"} {
+		if !strings.Contains(body, s) {
+			t.Errorf("the cost report with kafka_raw has no %q:\n%s", s, body)
+		}
+	}
 	if got := costBody(runsOf(passing()), nil); !strings.Contains(got, "NOT RUN") {
 		t.Errorf("a run without the cost section: %q", got)
 	}

@@ -63,6 +63,7 @@ type plan struct {
 	outboxdEnv, outboxdEnvB   string
 	connectLibs, plugins      string
 	gcOpts                    string
+	costCurves                []string // the cost section's curves (OUTBOXD_BENCH_COST_CURVES)
 	gopqcdc, conduit          string
 	publish                   bool
 	pgVersion                 int
@@ -152,6 +153,15 @@ func cmdPlan(ctx context.Context, args []string) error {
 			return fmt.Errorf("OUTBOXD_BENCH_RATES: %q is not a rate in events/s (0: the writers' maximum)", r)
 		}
 		p.rates = append(p.rates, v)
+	}
+	p.costCurves = strings.Fields(os.Getenv("OUTBOXD_BENCH_COST_CURVES"))
+	for _, c := range p.costCurves {
+		if !slices.Contains(costCurveNames, c) {
+			return fmt.Errorf("OUTBOXD_BENCH_COST_CURVES: no curve %q (%s)", c, strings.Join(costCurveNames, ", "))
+		}
+	}
+	if len(p.costCurves) == 0 {
+		p.costCurves = costCurveNames
 	}
 	p.contenders = strings.Fields(os.Getenv("OUTBOXD_BENCH_CONTENDERS"))
 	if len(p.contenders) == 0 {
@@ -263,11 +273,19 @@ func (p *plan) run(ctx context.Context) error {
 			p.catchupWorkload(ctx, workload{name: "catchup-100tx-64KB", n: p.n / 100, tx: 100, size: 65536}, catchupAll)
 		case "cost":
 			if !p.has("outboxd") {
-				p.log("cost: measures outboxd alone, which is not among the contenders; skipped")
+				p.log("cost: measures outboxd, which is not among the contenders; skipped")
 				break
 			}
 			for _, w := range costWorkloads(p.n) {
-				p.catchupWorkload(ctx, w, []string{"outboxd"})
+				curve, _, _ := costPoint(w.name)
+				if !slices.Contains(p.costCurves, curve) {
+					continue
+				}
+				cs := []string{"outboxd"}
+				if curve == "topics" && p.has("kafka_raw") { // the broker's own cost of the topics
+					cs = append(cs, "kafka_raw")
+				}
+				p.catchupWorkload(ctx, w, cs)
 			}
 		case "live":
 			p.liveSection(ctx)
