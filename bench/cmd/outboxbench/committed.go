@@ -78,7 +78,8 @@ type committedReader struct {
 	vis         visibility
 	next        offsets // per partition, the offset after the last record read (markers included)
 	records     int
-	tally       *tally // when set, counts the fill's events among the visible records
+	tally       *tally                            // when set, counts the fill's events among the visible records
+	visible     func(r *kgo.Record, at time.Time) // when set, called for each record made visible, with when
 	first, last time.Time
 }
 
@@ -112,6 +113,9 @@ func (c *committedReader) poll(ctx context.Context, wait time.Duration) {
 			c.records++
 			if c.tally != nil {
 				c.tally.add(r.Value)
+			}
+			if c.visible != nil {
+				c.visible(r, at)
 			}
 			if c.first.IsZero() || r.Timestamp.Before(c.first) {
 				c.first = r.Timestamp

@@ -24,10 +24,10 @@ import (
 
 var (
 	costCurveNames = []string{"topics", "tables", "payload", "buffer"}
-	costTopics   = []int{1, 10, 100, 1000}
-	costTables   = []int{1, 10, 100}
-	costPayloads = []int{250, 4 << 10, 64 << 10, 1 << 20}
-	costBuffers  = []int{4 << 20, 16 << 20, 32 << 20, 128 << 20} // 32 MiB is the default
+	costTopics     = []int{1, 10, 100, 1000}
+	costTables     = []int{1, 10, 100}
+	costPayloads   = []int{250, 4 << 10, 64 << 10, 1 << 20}
+	costBuffers    = []int{4 << 20, 16 << 20, 32 << 20, 128 << 20} // 32 MiB is the default
 )
 
 const (

@@ -397,7 +397,9 @@ func producePaced(ctx context.Context, c common, size int, rate float64, duratio
 	if e := failed.Load(); e != nil {
 		return fmt.Errorf("producing: %w", *e)
 	}
-	res.paced(ru0, start, n, size, rate, lat)
+	var ru1 syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru1)
+	res.paced(ru0, ru1, start, time.Now(), n, size, rate, lat)
 	res.Note = fmt.Sprintf("send → ack (franz-go, acks=all, idempotent, linger 0), %d records measured after %s warm-up", len(lat), warmup)
 	res.print()
 	return nil
@@ -408,8 +410,11 @@ func producePaced(ctx context.Context, c common, size int, rate float64, duratio
 // rate; one committer puts every record waiting into a transaction, commits
 // it, and starts the next as soon as that commit returns (a group commit: no
 // exactly-once relay on one transactional id can commit sooner). Each
-// record's latency is send → its commit returned, when a read_committed
-// consumer may read it. The client speaks transactions version 1 with a
+// record's latency is send → its transaction's commit marker appended in
+// its partition, when a read_committed consumer may read it, taken as
+// outboxd_eos's is (the marker's LogAppendTime, read back after the run);
+// the note gives send → commit returned too, which comes before the
+// markers are written. The client speaks transactions version 1 with a
 // 2 ms CONCURRENT_TRANSACTIONS backoff, as outboxd's exactly-once producer
 // does (sink.txnVersionOpts).
 func produceTxnPaced(ctx context.Context, c common, size int, rate float64, duration, warmup time.Duration) error {
@@ -422,6 +427,15 @@ func produceTxnPaced(ctx context.Context, c common, size int, rate float64, dura
 		return err
 	}
 	defer p.Close()
+	cl, adm, err := newAdmin(c.brokers)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	base, err := endOffsets(ctx, adm, c.topics())
+	if err != nil {
+		return err
+	}
 	res := newResult(c, "live")
 	var ru0 syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru0)
@@ -442,10 +456,16 @@ func produceTxnPaced(ctx context.Context, c common, size int, rate float64, dura
 			queue <- sent{g, now, now.Sub(start) >= warmup}
 		}
 	}()
+	type place struct {
+		topic     string
+		partition int32
+		offset    int64
+	}
 	var (
-		lat   []float64
-		txns  int
-		batch []sent
+		returned []float64 // send → commit returned
+		txns     int
+		batch    []sent
+		sentAt   = map[place]time.Time{} // the counted records, by where they landed
 	)
 	for first := range queue {
 		batch = append(batch[:0], first)
@@ -464,8 +484,10 @@ func produceTxnPaced(ctx context.Context, c common, size int, rate float64, dura
 		if err := p.BeginTransaction(); err != nil {
 			return fmt.Errorf("beginning a transaction: %w", err)
 		}
-		for _, s := range batch {
-			p.Produce(ctx, eventRecord(c, s.g, pool), nil)
+		recs := make([]*kgo.Record, len(batch))
+		for i, s := range batch {
+			recs[i] = eventRecord(c, s.g, pool)
+			p.Produce(ctx, recs[i], nil)
 		}
 		if err := p.Flush(ctx); err != nil {
 			return fmt.Errorf("flushing: %w", err)
@@ -475,27 +497,52 @@ func produceTxnPaced(ctx context.Context, c common, size int, rate float64, dura
 		}
 		txns++
 		done := time.Now()
-		for _, s := range batch {
+		for i, s := range batch {
 			if s.counted {
-				lat = append(lat, float64(done.Sub(s.at).Microseconds())/1000)
+				returned = append(returned, float64(done.Sub(s.at).Microseconds())/1000)
+				sentAt[place{recs[i].Topic, recs[i].Partition, recs[i].Offset}] = s.at
 			}
 		}
 	}
-	res.paced(ru0, start, n, size, rate, lat)
-	res.Note = fmt.Sprintf("send → commit returned (franz-go transactions v1, group commit, linger 0), %d transactions, %d records measured after %s warm-up", txns, len(lat), warmup)
+	var ru1 syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru1) // the read-back below is not the producer's
+	sendEnd := time.Now()
+	end, err := endOffsets(ctx, adm, c.topics())
+	if err != nil {
+		return err
+	}
+	rd, err := newCommittedReader(c.brokers, base)
+	if err != nil {
+		return err
+	}
+	defer rd.close()
+	var lat []float64
+	rd.visible = func(r *kgo.Record, at time.Time) {
+		if t, ok := sentAt[place{r.Topic, r.Partition, r.Offset}]; ok {
+			lat = append(lat, float64(at.Sub(t).Microseconds())/1000)
+		}
+	}
+	if err := rd.until(ctx, func() bool { return rd.reached(end) }, func() error { return nil }, time.Minute); err != nil {
+		return err
+	}
+	if len(lat) != len(sentAt) {
+		return fmt.Errorf("%d of the %d measured records read back as committed", len(lat), len(sentAt))
+	}
+	res.paced(ru0, ru1, start, sendEnd, n, size, rate, lat)
+	slices.Sort(returned)
+	res.Note = fmt.Sprintf("send → commit marker appended (franz-go transactions v1, group commit, linger 0; send → commit returned: p50 %.1f ms, p99 %.1f ms), %d transactions, %d records measured after %s warm-up",
+		percentile(returned, 0.5), percentile(returned, 0.99), txns, len(lat), warmup)
 	res.print()
 	return nil
 }
 
 // paced fills a paced run's result: its latencies lat (sorted here), the
 // rates and the CPU used since ru0.
-func (res *result) paced(ru0 syscall.Rusage, start time.Time, n, size int, rate float64, lat []float64) {
-	var ru1 syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru1)
+func (res *result) paced(ru0, ru1 syscall.Rusage, start, end time.Time, n, size int, rate float64, lat []float64) {
 	slices.Sort(lat)
 	res.Events, res.PayloadBytes = n, size
 	res.TargetRate = rate
-	res.WriteRate = float64(n) / time.Since(start).Seconds()
+	res.WriteRate = float64(n) / end.Sub(start).Seconds()
 	res.P50ms, res.P99ms, res.P999ms = percentile(lat, 0.5), percentile(lat, 0.99), percentile(lat, 0.999)
 	if len(lat) > 0 {
 		res.Maxms = lat[len(lat)-1]
