@@ -20,4 +20,7 @@
 //     backfill done. An error is retried as the pipeline's are: a kill or
 //     a failure repeats at most the page in flight.
 //  3. Never confirm a position of the slot before Run returned nil.
+//  4. Without postgres.backfill, call RefuseUnfinished at start-up after
+//     the slot was inspected, not before: a backfill of the slot that is
+//     not done, another process's at work or a stopped one, is refused.
 package backfill

@@ -235,7 +235,10 @@ func quoted(cols []string) []string {
 
 // RefuseUnfinished is the start-up check of a slot without postgres.backfill:
 // a backfill recorded for the slot that is not done would have its
-// remaining rows passed over, as streaming confirms the slot past them.
+// remaining rows passed over, as streaming confirms the slot past them, or
+// sent after newer events of their keys. Call it after the slot was
+// inspected: the state is committed before the slot is made, so a slot
+// the inspection saw has its backfill's state here (review-bf36 R2).
 // It reads the state table only when there is one, and lets a role that
 // may not read it go on (it never made a backfill there).
 func RefuseUnfinished(ctx context.Context, conn *pgx.Conn, cfg config.Config, log *slog.Logger) error {
@@ -251,6 +254,13 @@ func RefuseUnfinished(ctx context.Context, conn *pgx.Conn, cfg config.Config, lo
 	}
 	if !found || st.Phase == phaseDone {
 		return nil
+	}
+	if st.Phase == phaseSnapshot {
+		return fmt.Errorf("postgres.backfill is not set, but a backfill of slot %q recorded in %s has not fixed its rows yet (phase snapshot): "+
+			"a process with postgres.backfill is making the slot now, or was stopped while it did. Streaming the slot would send its events before the older rows the backfill sends. "+
+			"Start outboxd with postgres.backfill as that process has it, to finish the backfill; or, to give it up, stop that process, "+
+			"then DELETE FROM %s WHERE slot = '%s'; DROP TABLE IF EXISTS %s (the rows it may have copied)",
+			cfg.Postgres.Slot, s.name, s.state, cfg.Postgres.Slot, s.keys)
 	}
 	return fmt.Errorf("postgres.backfill is not set, but the backfill of slot %q recorded in %s is not done (phase %s, %d of %d rows sent): "+
 		"streaming the slot now would confirm it past the rows not sent, and they would never be. Set postgres.backfill back as it was to finish it "+

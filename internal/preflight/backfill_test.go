@@ -1,0 +1,89 @@
+package preflight
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/internal/backfill"
+	"github.com/outboxd/outboxd/internal/pg"
+	"github.com/outboxd/outboxd/internal/testenv"
+	"github.com/outboxd/outboxd/wal"
+)
+
+// TestStartRefusesASlotABackfillFills: a process without postgres.backfill
+// that starts while another makes the slot with a backfill is refused,
+// however the two interleave. The other process records its backfill and
+// makes the slot between the first one's look at the backfill state and its
+// inspection of the slot (the inspection's wrapper runs it there). The
+// state used to be read before the inspection: the process found no
+// backfill, then the inactive slot, and streamed it while the backfill had
+// its older rows still to send (review-bf36 R2). It needs the test bed's
+// Postgres (OUTBOXD_TEST_PG_DSN).
+func TestStartRefusesASlotABackfillFills(t *testing.T) {
+	_, dsn := testenv.NewDatabase(t, "bfrace")
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	if _, err := conn.Exec(ctx, `CREATE TABLE public.outbox (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregate_type text NOT NULL,
+			aggregate_id text NOT NULL, event_type text NOT NULL, payload jsonb, created_at timestamptz NOT NULL DEFAULT now());
+		INSERT INTO public.outbox (aggregate_type, aggregate_id, event_type, payload) SELECT 'order', i::text, 'Placed', '{}' FROM generate_series(1, 20) AS i`); err != nil {
+		t.Fatal(err)
+	}
+	log := testenv.Logger(t)
+	for _, tc := range []struct {
+		name string
+		// other is what the process with the backfill does while this one
+		// is between the two reads.
+		other func(t *testing.T, cfg config.Config)
+		want  string
+	}{
+		{"prepared, its rows not sent", func(t *testing.T, cfg config.Config) {
+			other, err := pgx.Connect(ctx, dsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer other.Close(ctx)
+			repl := func(ctx context.Context) (*pgconn.PgConn, error) { return pg.ConnectReplication(ctx, cfg.Postgres) }
+			if err := backfill.Prepare(ctx, other, repl, cfg, log); err != nil {
+				t.Fatal(err)
+			}
+		}, `is not done (phase sending, 0 of 20 rows sent)`},
+		{"making the slot", func(t *testing.T, cfg config.Config) {
+			// What a process waiting in CREATE_REPLICATION_SLOT has done:
+			// its state saved, then the slot made.
+			if _, err := conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS public.outboxd_backfill (slot text PRIMARY KEY, state jsonb NOT NULL, updated_at timestamptz NOT NULL DEFAULT now());
+				INSERT INTO public.outboxd_backfill (slot, state) VALUES ('`+cfg.Postgres.Slot+`', jsonb_build_object('slot', '`+cfg.Postgres.Slot+`', 'phase', 'snapshot'))`); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := conn.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, cfg.Postgres.Slot); err != nil {
+				t.Fatal(err)
+			}
+		}, `has not fixed its rows yet (phase snapshot)`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := config.Default()
+			cfg.Postgres.DSN, cfg.Postgres.Slot = dsn, "bfrace_"+testenv.RandomSuffix()
+			with := cfg
+			with.Postgres.Backfill = config.Backfill{Where: "true", Batch: 100}
+			inspect := func(ctx context.Context, conn *pgx.Conn, slot string) (wal.SlotInfo, bool, error) {
+				tc.other(t, with)
+				return wal.InspectSlot(ctx, conn, slot)
+			}
+			_, ok, err := inspectAtStart(ctx, conn, cfg, log, nil, inspect)
+			if err == nil {
+				t.Fatalf("started on the slot a backfill fills (slot found: %v); want a refusal", ok)
+			}
+			if !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "outboxd_backfill_"+cfg.Postgres.Slot) {
+				t.Errorf("refusal: %v; want %q, and the key table named", err, tc.want)
+			}
+		})
+	}
+}
