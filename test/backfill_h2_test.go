@@ -3,6 +3,7 @@ package test
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
 	"strings"
 	"testing"
 	"time"
@@ -87,4 +88,66 @@ func TestBackfillLeavesNoClaimOnASlotItDidNotMake(t *testing.T) {
 	if got := slotAt(); got != streamed {
 		t.Errorf("the slot is at %s, was at %s: outboxd dropped a slot its backfill did not make", got, streamed)
 	}
+}
+
+// A save of phase sending that fails after the key table's transaction
+// committed keeps the slot: the server may have applied the save and lost
+// only its reply, and the next start then resumes phase sending on that
+// slot. The deferred cleanup used to drop the slot on any error, and a
+// start after an applied save was refused (the slot the state records no
+// longer exists) until the operator cleared the state by hand, the
+// backfill starting over (review-bf36 R3).
+func TestBackfillKeepsItsSlotOnceTheRowsAreFixed(t *testing.T) {
+	s := newBackfillSetup(t, 300, 10)
+	ctx := context.Background()
+	cfg := writeConfig(t, backfillConfig(100, 0))
+	keys := "public." + s.keyTable()
+	// The state table as outboxd makes it, with a trigger that fails the
+	// save of phase sending.
+	s.d.exec(t, `CREATE TABLE public.outboxd_backfill (slot text PRIMARY KEY, state jsonb NOT NULL, updated_at timestamptz NOT NULL DEFAULT now());
+		CREATE FUNCTION fail_sending() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF NEW.state->>'phase' = 'sending' THEN RAISE EXCEPTION 'the test fails the save of phase sending'; END IF;
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER fail_sending BEFORE INSERT OR UPDATE ON public.outboxd_backfill FOR EACH ROW EXECUTE FUNCTION fail_sending()`)
+	p := start(t, s.d.env(), "-config", cfg)
+	if code := p.waitExit(30 * time.Second); code == 0 {
+		t.Fatal("outboxd exited 0 with the save of phase sending failing")
+	}
+	p.waitLog(`the test fails the save of phase sending`, time.Second)
+	var phase, recorded, at string
+	if err := s.d.pool.QueryRow(ctx, `SELECT coalesce((SELECT state->>'phase' FROM public.outboxd_backfill WHERE slot = $1), 'none'),
+		coalesce((SELECT state->>'lsn' FROM public.outboxd_backfill WHERE slot = $1), 'none'),
+		coalesce((SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1), 'dropped')`, s.d.slot).Scan(&phase, &recorded, &at); err != nil {
+		t.Fatal(err)
+	}
+	if at != recorded || phase != "snapshot" {
+		t.Fatalf("after the failed save: state phase %s recorded at %s, the slot %s; want phase snapshot and the slot kept at the recorded point", phase, recorded, at)
+	}
+	// What a save the server applied, its reply lost, leaves: phase
+	// sending on the kept slot. The next start resumes it.
+	s.d.exec(t, `DROP TRIGGER fail_sending ON public.outboxd_backfill;
+		UPDATE public.outboxd_backfill SET state = state || jsonb_build_object('phase', 'sending', 'total', (SELECT count(*) FROM `+keys+`))`)
+	p = start(t, s.d.env(), "-config", cfg)
+	p.waitStreaming()
+	t.Log(p.waitLog(`msg="backfill done[^"]*"[^\n]*`, time.Second))
+	done := make(chan error, 1)
+	done <- nil
+	if r := verifyLoad(t, s.l, done); r.Duplicates != 0 {
+		t.Errorf("%d duplicates; want none", r.Duplicates)
+	}
+}
+
+// keyTable is the name of the setup's key table, as outboxd names it
+// (internal/backfill keyTable): outboxd_backfill_<slot>, cut to 63 bytes
+// with a hash of the slot's name.
+func (s *backfillSetup) keyTable() string {
+	name := "outboxd_backfill_" + s.d.slot
+	if len(name) <= 63 {
+		return name
+	}
+	h := fnv.New32a()
+	h.Write([]byte(s.d.slot))
+	return fmt.Sprintf("%s_%08x", name[:63-9], h.Sum32())
 }

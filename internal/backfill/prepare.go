@@ -149,8 +149,9 @@ func create(ctx context.Context, conn *pgx.Conn, openRepl func(context.Context) 
 		// backfill's (review H2).
 		return s.forget(ctx, conn, pc.Slot, err, log)
 	}
+	fixed := false // the key table is committed
 	defer func() {
-		if err != nil { // the rows were not fixed: no slot is left without them
+		if err != nil && !fixed { // the rows were not fixed: no slot is left without them
 			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			defer cancel()
 			repl.Close(dctx) // releases the snapshot and the slot
@@ -212,10 +213,14 @@ func create(ctx context.Context, conn *pgx.Conn, openRepl func(context.Context) 
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("fixing the rows to backfill: %w", err)
 	}
+	fixed = true
 	// Saved after the commit, not in the snapshot's transaction, which
 	// cannot update the row saved since the snapshot (SQLSTATE 40001). A
 	// kill in between leaves phase snapshot: the next start drops the slot,
-	// nothing having streamed from it, and fixes the rows again.
+	// nothing having streamed from it, and fixes the rows again. A failed
+	// save keeps the slot: the server may have applied it (the reply lost),
+	// and the next start then resumes phase sending on that slot, which a
+	// drop would have turned into a refusal (review-bf36 R3).
 	st.Phase = phaseSending
 	if err := s.save(ctx, conn, st); err != nil {
 		return err
