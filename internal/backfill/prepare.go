@@ -92,8 +92,8 @@ func Prepare(ctx context.Context, conn *pgx.Conn, openRepl func(context.Context)
 			// Killed between making the slot and recording where, or a
 			// state row of an older outboxd: nothing can have been sent.
 			return fmt.Errorf("replication slot %q exists, and the backfill recorded in %s was stopped before it recorded the slot it made, so outboxd cannot tell that it made it. "+
-				"If no other process uses the slot, drop it (SELECT pg_drop_replication_slot('%s')) and start again; otherwise name another slot (postgres.slot) and DELETE FROM %s WHERE slot = '%s'",
-				pc.Slot, s.name, pc.Slot, s.state, pc.Slot)
+				"If no other process uses the slot, drop it (SELECT pg_drop_replication_slot('%s')) and start again; otherwise name another slot (postgres.slot), DELETE FROM %s WHERE slot = '%s' and DROP TABLE IF EXISTS %s",
+				pc.Slot, s.name, pc.Slot, s.state, pc.Slot, s.keys)
 		case info.ConfirmedFlushLSN != made:
 			// Something streamed from it and confirmed: dropping it would
 			// lose what that consumer has not seen and send again what it
@@ -139,7 +139,7 @@ func create(ctx context.Context, conn *pgx.Conn, openRepl func(context.Context) 
 	}
 	repl, err := openRepl(ctx)
 	if err != nil {
-		return s.forget(ctx, conn, pc.Slot, err, log)
+		return abandon(ctx, conn, s, pc.Slot, err, log)
 	}
 	defer repl.Close(context.WithoutCancel(ctx))
 	exp, err := wal.CreateSlotExporting(ctx, repl, pc.Slot)
@@ -147,7 +147,7 @@ func create(ctx context.Context, conn *pgx.Conn, openRepl func(context.Context) 
 		// No slot was made: a row saying one was would let a later start
 		// take a slot of that name, made by someone else, for the
 		// backfill's (review H2).
-		return s.forget(ctx, conn, pc.Slot, err, log)
+		return abandon(ctx, conn, s, pc.Slot, err, log)
 	}
 	fixed := false // the key table is committed
 	defer func() {
@@ -159,7 +159,7 @@ func create(ctx context.Context, conn *pgx.Conn, openRepl func(context.Context) 
 				log.Warn("could not drop the replication slot the backfill made before it failed; the next start drops it", "slot", pc.Slot, "err", derr)
 				return
 			}
-			_ = s.forget(dctx, conn, pc.Slot, nil, log)
+			_ = abandon(dctx, conn, s, pc.Slot, nil, log)
 		}
 	}()
 	// Which slot the backfill made: a start after a kill drops a slot of
@@ -228,6 +228,22 @@ func create(ctx context.Context, conn *pgx.Conn, openRepl func(context.Context) 
 	log.Info("created replication slot with the backfill's snapshot; the rows before it are sent first", "slot", pc.Slot, "lsn", exp.LSN.String(),
 		"table", src.Name, "where", st.Where, "order", st.Keys, "rows", st.Total, "snapshot", st.Snapshot)
 	return nil
+}
+
+// abandon clears, best effort, what a creation that failed before its rows
+// were fixed leaves of its backfill, and returns cause: the key table an
+// earlier attempt may have committed (this one's was rolled back; left, it
+// would hold a copy of the rows that nothing points at), then the state
+// (store.forget). The slot, if one was made, is dropped before (review-bf36
+// R4). The state is this attempt's, in phase snapshot, under the lock: no
+// backfill sends from that key table.
+func abandon(ctx context.Context, conn *pgx.Conn, s store, slot string, cause error, log *slog.Logger) error {
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if _, err := conn.Exec(dctx, "DROP TABLE IF EXISTS "+s.keys); err != nil {
+		log.Warn("could not drop the backfill's key table after it failed; drop it by hand", "slot", slot, "table", s.keys, "err", err)
+	}
+	return s.forget(dctx, conn, slot, cause, log)
 }
 
 func quoted(cols []string) []string {
