@@ -307,13 +307,21 @@ func TestBackfillStartUp(t *testing.T) {
 			}
 		})
 	}
-	t.Run("killed before the rows were fixed", func(t *testing.T) {
+	t.Run("killed before phase sending was saved", func(t *testing.T) {
 		s := newBackfillSetup(t, 2000, 20)
-		// What a kill between CREATE_REPLICATION_SLOT and the commit of the
-		// key table leaves: the state of phase snapshot, and the slot.
+		// What a kill between the commit of the key table and the save of
+		// phase sending leaves: the state of phase snapshot, the slot, and
+		// the committed key table (a kill before the commit leaves no key
+		// table). The key table holds a row the outbox table never had: a
+		// start that sent the old copy would show it as a phantom, and the
+		// rows of both copies twice (review-bf36 R8).
 		s.d.exec(t, `CREATE TABLE public.outboxd_backfill (slot text PRIMARY KEY, state jsonb NOT NULL, updated_at timestamptz NOT NULL DEFAULT now())`)
 		s.d.exec(t, `INSERT INTO public.outboxd_backfill (slot, state) SELECT $1, jsonb_build_object('slot', $1::text, 'phase', 'snapshot', 'lsn', lsn::text)
 			FROM pg_create_logical_replication_slot($1, 'pgoutput')`, s.d.slot)
+		keys := "public." + s.keyTable()
+		s.d.exec(t, `CREATE TABLE `+keys+` AS SELECT * FROM public.relay_outbox WHERE status IN ('PENDING','PROCESSING');
+			INSERT INTO `+keys+` (id, topic, partition_key, event_type, payload, status, created_at, retry_count)
+				VALUES (gen_random_uuid(), '`+s.topic+`', gen_random_uuid(), 'Happened', '{"phantom": true}', 'PENDING', '2025-01-01', 0)`)
 		s.d.exec(t, `UPDATE public.relay_outbox SET retry_count = retry_count + 1 WHERE status = 'PROCESSING'`) // after the old slot: not streamed by it
 		p := start(t, s.d.env(), "-config", writeConfig(t, backfillConfig(100, 0)))
 		p.waitStreaming()

@@ -10,8 +10,8 @@
 //     backfill's rows (their keys, in a table of outboxd's own) inside that
 //     snapshot, and records the run in the state table; on a slot that
 //     exists it checks that a backfill made it, and on a run a kill
-//     interrupted before its rows were fixed it drops the slot and starts
-//     again.
+//     interrupted before it recorded its rows fixed it drops the slot and
+//     starts again (the cut-over moving to the new slot's point).
 //  2. Before each START_REPLICATION on the slot, call Open, and when it
 //     returns a Backfill (the backfill is not done), its Run, then Close;
 //     start replication only when Open returned nil or Run returned nil.

@@ -73,7 +73,7 @@ func Prepare(ctx context.Context, conn *pgx.Conn, openRepl func(context.Context)
 		return fmt.Errorf("postgres.backfill is set, but replication slot %q exists and was not made by a backfill: events it already delivered cannot be told apart from the rows the backfill would send. "+
 			"Remove postgres.backfill (and send rows with outboxd replay), or stop outboxd, drop the slot (SELECT pg_drop_replication_slot('%s')) and start it again to create the slot with the backfill",
 			pc.Slot, pc.Slot)
-	case exists: // phase snapshot: a kill came before the rows were fixed
+	case exists: // phase snapshot: a kill came before the rows were recorded fixed
 		if info.Active {
 			return &wal.SlotActiveError{Slot: pc.Slot, PID: info.ActivePID}
 		}
