@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/internal/replay"
@@ -123,6 +124,12 @@ func create(ctx context.Context, conn *pgx.Conn, openRepl func(context.Context) 
 	if err != nil {
 		return fmt.Errorf("postgres.backfill.order_by %q: %w", pc.Backfill.OrderBy, err)
 	}
+	if typ := unorderedDefault(src, pc.Backfill.OrderBy); typ != "" {
+		log.Warn("postgres.backfill.order_by is not set and the table has no created_at column, so the rows are sent in the order of its primary key, of type "+typ+
+			", whose values need not follow the order the rows were written in: each key's events may go out of their order. "+
+			"Set postgres.backfill.order_by to a column that increases with insertion (a timestamp, a sequence) before a backfill starts: one under way keeps the order it started with",
+			"slot", pc.Slot, "table", src.Name, "order", src.Keys[0])
+	}
 	schema, table := pc.TableName()
 	from := pgx.Identifier{schema, table}.Sanitize()
 	// Planned, not run, before the slot is made: a condition Postgres
@@ -228,6 +235,28 @@ func create(ctx context.Context, conn *pgx.Conn, openRepl func(context.Context) 
 	log.Info("created replication slot with the backfill's snapshot; the rows before it are sent first", "slot", pc.Slot, "lsn", exp.LSN.String(),
 		"table", src.Name, "where", st.Where, "order", st.Keys, "rows", st.Total, "snapshot", st.Snapshot)
 	return nil
+}
+
+// unorderedDefault names the type of the default order column (order_by
+// unset: created_at, else the primary key) when it is the primary key and a
+// uuid or a text, whose values need not increase with insertion, and is ""
+// otherwise (review-bf36 R5).
+func unorderedDefault(src replay.Source, orderBy string) string {
+	if orderBy != "" || len(src.Keys) == 0 || len(src.Primary) == 0 || src.Keys[0] != src.Primary[0] {
+		return ""
+	}
+	for _, c := range src.Relation.Columns {
+		if c.Name != src.Keys[0] {
+			continue
+		}
+		switch c.TypeOID {
+		case pgtype.UUIDOID:
+			return "uuid"
+		case pgtype.TextOID, pgtype.VarcharOID, pgtype.BPCharOID:
+			return "text"
+		}
+	}
+	return ""
 }
 
 // abandon clears, best effort, what a creation that failed before its rows
