@@ -16,7 +16,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -77,17 +76,11 @@ func cmdCatchup(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		select {
-		case <-p.exited:
-		case <-time.After(f.timeout):
-			p.terminate(time.Second)
-			return fmt.Errorf("contender still running after %s", f.timeout)
+		ru, err := p.waitExit(f.timeout)
+		if err != nil {
+			return fmt.Errorf("%w (see %s)", err, f.log)
 		}
 		end := time.Now()
-		if p.exitErr != nil {
-			return fmt.Errorf("contender failed: %v (see %s)", p.exitErr, f.log)
-		}
-		ru := p.cmd.ProcessState.SysUsage().(*syscall.Rusage)
 		res.TotalSec = end.Sub(p.start).Seconds()
 		res.Throughput = float64(f.n) / res.TotalSec
 		res.WallRate = res.Throughput
