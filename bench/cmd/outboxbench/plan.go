@@ -63,6 +63,7 @@ type plan struct {
 	warmupS                   int
 	dir, results, raw, root   string
 	dsn, brokers, pgPort      string
+	httpListen                string // outboxd's http.listen (OUTBOXD_BENCH_HTTP_PORT): harnesses side by side need their own
 	ob                        string // this binary
 	outboxd, outboxdB         string
 	outboxdEnv, outboxdEnvB   string
@@ -199,6 +200,7 @@ func cmdPlan(ctx context.Context, args []string) error {
 			os.Getenv("OUTBOXD_BENCH_SHARD_EVENTS")+os.Getenv("OUTBOXD_BENCH_BACKFILL_ROWS")+p.outboxdEnv == ""
 	p.dsn = fmt.Sprintf("postgres://postgres@127.0.0.1:%s/postgres?sslmode=disable", p.pgPort)
 	p.brokers = "127.0.0.1:" + *kafkaPort
+	p.httpListen = "127.0.0.1:" + cmp.Or(os.Getenv("OUTBOXD_BENCH_HTTP_PORT"), "28080")
 	p.raw = filepath.Join(p.dir, "results-"+p.size+".jsonl")
 	if p.ob, err = os.Executable(); err != nil {
 		return err
@@ -527,7 +529,7 @@ func (p *plan) outboxdCmd(c, slot string) []string {
 	extra = takeoverEnv(c) + extra
 	argv := append([]string{"env"}, p.unsetBench...)
 	argv = append(argv, "OUTBOXD_POSTGRES_DSN="+p.dsn, "OUTBOXD_POSTGRES_SLOT="+slot, "OUTBOXD_POSTGRES_PUBLICATION="+publicationOf(c),
-		"OUTBOXD_KAFKA_BROKERS="+p.brokers, "OUTBOXD_KAFKA_TOPIC_PARTITIONS=6", "OUTBOXD_HTTP_LISTEN=127.0.0.1:28080")
+		"OUTBOXD_KAFKA_BROKERS="+p.brokers, "OUTBOXD_KAFKA_TOPIC_PARTITIONS=6", "OUTBOXD_HTTP_LISTEN="+p.httpListen)
 	argv = append(argv, strings.Fields(extra)...)
 	return append(argv, bin)
 }
@@ -986,7 +988,7 @@ func (p *plan) liveRunWith(ctx context.Context, c string, rate float64, rep stri
 	var err error
 	switch {
 	case c == "outboxd" || c == "outboxd_b" || c == "outboxd_eos":
-		argv, extra = p.outboxdCmd(c, slot), []string{"-metrics", "http://127.0.0.1:28080/metrics"}
+		argv, extra = p.outboxdCmd(c, slot), []string{"-metrics", "http://" + p.httpListen + "/metrics"}
 	case c == "go_pq_cdc_kafka" || c == "conduit":
 		argv, err = p.peerCmd(c, slot)
 	case strings.HasPrefix(c, "debezium_"):
