@@ -11,6 +11,9 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // The takeover sections (issue 35, acceptance 2): what taking over an
@@ -279,29 +282,20 @@ func cmdCopy(ctx context.Context, args []string) error {
 func cmdReplay(ctx context.Context, args []string) error {
 	var f runFlags
 	argv := f.parse("replay", args, nil)
-	cl, adm, err := newAdmin(f.brokers)
-	if err != nil {
-		return err
-	}
-	defer cl.Close()
-	base, err := endOffsets(ctx, adm, f.topics())
-	if err != nil {
-		return err
-	}
 	res := newResult(f.common, "catchup")
 	res.Events, res.PayloadBytes = f.n, f.size
-	p, err := startProc(argv, f.log, f.rss)
+	w, err := startWatched(ctx, f, argv)
 	if err != nil {
 		return err
 	}
-	ru, err := p.waitExit(f.timeout)
+	defer w.cl.Close()
+	ru, err := w.p.waitExit(f.timeout)
 	if err != nil {
 		return fmt.Errorf("%w (see %s)", err, f.log)
 	}
-	res.CPUSeconds = tv(ru.Utime) + tv(ru.Stime)
-	res.CPUPer100k = res.CPUSeconds / float64(f.n) * 1e5
-	res.PeakRSSMB = float64(ru.Maxrss) / 1024
-	end, err := endOffsets(ctx, adm, f.topics())
+	res.usage(ru)
+	base, p := w.base, w.p
+	end, err := endOffsets(ctx, w.adm, f.topics())
 	if err != nil {
 		return err
 	}
@@ -317,6 +311,42 @@ func cmdReplay(ctx context.Context, args []string) error {
 	res.Note = deliveryNote(res.Missing, res.Repeated) + "; outboxd replay at its default -rate beside outboxd's live run"
 	res.print()
 	return nil
+}
+
+// watched is a contender started against Kafka: the admin client of its
+// run's topics (the caller closes cl), their end offsets before it started,
+// and its process.
+type watched struct {
+	cl   *kgo.Client
+	adm  *kadm.Client
+	base offsets
+	p    *proc
+}
+
+// startWatched notes the end offsets of the run's topics, then starts the
+// contender.
+func startWatched(ctx context.Context, f runFlags, argv []string) (watched, error) {
+	cl, adm, err := newAdmin(f.brokers)
+	if err != nil {
+		return watched{}, err
+	}
+	w := watched{cl: cl, adm: adm}
+	if w.base, err = endOffsets(ctx, adm, f.topics()); err == nil {
+		w.p, err = startProc(argv, f.log, f.rss)
+	}
+	if err != nil {
+		cl.Close()
+		return watched{}, err
+	}
+	return w, nil
+}
+
+// usage fills the CPU and peak RSS of a contender that exited from its
+// resource usage.
+func (r *result) usage(ru *syscall.Rusage) {
+	r.CPUSeconds = tv(ru.Utime) + tv(ru.Stime)
+	r.CPUPer100k = r.CPUSeconds / float64(max(r.Events, 1)) * 1e5
+	r.PeakRSSMB = float64(ru.Maxrss) / 1024
 }
 
 // waitExit waits up to timeout for a contender that stops by itself, and

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"slices"
 	"strings"
 	"testing"
 )
@@ -16,17 +15,7 @@ func TestTakeoverCmd(t *testing.T) {
 		{"outboxd_backfill", []string{"OUTBOXD_POSTGRES_BACKFILL_WHERE=true", "OUTBOXD_POSTGRES_CREATE_SLOT=true", "OUTBOXD_POSTGRES_PUBLICATION=bench"}, nil},
 		{"outboxd_alltables", []string{"OUTBOXD_POSTGRES_PUBLICATION=" + allTablesPub}, []string{"OUTBOXD_POSTGRES_PUBLICATION=bench"}},
 	} {
-		argv := p.outboxdCmd(tc.c, "s")
-		for _, w := range tc.want {
-			if !slices.Contains(argv, w) {
-				t.Errorf("%s: %v lacks %s", tc.c, argv, w)
-			}
-		}
-		for _, w := range tc.not {
-			if slices.Contains(argv, w) {
-				t.Errorf("%s: %v has %s", tc.c, argv, w)
-			}
-		}
+		checkWords(t, tc.c, p.outboxdCmd(tc.c, "s"), tc.want, tc.not)
 	}
 	if publicationOf("pg_recvlogical_alltables") != allTablesPub || publicationOf("pg_recvlogical") != "bench" {
 		t.Error("pg_recvlogical reads the wrong publication")
