@@ -19,6 +19,8 @@
 //	         rewrite the generated sections of BENCHMARKS.md and README.md
 //	walread  read a slot to /dev/null, optionally with SO_RCVLOWAT; report the walsender's CPU
 //	shards   read several slots of one fill in parallel, each through a row-filtered publication
+//	copy     time a COPY … TO STDOUT read to nothing: the backfill's limit
+//	replay   run outboxd replay until it exits, and check the records it sent
 //	plan     run the benchmark plan (bench/run starts the services, then runs it): every section,
 //	         workload and contender, each run as one of the subcommands above, then the report
 //	unavailable  record that a contender could not be set up here, and why (a result line the report shows)
@@ -34,7 +36,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: outboxbench setup|slot|topics|fill|catchup|produce|live|idle|plan|report|walread|shards|unavailable [flags]")
+		fmt.Fprintln(os.Stderr, "usage: outboxbench setup|slot|topics|fill|catchup|produce|live|idle|plan|report|walread|shards|copy|replay|unavailable [flags]")
 		os.Exit(2)
 	}
 	ctx := context.Background()
@@ -65,6 +67,10 @@ func main() {
 		err = cmdWalread(ctx, args)
 	case "shards":
 		err = cmdShards(ctx, args)
+	case "copy":
+		err = cmdCopy(ctx, args)
+	case "replay":
+		err = cmdReplay(ctx, args)
 	case "plan":
 		err = cmdPlan(ctx, args)
 	case "unavailable":

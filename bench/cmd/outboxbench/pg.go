@@ -85,7 +85,13 @@ func cmdSlot(ctx context.Context, args []string) error {
 // {"seq": g, "data": "<hex>"} of about size bytes in text form; the hex comes
 // from md5 of distinct inputs, so TOAST compression cannot shrink large ones
 // to nothing.
-func fillSQL(prefix string, types, n, tx, size int, deleteRows bool) string {
+//
+// With other, each transaction also writes as many rows to
+// public.bench_other, a table no outbox publication lists, each about as
+// large in the WAL: the busy non-outbox table of the multitable section,
+// written in the events' own transactions as an application writes its
+// business rows beside its outbox rows.
+func fillSQL(prefix string, types, n, tx, size int, deleteRows, other bool) string {
 	data := max(size-30, 1)
 	md5s := data/32 + 1
 	commit := "COMMIT;"
@@ -94,6 +100,13 @@ func fillSQL(prefix string, types, n, tx, size int, deleteRows bool) string {
 	}
 	if deleteRows { // insert-then-delete: each transaction leaves the table as it found it
 		commit = "DELETE FROM public.outbox; " + commit
+	}
+	if other { // v stands for the payload and what the outbox row's other columns take
+		v := size + 60
+		commit = fmt.Sprintf(`INSERT INTO public.bench_other (v)
+    SELECT substr((SELECT string_agg(md5('o' || g::text || '.' || k::text), '') FROM generate_series(1, %d) k), 1, %d)
+      FROM generate_series(i, least(i + %d, %d) - 1) g;
+    `, v/32+1, v, tx, n) + commit
 	}
 	return fmt.Sprintf(`DO $$
 DECLARE i int := 0;
@@ -177,16 +190,21 @@ func cmdFill(ctx context.Context, args []string) error {
 	size := fs.Int("size", 250, "approximate payload bytes")
 	deleteRows := fs.Bool("delete", false, "delete each transaction's rows before it commits (insert-then-delete)")
 	tables := fs.Int("tables", 0, "> 0: write the rows over this many outbox tables of their own (made by the tables subcommand), not public.outbox")
+	other := fs.Bool("other", false, "in each transaction, also write as many rows of about the same size to public.bench_other (a table no outbox publication lists)")
+	keep := fs.Bool("keep", false, "leave the rows in the table (the backfill and replay sections read them); default: truncate after the fill")
 	_ = fs.Parse(args)
 	conn, err := connect(ctx, c.dsn)
 	if err != nil {
 		return err
 	}
 	defer conn.Close(ctx)
-	q, truncate := fillSQL(c.prefix, c.types, *n, *tx, *size, *deleteRows), "public.outbox"
+	q, truncate := fillSQL(c.prefix, c.types, *n, *tx, *size, *deleteRows, *other), "public.outbox"
+	if *other {
+		truncate += ", public.bench_other"
+	}
 	if *tables > 0 {
-		if *deleteRows {
-			return fmt.Errorf("fill: -delete and -tables together are not supported")
+		if *deleteRows || *other {
+			return fmt.Errorf("fill: -tables goes with neither -delete nor -other")
 		}
 		q, truncate = fillTablesSQL(c.prefix, *tables, c.types, *n, *tx, *size), strings.Join(outboxTables(c.prefix, *tables), ", ")
 	}
@@ -194,8 +212,10 @@ func cmdFill(ctx context.Context, args []string) error {
 		return fmt.Errorf("filling outbox: %w", err)
 	}
 	// Keep the table small between workloads: the WAL keeps the inserts.
-	if _, err := conn.Exec(ctx, `TRUNCATE `+truncate); err != nil {
-		return fmt.Errorf("truncating outbox: %w", err)
+	if !*keep {
+		if _, err := conn.Exec(ctx, `TRUNCATE `+truncate); err != nil {
+			return fmt.Errorf("truncating outbox: %w", err)
+		}
 	}
 	var lsn string
 	if err := conn.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&lsn); err != nil {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -26,10 +27,13 @@ import (
 // run's results, and at the end renders the report.
 
 // sections in the order a run without arguments takes them (a full run
-// adds cost, which takes long); deletes runs only when named.
+// adds cost, which takes long, and two of the takeover sections of issue
+// 35, about 8–10 minutes); deletes and multitable (3–4 minutes in full) run
+// only when named.
 var (
 	defaultSections   = []string{"catchup", "sizes", "live", "idle", "shards"}
-	knownSections     = append(slices.Clone(defaultSections), "cost", "deletes")
+	takeoverSections  = []string{"backfill", "replay"}
+	knownSections     = append(append(slices.Clone(defaultSections), "cost", "deletes", "multitable"), takeoverSections...)
 	defaultContenders = []string{"pg_recvlogical", "pg_walread", "kafka_raw", "kafka_raw_eos", "outboxd", "outboxd_eos", "outboxd_s2", "outboxd_s4",
 		"go_pq_cdc_kafka", "conduit", "debezium_default", "debezium_tuned"}
 )
@@ -37,13 +41,14 @@ var (
 // sizeDefaults are the numbers of a size, before OUTBOXD_BENCH_* overrides.
 type sizeDefaults struct {
 	events, liveSeconds, idleSeconds, repeat, shardEvents int
+	backfillRows                                          int
 	sections                                              []string
 }
 
 var sizes = map[string]sizeDefaults{
-	"small": {events: 50000, liveSeconds: 15, idleSeconds: 20, repeat: 1, shardEvents: 200000, sections: defaultSections},
-	"full": {events: 1000000, liveSeconds: 30, idleSeconds: 60, repeat: 3, shardEvents: 1000000,
-		sections: append(slices.Clone(defaultSections), "cost")},
+	"small": {events: 50000, liveSeconds: 15, idleSeconds: 20, repeat: 1, shardEvents: 200000, backfillRows: 100000, sections: defaultSections},
+	"full": {events: 1000000, liveSeconds: 30, idleSeconds: 60, repeat: 3, shardEvents: 1000000, backfillRows: 1000000,
+		sections: append(append(slices.Clone(defaultSections), "cost"), takeoverSections...)},
 }
 
 // plan is one run of the harness: its settings and the paths bench/run
@@ -53,11 +58,13 @@ type plan struct {
 	sections                  []string
 	contenders                []string // as named; a peer that is not set up is left out
 	n, liveS, idleS, shardN   int
+	backfillN                 int // rows in the table before the backfill section's slot exists
 	rates                     []float64
 	liveRepeat, catchupRepeat int
 	warmupS                   int
 	dir, results, raw, root   string
 	dsn, brokers, pgPort      string
+	httpListen                string // outboxd's http.listen (OUTBOXD_BENCH_HTTP_PORT): harnesses side by side need their own
 	ob                        string // this binary
 	outboxd, outboxdB         string
 	outboxdEnv, outboxdEnvB   string
@@ -131,6 +138,9 @@ func cmdPlan(ctx context.Context, args []string) error {
 		p.shardN, err = envInt("OUTBOXD_BENCH_SHARD_EVENTS", def.shardEvents)
 	}
 	if err == nil {
+		p.backfillN, err = envInt("OUTBOXD_BENCH_BACKFILL_ROWS", def.backfillRows)
+	}
+	if err == nil {
 		p.liveRepeat, err = envInt("OUTBOXD_BENCH_LIVE_REPEAT", def.repeat)
 	}
 	if err == nil {
@@ -188,9 +198,10 @@ func cmdPlan(ctx context.Context, args []string) error {
 	p.publish = p.size == "full" && slices.Equal(p.sections, def.sections) && os.Getenv("OUTBOXD_BENCH_CONTENDERS") == "" &&
 		os.Getenv("OUTBOXD_BENCH_RESULTS") == "" &&
 		os.Getenv("OUTBOXD_BENCH_EVENTS")+os.Getenv("OUTBOXD_BENCH_LIVE_SECONDS")+os.Getenv("OUTBOXD_BENCH_RATES")+
-			os.Getenv("OUTBOXD_BENCH_SHARD_EVENTS")+p.outboxdEnv == ""
+			os.Getenv("OUTBOXD_BENCH_SHARD_EVENTS")+os.Getenv("OUTBOXD_BENCH_BACKFILL_ROWS")+p.outboxdEnv == ""
 	p.dsn = fmt.Sprintf("postgres://postgres@127.0.0.1:%s/postgres?sslmode=disable", p.pgPort)
 	p.brokers = "127.0.0.1:" + *kafkaPort
+	p.httpListen = "127.0.0.1:" + cmp.Or(os.Getenv("OUTBOXD_BENCH_HTTP_PORT"), "28080")
 	p.raw = filepath.Join(p.dir, "results-"+p.size+".jsonl")
 	if p.ob, err = os.Executable(); err != nil {
 		return err
@@ -295,6 +306,8 @@ func (p *plan) run(ctx context.Context) error {
 					p.idleRun(ctx, c)
 				}
 			}
+		case "backfill", "multitable", "replay":
+			p.takeoverSection(ctx, section)
 		case "shards":
 			switch {
 			case p.pgVersion < 150000:
@@ -513,9 +526,11 @@ func (p *plan) outboxdCmd(c, slot string) []string {
 	if n := shardCount(c); n != 0 {
 		extra = fmt.Sprintf("OUTBOXD_POSTGRES_SHARDS=%d %s", n, extra)
 	}
+	// The takeover sections' outboxd: the backfill, the FOR ALL TABLES publication.
+	extra = takeoverEnv(c) + extra
 	argv := append([]string{"env"}, p.unsetBench...)
-	argv = append(argv, "OUTBOXD_POSTGRES_DSN="+p.dsn, "OUTBOXD_POSTGRES_SLOT="+slot, "OUTBOXD_POSTGRES_PUBLICATION=bench",
-		"OUTBOXD_KAFKA_BROKERS="+p.brokers, "OUTBOXD_KAFKA_TOPIC_PARTITIONS=6", "OUTBOXD_HTTP_LISTEN=127.0.0.1:28080")
+	argv = append(argv, "OUTBOXD_POSTGRES_DSN="+p.dsn, "OUTBOXD_POSTGRES_SLOT="+slot, "OUTBOXD_POSTGRES_PUBLICATION="+publicationOf(c),
+		"OUTBOXD_KAFKA_BROKERS="+p.brokers, "OUTBOXD_KAFKA_TOPIC_PARTITIONS=6", "OUTBOXD_HTTP_LISTEN="+p.httpListen)
 	argv = append(argv, strings.Fields(extra)...)
 	return append(argv, bin)
 }
@@ -852,9 +867,9 @@ func (p *plan) catchupRun(ctx context.Context, w workload, endLSN, c, slot strin
 		p.result(ctx, c, logPath, append(args, argv...)...)
 	}
 	switch {
-	case c == "pg_recvlogical":
+	case c == "pg_recvlogical" || c == "pg_recvlogical_alltables":
 		catchup([]string{"-until-exit"}, []string{"pg_recvlogical", "-d", "host=127.0.0.1 port=" + p.pgPort + " user=postgres dbname=postgres",
-			"-S", slot, "--start", "--no-loop", "-F", "0", "-o", "proto_version=1", "-o", "publication_names=bench", "-E", endLSN, "-f", "/dev/null"})
+			"-S", slot, "--start", "--no-loop", "-F", "0", "-o", "proto_version=1", "-o", "publication_names=" + publicationOf(c), "-E", endLSN, "-f", "/dev/null"})
 	case c == "pg_walread": // the same decoding, read by a reader the kernel wakes per 32 KB
 		catchup([]string{"-until-exit"}, []string{p.ob, "walread", "-dsn", p.dsn, "-slot", slot, "-end", endLSN, "-lowat", "32768"})
 	case c == "kafka_raw":
@@ -863,7 +878,7 @@ func (p *plan) catchupRun(ctx context.Context, w workload, endLSN, c, slot strin
 			args = append(args, "-types", strconv.Itoa(w.types))
 		}
 		p.result(ctx, c, "", args...)
-	case c == "outboxd" || c == "outboxd_b" || c == "outboxd_eos" || shardCount(c) != 0:
+	case c == "outboxd" || c == "outboxd_b" || c == "outboxd_eos" || shardCount(c) != 0 || takeoverOutboxd(c):
 		// outboxd_sN: -slot is the shards' base name (outboxbench reads the
 		// worst shard's slot lag); timed until the last shard's last record.
 		argv := p.outboxdCmd(c, slot)
@@ -938,6 +953,23 @@ func (p *plan) liveSection(ctx context.Context) {
 
 // liveRun is one live run of c at rate; an unrecorded one writes no result.
 func (p *plan) liveRun(ctx context.Context, c string, rate float64, rep string, unrecorded bool) {
+	p.liveRunWith(ctx, c, rate, rep, unrecorded, liveAround{})
+}
+
+// liveAround is what a live run of another section adds: its workload name
+// (default live-250B), what is done after the table is emptied and before
+// the slot is made (a fill the slot must not see), and a process run
+// beside the contender (started with the run; the function it returns
+// waits for it to end).
+type liveAround struct {
+	workload string
+	before   func(ctx context.Context)
+	beside   func(ctx context.Context) (wait func())
+}
+
+// liveRunWith is liveRun with what another section adds around it.
+func (p *plan) liveRunWith(ctx context.Context, c string, rate float64, rep string, unrecorded bool, around liveAround) {
+	workload := cmp.Or(around.workload, live250)
 	r := fmt.Sprintf("%.0f", rate)
 	writers := 8
 	if rate == 0 || rate >= 20000 {
@@ -949,12 +981,15 @@ func (p *plan) liveRun(ctx context.Context, c string, rate float64, rep string, 
 	if err := p.sql(ctx, "TRUNCATE public.outbox"); err != nil { // every run starts from the same table size
 		p.log("  %v", err)
 	}
+	if around.before != nil {
+		around.before(ctx)
+	}
 	p.slot(ctx, slot, false)
 	var argv, extra []string
 	var err error
 	switch {
 	case c == "outboxd" || c == "outboxd_b" || c == "outboxd_eos":
-		argv, extra = p.outboxdCmd(c, slot), []string{"-metrics", "http://127.0.0.1:28080/metrics"}
+		argv, extra = p.outboxdCmd(c, slot), []string{"-metrics", "http://" + p.httpListen + "/metrics"}
 	case c == "go_pq_cdc_kafka" || c == "conduit":
 		argv, err = p.peerCmd(c, slot)
 	case strings.HasPrefix(c, "debezium_"):
@@ -967,13 +1002,17 @@ func (p *plan) liveRun(ctx context.Context, c string, rate float64, rep string, 
 		p.log("  %s: %v", c, err)
 	} else {
 		logPath := filepath.Join(p.dir, "runs", slot+".log")
-		args := []string{"live", "-slot", slot, "-prefix", prefix, "-label", c, "-workload", live250, "-rate", r,
+		args := []string{"live", "-slot", slot, "-prefix", prefix, "-label", c, "-workload", workload, "-rate", r,
 			"-writers", strconv.Itoa(writers)}
 		args = append(args, extra...)
 		args = append(args, "-broker-pid-file", filepath.Join(p.dir, "kafka", "kafka.pid"), "-duration", fmt.Sprintf("%ds", p.liveS),
 			"-log", logPath, "-rss", filepath.Join(p.dir, "runs", slot+".rss"),
 			"-latencies", filepath.Join(p.dir, "runs", slot+"-"+rep+".lat"), "--")
 		args = append(args, argv...)
+		wait := func() {}
+		if around.beside != nil {
+			wait = around.beside(ctx)
+		}
 		if unrecorded {
 			args = slices.Insert(args, 1, "-dsn", p.dsn, "-brokers", p.brokers)
 			if err := p.sub(ctx, io.Discard, args...); err != nil {
@@ -982,6 +1021,7 @@ func (p *plan) liveRun(ctx context.Context, c string, rate float64, rep string, 
 		} else {
 			p.result(ctx, c, logPath, args...)
 		}
+		wait()
 	}
 	p.slot(ctx, slot, true)
 	p.untopics(ctx, prefix)

@@ -36,18 +36,24 @@ func TestOutboxdCmd(t *testing.T) {
 		if !slices.Contains(argv, "OUTBOXD_BENCH_EVENTS") {
 			t.Errorf("%s: %v leaves the harness's variables to outboxd, which rejects them", tc.c, argv)
 		}
-		for _, w := range tc.want {
-			if !slices.Contains(argv, w) {
-				t.Errorf("%s: %v lacks %s", tc.c, argv, w)
-			}
-		}
-		for _, w := range tc.not {
-			if slices.Contains(argv, w) {
-				t.Errorf("%s: %v has %s", tc.c, argv, w)
-			}
-		}
+		checkWords(t, tc.c, argv, tc.want, tc.not)
 		if exactlyOnce(argv) != (tc.c == "outboxd_eos") {
 			t.Errorf("%s: exactlyOnce = %v", tc.c, exactlyOnce(argv))
+		}
+	}
+}
+
+// checkWords checks that a command line holds the words want and none of not.
+func checkWords(t *testing.T, name string, argv, want, not []string) {
+	t.Helper()
+	for _, w := range want {
+		if !slices.Contains(argv, w) {
+			t.Errorf("%s: %v lacks %s", name, argv, w)
+		}
+	}
+	for _, w := range not {
+		if slices.Contains(argv, w) {
+			t.Errorf("%s: %v has %s", name, argv, w)
 		}
 	}
 }

@@ -16,7 +16,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -77,42 +76,27 @@ func cmdCatchup(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		select {
-		case <-p.exited:
-		case <-time.After(f.timeout):
-			p.terminate(time.Second)
-			return fmt.Errorf("contender still running after %s", f.timeout)
+		ru, err := p.waitExit(f.timeout)
+		if err != nil {
+			return fmt.Errorf("%w (see %s)", err, f.log)
 		}
 		end := time.Now()
-		if p.exitErr != nil {
-			return fmt.Errorf("contender failed: %v (see %s)", p.exitErr, f.log)
-		}
-		ru := p.cmd.ProcessState.SysUsage().(*syscall.Rusage)
 		res.TotalSec = end.Sub(p.start).Seconds()
 		res.Throughput = float64(f.n) / res.TotalSec
 		res.WallRate = res.Throughput
-		res.CPUSeconds = tv(ru.Utime) + tv(ru.Stime)
-		res.CPUPer100k = res.CPUSeconds / float64(f.n) * 1e5
-		res.PeakRSSMB = float64(ru.Maxrss) / 1024
+		res.usage(ru)
 		res.SlotLagBytes, _ = slotLag(ctx, conn, f.slot)
 		res.Note = "decode only, output to /dev/null; time includes connection set-up"
 		res.print()
 		return nil
 	}
 
-	cl, adm, err := newAdmin(f.brokers)
+	w, err := startWatched(ctx, f, argv)
 	if err != nil {
 		return err
 	}
-	defer cl.Close()
-	base, err := endOffsets(ctx, adm, f.topics())
-	if err != nil {
-		return err
-	}
-	p, err := startProc(argv, f.log, f.rss)
-	if err != nil {
-		return err
-	}
+	defer w.cl.Close()
+	adm, base, p := w.adm, w.base, w.p
 	end, err := waitCount(ctx, adm, f.topics(), base, int64(f.n), f.timeout, f.stall, p.alive)
 	stalled := errors.Is(err, errStalled)
 	if stalled { // judged on what it delivered: the delivery check counts the rest as missing
