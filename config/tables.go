@@ -261,9 +261,22 @@ func (p Postgres) oneTable() bool {
 	return len(p.Tables) == 1 && !p.Tables[0].Pattern() && p.Table == p.Tables[0].Name
 }
 
-// Several reports whether postgres.tables lists more than one table, which
-// outboxd streams on one slot with a router per table (PerTable).
-func (p Postgres) Several() bool { return len(p.Tables) > 1 }
+// Several reports whether postgres.tables lists more than one table, or a
+// pattern, which outboxd streams on one slot with a router per table
+// (PerTable): a pattern may match any number of tables, now or later.
+func (p Postgres) Several() bool { return len(p.Tables) > 1 || p.Patterns() }
+
+// Patterns reports whether an entry of postgres.tables is a pattern, whose
+// tables are read from the catalogue (PerTableOf) and picked up as they
+// are created (the event trigger outboxd migrate installs).
+func (p Postgres) Patterns() bool {
+	for _, e := range p.Tables {
+		if e.Pattern() {
+			return true
+		}
+	}
+	return false
+}
 
 // PerTable returns the configuration of each outbox table, in the order of
 // postgres.tables: a copy of c whose postgres.table is the table and whose
@@ -273,14 +286,29 @@ func (c Config) PerTable() ([]Config, error) {
 	if !c.Postgres.Several() {
 		return []Config{c}, nil
 	}
-	out := make([]Config, len(c.Postgres.Tables))
+	var names []string
+	var entries []int
 	for i, e := range c.Postgres.Tables {
-		r, err := c.TableRouter(i)
+		if !e.Pattern() {
+			names, entries = append(names, e.Name), append(entries, i)
+		}
+	}
+	return c.PerTableOf(names, entries)
+}
+
+// PerTableOf is PerTable for the tables names, each of the entry of
+// postgres.tables at the same index of entries: the tables of patterns,
+// as read from the catalogue (pg.MatchTables), and of exact names. PerTable
+// alone leaves out the tables of patterns.
+func (c Config) PerTableOf(names []string, entries []int) ([]Config, error) {
+	out := make([]Config, len(names))
+	for i, name := range names {
+		r, err := c.TableRouter(entries[i])
 		if err != nil {
 			return nil, err
 		}
 		t := c
-		t.Postgres.Table, t.Postgres.Tables, t.Router = e.Name, nil, r
+		t.Postgres.Table, t.Postgres.Tables, t.Router = name, nil, r
 		out[i] = t
 	}
 	return out, nil
@@ -295,11 +323,6 @@ func (c Config) validateSeveral() []error {
 	var errs []error
 	bad := func(field, format string, args ...any) {
 		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...)))
-	}
-	for i, e := range p.Tables {
-		if e.Pattern() {
-			bad(fmt.Sprintf("postgres.tables[%d]", i), "%q is a pattern, which this outboxd cannot stream yet (issue 35): list each table by its exact name", e.Name)
-		}
 	}
 	if !p.Several() {
 		return errs

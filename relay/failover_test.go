@@ -133,7 +133,7 @@ func TestRunConnectionsPinned(t *testing.T) {
 	}
 	at := "tcp " + addrs[1]
 	ctx := context.Background()
-	outbox := tables.New(cfg.Postgres, []config.Config{cfg}, nil, r.log, at, func(int, uint32, uint32) error { return nil })
+	outbox := tables.New(cfg.Postgres, []config.Config{cfg}, nil, r.log, at, func(int, uint32, uint32) error { return nil }, nil)
 	defer outbox.Close()
 	read, closeRead := r.slotPosition(&pg.Lazy{PG: cfg.Postgres, Addr: at})
 	defer closeRead()

@@ -18,7 +18,7 @@ func (r *Relay) pipe(ctx context.Context, batches <-chan []wal.Item, rn *pipelin
 			rn.windowEnded.Store(true) // for the drain stage
 			rn.stopReading()
 		},
-		Tracker: rn.tracker, Producer: rn.producer, Fail: rn.fail, OutboxIDs: rn.slot.OutboxIDs, Addr: rn.slot.Addr, Schemas: rn.schemas})
+		Tracker: rn.tracker, Producer: rn.producer, Fail: rn.fail, OutboxIDs: rn.slot.OutboxIDs, Addr: rn.slot.Addr, Schemas: rn.schemas, Per: rn.per})
 	if err != nil {
 		return err
 	}

@@ -161,6 +161,7 @@ func (realClock) Sleep(ctx context.Context, d time.Duration) bool { return pause
 type attempt struct {
 	first   *Checked           // the start-up checks' connections and client: the first run only, else nil
 	schemas []router.Schema    // the table schemas the checks read, which each run's routers are built from
+	per     []config.Config    // the outbox tables the checks found (preflight.Checked.Per); nil: config.Config.PerTable
 	history *preflight.History // the slot's history, which each inspection adds to
 	standby *pg.Lazy           // while standing by: the connection the polls share; else nil
 }
@@ -201,13 +202,13 @@ func (r *Relay) supervise(ctx context.Context, checked *Checked, run runFunc, cl
 	standby := &pg.Lazy{PG: r.cfg.Postgres}
 	defer standby.Close()
 	defer checked.Close()
-	history, schemas := &ended.history, []router.Schema(nil)
+	history, schemas, per := &ended.history, []router.Schema(nil), []config.Config(nil)
 	if checked != nil {
-		*history, schemas = checked.History, checked.Schemas
+		*history, schemas, per = checked.History, checked.Schemas, checked.Per
 	}
 	for {
 		started := clock.Now()
-		a := attempt{first: checked, schemas: schemas, history: history}
+		a := attempt{first: checked, schemas: schemas, per: per, history: history}
 		if r.Status().State == StateStandby {
 			a.standby = standby
 		}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/outboxd/outboxd/checkpoint"
+	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/internal/delivery"
 	"github.com/outboxd/outboxd/internal/pg"
 	"github.com/outboxd/outboxd/internal/preflight"
@@ -96,6 +97,7 @@ type pipelineRun struct {
 	window      shard.Window
 	windowEnded atomic.Bool
 	schemas     []router.Schema // the table schemas the run's routers are built from
+	per         []config.Config // the outbox tables' configurations (attempt.per)
 	// hard ends the run at once: shutdown_timeout after the caller's ctx
 	// ends (with errShutdownTimeout as its cause), or when the run returns.
 	// It does not end with the caller's ctx itself, so that a shutdown
@@ -125,7 +127,7 @@ func (r *Relay) startStage(ctx context.Context, c connected, a attempt) (*pipeli
 		time.AfterFunc(r.cfg.ShutdownTimeout, func() { cancelHard(errShutdownTimeout) })
 	})
 	run, fail := context.WithCancelCause(hard)
-	rn := &pipelineRun{connected: c, tracker: checkpoint.New(c.slot.Confirmed), hard: hard, ctx: run, fail: fail, window: r.window, schemas: a.schemas}
+	rn := &pipelineRun{connected: c, tracker: checkpoint.New(c.slot.Confirmed), hard: hard, ctx: run, fail: fail, window: r.window, schemas: a.schemas, per: a.per}
 	rn.release = func() {
 		fail(nil)
 		stopTimer()
@@ -232,10 +234,16 @@ func (r *Relay) streamStage(ctx context.Context, rn *pipelineRun) error {
 	// A table dropped and created again, or swapped in by a rename, is a
 	// relation the publication lacks: nothing on the stream shows it.
 	g.Go(func() error {
-		per, err := r.cfg.PerTable()
-		if err != nil {
-			return err
+		per := rn.per
+		if per == nil {
+			var err error
+			if per, err = r.cfg.PerTable(); err != nil {
+				return err
+			}
 		}
+		// TODO(patterns35): a table a pattern matches that the pipeline
+		// adopts while the run streams is not watched until the next run;
+		// add it here once Watch can learn tables (pubcheck35).
 		return tables.NewWatch(r.cfg.Postgres, per, rn.slot.OutboxIDs, rn.slot.Addr, r.log).Run(watch, r.cfg.Postgres.SlotLagInterval)
 	})
 	err := g.Wait()

@@ -19,7 +19,9 @@ import (
 // migrations it left out and the columns other settings read that the
 // table lacks.
 // With several postgres.tables it does so for each table, with the
-// column names of its entry's router.
+// column names of its entry's router. With a pattern it installs the event
+// trigger that adds the tables the pattern matches to the publication as
+// they are created (pg.InstallTrigger), which needs a superuser.
 func Migrate(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	per, err := cfg.PerTable()
 	if err != nil {
@@ -37,6 +39,15 @@ func Migrate(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 			}
 			return err
 		}
+	}
+	if cfg.Postgres.Patterns() {
+		// Tables a pattern matches are the application's to create; the
+		// trigger adds each to the publication as it is created.
+		if err := pg.InstallTrigger(ctx, conn, cfg.Postgres); err != nil {
+			return err
+		}
+		log.Info("installed the event trigger that adds a table a pattern of postgres.tables matches to the publication as it is created",
+			"trigger", pg.TriggerName, "publication", cfg.Postgres.Publication)
 	}
 	return nil
 }

@@ -9,10 +9,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxd/outboxd/checkpoint"
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/internal/preflight"
 	"github.com/outboxd/outboxd/internal/quote"
 	"github.com/outboxd/outboxd/internal/tables"
 	"github.com/outboxd/outboxd/router"
@@ -51,6 +53,10 @@ type Setup struct {
 	OutboxIDs []uint32
 	Addr      string
 	Schemas   []router.Schema
+	// Per is each outbox table's configuration as the start-up checks
+	// found them (preflight.Checked.Per: with patterns, the tables they
+	// matched); nil: Config.PerTable.
+	Per []config.Config
 }
 
 // NewPipeline returns the pipeline of one run, on ctx: it routes the
@@ -58,9 +64,12 @@ type Setup struct {
 // s.Tracker first. Only the goroutine that calls Run, RunExactlyOnce or
 // Handle may use it; Close it after.
 func NewPipeline(ctx context.Context, s Setup) (*Pipeline, error) {
-	per, err := s.Config.PerTable()
-	if err != nil {
-		return nil, err
+	per := s.Per
+	if per == nil {
+		var err error
+		if per, err = s.Config.PerTable(); err != nil {
+			return nil, err
+		}
 	}
 	outboxes := make([]table, len(per))
 	for i, c := range per {
@@ -82,8 +91,30 @@ func NewPipeline(ctx context.Context, s Setup) (*Pipeline, error) {
 		takesUnowned: s.Config.Router.Messages.Unowned != config.UnownedIgnore,
 		nontx:        changes.WithLabelValues("message_nontransactional", ""),
 		others:       changes.WithLabelValues("message_other_outbox", ""), unowned: changes.WithLabelValues("message_unowned", "")}
-	p.tables = tables.New(s.Config.Postgres, per, s.OutboxIDs, s.Log, s.Addr, p.learnBaseType)
+	p.tables = tables.New(s.Config.Postgres, per, s.OutboxIDs, s.Log, s.Addr, p.learnBaseType, p.adopt)
 	return p, nil
+}
+
+// adopt takes on name, a table created while the run streams that entry
+// of postgres.tables (a pattern) matches: it checks the table on conn as
+// the start-up checks do and builds its router from the entry's settings
+// (tables.Adopt).
+func (p *Pipeline) adopt(ctx context.Context, conn *pgx.Conn, entry int, name string) error {
+	per, err := p.cfg.PerTableOf([]string{name}, []int{entry})
+	if err != nil {
+		return err
+	}
+	c := per[0]
+	schema, err := preflight.CheckOutbox(ctx, conn, c, preflight.EntryField(p.cfg.Postgres, entry))
+	if err != nil {
+		return err
+	}
+	rt, err := router.New(c.Router, schema)
+	if err != nil {
+		return fmt.Errorf("outbox table %s: %w", name, err)
+	}
+	p.outboxes = append(p.outboxes, table{cfg: c, router: rt, schema: schema, counts: p.m.table(name)})
+	return nil
 }
 
 // table is one outbox table's configuration (postgres.table and router

@@ -90,7 +90,10 @@ func BesideOrClose(conn *pgx.Conn, repl *pgconn.PgConn) *pgconn.PgConn {
 // opened again. Each of Conn, Repl and Producer is nil when Check could not
 // open it (the first pipeline opens its own); whoever takes one closes it.
 type Checked struct {
-	Schemas  []router.Schema // of each outbox table, in the order of config.Config.PerTable
+	Schemas []router.Schema // of each outbox table, in the order of Per
+	// Per is each outbox table's configuration: config.Config.PerTable,
+	// or with patterns PerTableOf the tables they matched.
+	Per      []config.Config
 	History  History
 	Conn     *pgx.Conn      // Check's connection, for the first slot inspection
 	Repl     *pgconn.PgConn // the replication connection, beside Conn
@@ -158,7 +161,7 @@ func (c *Checker) Check(ctx context.Context, h History) (Checked, error) {
 	// With two writable hosts in postgres.dsn the two connections may have
 	// reached different servers: the first pipeline then opens the
 	// replication connection beside conn.
-	out := Checked{Schemas: found.schemas, History: h, Conn: conn, Repl: BesideOrClose(conn, <-repl)}
+	out := Checked{Schemas: found.schemas, Per: found.per, History: h, Conn: conn, Repl: BesideOrClose(conn, <-repl)}
 	if found.slotHeld && out.Repl != nil {
 		// The first pipeline will wait as a standby: give the walsender
 		// place back at once.
@@ -183,6 +186,7 @@ func (c *Checker) Check(ctx context.Context, h History) (Checked, error) {
 // found is what the Postgres checks learned.
 type found struct {
 	schemas  []router.Schema // of each outbox table
+	per      []config.Config // each outbox table's configuration
 	slotHeld bool            // another process is streaming from the slot
 }
 
@@ -228,12 +232,13 @@ func (c *Checker) checkOn(ctx context.Context, conn *pgx.Conn, h *History) (foun
 	if err != nil {
 		return found{}, err
 	}
+	fields, err := c.resolvePatterns(ctx, conn)
+	if err != nil {
+		return found{}, err
+	}
 	schemas := make([]router.Schema, len(c.per))
 	for i, t := range c.per {
-		field := "postgres.table"
-		if c.cfg.Postgres.Several() {
-			field = fmt.Sprintf("postgres.tables[%d]", i)
-		}
+		field := fields[i]
 		if err := checkTable(ctx, conn, user, t.Postgres, router.Columns(t.Router), field); err != nil {
 			return found{}, err
 		}
@@ -248,7 +253,84 @@ func (c *Checker) checkOn(ctx context.Context, conn *pgx.Conn, h *History) (foun
 		return found{}, err
 	}
 	slotHeld, err := c.ensureSlot(ctx, conn, h)
-	return found{schemas: schemas, slotHeld: slotHeld}, err
+	return found{schemas: schemas, per: c.per, slotHeld: slotHeld}, err
+}
+
+// resolvePatterns reads the tables of postgres.tables from the catalogue
+// when an entry is a pattern (pg.MatchTables), making them c.per, and
+// refuses a pattern without the event trigger that adds the tables it
+// matches as they are created. It returns the setting that names each
+// table of c.per, for messages.
+func (c *Checker) resolvePatterns(ctx context.Context, conn *pgx.Conn) ([]string, error) {
+	pc := c.cfg.Postgres
+	fields := make([]string, len(c.per))
+	if !pc.Patterns() {
+		for i := range fields {
+			fields[i] = "postgres.table"
+			if pc.Several() {
+				fields[i] = fmt.Sprintf("postgres.tables[%d]", i)
+			}
+		}
+		return fields, nil
+	}
+	if err := pg.CheckTrigger(ctx, conn, pc); err != nil {
+		return nil, err
+	}
+	ms, err := pg.MatchTables(ctx, conn, pc.Tables)
+	if err != nil {
+		return nil, err
+	}
+	if len(ms) == 0 {
+		return nil, fmt.Errorf("postgres.tables matches no table yet (%s), and outboxd creates its publication FOR TABLE the tables it matches: "+
+			"create one of them first (outboxd migrate creates the exact names), or create the publication yourself (CREATE PUBLICATION %s WITH (publish = '%s', publish_via_partition_root = true))",
+			entryNames(pc.Tables), pgx.Identifier{pc.Publication}.Sanitize(), wal.PublishActions)
+	}
+	names, entries := make([]string, len(ms)), make([]int, len(ms))
+	fields = make([]string, len(ms))
+	for i, m := range ms {
+		names[i], entries[i] = m.Name(), m.Entry
+		fields[i] = EntryField(pc, m.Entry)
+	}
+	per, err := c.cfg.PerTableOf(names, entries)
+	if err != nil {
+		return nil, err
+	}
+	c.per = per
+	c.log.Info("outbox tables of postgres.tables", "tables", pg.MatchNames(ms))
+	return fields, nil
+}
+
+// EntryField names entry i of postgres.tables for a message about one of
+// its tables: postgres.tables[i], with the pattern when it is one.
+func EntryField(pc config.Postgres, i int) string {
+	if e := pc.Tables[i]; e.Pattern() {
+		return fmt.Sprintf("postgres.tables[%d] (pattern %s)", i, e.Name)
+	}
+	return fmt.Sprintf("postgres.tables[%d]", i)
+}
+
+func entryNames(es []config.TableEntry) string {
+	names := make([]string, len(es))
+	for i, e := range es {
+		names[i] = e.Name
+	}
+	return strings.Join(names, ", ")
+}
+
+// CheckOutbox checks, on conn, the outbox table of cfg as the start-up
+// checks do (it exists, the role may read it, its columns and their types
+// fit its router) and returns the table schema its router is built from;
+// field names the setting that gave the table. The pipeline runs it on a
+// table a pattern matches that was created while outboxd runs.
+func CheckOutbox(ctx context.Context, conn *pgx.Conn, cfg config.Config, field string) (router.Schema, error) {
+	var user string
+	if err := conn.QueryRow(ctx, "SELECT current_user").Scan(&user); err != nil {
+		return router.Schema{}, fmt.Errorf("reading the current role: %w", err)
+	}
+	if err := checkTable(ctx, conn, user, cfg.Postgres, router.Columns(cfg.Router), field); err != nil {
+		return router.Schema{}, err
+	}
+	return checkColumnTypes(ctx, conn, cfg)
 }
 
 // checkKafka checks that a broker answers and returns the warmed client.

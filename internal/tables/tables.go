@@ -7,12 +7,14 @@ package tables
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/internal/pg"
@@ -51,7 +53,24 @@ type Outbox struct {
 	// is sent as hex text): baseType learns each domain's, per table.
 	baseType func(table int, domain, base uint32) error
 	typed    *wal.Relation // the last outbox relation whose types were looked at
+
+	// entries are postgres.tables; adopt takes on a table that a pattern
+	// among them matches and that was none of the tables when the run
+	// started (Adopt).
+	entries []config.TableEntry
+	adopt   Adopt
 }
+
+// Adopt checks the table name (schema.table), which entry of
+// postgres.tables (a pattern) matches, on conn, as the start-up checks do,
+// and builds its router from the entry's settings, as the next of the
+// outbox tables. Its error stops the run; an error that is not a server's
+// or the connection's is permanent: the table does not fit the entry.
+type Adopt func(ctx context.Context, conn *pgx.Conn, entry int, name string) error
+
+// ErrUnfit marks a table that a pattern matches and whose columns do not
+// fit the pattern entry's router settings; it is permanent.
+var ErrUnfit error = permanent("a table a pattern matches does not fit its entry's router settings")
 
 // table is one outbox table.
 type table struct {
@@ -68,7 +87,10 @@ func (t *table) qualified() string { return t.schema + "." + t.name }
 // the run started (0 if unknown), in the same order. baseType is told each
 // domain's base type, with the index of the table whose column has it, as
 // the run meets it; its error fails Which.
-func New(pgc config.Postgres, per []config.Config, ids []uint32, log *slog.Logger, addr string, baseType func(table int, domain, base uint32) error) *Outbox {
+//
+// adopt (nil: none) takes on a table created while the run streams that a
+// pattern of pgc.Tables matches, the first time a change of it is met.
+func New(pgc config.Postgres, per []config.Config, ids []uint32, log *slog.Logger, addr string, baseType func(table int, domain, base uint32) error, adopt Adopt) *Outbox {
 	ts := make([]table, len(per))
 	for i, c := range per {
 		schema, name := c.Postgres.TableName()
@@ -78,7 +100,7 @@ func New(pgc config.Postgres, per []config.Config, ids []uint32, log *slog.Logge
 		}
 	}
 	return &Outbox{publication: pgc.Publication, tables: ts, several: len(ts) > 1, log: log, others: map[uint32]int{},
-		db: pg.Lazy{PG: pgc, Addr: addr}, baseType: baseType}
+		db: pg.Lazy{PG: pgc, Addr: addr}, baseType: baseType, entries: pgc.Tables, adopt: adopt}
 }
 
 // Addr is the server whose catalogue it reads (pg.Addr).
@@ -129,6 +151,13 @@ func (t *Outbox) which(ctx context.Context, rel *wal.Relation) (int, error) {
 		return -1, fmt.Errorf("looking up %s (relation %d), which the publication publishes, to tell whether it is a partition of an outbox table (%s): %w",
 			rel.QualifiedName(), rel.ID, t.names(), err)
 	}
+	if i < 0 && exists && t.adopt != nil {
+		for j, e := range t.entries {
+			if e.Pattern() && e.Matches(rel.Namespace, rel.Name) {
+				return t.adoptTable(ctx, rel, j)
+			}
+		}
+	}
 	if i < 0 && t.several {
 		what := "which is none of postgres.tables nor a partition of one"
 		if !exists {
@@ -161,6 +190,33 @@ func (t *Outbox) which(ctx context.Context, rel *wal.Relation) (int, error) {
 			"stop outboxd before you add a table to the publication", "publication", t.publication)
 	}
 	return i, nil
+}
+
+// adoptTable takes on rel, a table that entry j of postgres.tables, a
+// pattern, matches, and returns its index among the tables.
+func (t *Outbox) adoptTable(ctx context.Context, rel *wal.Relation, j int) (int, error) {
+	name := rel.QualifiedName()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	conn, err := t.db.Get(ctx)
+	if err != nil {
+		return -1, fmt.Errorf("checking %s, a new table of postgres.tables[%d] (%s): %w", name, j, t.entries[j].Name, err)
+	}
+	if err := t.adopt(ctx, conn, j, rel.Namespace+"."+rel.Name); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) || pgconn.SafeToRetry(err) || pgconn.Timeout(err) || ctx.Err() != nil || conn.IsClosed() {
+			return -1, fmt.Errorf("checking %s, a new table of postgres.tables[%d] (%s): %w", name, j, t.entries[j].Name, err)
+		}
+		return -1, &wal.Error{Kind: ErrUnfit,
+			Msg: fmt.Sprintf("publication %q published a row of %s (relation %d), created while outboxd ran, which postgres.tables[%d] (%s) matches, but it does not fit that entry: %v; "+
+				"outboxd stopped rather than pass its rows over", t.publication, name, rel.ID, j, t.entries[j].Name, err),
+			Remedy: "give the table the columns the entry's router reads (ALTER TABLE; its rows already written are decoded with the columns they were written with), " +
+				"or give tables of this shape an entry of their own before the pattern (an exact name, with its router settings), and restart"}
+	}
+	t.tables = append(t.tables, table{schema: rel.Namespace, name: rel.Name, id: rel.ID, types: map[uint32]bool{}})
+	t.log.Info("delivering the rows of "+name+", created while outboxd runs, as outbox events of postgres.tables["+fmt.Sprint(j)+"] ("+t.entries[j].Name+")",
+		"relation", rel.ID, "publication", t.publication)
+	return len(t.tables) - 1, nil
 }
 
 // ErrUnrouted marks a row of a table that is none of several outbox tables;
