@@ -15,7 +15,11 @@ import (
 const patternRouter = `{id_column: event_id, route_by_column: stream, key_column: stream_no, event_type_column: kind, payload_column: body, topic_template: 'tenants.${routedByValue}'}`
 
 func patternCreate(schema string) string {
-	return fmt.Sprintf(`CREATE SCHEMA %[1]s; CREATE TABLE %[1]s.events (event_id uuid PRIMARY KEY, stream text NOT NULL, stream_no bigint NOT NULL,
+	return fmt.Sprintf(`CREATE SCHEMA %[1]s; `+patternTable(schema), schema)
+}
+
+func patternTable(schema string) string {
+	return fmt.Sprintf(`CREATE TABLE %[1]s.events (event_id uuid PRIMARY KEY, stream text NOT NULL, stream_no bigint NOT NULL,
 		kind text NOT NULL, body jsonb NOT NULL, at timestamptz NOT NULL DEFAULT now())`, schema)
 }
 
@@ -82,10 +86,11 @@ func TestPatternTablesCreatedWhileStreaming(t *testing.T) {
 		table := "tenant_" + name + ".events"
 		// Created, written to, and partly deleted again in one transaction.
 		b := &pgx.Batch{}
-		b.Queue(patternCreate("tenant_" + name))
+		b.Queue("CREATE SCHEMA tenant_" + name)
+		b.Queue(patternTable("tenant_" + name))
 		evs := write(b, table, 10)
 		rollback := name == "d"
-		err := runBatch(ctx, d, b, rollback)
+		err := runInOrder(ctx, d, b, rollback)
 		switch {
 		case err == errRollback:
 			l.add(false, evs...)
@@ -113,6 +118,23 @@ func TestPatternTablesCreatedWhileStreaming(t *testing.T) {
 	p.waitLog(`delivering the rows of tenant_b.events, created while outboxd runs, as outbox events of postgres.tables\[1\] \(tenant_\*.events\)`, time.Second)
 }
 
+// runInOrder is runBatch for statements that refer to the tables the
+// statements before them create: each is sent once those before it ran.
+func runInOrder(ctx context.Context, d *db, b *pgx.Batch, rollback bool) error {
+	return pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error {
+		for _, q := range b.QueuedQueries {
+			if _, err := tx.Exec(ctx, q.SQL, q.Arguments...); err != nil {
+				return err
+			}
+		}
+		if rollback {
+			return errRollback
+		}
+		return nil
+	})
+}
+
+// closed is a load's outcome for a load already done.
 func closed() <-chan error {
 	c := make(chan error, 1)
 	c <- nil

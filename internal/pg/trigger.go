@@ -136,10 +136,13 @@ func CheckTrigger(ctx context.Context, conn *pgx.Conn, pc config.Postgres) error
 		strings.Join(want, ", "), pc.Publication, TriggerName)
 	var enabled *string
 	var have []string
-	err := conn.QueryRow(ctx, `SELECT (SELECT evtenabled::text FROM pg_event_trigger WHERE evtname = $1),
-			CASE WHEN to_regclass($2) IS NULL THEN NULL
-				ELSE (SELECT array_agg(pattern ORDER BY pattern) FROM `+PatternTable+` WHERE publication = $3) END`,
-		TriggerName, PatternTable, pc.Publication).Scan(&enabled, &have)
+	var recorded bool
+	err := conn.QueryRow(ctx, `SELECT (SELECT evtenabled::text FROM pg_event_trigger WHERE evtname = $1), to_regclass($2) IS NOT NULL`,
+		TriggerName, PatternTable).Scan(&enabled, &recorded)
+	if err == nil && recorded {
+		err = conn.QueryRow(ctx, `SELECT coalesce(array_agg(pattern ORDER BY pattern), '{}') FROM `+PatternTable+` WHERE publication = $1`,
+			pc.Publication).Scan(&have)
+	}
 	if err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "42501" {
