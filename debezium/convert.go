@@ -124,6 +124,7 @@ type conv struct {
 	used     map[string]bool
 	warnings []Warning
 	refErr   error // the first setting read that is a config provider reference
+	several  bool  // table.include.list gave postgres.tables: several tables or a pattern
 }
 
 // get reads a setting. A config provider reference in it is an error (see
@@ -353,11 +354,23 @@ func (v *conv) postgres() (section, error) {
 	}
 	s.add("publication", v.or("publication.name", defaultPublication), "publication.name")
 
-	table, err := v.table()
+	tables, err := v.table()
 	if err != nil {
 		return s, err
 	}
-	s.add("table", table, "table.include.list")
+	table := strings.Join(tables, ", ")
+	if len(tables) == 1 && !strings.Contains(tables[0], "*") {
+		s.add("table", tables[0], "table.include.list")
+	} else {
+		v.several = true
+		s.add("tables", tables, "table.include.list: one slot and publication for all of them")
+		for _, t := range tables {
+			if strings.Contains(t, "*") {
+				v.warn("table.include.list", "the pattern %s picks up tables created while outboxd runs through an event trigger: run outboxd migrate with this configuration "+
+					"as a superuser before you start outboxd (it refuses to start without the trigger)", t)
+			}
+		}
+	}
 	s.add("create_slot", false, "resume the existing slot; a new one would skip what Debezium has not confirmed")
 	failover, err := v.boolean("slot.failover", false)
 	if err != nil {
@@ -422,9 +435,10 @@ func millis(key, s string) (time.Duration, error) {
 	return time.Duration(n) * time.Millisecond, nil
 }
 
-// table reads the outbox table from table.include.list, a list of Java
-// regexes matched against schema.table.
-func (v *conv) table() (string, error) {
+// table reads the outbox tables from table.include.list, a list of Java
+// regexes matched against schema.table: each entry is a table name or,
+// where the regex translates exactly, a postgres.tables pattern.
+func (v *conv) table() ([]string, error) {
 	key := "table.include.list"
 	list, ok := v.get(key)
 	if legacy, lok := v.get("table.whitelist"); !ok && lok {
@@ -432,7 +446,7 @@ func (v *conv) table() (string, error) {
 	}
 	if !ok {
 		v.warn("table.include.list", "not set, so Debezium captured every table; outboxd streams one table and assumes public.outbox: set postgres.table to your outbox table")
-		return "public.outbox", nil
+		return []string{"public.outbox"}, nil
 	}
 	var tables []string
 	for _, e := range strings.Split(list, ",") {
@@ -440,18 +454,55 @@ func (v *conv) table() (string, error) {
 			tables = append(tables, e)
 		}
 	}
-	if len(tables) != 1 {
-		return "", fmt.Errorf("%s lists %d tables (%s); outboxd streams one outbox table: convert a connector that captures only it", key, len(tables), strings.Join(tables, ", "))
+	if len(tables) == 0 {
+		return nil, fmt.Errorf("%s is empty; set it to the outbox tables", key)
 	}
-	t := strings.ReplaceAll(tables[0], `\.`, ".")
-	if strings.ContainsAny(t, `\[](){}*+?|^$`) {
-		return "", fmt.Errorf("%s entry %q is a pattern; outboxd needs the outbox table's name, like public.outbox", key, tables[0])
+	out := make([]string, len(tables))
+	for i, e := range tables {
+		t, err := globOf(e)
+		if err != nil {
+			return nil, fmt.Errorf("%s entry %q %v", key, e, err)
+		}
+		if !strings.Contains(t, ".") {
+			v.warn(key, "%q has no schema; Debezium matches it against schema.table, outboxd assumes public.%s", t, t)
+			t = "public." + t
+		}
+		out[i] = t
 	}
-	if !strings.Contains(t, ".") {
-		v.warn(key, "%q has no schema; Debezium matches it against schema.table, outboxd assumes public.%s", t, t)
-		t = "public." + t
+	return out, nil
+}
+
+// globOf translates a Java regex of table.include.list into a name or a
+// postgres.tables pattern that matches exactly the same tables: \. and a
+// lone . are the separator or a dot of the name (as Debezium users write
+// public.outbox), .* is *, and every other character stands for itself. A
+// regex with anything else, or a .* that could span the schema and the
+// table, is an error that says what to write instead.
+func globOf(re string) (string, error) {
+	var b strings.Builder
+	for i := 0; i < len(re); i++ {
+		switch c := re[i]; {
+		case c == '\\' && i+1 < len(re) && re[i+1] == '.':
+			b.WriteByte('.')
+			i++
+		case c == '.' && i+1 < len(re) && re[i+1] == '*':
+			b.WriteByte('*')
+			i++
+		case c == '.':
+			b.WriteByte('.')
+		case strings.IndexByte(`\[](){}*+?|^$`, c) >= 0:
+			return "", fmt.Errorf("is a regular expression outboxd cannot translate into a postgres.tables pattern (only .* translates, as *, within the schema or the table part): " +
+				"list the tables it matches by name under postgres.tables, or write a pattern with * such as tenant_*.outbox, which matches any run of characters, none included")
+		default:
+			b.WriteByte(c)
+		}
 	}
-	return t, nil
+	g := b.String()
+	if schema, table, ok := strings.Cut(g, "."); strings.Contains(g, "*") && (!ok || schema == "" || table == "" || strings.Contains(table, ".")) {
+		return "", fmt.Errorf("is a regular expression whose .* can match across the schema and the table name, which a postgres.tables pattern cannot: " +
+			"write the schema and the table apart, each with * where any run of characters goes, such as *.outbox or tenant_*.outbox")
+	}
+	return g, nil
 }
 
 // field is config.Field as written in YAML, without an empty alias.
@@ -597,6 +648,12 @@ func (v *conv) router(p string, ch chain) (section, error) {
 	}
 
 	msgs, how := v.messages(ch)
+	if v.several && msgs.Prefix != "" {
+		// A message has no table of its own to be routed by.
+		msgs.Unowned = "ignore"
+		v.warn("table.include.list", "with several outbox tables a logical message is delivered only if it names its table: add \"__outbox_table\": \"schema.table\" "+
+			"to each message's JSON content (package outbox: Config.Table); router.messages.unowned: ignore passes over the others")
+	}
 	s.add("messages", msgs, how)
 	if h, ok := v.contextHeaders(); ok {
 		s.add("debezium_headers", h, "extended.headers.enabled: Debezium 3.2.1 and later wrote these headers; set enabled: true to write them too")
@@ -620,7 +677,8 @@ func (v *conv) router(p string, ch chain) (section, error) {
 }
 
 type messages struct {
-	Prefix string `yaml:"prefix"`
+	Prefix  string `yaml:"prefix"`
+	Unowned string `yaml:"unowned,omitempty"`
 }
 
 // messages maps what the connector did with logical decoding messages. An

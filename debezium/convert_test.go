@@ -38,7 +38,8 @@ func TestConvertGolden(t *testing.T) {
 		{"err-bad-json-value.json", ""},
 		{"err-missing-host.json", ""},
 		{"err-lookahead.json", ""},
-		{"err-two-tables.properties", ""},
+		{"several-tables.properties", "kafka:9092"}, // several tables and a regex: postgres.tables with a pattern
+		{"err-table-regex.properties", ""},
 		{"err-bad-group.json", ""},
 		{"snapshot-override.properties", "kafka:9092"}, // snapshot.mode when_needed, an override, exactly-once
 		{"err-initial-only.properties", ""},
@@ -371,6 +372,58 @@ func FuzzConvert(f *testing.F) {
 			t.Fatalf("password in output")
 		}
 	})
+}
+
+// TestTableIncludeList checks the translation of table.include.list's
+// regexes into postgres.tables names and patterns, and that what cannot be
+// translated exactly is an error saying what to write.
+func TestTableIncludeList(t *testing.T) {
+	for _, tc := range []struct {
+		list string
+		want []string // "": an error
+		err  string
+	}{
+		{list: "public.outbox", want: []string{"public.outbox"}},
+		{list: `public\.outbox`, want: []string{"public.outbox"}},
+		{list: "orders.outbox, wallet.outbox", want: []string{"orders.outbox", "wallet.outbox"}},
+		{list: `tenant_.*\.outbox`, want: []string{"tenant_*.outbox"}},
+		{list: `.*\.outbox,public.outbox_.*`, want: []string{"*.outbox", "public.outbox_*"}},
+		{list: `tenant_.+\.outbox`, err: "cannot translate into a postgres.tables pattern (only .* translates"},
+		{list: `tenant_[a-z]*\.outbox`, err: "list the tables it matches by name under postgres.tables, or write a pattern with *"},
+		{list: `(a|b)\.outbox`, err: "cannot translate"},
+		{list: `.*outbox`, err: "can match across the schema and the table name"},
+	} {
+		t.Run(tc.list, func(t *testing.T) {
+			res, err := Convert(connector(map[string]string{"table.include.list": tc.list}), Options{Brokers: []string{"kafka:9092"}})
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) || !strings.Contains(err.Error(), "table.include.list entry") {
+					t.Fatalf("error %v, want one with %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg := config.Default()
+			if err := config.Decode(res.YAML, &cfg); err != nil {
+				t.Fatalf("output does not decode: %v\n%s", err, res.YAML)
+			}
+			cfg.Postgres.DSN = WithoutFiles(cfg.Postgres.DSN)
+			if err := cfg.Validate(); err != nil {
+				t.Fatalf("output does not validate: %v\n%s", err, res.YAML)
+			}
+			got := []string{cfg.Postgres.Table}
+			if len(tc.want) > 1 || strings.Contains(tc.want[0], "*") {
+				got = nil
+				for _, e := range cfg.Postgres.Tables {
+					got = append(got, e.Name)
+				}
+			}
+			if strings.Join(got, ",") != strings.Join(tc.want, ",") {
+				t.Errorf("tables %v, want %v", got, tc.want)
+			}
+		})
+	}
 }
 
 // connector is a minimal convertible connector with the given settings added
