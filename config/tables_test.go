@@ -111,6 +111,34 @@ func TestLoadSeveralTables(t *testing.T) {
 	}
 }
 
+// A pattern is valid; it counts as several tables, and PerTable leaves its
+// tables (read from the catalogue) out: PerTableOf gives each the entry's
+// router.
+func TestPatternTables(t *testing.T) {
+	cfg, err := config.Load(writeFile(t, "postgres:\n  tables:\n    - a.outbox\n    - name: t_*.events\n      router: {key_column: k}\n"+
+		"router:\n  messages: {unowned: ignore}\n"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("Validate: %v", err)
+	}
+	if !cfg.Postgres.Several() || !cfg.Postgres.Patterns() || cfg.Postgres.Table != "" {
+		t.Fatalf("Several %v, Patterns %v, table %q", cfg.Postgres.Several(), cfg.Postgres.Patterns(), cfg.Postgres.Table)
+	}
+	per, err := cfg.PerTable()
+	if err != nil || len(per) != 1 || per[0].Postgres.Table != "a.outbox" {
+		t.Fatalf("PerTable: %v, %v", per, err)
+	}
+	per, err = cfg.PerTableOf([]string{"a.outbox", "t_1.events"}, []int{0, 1})
+	if err != nil || len(per) != 2 {
+		t.Fatalf("PerTableOf: %d, %v", len(per), err)
+	}
+	if per[1].Postgres.Table != "t_1.events" || per[1].Router.KeyColumn != "k" || per[0].Router.KeyColumn == "k" {
+		t.Errorf("PerTableOf: %q key %q, %q key %q", per[0].Postgres.Table, per[0].Router.KeyColumn, per[1].Postgres.Table, per[1].Router.KeyColumn)
+	}
+}
+
 func TestLoadTablesErrors(t *testing.T) {
 	for _, tc := range []struct {
 		name, yaml string
@@ -125,8 +153,8 @@ func TestLoadTablesErrors(t *testing.T) {
 		{"unqualified", "postgres:\n  tables: [outbox]\n", nil, `postgres.tables[0]: "outbox" must be schema-qualified`},
 		{"anchors", "postgres:\n  tables:\n    - name: a.outbox\n      router: &r {key_column: k}\n    - name: b.outbox\n      router: {<<: *r, key_encoding: base64}\n", nil, "postgres.tables[1] (b.outbox): router.key_encoding"},
 		{"twice", "postgres:\n  tables: [a.outbox, a.outbox]\n", nil, `postgres.tables[1]: "a.outbox" is also postgres.tables[0]`},
-		{"pattern not yet", "postgres:\n  tables: ['*.outbox']\n", nil, `postgres.tables[0]: "*.outbox" is a pattern, which this outboxd cannot stream yet`},
-		{"pattern among several", "postgres:\n  tables: [a.outbox, 't_*.outbox']\nrouter:\n  messages: {unowned: ignore}\n", nil, `postgres.tables[1]: "t_*.outbox" is a pattern`},
+		{"one pattern counts as several", "postgres:\n  tables: ['*.outbox']\n", nil, "router.messages.unowned: deliver with several postgres.tables"},
+		{"pattern, shards", "postgres:\n  tables: ['t_*.outbox']\n  shards: 2\nrouter:\n  messages: {unowned: ignore}\n", nil, "postgres.shards: 2 with several postgres.tables"},
 		{"several, unowned messages", "postgres:\n  tables: [a.outbox, b.outbox]\n", nil, "router.messages.unowned: deliver with several postgres.tables"},
 		{"several, shards", "postgres:\n  tables: [a.outbox, b.outbox]\n  shards: 2\nrouter:\n  messages: {unowned: ignore}\n", nil, "postgres.shards: 2 with several postgres.tables is not supported yet"},
 		{"several, messages override", "postgres:\n  tables: [a.outbox, {name: b.outbox, router: {messages: {prefix: x}}}]\nrouter:\n  messages: {unowned: ignore}\n", nil, "postgres.tables[1] (b.outbox): router.messages is the same for every table"},
