@@ -171,7 +171,10 @@ func openWhileCreated(t *testing.T, d *db, l *ledger, ev func(string, int) (even
 }
 
 // A pattern without the event trigger outboxd migrate installs is refused
-// at start-up, saying what to run; so is the trigger disabled.
+// at start-up, saying what to run; so is the trigger disabled. The trigger
+// refuses a matching table made with its rows (CREATE TABLE AS), and a new
+// table that does not fit its entry stops outboxd with its name, as it
+// does at start-up.
 func TestPatternTablesNeedTheTrigger(t *testing.T) {
 	d := newDB(t)
 	d.exec(t, patternCreate("tenant_a"))
@@ -199,4 +202,19 @@ func TestPatternTablesNeedTheTrigger(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "matches the outbox table pattern tenant_*.events of publication outboxd, which does not publish it") {
 		t.Fatalf("CREATE TABLE AS of a matching table: %v, want the trigger's refusal", err)
 	}
+	// A new table that does not fit the entry stops outboxd, naming it;
+	// the slot is not confirmed past its row.
+	d.exec(t, `CREATE TABLE tenant_x.events (event_id uuid PRIMARY KEY, stream text NOT NULL, kind text NOT NULL, body jsonb NOT NULL)`)
+	lsn := currentLSN(t, d)
+	d.exec(t, `INSERT INTO tenant_x.events VALUES ($1, 'a', 'Happened', '{}')`, uuid())
+	if code := p.waitExit(30 * time.Second); code == 0 {
+		t.Fatalf("outboxd exited 0 after a row of a new table that does not fit its pattern's entry")
+	}
+	p.waitLog(`published a row of tenant_x.events \(relation \d+\), created while outboxd ran, which postgres.tables\[1\] \(tenant_\*.events\) matches, but it does not fit that entry: `+
+		`outbox table tenant_x.events has no column stream_no`, time.Second)
+	if c := d.confirmedFlush(t); c > lsn {
+		t.Errorf("the slot was confirmed to %X, past the row of the unfit table (written after %X)", c, lsn)
+	}
+	// At start-up, such a table is refused with its name and its entry.
+	expectStartupError(t, env, `outbox table tenant_x.events has no column stream_no; add it or set the \*_column settings of postgres.tables\[1\] \(pattern tenant_\*.events\).router`, "-config", cfg)
 }
