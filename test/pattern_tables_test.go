@@ -34,7 +34,9 @@ func patternConfig(t *testing.T) string {
 // transaction that created it, those deleted again at once among them,
 // are delivered, and so are the rows of a transaction that was open when
 // the table was created and wrote it afterwards. A creation rolled back
-// delivers nothing. 0 lost, 0 phantom, 0 per-key order violations.
+// delivers nothing. A logical message that names a new table before any
+// row of it is delivered with the table's entry. 0 lost, 0 phantom, 0
+// per-key order violations.
 func TestPatternTablesCreatedWhileStreaming(t *testing.T) {
 	d := newDB(t)
 	d.exec(t, patternCreate("tenant_a"))
@@ -114,6 +116,12 @@ func TestPatternTablesCreatedWhileStreaming(t *testing.T) {
 			openWhileCreated(t, d, l, ev)
 		}
 	}
+	// A logical message that names a new table before any row of it does.
+	d.exec(t, patternCreate("tenant_h"))
+	e, _ := ev("tenant_h.events", 1)
+	d.exec(t, `SELECT pg_logical_emit_message(true, 'outbox', $1)`, fmt.Sprintf(
+		`{"__outbox_table": "tenant_h.events", "event_id": %q, "stream": %q, "stream_no": %s, "kind": %q, "body": %s}`, e.ID, e.Type, e.Key, e.EventType, e.Payload))
+	l.add(true, e)
 	noDuplicates(t, verifyLoad(t, l, closed()))
 	p.waitLog(`delivering the rows of tenant_b.events, created while outboxd runs, as outbox events of postgres.tables\[1\] \(tenant_\*.events\)`, time.Second)
 }

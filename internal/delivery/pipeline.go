@@ -316,7 +316,10 @@ func (p *Pipeline) Handle(item wal.Item) error {
 		// poison row, once, by the deployment and shard that take messages
 		// without either.
 		fields, err := router.ParseMessage(m)
-		o, owned := p.ownsMessage(fields.Owner(), m.LSN)
+		o, owned, err := p.ownsMessage(fields.Owner(), m.LSN)
+		if err != nil {
+			return err
+		}
 		if !owned {
 			return nil
 		}
@@ -379,11 +382,18 @@ func (p *Pipeline) endWindow() {
 // router.messages.unowned: deliver (one outbox table only: config.Config.Validate
 // refuses it with several). A message it leaves is counted, and the first
 // of each kind in a run logged.
-func (p *Pipeline) ownsMessage(owner string, lsn wal.LSN) (*table, bool) {
+func (p *Pipeline) ownsMessage(owner string, lsn wal.LSN) (*table, bool, error) {
 	for i := range p.outboxes {
 		if owner == p.outboxes[i].cfg.Postgres.Table {
-			return &p.outboxes[i], true
+			return &p.outboxes[i], true, nil
 		}
+	}
+	// A table a pattern matches that this run has not met yet.
+	if i, ok, err := p.tables.Owner(p.ctx, owner); err != nil || ok {
+		if err != nil {
+			return nil, false, err
+		}
+		return &p.outboxes[i], true, nil
 	}
 	table := "not this outboxd's postgres.table " + p.outboxes[0].cfg.Postgres.Table
 	if len(p.outboxes) > 1 {
@@ -399,9 +409,9 @@ func (p *Pipeline) ownsMessage(owner string, lsn wal.LSN) (*table, bool) {
 				"the writer's outbox Config.Table (the message's field "+router.OwnerField+") must equal the postgres.table of the outboxd that delivers it",
 				"owner", owner, "lsn", lsn.String(), "slot", p.cfg.Postgres.Slot)
 		}
-		return nil, false
+		return nil, false, nil
 	case p.takesUnowned && len(p.outboxes) == 1:
-		return &p.outboxes[0], true
+		return &p.outboxes[0], true, nil
 	}
 	p.unowned.Inc()
 	if !p.warnedLeft {
@@ -410,7 +420,7 @@ func (p *Pipeline) ownsMessage(owner string, lsn wal.LSN) (*table, bool) {
 			"to the one outboxd on the database with router.messages.unowned: deliver (counted in outboxd_wal_changes_total{op=\"message_unowned\"})",
 			"lsn", lsn.String(), "slot", p.cfg.Postgres.Slot)
 	}
-	return nil, false
+	return nil, false, nil
 }
 
 // tableNames are the outbox tables' names, comma-separated.

@@ -99,7 +99,7 @@ func New(pgc config.Postgres, per []config.Config, ids []uint32, log *slog.Logge
 			ts[i].id = ids[i]
 		}
 	}
-	return &Outbox{publication: pgc.Publication, tables: ts, several: len(ts) > 1, log: log, others: map[uint32]int{},
+	return &Outbox{publication: pgc.Publication, tables: ts, several: len(ts) > 1 || pgc.Several(), log: log, others: map[uint32]int{},
 		db: pg.Lazy{PG: pgc, Addr: addr}, baseType: baseType, entries: pgc.Tables, adopt: adopt}
 }
 
@@ -192,19 +192,46 @@ func (t *Outbox) which(ctx context.Context, rel *wal.Relation) (int, error) {
 	return i, nil
 }
 
+// Owner reports which outbox table a logical message that names owner
+// (schema.table, its __outbox_table) is of, when it is none of the tables
+// the run has met but a pattern entry matches it: that table is adopted
+// as a row of it would be (its relation ID is learnt from its first row).
+// ok is false when no pattern matches owner.
+func (t *Outbox) Owner(ctx context.Context, owner string) (i int, ok bool, err error) {
+	for i := range t.tables {
+		if t.tables[i].qualified() == owner {
+			return i, true, nil
+		}
+	}
+	schema, name, cut := strings.Cut(owner, ".")
+	if !cut || t.adopt == nil {
+		return 0, false, nil
+	}
+	for j, e := range t.entries {
+		if e.Pattern() && e.Matches(schema, name) {
+			i, err := t.adoptTable(ctx, &wal.Relation{Namespace: schema, Name: name}, j)
+			return i, err == nil, err
+		}
+	}
+	return 0, false, nil
+}
+
 // adoptTable takes on rel, a table that entry j of postgres.tables, a
 // pattern, matches, and returns its index among the tables.
 func (t *Outbox) adoptTable(ctx context.Context, rel *wal.Relation, j int) (int, error) {
 	name := rel.QualifiedName()
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	conn, err := t.db.Get(ctx)
-	if err != nil {
-		return -1, fmt.Errorf("checking %s, a new table of postgres.tables[%d] (%s): %w", name, j, t.entries[j].Name, err)
+	var conn *pgx.Conn // nil with a stubbed catalogue (find)
+	if t.find == nil {
+		var err error
+		if conn, err = t.db.Get(ctx); err != nil {
+			return -1, fmt.Errorf("checking %s, a new table of postgres.tables[%d] (%s): %w", name, j, t.entries[j].Name, err)
+		}
 	}
 	if err := t.adopt(ctx, conn, j, rel.Namespace+"."+rel.Name); err != nil {
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) || pgconn.SafeToRetry(err) || pgconn.Timeout(err) || ctx.Err() != nil || conn.IsClosed() {
+		if errors.As(err, &pgErr) || pgconn.SafeToRetry(err) || pgconn.Timeout(err) || ctx.Err() != nil || (conn != nil && conn.IsClosed()) {
 			return -1, fmt.Errorf("checking %s, a new table of postgres.tables[%d] (%s): %w", name, j, t.entries[j].Name, err)
 		}
 		return -1, &wal.Error{Kind: ErrUnfit,

@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/wal"
@@ -41,7 +44,7 @@ func newOutbox(t *testing.T, names []string, ids []uint32, cat *stub) (*Outbox, 
 	}
 	var logs bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
-	o := New(config.Postgres{Publication: "outboxd"}, per, ids, log, "", func(int, uint32, uint32) error { return nil })
+	o := New(config.Postgres{Publication: "outboxd"}, per, ids, log, "", func(int, uint32, uint32) error { return nil }, nil)
 	o.find = cat.find
 	return o, &logs
 }
@@ -147,5 +150,88 @@ func TestWhichWarnsOnNewID(t *testing.T) {
 	logs.Reset()
 	if _, _, err := o.Which(ctx, rel(100, "public.b")); err != nil || strings.Contains(logs.String(), "another relation") {
 		t.Errorf("warned again for the same relation (err %v):\n%s", err, logs)
+	}
+}
+
+// A table that a pattern entry matches and that none of the run's tables
+// is, met while streaming, is adopted with that entry (its index is the
+// next one), once; one that does not fit the entry halts with
+// ErrUnfit, naming it; a dropped one halts as any dropped table.
+func TestWhichPattern(t *testing.T) {
+	cat := &stub{rels: map[uint32]struct {
+		exists bool
+		table  int
+	}{20: {true, -1}, 21: {true, -1}, 22: {true, -1}}}
+	per := []config.Config{{Postgres: config.Postgres{Table: "public.outbox"}}}
+	var logs bytes.Buffer
+	var adopted []string
+	adopt := func(_ context.Context, _ *pgx.Conn, entry int, name string) error {
+		if name == "tenant_bad.events" {
+			return errors.New("outbox table tenant_bad.events has no column k")
+		}
+		adopted = append(adopted, fmt.Sprint(entry, " ", name))
+		return nil
+	}
+	pgc := config.Postgres{Publication: "outboxd", Tables: []config.TableEntry{{Name: "public.outbox"}, {Name: "tenant_*.events"}}}
+	o := New(pgc, per, []uint32{10}, slog.New(slog.NewTextHandler(&logs, nil)), "", func(int, uint32, uint32) error { return nil }, adopt)
+	o.find = cat.find
+	for _, step := range []struct {
+		rel  *wal.Relation
+		want int
+		err  error
+	}{
+		{rel(10, "public.outbox"), 0, nil},
+		{rel(20, "tenant_a.events"), 1, nil},
+		{rel(20, "tenant_a.events"), 1, nil}, // by name now: no second adoption
+		{rel(21, "tenant_bad.events"), -1, ErrUnfit},
+		{rel(22, "other.events"), -1, ErrUnrouted},
+		{rel(23, "tenant_gone.events"), -1, ErrUnrouted}, // dropped since
+	} {
+		i, ok, err := o.Which(context.Background(), step.rel)
+		switch {
+		case step.err != nil:
+			if !errors.Is(err, step.err) {
+				t.Errorf("%s: error %v, want %v", step.rel.QualifiedName(), err, step.err)
+			}
+		case err != nil || !ok || i != step.want:
+			t.Errorf("%s: table %d, %v, %v; want %d", step.rel.QualifiedName(), i, ok, err, step.want)
+		}
+	}
+	if strings.Join(adopted, ",") != "1 tenant_a.events" {
+		t.Errorf("adopted %v, want tenant_a.events once with entry 1", adopted)
+	}
+	if _, _, err := o.Which(context.Background(), rel(21, "tenant_bad.events")); err == nil ||
+		!strings.Contains(err.Error(), "tenant_bad.events (relation 21), created while outboxd ran, which postgres.tables[1] (tenant_*.events) matches, but it does not fit that entry: outbox table tenant_bad.events has no column k") {
+		t.Errorf("unfit table: %v", err)
+	}
+}
+
+// A logical message that names a table a pattern matches, before any row
+// of it, adopts it; one that no entry matches is not this outboxd's.
+func TestOwnerPattern(t *testing.T) {
+	var adopted []string
+	adopt := func(_ context.Context, _ *pgx.Conn, entry int, name string) error {
+		adopted = append(adopted, fmt.Sprint(entry, " ", name))
+		return nil
+	}
+	pgc := config.Postgres{Publication: "outboxd", Tables: []config.TableEntry{{Name: "public.outbox"}, {Name: "tenant_*.events"}}}
+	per := []config.Config{{Postgres: config.Postgres{Table: "public.outbox"}}}
+	o := New(pgc, per, []uint32{10}, slog.New(slog.NewTextHandler(&bytes.Buffer{}, nil)), "", func(int, uint32, uint32) error { return nil }, adopt)
+	o.find = (&stub{}).find
+	for _, step := range []struct {
+		owner string
+		want  int
+		ok    bool
+	}{{"public.outbox", 0, true}, {"tenant_a.events", 1, true}, {"tenant_a.events", 1, true}, {"other.events", 0, false}} {
+		i, ok, err := o.Owner(context.Background(), step.owner)
+		if err != nil || ok != step.ok || (ok && i != step.want) {
+			t.Errorf("%s: %d, %v, %v; want %d, %v", step.owner, i, ok, err, step.want, step.ok)
+		}
+	}
+	if i, ok, err := o.Which(context.Background(), rel(20, "tenant_a.events")); err != nil || !ok || i != 1 {
+		t.Errorf("a row of the adopted table: %d, %v, %v", i, ok, err)
+	}
+	if strings.Join(adopted, ",") != "1 tenant_a.events" {
+		t.Errorf("adopted %v, want tenant_a.events once with entry 1", adopted)
 	}
 }
