@@ -316,9 +316,9 @@ func (p *Pipeline) Handle(item wal.Item) error {
 		// poison row, once, by the deployment and shard that take messages
 		// without either.
 		fields, err := router.ParseMessage(m)
-		o, owned, err := p.ownsMessage(fields.Owner(), m.LSN)
-		if err != nil {
-			return err
+		o, owned, oerr := p.ownsMessage(fields.Owner(), m.LSN)
+		if oerr != nil {
+			return oerr
 		}
 		if !owned {
 			return nil
