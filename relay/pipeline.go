@@ -10,7 +10,7 @@ import (
 // pipe consumes the stream's batches in order with the run's pipeline
 // (package internal/delivery): it routes inserts and messages and hands
 // them to the producer, registering each with the tracker first.
-func (r *Relay) pipe(ctx context.Context, batches <-chan []wal.Item, rn *pipelineRun) error {
+func (r *Relay) pipe(ctx context.Context, batches <-chan []wal.Item, rn *pipelineRun, learnt func(schema, name string, id uint32)) error {
 	// The lookups read the catalogue of the server the run streams from.
 	p, err := delivery.NewPipeline(ctx, delivery.Setup{Config: r.cfg, Log: r.log, Metrics: r.m.delivery, TxnMetrics: r.txnM,
 		Shard: r.shard, Window: rn.window, Timeline: rn.slot.Timeline,
@@ -18,7 +18,7 @@ func (r *Relay) pipe(ctx context.Context, batches <-chan []wal.Item, rn *pipelin
 			rn.windowEnded.Store(true) // for the drain stage
 			rn.stopReading()
 		},
-		Tracker: rn.tracker, Producer: rn.producer, Fail: rn.fail, OutboxIDs: rn.slot.OutboxIDs, Addr: rn.slot.Addr, Schemas: rn.schemas, Per: rn.per})
+		Tracker: rn.tracker, Producer: rn.producer, Fail: rn.fail, OutboxIDs: rn.slot.OutboxIDs, Addr: rn.slot.Addr, Schemas: rn.schemas, Per: rn.per, Learnt: learnt})
 	if err != nil {
 		return err
 	}

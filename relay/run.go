@@ -225,27 +225,25 @@ func (r *Relay) streamStage(ctx context.Context, rn *pipelineRun) error {
 		}
 		return nil
 	})
+	// A table dropped and created again, or swapped in by a rename, is a
+	// relation the publication lacks: nothing on the stream shows it. A
+	// table a pattern matches that the pipeline takes on while the run
+	// streams joins the check (Setup.Learnt).
+	per := rn.per
+	if per == nil {
+		var err error
+		if per, err = r.cfg.PerTable(); err != nil {
+			return err
+		}
+	}
+	published := tables.NewWatch(r.cfg.Postgres, per, rn.slot.OutboxIDs, rn.slot.Addr, r.log)
 	watch, stopWatch := context.WithCancel(gctx)
 	g.Go(func() error {
 		defer stopWatch() // the watchdog ends with the pipeline, also on a clean stop
-		return r.pipe(gctx, items, rn)
+		return r.pipe(gctx, items, rn, published.Add)
 	})
 	g.Go(func() error { return rn.producer.Watch(watch, rn.tracker.Waiting) })
-	// A table dropped and created again, or swapped in by a rename, is a
-	// relation the publication lacks: nothing on the stream shows it.
-	g.Go(func() error {
-		per := rn.per
-		if per == nil {
-			var err error
-			if per, err = r.cfg.PerTable(); err != nil {
-				return err
-			}
-		}
-		// TODO(patterns35): a table a pattern matches that the pipeline
-		// adopts while the run streams is not watched until the next run;
-		// add it here once Watch can learn tables (pubcheck35).
-		return tables.NewWatch(r.cfg.Postgres, per, rn.slot.OutboxIDs, rn.slot.Addr, r.log).Run(watch, r.cfg.Postgres.SlotLagInterval)
-	})
+	g.Go(func() error { return published.Run(watch, r.cfg.Postgres.SlotLagInterval) })
 	err := g.Wait()
 	if cause := context.Cause(rn.ctx); cause != nil && !errors.Is(cause, context.Canceled) && !errors.Is(cause, errShutdownTimeout) {
 		err = cause // the delivery failure that ended the run

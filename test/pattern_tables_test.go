@@ -124,6 +124,13 @@ func TestPatternTablesCreatedWhileStreaming(t *testing.T) {
 	l.add(true, e)
 	noDuplicates(t, verifyLoad(t, l, closed()))
 	p.waitLog(`delivering the rows of tenant_b.events, created while outboxd runs, as outbox events of postgres.tables\[1\] \(tenant_\*.events\)`, time.Second)
+	// A table taken on while streaming joins the check that the outbox
+	// tables are still published.
+	d.exec(t, `DROP TABLE tenant_b.events`)
+	if code := p.waitExit(30 * time.Second); code == 0 {
+		t.Fatalf("outboxd exited 0 after a table it took on was dropped")
+	}
+	p.waitLog(`outbox table tenant_b.events was dropped while outboxd ran`, time.Second)
 }
 
 // runInOrder is runBatch for statements that refer to the tables the

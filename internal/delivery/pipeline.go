@@ -57,6 +57,10 @@ type Setup struct {
 	// found them (preflight.Checked.Per: with patterns, the tables they
 	// matched); nil: Config.PerTable.
 	Per []config.Config
+	// Learnt (nil: none) is told each table the pipeline takes on while
+	// it streams (a table a pattern matches), with its relation ID (0:
+	// unknown), once its router is built.
+	Learnt func(schema, name string, id uint32)
 }
 
 // NewPipeline returns the pipeline of one run, on ctx: it routes the
@@ -87,7 +91,7 @@ func NewPipeline(ctx context.Context, s Setup) (*Pipeline, error) {
 	changes := s.Metrics.changes
 	p := &Pipeline{cfg: s.Config, log: s.Log, m: s.Metrics, txnM: s.TxnMetrics, shard: s.Shard,
 		ctx: ctx, tracker: s.Tracker, producer: s.Producer, fail: s.Fail, outboxes: outboxes,
-		window: s.Window, timeline: s.Timeline, stopReading: s.StopReading,
+		window: s.Window, timeline: s.Timeline, stopReading: s.StopReading, learnt: s.Learnt,
 		takesUnowned: s.Config.Router.Messages.Unowned != config.UnownedIgnore,
 		nontx:        changes.WithLabelValues("message_nontransactional", ""),
 		others:       changes.WithLabelValues("message_other_outbox", ""), unowned: changes.WithLabelValues("message_unowned", "")}
@@ -99,7 +103,7 @@ func NewPipeline(ctx context.Context, s Setup) (*Pipeline, error) {
 // of postgres.tables (a pattern) matches: it checks the table on conn as
 // the start-up checks do and builds its router from the entry's settings
 // (tables.Adopt).
-func (p *Pipeline) adopt(ctx context.Context, conn *pgx.Conn, entry int, name string) error {
+func (p *Pipeline) adopt(ctx context.Context, conn *pgx.Conn, entry int, name string, id uint32) error {
 	per, err := p.cfg.PerTableOf([]string{name}, []int{entry})
 	if err != nil {
 		return err
@@ -114,6 +118,10 @@ func (p *Pipeline) adopt(ctx context.Context, conn *pgx.Conn, entry int, name st
 		return fmt.Errorf("outbox table %s: %w", name, err)
 	}
 	p.outboxes = append(p.outboxes, table{cfg: c, router: rt, schema: schema, counts: p.m.table(name)})
+	if p.learnt != nil {
+		schemaName, tableName := c.Postgres.TableName()
+		p.learnt(schemaName, tableName, id)
+	}
 	return nil
 }
 
@@ -174,6 +182,7 @@ type Pipeline struct {
 	producer Producer
 	fail     context.CancelCauseFunc
 	tables   *tables.Outbox
+	learnt   func(schema, name string, id uint32) // Setup.Learnt
 	// outboxes are the outbox tables, in the order of config.Config.PerTable:
 	// tables tells which one a change is of.
 	outboxes []table

@@ -66,7 +66,8 @@ type Outbox struct {
 // and builds its router from the entry's settings, as the next of the
 // outbox tables. Its error stops the run; an error that is not a server's
 // or the connection's is permanent: the table does not fit the entry.
-type Adopt func(ctx context.Context, conn *pgx.Conn, entry int, name string) error
+// id is its relation ID, 0 when not known (a logical message named it).
+type Adopt func(ctx context.Context, conn *pgx.Conn, entry int, name string, id uint32) error
 
 // ErrUnfit marks a table that a pattern matches and whose columns do not
 // fit the pattern entry's router settings; it is permanent.
@@ -229,7 +230,7 @@ func (t *Outbox) adoptTable(ctx context.Context, rel *wal.Relation, j int) (int,
 			return -1, fmt.Errorf("checking %s, a new table of postgres.tables[%d] (%s): %w", name, j, t.entries[j].Name, err)
 		}
 	}
-	if err := t.adopt(ctx, conn, j, rel.Namespace+"."+rel.Name); err != nil {
+	if err := t.adopt(ctx, conn, j, rel.Namespace+"."+rel.Name, rel.ID); err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) || pgconn.SafeToRetry(err) || pgconn.Timeout(err) || ctx.Err() != nil || (conn != nil && conn.IsClosed()) {
 			return -1, fmt.Errorf("checking %s, a new table of postgres.tables[%d] (%s): %w", name, j, t.entries[j].Name, err)

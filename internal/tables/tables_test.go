@@ -165,7 +165,7 @@ func TestWhichPattern(t *testing.T) {
 	per := []config.Config{{Postgres: config.Postgres{Table: "public.outbox"}}}
 	var logs bytes.Buffer
 	var adopted []string
-	adopt := func(_ context.Context, _ *pgx.Conn, entry int, name string) error {
+	adopt := func(_ context.Context, _ *pgx.Conn, entry int, name string, _ uint32) error {
 		if name == "tenant_bad.events" {
 			return errors.New("outbox table tenant_bad.events has no column k")
 		}
@@ -210,7 +210,7 @@ func TestWhichPattern(t *testing.T) {
 // of it, adopts it; one that no entry matches is not this outboxd's.
 func TestOwnerPattern(t *testing.T) {
 	var adopted []string
-	adopt := func(_ context.Context, _ *pgx.Conn, entry int, name string) error {
+	adopt := func(_ context.Context, _ *pgx.Conn, entry int, name string, _ uint32) error {
 		adopted = append(adopted, fmt.Sprint(entry, " ", name))
 		return nil
 	}
