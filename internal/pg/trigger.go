@@ -26,6 +26,12 @@ const (
 	triggerFunc  = "public.outboxd_add_tables"
 )
 
+// triggerTags are the commands the trigger fires on. CREATE SCHEMA fires
+// it once for the schema and the tables its own CREATE TABLE elements make
+// (they fire no event of their own); ALTER SCHEMA for a schema renamed
+// into a matching name with its tables.
+var triggerTags = []string{"CREATE TABLE", "CREATE TABLE AS", "SELECT INTO", "ALTER TABLE", "CREATE SCHEMA", "ALTER SCHEMA"}
+
 // triggerSQL installs the pattern table, the trigger's function and the
 // trigger, idempotently. The function is SECURITY DEFINER, owned by the
 // superuser who runs migrate, for ALTER PUBLICATION … ADD TABLE needs
@@ -33,9 +39,13 @@ const (
 // that does not exist yet (outboxd creates it FOR TABLE the tables the
 // patterns match). It refuses, aborting the transaction, a matching table
 // made with its rows already in it (CREATE TABLE AS, SELECT INTO) and a
-// table renamed or moved into a matching name: their rows, or some of
-// them, would never be published. Partitions are left out: their parent
-// publishes them (publish_via_partition_root).
+// table renamed or moved into a matching name, itself (ALTER TABLE) or by
+// its schema (ALTER SCHEMA … RENAME): their rows, or some of them, would
+// never be published. A table made by CREATE SCHEMA's own CREATE TABLE is
+// added as one made by CREATE TABLE alone: the event fires once, for
+// CREATE SCHEMA, and lists the table's CREATE TABLE among its commands.
+// Partitions are left out: their parent publishes them
+// (publish_via_partition_root).
 var triggerSQL = []string{
 	`CREATE TABLE IF NOT EXISTS ` + PatternTable + ` (
 		publication text NOT NULL,
@@ -51,10 +61,14 @@ DECLARE
 	cmd record;
 	m record;
 BEGIN
-	FOR cmd IN SELECT * FROM pg_event_trigger_ddl_commands() WHERE object_type = 'table' LOOP
+	-- A schema renamed into a matching name brings its tables; a schema
+	-- CREATE SCHEMA makes has its tables listed as CREATE TABLE commands.
+	FOR cmd IN SELECT * FROM pg_event_trigger_ddl_commands()
+		WHERE object_type = 'table' OR (object_type = 'schema' AND command_tag = 'ALTER SCHEMA') LOOP
 		FOR m IN SELECT DISTINCT p.publication, p.pattern, n.nspname::text AS nspname, c.relname::text AS relname
 			FROM ` + PatternTable + ` p, pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-			WHERE c.oid = cmd.objid AND c.relkind IN ('r', 'p') AND NOT c.relispartition
+			WHERE CASE WHEN cmd.object_type = 'schema' THEN c.relnamespace ELSE c.oid END = cmd.objid
+				AND c.relkind IN ('r', 'p') AND NOT c.relispartition
 				AND n.nspname LIKE p.schema_like AND c.relname LIKE p.table_like
 				AND EXISTS (SELECT 1 FROM pg_publication b WHERE b.pubname = p.publication)
 				AND NOT EXISTS (SELECT 1 FROM pg_publication_rel r JOIN pg_publication b ON b.oid = r.prpubid
@@ -64,21 +78,20 @@ BEGIN
 				EXECUTE format('ALTER PUBLICATION %I ADD TABLE %I.%I', m.publication, m.nspname, m.relname);
 			ELSE
 				RAISE EXCEPTION 'outboxd: %.% matches the outbox table pattern % of publication %, which does not publish it', m.nspname, m.relname, m.pattern, m.publication
-					USING DETAIL = cmd.command_tag || ' made it, and its rows would never be delivered (CREATE TABLE AS and SELECT INTO write rows before the table can be published; a table renamed or moved into a matching name was not published when its rows were written)',
-						HINT = 'create the table with CREATE TABLE and then INSERT, or give it a name the pattern does not match';
+					USING DETAIL = cmd.command_tag || ' made or changed it while the publication does not publish it: rows written to it before would never be delivered (CREATE TABLE AS and SELECT INTO write rows before the table can be published; a table renamed or moved into a matching name, itself or by its schema, was not published when its rows were written)',
+						HINT = format('create a table with CREATE TABLE and then INSERT; for an existing table, run ALTER PUBLICATION %I ADD TABLE first (its rows written before are not delivered: send them with outboxd replay), or give it a name the pattern does not match', m.publication);
 			END IF;
 		END LOOP;
 	END LOOP;
 END
 $fn$`,
 	`REVOKE ALL ON FUNCTION ` + triggerFunc + `() FROM PUBLIC`,
-	`DO $do$ BEGIN
-	IF NOT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = '` + TriggerName + `') THEN
-		CREATE EVENT TRIGGER ` + TriggerName + ` ON ddl_command_end
-			WHEN TAG IN ('CREATE TABLE', 'CREATE TABLE AS', 'SELECT INTO', 'ALTER TABLE')
-			EXECUTE FUNCTION ` + triggerFunc + `();
-	END IF;
-END $do$`,
+	// Made again, so that one installed by an earlier outboxd fires on
+	// the commands of this one (CheckTrigger compares them).
+	`DROP EVENT TRIGGER IF EXISTS ` + TriggerName,
+	`CREATE EVENT TRIGGER ` + TriggerName + ` ON ddl_command_end
+		WHEN TAG IN ('` + strings.Join(triggerTags, "', '") + `')
+		EXECUTE FUNCTION ` + triggerFunc + `()`,
 	// Fires also under session_replication_role = replica (pg_restore,
 	// logical replication apply).
 	`ALTER EVENT TRIGGER ` + TriggerName + ` ENABLE ALWAYS`,
@@ -135,10 +148,11 @@ func CheckTrigger(ctx context.Context, conn *pgx.Conn, pc config.Postgres) error
 	lead := fmt.Sprintf("postgres.tables has the pattern %s, whose tables created while outboxd runs are added to publication %q by the event trigger %s in the transaction that creates them; ",
 		strings.Join(want, ", "), pc.Publication, TriggerName)
 	var enabled *string
-	var have []string
+	var have, tags []string
 	var recorded bool
-	err := conn.QueryRow(ctx, `SELECT (SELECT evtenabled::text FROM pg_event_trigger WHERE evtname = $1), to_regclass($2) IS NOT NULL`,
-		TriggerName, PatternTable).Scan(&enabled, &recorded)
+	err := conn.QueryRow(ctx, `SELECT (SELECT evtenabled::text FROM pg_event_trigger WHERE evtname = $1),
+			(SELECT evttags FROM pg_event_trigger WHERE evtname = $1), to_regclass($2) IS NOT NULL`,
+		TriggerName, PatternTable).Scan(&enabled, &tags, &recorded)
 	if err == nil && recorded {
 		err = conn.QueryRow(ctx, `SELECT coalesce(array_agg(pattern ORDER BY pattern), '{}') FROM `+PatternTable+` WHERE publication = $1`,
 			pc.Publication).Scan(&have)
@@ -158,6 +172,12 @@ func CheckTrigger(ctx context.Context, conn *pgx.Conn, pc config.Postgres) error
 	case *enabled != "A":
 		return fmt.Errorf("%sthat trigger is not enabled always, so it does not fire under session_replication_role = replica (pg_restore, logical replication) and such a table's rows are never delivered: "+
 			"run ALTER EVENT TRIGGER %s ENABLE ALWAYS as a superuser", lead, TriggerName)
+	}
+	wantTags := slices.Sorted(slices.Values(triggerTags))
+	slices.Sort(tags)
+	if !slices.Equal(tags, wantTags) {
+		return fmt.Errorf("%sthat trigger fires on %s, not on %s as this outboxd's does (an earlier outboxd installed it), and a table made otherwise is not published: "+
+			"run outboxd migrate as a superuser with this configuration", lead, orNone(tags), strings.Join(wantTags, ", "))
 	}
 	slices.Sort(want)
 	if !slices.Equal(want, have) {
