@@ -92,6 +92,77 @@ func (e TableEntry) Matches(schema, table string) bool {
 	return globMatch(ps, schema) && globMatch(pt, table)
 }
 
+// EntryOf returns the index of the entry of postgres.tables whose router
+// settings the table schema.table takes: the entry that names it exactly,
+// else the first pattern that matches it; ok is false when none does. A
+// table two patterns match takes the first one's, at start-up
+// (pg.MatchTables) as when it is created while outboxd runs.
+func (p Postgres) EntryOf(schema, table string) (i int, ok bool) {
+	first := -1
+	for i, e := range p.Tables {
+		switch {
+		case !e.Matches(schema, table):
+		case !e.Pattern():
+			return i, true
+		case first < 0:
+			first = i
+		}
+	}
+	return first, first >= 0
+}
+
+// Overlaps returns the pairs of patterns of postgres.tables that some
+// table name matches both of, the earlier entry first: such a table takes
+// the earlier one's settings (EntryOf), which outboxd migrate warns of.
+func (p Postgres) Overlaps() [][2]int {
+	var out [][2]int
+	for i, a := range p.Tables {
+		for j := i + 1; j < len(p.Tables); j++ {
+			b := p.Tables[j]
+			if !a.Pattern() || !b.Pattern() {
+				continue
+			}
+			as, at := a.Split()
+			bs, bt := b.Split()
+			if globsMeet(as, bs) && globsMeet(at, bt) {
+				out = append(out, [2]int{i, j})
+			}
+		}
+	}
+	return out
+}
+
+// globsMeet reports whether some string matches both patterns a and b (a
+// * stands for any run of characters).
+func globsMeet(a, b string) bool {
+	ra, rb := []rune(a), []rune(b)
+	seen := map[[2]int]bool{}
+	// meet reports whether some string matches both ra[i:] and rb[j:].
+	var meet func(i, j int) bool
+	meet = func(i, j int) bool {
+		if i == len(ra) && j == len(rb) {
+			return true
+		}
+		if seen[[2]int{i, j}] {
+			return false
+		}
+		seen[[2]int{i, j}] = true
+		starA, starB := i < len(ra) && ra[i] == '*', j < len(rb) && rb[j] == '*'
+		switch {
+		case starA && meet(i+1, j), starB && meet(i, j+1): // a * that matches no more
+			return true
+		case i == len(ra) || j == len(rb):
+			return false
+		case starA && !starB: // a's * takes b's next character
+			return meet(i, j+1)
+		case starB && !starA:
+			return meet(i+1, j)
+		}
+		return !starA && ra[i] == rb[j] && meet(i+1, j+1)
+	}
+	return meet(0, 0)
+}
+
 // globMatch reports whether s matches pattern p, in which * stands for any
 // run of characters and every other character for itself.
 func globMatch(p, s string) bool {

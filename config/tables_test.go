@@ -1,6 +1,7 @@
 package config_test
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -28,6 +29,56 @@ func TestTableEntryMatches(t *testing.T) {
 		e := config.TableEntry{Name: tc.name}
 		if got := e.Matches(tc.schema, tc.table); got != tc.want && tc.name != "a.b.c*" {
 			t.Errorf("%s matches %s.%s = %v, want %v", tc.name, tc.schema, tc.table, got, tc.want)
+		}
+	}
+}
+
+// A table takes the entry that names it exactly, else the first pattern
+// that matches it (review-patterns35 M2: start-up and runtime agree).
+func TestEntryOf(t *testing.T) {
+	p := config.Postgres{Tables: []config.TableEntry{{Name: "tenant_*.events"}, {Name: "*.events"}, {Name: "tenant_vip.events"}, {Name: "public.outbox"}}}
+	for _, tc := range []struct {
+		schema, table string
+		want          int // -1: none
+	}{
+		{"tenant_a", "events", 0},
+		{"shop", "events", 1},
+		{"tenant_vip", "events", 2}, // its exact name, listed after both patterns
+		{"public", "outbox", 3},
+		{"public", "outbox2", -1},
+	} {
+		i, ok := p.EntryOf(tc.schema, tc.table)
+		if !ok {
+			i = -1
+		}
+		if i != tc.want {
+			t.Errorf("EntryOf(%s.%s) = %d, want %d", tc.schema, tc.table, i, tc.want)
+		}
+	}
+}
+
+// Overlaps finds the patterns some table name matches both of.
+func TestOverlaps(t *testing.T) {
+	for _, tc := range []struct {
+		names []string
+		want  string
+	}{
+		{[]string{"tenant_*.events", "*.events"}, "[[0 1]]"},
+		{[]string{"tenant_*.events", "*.outbox"}, "[]"},
+		{[]string{"tenant_*.events", "shop_*.events"}, "[]"},
+		{[]string{"a*.x", "*b.x"}, "[[0 1]]"}, // ab.x
+		{[]string{"a*b.x", "*c.x"}, "[]"},
+		{[]string{"*_a*.x", "*_b*.x", "t.x"}, "[[0 1]]"}, // x_a_b.x; an exact name is no pattern
+		{[]string{"t*.e*s", "*x.*"}, "[[0 1]]"},
+		{[]string{"t*.e*s", "*x.*t"}, "[]"},
+		{[]string{"é*.x", "*é.x"}, "[[0 1]]"},
+	} {
+		var p config.Postgres
+		for _, n := range tc.names {
+			p.Tables = append(p.Tables, config.TableEntry{Name: n})
+		}
+		if got := fmt.Sprint(p.Overlaps()); got != tc.want {
+			t.Errorf("Overlaps(%v) = %s, want %s", tc.names, got, tc.want)
 		}
 	}
 }

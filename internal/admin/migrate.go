@@ -48,6 +48,12 @@ func Migrate(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		}
 		log.Info("installed the event trigger that adds a table a pattern of postgres.tables matches to the publication as it is created",
 			"trigger", pg.TriggerName, "publication", cfg.Postgres.Publication)
+		for _, o := range cfg.Postgres.Overlaps() {
+			log.Warn("two patterns of postgres.tables can match the same table, which takes the router settings of the first: "+
+				"if that is not what you mean, narrow them, or list such a table by its exact name (an exact name comes before every pattern)",
+				"first", fmt.Sprintf("postgres.tables[%d] (%s)", o[0], cfg.Postgres.Tables[o[0]].Name),
+				"second", fmt.Sprintf("postgres.tables[%d] (%s)", o[1], cfg.Postgres.Tables[o[1]].Name))
+		}
 	}
 	return nil
 }

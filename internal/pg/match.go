@@ -24,10 +24,12 @@ func (m Match) Name() string { return m.Schema + "." + m.Table }
 // tables, not partitions (a partitioned outbox publishes its partitions'
 // rows under its own name), outside the system schemas. An exact name that
 // names no table is an error; a pattern may match none. A table that two
-// entries match is an error, for it would have two routers.
+// entries match is the entry's that config.Postgres.EntryOf gives: the one
+// that names it exactly, else the first pattern, as when it is created
+// while outboxd runs.
 func MatchTables(ctx context.Context, conn *pgx.Conn, entries []config.TableEntry) ([]Match, error) {
 	var out []Match
-	by := map[string]int{}
+	all := config.Postgres{Tables: entries}
 	for i, e := range entries {
 		schema, table := e.Split()
 		rows, err := conn.Query(ctx, `SELECT n.nspname::text, c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -40,7 +42,8 @@ func MatchTables(ctx context.Context, conn *pgx.Conn, entries []config.TableEntr
 		var ms []Match
 		var s, t string
 		_, err = pgx.ForEachRow(rows, []any{&s, &t}, func() error {
-			if e.Matches(s, t) { // LIKE compares by the database's collation; Matches exactly
+			// LIKE compares by the database's collation; Matches exactly.
+			if j, ok := all.EntryOf(s, t); e.Matches(s, t) && ok && j == i {
 				ms = append(ms, Match{Schema: s, Table: t, Entry: i})
 			}
 			return nil
@@ -50,13 +53,6 @@ func MatchTables(ctx context.Context, conn *pgx.Conn, entries []config.TableEntr
 		}
 		if len(ms) == 0 && !e.Pattern() {
 			return nil, fmt.Errorf("outbox table %s (postgres.tables[%d]) does not exist; run 'outboxd migrate' to create it, or correct the name (it is compared exactly: no quotes, case as in the catalogue)", e.Name, i)
-		}
-		for _, m := range ms {
-			if j, ok := by[m.Name()]; ok {
-				return nil, fmt.Errorf("table %s matches both postgres.tables[%d] (%s) and postgres.tables[%d] (%s); each table may match one entry, "+
-					"whose router settings it takes: narrow the patterns", m.Name(), j, entries[j].Name, i, e.Name)
-			}
-			by[m.Name()] = i
 		}
 		out = append(out, ms...)
 	}

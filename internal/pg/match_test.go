@@ -48,7 +48,11 @@ func TestMatchTables(t *testing.T) {
 		{[]string{"orders.outbox", "tenant_*.outbox_events", "nobody_*.outbox"}, "orders.outbox,tenant_a.outbox_events,tenant_b.outbox_events"},
 		{[]string{"shop.outbox"}, "outbox table shop.outbox (postgres.tables[0]) does not exist"},
 		{[]string{"Orders.outbox"}, "outbox table Orders.outbox (postgres.tables[0]) does not exist"},
-		{[]string{"orders.outbox", "*.outbox"}, "table orders.outbox matches both postgres.tables[0] (orders.outbox) and postgres.tables[1] (*.outbox)"},
+		// A table two entries match is the exact entry's, else the first
+		// pattern's, once (review-patterns35 M2).
+		{[]string{"orders.outbox", "*.outbox"}, "orders.outbox,wallet.outbox"},
+		{[]string{"*.outbox", "orders.outbox"}, "wallet.outbox,orders.outbox"},
+		{[]string{"tenant_*.outbox_events", "*.outbox_events"}, "tenant_a.outbox_events,tenant_b.outbox_events,Tenant_c.outbox_events,tenantXa.outbox_events"},
 	} {
 		ms, err := MatchTables(ctx, conn, entries(tc.names...))
 		got := MatchNames(ms)

@@ -65,7 +65,9 @@ BEGIN
 	-- CREATE SCHEMA makes has its tables listed as CREATE TABLE commands.
 	FOR cmd IN SELECT * FROM pg_event_trigger_ddl_commands()
 		WHERE object_type = 'table' OR (object_type = 'schema' AND command_tag = 'ALTER SCHEMA') LOOP
-		FOR m IN SELECT DISTINCT p.publication, p.pattern, n.nspname::text AS nspname, c.relname::text AS relname
+		-- One row per publication and table: two patterns of a publication
+		-- may match one table, which is added once.
+		FOR m IN SELECT DISTINCT ON (p.publication, c.oid) p.publication, p.pattern, n.nspname::text AS nspname, c.relname::text AS relname
 			FROM ` + PatternTable + ` p, pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 			WHERE CASE WHEN cmd.object_type = 'schema' THEN c.relnamespace ELSE c.oid END = cmd.objid
 				AND c.relkind IN ('r', 'p') AND NOT c.relispartition
@@ -73,6 +75,7 @@ BEGIN
 				AND EXISTS (SELECT 1 FROM pg_publication b WHERE b.pubname = p.publication)
 				AND NOT EXISTS (SELECT 1 FROM pg_publication_rel r JOIN pg_publication b ON b.oid = r.prpubid
 					WHERE b.pubname = p.publication AND r.prrelid = c.oid)
+			ORDER BY p.publication, c.oid, p.pattern
 		LOOP
 			IF cmd.command_tag = 'CREATE TABLE' THEN
 				EXECUTE format('ALTER PUBLICATION %I ADD TABLE %I.%I', m.publication, m.nspname, m.relname);

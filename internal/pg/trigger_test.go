@@ -91,3 +91,15 @@ func TestTriggerCreateSchema(t *testing.T) {
 		t.Fatalf("published: %q, want tenant_q2.events", got)
 	}
 }
+
+// Two patterns of one publication that match one new table: the table is
+// added once, and the CREATE TABLE goes through (review-patterns35 M2).
+func TestTriggerOverlappingPatterns(t *testing.T) {
+	conn := triggerDB(t, "tenant_*.events", "*.events")
+	if err := execs(conn, `CREATE SCHEMA tenant_z`, `CREATE TABLE tenant_z.events (id int)`, `CREATE SCHEMA shop`, `CREATE TABLE shop.events (id int)`); err != nil {
+		t.Fatalf("CREATE TABLE of a table two patterns match: %v", err)
+	}
+	if got := published(t, conn); got != "shop.events,tenant_z.events" {
+		t.Fatalf("published: %q, want shop.events,tenant_z.events", got)
+	}
+}

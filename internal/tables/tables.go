@@ -152,12 +152,8 @@ func (t *Outbox) which(ctx context.Context, rel *wal.Relation) (int, error) {
 		return -1, fmt.Errorf("looking up %s (relation %d), which the publication publishes, to tell whether it is a partition of an outbox table (%s): %w",
 			rel.QualifiedName(), rel.ID, t.names(), err)
 	}
-	if i < 0 && exists && t.adopt != nil {
-		for j, e := range t.entries {
-			if e.Pattern() && e.Matches(rel.Namespace, rel.Name) {
-				return t.adoptTable(ctx, rel, j)
-			}
-		}
+	if j, ok := t.patternOf(rel.Namespace, rel.Name); i < 0 && exists && ok && t.adopt != nil {
+		return t.adoptTable(ctx, rel, j)
 	}
 	if i < 0 && t.several {
 		what := "which is none of postgres.tables nor a partition of one"
@@ -208,13 +204,19 @@ func (t *Outbox) Owner(ctx context.Context, owner string) (i int, ok bool, err e
 	if !cut || t.adopt == nil {
 		return 0, false, nil
 	}
-	for j, e := range t.entries {
-		if e.Pattern() && e.Matches(schema, name) {
-			i, err := t.adoptTable(ctx, &wal.Relation{Namespace: schema, Name: name}, j)
-			return i, err == nil, err
-		}
+	if j, ok := t.patternOf(schema, name); ok {
+		i, err := t.adoptTable(ctx, &wal.Relation{Namespace: schema, Name: name}, j)
+		return i, err == nil, err
 	}
 	return 0, false, nil
+}
+
+// patternOf returns the entry of postgres.tables, a pattern, whose router
+// settings the table schema.name takes (config.Postgres.EntryOf: the first
+// pattern that matches it, as at start-up), or ok false.
+func (t *Outbox) patternOf(schema, name string) (int, bool) {
+	j, ok := config.Postgres{Tables: t.entries}.EntryOf(schema, name)
+	return j, ok && t.entries[j].Pattern()
 }
 
 // adoptTable takes on rel, a table that entry j of postgres.tables, a

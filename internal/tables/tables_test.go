@@ -235,3 +235,29 @@ func TestOwnerPattern(t *testing.T) {
 		t.Errorf("adopted %v, want tenant_a.events once with entry 1", adopted)
 	}
 }
+
+// A table two patterns match is adopted with the first, as start-up
+// (pg.MatchTables) takes it (review-patterns35 M2).
+func TestWhichOverlappingPatterns(t *testing.T) {
+	cat := &stub{rels: map[uint32]struct {
+		exists bool
+		table  int
+	}{20: {true, -1}, 21: {true, -1}}}
+	var adopted []string
+	adopt := func(_ context.Context, _ *pgx.Conn, entry int, name string, _ uint32) error {
+		adopted = append(adopted, fmt.Sprint(entry, " ", name))
+		return nil
+	}
+	pgc := config.Postgres{Publication: "outboxd", Tables: []config.TableEntry{{Name: "public.outbox"}, {Name: "tenant_*.events"}, {Name: "*.events"}}}
+	per := []config.Config{{Postgres: config.Postgres{Table: "public.outbox"}}}
+	o := New(pgc, per, []uint32{10}, slog.New(slog.NewTextHandler(&bytes.Buffer{}, nil)), "", func(int, uint32, uint32) error { return nil }, adopt)
+	o.find = cat.find
+	for _, r := range []*wal.Relation{rel(20, "tenant_z.events"), rel(21, "shop.events")} {
+		if _, ok, err := o.Which(context.Background(), r); err != nil || !ok {
+			t.Fatalf("%s: %v, %v", r.QualifiedName(), ok, err)
+		}
+	}
+	if got := strings.Join(adopted, ","); got != "1 tenant_z.events,2 shop.events" {
+		t.Errorf("adopted %s, want tenant_z.events with entry 1 and shop.events with entry 2", got)
+	}
+}
