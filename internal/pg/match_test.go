@@ -26,7 +26,8 @@ func TestMatchTables(t *testing.T) {
 		CREATE TABLE tenant_a.outbox_events (id int, at date) PARTITION BY RANGE (at);
 		CREATE TABLE tenant_a.outbox_events_2026 PARTITION OF tenant_a.outbox_events FOR VALUES FROM ('2026-01-01') TO ('2027-01-01');
 		CREATE TABLE tenant_b.outbox_events (id int); CREATE TABLE "tenantXa".outbox_events (id int); CREATE TABLE "Tenant_c".outbox_events (id int);
-		CREATE VIEW tenant_b.outbox_view AS SELECT 1;`)
+		CREATE VIEW tenant_b.outbox_view AS SELECT 1;
+		CREATE SCHEMA scratch; CREATE UNLOGGED TABLE scratch.outbox (id int); CREATE TEMP TABLE outbox (id int);`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +43,7 @@ func TestMatchTables(t *testing.T) {
 		want  string // MatchNames, or the error's text
 	}{
 		{[]string{"orders.outbox"}, "orders.outbox"},
-		{[]string{"*.outbox"}, "orders.outbox,wallet.outbox"},
+		{[]string{"*.outbox"}, "orders.outbox,wallet.outbox"}, // not the unlogged nor the temporary one (review-patterns35 M3)
 		{[]string{"tenant_*.outbox_events"}, "tenant_a.outbox_events,tenant_b.outbox_events"}, // not tenantXa (_ is no wildcard), nor Tenant_c, nor the partition
 		{[]string{"tenant_*.outbox*"}, "tenant_a.outbox_events,tenant_b.outbox_events"},       // tables only, no view
 		{[]string{"orders.outbox", "tenant_*.outbox_events", "nobody_*.outbox"}, "orders.outbox,tenant_a.outbox_events,tenant_b.outbox_events"},

@@ -44,8 +44,10 @@ var triggerTags = []string{"CREATE TABLE", "CREATE TABLE AS", "SELECT INTO", "AL
 // never be published. A table made by CREATE SCHEMA's own CREATE TABLE is
 // added as one made by CREATE TABLE alone: the event fires once, for
 // CREATE SCHEMA, and lists the table's CREATE TABLE among its commands.
-// Partitions are left out: their parent publishes them
-// (publish_via_partition_root).
+// It looks at the tables a pattern matches at start-up (pg.MatchTables):
+// partitions are left out, for their parent publishes them
+// (publish_via_partition_root), and so are temporary and unlogged tables,
+// which Postgres cannot publish, and tables of the system schemas.
 var triggerSQL = []string{
 	`CREATE TABLE IF NOT EXISTS ` + PatternTable + ` (
 		publication text NOT NULL,
@@ -70,7 +72,7 @@ BEGIN
 		FOR m IN SELECT DISTINCT ON (p.publication, c.oid) p.publication, p.pattern, n.nspname::text AS nspname, c.relname::text AS relname
 			FROM ` + PatternTable + ` p, pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 			WHERE CASE WHEN cmd.object_type = 'schema' THEN c.relnamespace ELSE c.oid END = cmd.objid
-				AND c.relkind IN ('r', 'p') AND NOT c.relispartition
+				AND ` + outboxKinds + ` AND ` + persistent + `
 				AND n.nspname LIKE p.schema_like AND c.relname LIKE p.table_like
 				AND EXISTS (SELECT 1 FROM pg_publication b WHERE b.pubname = p.publication)
 				AND NOT EXISTS (SELECT 1 FROM pg_publication_rel r JOIN pg_publication b ON b.oid = r.prpubid

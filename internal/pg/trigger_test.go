@@ -103,3 +103,22 @@ func TestTriggerOverlappingPatterns(t *testing.T) {
 		t.Fatalf("published: %q, want shop.events,tenant_z.events", got)
 	}
 }
+
+// A temporary or an unlogged table of a matching name is no outbox table:
+// its CREATE succeeds and it is not published (review-patterns35 M3).
+func TestTriggerSkipsTemporaryAndUnlogged(t *testing.T) {
+	conn := triggerDB(t, "*.outbox")
+	if err := execs(conn, `CREATE TEMP TABLE outbox (id int)`, `CREATE SCHEMA scratch`, `CREATE UNLOGGED TABLE scratch.outbox (id int)`,
+		`ALTER TABLE scratch.outbox ADD COLUMN at date`, `CREATE TABLE scratch.outbox2 (id int)`); err != nil {
+		t.Fatalf("a temporary or unlogged table of a matching name: %v", err)
+	}
+	if got := published(t, conn); got != "" {
+		t.Fatalf("published: %q, want none", got)
+	}
+	if err := execs(conn, `CREATE SCHEMA shop`, `CREATE TABLE shop.outbox (id int)`); err != nil {
+		t.Fatal(err)
+	}
+	if got := published(t, conn); got != "shop.outbox" {
+		t.Fatalf("published: %q, want shop.outbox", got)
+	}
+}
