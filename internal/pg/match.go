@@ -22,9 +22,10 @@ func (m Match) Name() string { return m.Schema + "." + m.Table }
 // outboxKinds is the condition, on pg_class c and pg_namespace n, that a
 // table an entry of postgres.tables names meets: an ordinary or
 // partitioned table, not a partition (a partitioned outbox publishes its
-// partitions' rows under its own name), outside the system schemas.
+// partitions' rows under its own name), outside the system schemas and
+// the event trigger's.
 const outboxKinds = `c.relkind IN ('r', 'p') AND NOT c.relispartition
-	AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg\_toast%' AND n.nspname NOT LIKE 'pg\_temp\_%'`
+	AND n.nspname NOT IN ('pg_catalog', 'information_schema', '` + TriggerSchema + `') AND n.nspname NOT LIKE 'pg\_toast%' AND n.nspname NOT LIKE 'pg\_temp\_%'`
 
 // persistent is the condition that a table a pattern matches meets too:
 // it is permanent, for Postgres publishes no temporary or unlogged table

@@ -21,9 +21,17 @@ import (
 // database, and outboxd reads the rows at start-up to check that they are
 // its patterns.
 const (
-	TriggerName  = "outboxd_add_tables"
-	PatternTable = "public.outboxd_table_patterns"
-	triggerFunc  = "public.outboxd_add_tables"
+	TriggerName = "outboxd_add_tables"
+	// TriggerSchema holds the pattern table and the trigger's function.
+	// outboxd migrate creates it, and it and everything in it must belong
+	// to a superuser or to the event trigger's owner (checkOwners): the
+	// function runs, as its owner, in every superuser's CREATE TABLE, so
+	// whoever owns it or could make it first (public takes objects of
+	// other roles) could run anything as a superuser.
+	TriggerSchema = "outboxd_trigger"
+	PatternTable  = TriggerSchema + ".patterns"
+	triggerFunc   = TriggerSchema + ".add_tables"
+	funcName      = "add_tables"
 )
 
 // triggerTags are the commands the trigger fires on. CREATE SCHEMA fires
@@ -32,33 +40,9 @@ const (
 // into a matching name with its tables.
 var triggerTags = []string{"CREATE TABLE", "CREATE TABLE AS", "SELECT INTO", "ALTER TABLE", "CREATE SCHEMA", "ALTER SCHEMA"}
 
-// triggerSQL installs the pattern table, the trigger's function and the
-// trigger, idempotently. The function is SECURITY DEFINER, owned by the
-// superuser who runs migrate, for ALTER PUBLICATION … ADD TABLE needs
-// ownership of the table and the publication. It skips a publication
-// that does not exist yet (outboxd creates it FOR TABLE the tables the
-// patterns match). It refuses, aborting the transaction, a matching table
-// made with its rows already in it (CREATE TABLE AS, SELECT INTO) and a
-// table renamed or moved into a matching name, itself (ALTER TABLE) or by
-// its schema (ALTER SCHEMA … RENAME): their rows, or some of them, would
-// never be published. A table made by CREATE SCHEMA's own CREATE TABLE is
-// added as one made by CREATE TABLE alone: the event fires once, for
-// CREATE SCHEMA, and lists the table's CREATE TABLE among its commands.
-// It looks at the tables a pattern matches at start-up (pg.MatchTables):
-// partitions are left out, for their parent publishes them
-// (publish_via_partition_root), and so are temporary and unlogged tables,
-// which Postgres cannot publish, and tables of the system schemas.
-var triggerSQL = []string{
-	`CREATE TABLE IF NOT EXISTS ` + PatternTable + ` (
-		publication text NOT NULL,
-		pattern text NOT NULL,
-		schema_like text NOT NULL,
-		table_like text NOT NULL,
-		PRIMARY KEY (publication, pattern))`,
-	`REVOKE ALL ON ` + PatternTable + ` FROM PUBLIC`,
-	`GRANT SELECT ON ` + PatternTable + ` TO PUBLIC`,
-	`CREATE OR REPLACE FUNCTION ` + triggerFunc + `() RETURNS event_trigger
-	LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+// triggerBody is the trigger's function, which CheckTrigger compares with
+// the one installed.
+const triggerBody = `
 DECLARE
 	cmd record;
 	m record;
@@ -89,7 +73,37 @@ BEGIN
 		END LOOP;
 	END LOOP;
 END
-$fn$`,
+`
+
+// triggerSQL installs, in TriggerSchema, the pattern table and the
+// trigger's function, and the trigger, idempotently. The function is
+// SECURITY DEFINER, owned by the superuser who runs migrate, for ALTER
+// PUBLICATION … ADD TABLE needs
+// ownership of the table and the publication. It skips a publication
+// that does not exist yet (outboxd creates it FOR TABLE the tables the
+// patterns match). It refuses, aborting the transaction, a matching table
+// made with its rows already in it (CREATE TABLE AS, SELECT INTO) and a
+// table renamed or moved into a matching name, itself (ALTER TABLE) or by
+// its schema (ALTER SCHEMA … RENAME): their rows, or some of them, would
+// never be published. A table made by CREATE SCHEMA's own CREATE TABLE is
+// added as one made by CREATE TABLE alone: the event fires once, for
+// CREATE SCHEMA, and lists the table's CREATE TABLE among its commands.
+// It looks at the tables a pattern matches at start-up (pg.MatchTables):
+// partitions are left out, for their parent publishes them
+// (publish_via_partition_root), and so are temporary and unlogged tables,
+// which Postgres cannot publish, and tables of the system schemas.
+var triggerSQL = []string{
+	`GRANT USAGE ON SCHEMA ` + TriggerSchema + ` TO PUBLIC`,
+	`CREATE TABLE IF NOT EXISTS ` + PatternTable + ` (
+		publication text NOT NULL,
+		pattern text NOT NULL,
+		schema_like text NOT NULL,
+		table_like text NOT NULL,
+		PRIMARY KEY (publication, pattern))`,
+	`REVOKE ALL ON ` + PatternTable + ` FROM PUBLIC`,
+	`GRANT SELECT ON ` + PatternTable + ` TO PUBLIC`,
+	`CREATE OR REPLACE FUNCTION ` + triggerFunc + `() RETURNS event_trigger
+	LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$` + triggerBody + `$fn$`,
 	`REVOKE ALL ON FUNCTION ` + triggerFunc + `() FROM PUBLIC`,
 	// Made again, so that one installed by an earlier outboxd fires on
 	// the commands of this one (CheckTrigger compares them).
@@ -105,20 +119,34 @@ $fn$`,
 // InstallTrigger installs the event trigger and records the patterns of
 // pc.Tables as the patterns of pc.Publication, replacing the ones recorded
 // before, in one transaction. It needs a superuser (CREATE EVENT TRIGGER).
+// It refuses TriggerSchema, or anything in it, that belongs to a role
+// other than a superuser and the one that runs it (checkOwners), and
+// checks what it installed as CheckTrigger does.
 func InstallTrigger(ctx context.Context, conn *pgx.Conn, pc config.Postgres) error {
 	tx, err := conn.Begin(ctx)
 	if err != nil {
 		return err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
+	failed := func(err error) error {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+			return fmt.Errorf("installing the event trigger %s, which adds the tables a pattern of postgres.tables matches to publication %q as they are created: %w; "+
+				"it needs a superuser (CREATE EVENT TRIGGER): run outboxd migrate with a superuser's postgres.dsn (outboxd itself runs with the least-privilege role)", TriggerName, pc.Publication, err)
+		}
+		return fmt.Errorf("installing the event trigger %s: %w", TriggerName, err)
+	}
+	if _, err := tx.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+TriggerSchema); err != nil {
+		return failed(err)
+	}
+	// Before anything is written into it: a function another role made
+	// first keeps its owner through CREATE OR REPLACE.
+	if err := checkOwners(ctx, tx, "(SELECT oid FROM pg_roles WHERE rolname = current_user)"); err != nil {
+		return err
+	}
 	for _, q := range triggerSQL {
 		if _, err := tx.Exec(ctx, q); err != nil {
-			var pgErr *pgconn.PgError
-			if errors.As(err, &pgErr) && pgErr.Code == "42501" {
-				return fmt.Errorf("installing the event trigger %s, which adds the tables a pattern of postgres.tables matches to publication %q as they are created: %w; "+
-					"it needs a superuser (CREATE EVENT TRIGGER): run outboxd migrate with a superuser's postgres.dsn (outboxd itself runs with the least-privilege role)", TriggerName, pc.Publication, err)
-			}
-			return fmt.Errorf("installing the event trigger %s: %w", TriggerName, err)
+			return failed(err)
 		}
 	}
 	if _, err := tx.Exec(ctx, `DELETE FROM `+PatternTable+` WHERE publication = $1`, pc.Publication); err != nil {
@@ -134,13 +162,67 @@ func InstallTrigger(ctx context.Context, conn *pgx.Conn, pc config.Postgres) err
 			return fmt.Errorf("recording the pattern %s of postgres.tables: %w", e.Name, err)
 		}
 	}
+	if err := CheckTrigger(ctx, tx, pc); err != nil {
+		return fmt.Errorf("checking the event trigger just installed: %w", err)
+	}
 	return tx.Commit(ctx)
 }
 
+// querier is a connection or a transaction.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// ownersQuery lists TriggerSchema, what is in it, and the event trigger,
+// each with its owner, where the owner is neither a superuser nor the role
+// whose OID the SQL expression %s gives.
+const ownersQuery = `SELECT o.what, r.rolname::text FROM (
+		SELECT 'schema ' || quote_ident(n.nspname) AS what, n.nspowner AS owner FROM pg_namespace n WHERE n.nspname = $1
+		UNION ALL SELECT 'relation ' || quote_ident(n.nspname) || '.' || quote_ident(c.relname), c.relowner
+			FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1
+		UNION ALL SELECT 'function ' || quote_ident(n.nspname) || '.' || quote_ident(p.proname) || '(' || pg_get_function_identity_arguments(p.oid) || ')', p.proowner
+			FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = $1
+		UNION ALL SELECT 'event trigger ' || quote_ident(t.evtname), t.evtowner FROM pg_event_trigger t WHERE t.evtname = $2
+	) o JOIN pg_roles r ON r.oid = o.owner
+	WHERE NOT r.rolsuper AND r.oid <> coalesce(%s, 0) ORDER BY 1`
+
+// checkOwners refuses TriggerSchema, anything in it, or the event
+// trigger when a role owns it that is neither a superuser nor the role
+// whose OID the SQL expression trusted gives ($2 is the trigger's name):
+// the trigger's owner, who had to be a
+// superuser to make it (or, on Amazon RDS, a member of rds_superuser), or
+// the role installing it. Such a role could make the function run
+// anything as every superuser that creates a table.
+func checkOwners(ctx context.Context, q querier, trusted string) error {
+	rows, err := q.Query(ctx, fmt.Sprintf(ownersQuery, trusted), TriggerSchema, TriggerName)
+	if err != nil {
+		return fmt.Errorf("reading the owners of schema %s and of the event trigger %s: %w", TriggerSchema, TriggerName, err)
+	}
+	var what, owner string
+	var bad []string
+	if _, err := pgx.ForEachRow(rows, []any{&what, &owner}, func() error {
+		bad = append(bad, what+" belongs to role "+owner)
+		return nil
+	}); err != nil {
+		return fmt.Errorf("reading the owners of schema %s and of the event trigger %s: %w", TriggerSchema, TriggerName, err)
+	}
+	if len(bad) == 0 {
+		return nil
+	}
+	return fmt.Errorf("the event trigger %s runs its function, in schema %s, as that function's owner in every CREATE TABLE, a superuser's included, "+
+		"so the schema, everything in it and the trigger must belong to a superuser or to the trigger's owner, but %s. "+
+		"Whoever made them could run anything as a superuser: find out who did, and what they hold, before you go on. "+
+		"Then drop them as a superuser (DROP EVENT TRIGGER IF EXISTS %s; DROP SCHEMA %s CASCADE, which also drops the recorded patterns) and run outboxd migrate as a superuser",
+		TriggerName, TriggerSchema, strings.Join(bad, ", "), TriggerName, TriggerSchema)
+}
+
 // CheckTrigger checks that the event trigger is installed, enabled always,
-// and knows exactly the patterns of pc.Tables for pc.Publication; each
-// failure says what to run.
-func CheckTrigger(ctx context.Context, conn *pgx.Conn, pc config.Postgres) error {
+// runs this outboxd's function on this outboxd's commands, belongs with
+// its schema to a superuser or the trigger's owner (checkOwners), and
+// knows exactly the patterns of pc.Tables for pc.Publication; each failure
+// says what to run.
+func CheckTrigger(ctx context.Context, q querier, pc config.Postgres) error {
 	var want []string
 	for _, e := range pc.Tables {
 		if e.Pattern() {
@@ -152,26 +234,40 @@ func CheckTrigger(ctx context.Context, conn *pgx.Conn, pc config.Postgres) error
 	}
 	lead := fmt.Sprintf("postgres.tables has the pattern %s, whose tables created while outboxd runs are added to publication %q by the event trigger %s in the transaction that creates them; ",
 		strings.Join(want, ", "), pc.Publication, TriggerName)
-	var enabled *string
-	var have, tags []string
-	var recorded bool
-	err := conn.QueryRow(ctx, `SELECT (SELECT evtenabled::text FROM pg_event_trigger WHERE evtname = $1),
-			(SELECT evttags FROM pg_event_trigger WHERE evtname = $1), to_regclass($2) IS NOT NULL`,
-		TriggerName, PatternTable).Scan(&enabled, &tags, &recorded)
+	var (
+		enabled, fn, body *string
+		have, tags        []string
+		definer, recorded bool
+	)
+	err := q.QueryRow(ctx, `SELECT t.evtenabled::text, t.evttags, n.nspname || '.' || p.proname, p.prosrc, coalesce(p.prosecdef, false),
+			EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace pn ON pn.oid = c.relnamespace WHERE pn.nspname = $2 AND c.relname = $3)
+		FROM (SELECT 1) one LEFT JOIN pg_event_trigger t ON t.evtname = $1
+			LEFT JOIN pg_proc p ON p.oid = t.evtfoid LEFT JOIN pg_namespace n ON n.oid = p.pronamespace`,
+		TriggerName, TriggerSchema, strings.TrimPrefix(PatternTable, TriggerSchema+".")).Scan(&enabled, &tags, &fn, &body, &definer, &recorded)
 	if err == nil && recorded {
-		err = conn.QueryRow(ctx, `SELECT coalesce(array_agg(pattern ORDER BY pattern), '{}') FROM `+PatternTable+` WHERE publication = $1`,
+		err = q.QueryRow(ctx, `SELECT coalesce(array_agg(pattern ORDER BY pattern), '{}') FROM `+PatternTable+` WHERE publication = $1`,
 			pc.Publication).Scan(&have)
 	}
 	if err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "42501" {
-			return fmt.Errorf("%sreading %s: %w; run outboxd migrate as a superuser, which grants SELECT on it to every role", lead, PatternTable, err)
+			return fmt.Errorf("%sreading %s: %w; run outboxd migrate as a superuser, which grants USAGE on schema %s and SELECT on the table to every role", lead, PatternTable, err, TriggerSchema)
 		}
 		return fmt.Errorf("reading the event trigger %s: %w", TriggerName, err)
 	}
+	migrate := "run outboxd migrate as a superuser (CREATE EVENT TRIGGER needs one) with this configuration"
 	switch {
 	case enabled == nil:
-		return fmt.Errorf("%sthat trigger is missing, and without it the rows of a new table are never delivered: run outboxd migrate as a superuser (CREATE EVENT TRIGGER needs one) with this configuration, then start outboxd", lead)
+		return fmt.Errorf("%sthat trigger is missing, and without it the rows of a new table are never delivered: %s, then start outboxd", lead, migrate)
+	case fn == nil || *fn != triggerFunc:
+		return fmt.Errorf("%sthat trigger runs the function %s, not %s, which outboxd migrate installs: %s", lead, orNone(deref(fn)), triggerFunc, migrate)
+	}
+	if err := checkOwners(ctx, q, "(SELECT evtowner FROM pg_event_trigger WHERE evtname = $2)"); err != nil {
+		return fmt.Errorf("%s%w", lead, err)
+	}
+	switch {
+	case body == nil || *body != triggerBody || !definer:
+		return fmt.Errorf("%sits function %s is not the one this outboxd installs (an earlier outboxd installed it, or it was changed): %s", lead, triggerFunc, migrate)
 	case *enabled == "D":
 		return fmt.Errorf("%sthat trigger is disabled, and without it the rows of a new table are never delivered: run ALTER EVENT TRIGGER %s ENABLE ALWAYS as a superuser", lead, TriggerName)
 	case *enabled != "A":
@@ -181,15 +277,21 @@ func CheckTrigger(ctx context.Context, conn *pgx.Conn, pc config.Postgres) error
 	wantTags := slices.Sorted(slices.Values(triggerTags))
 	slices.Sort(tags)
 	if !slices.Equal(tags, wantTags) {
-		return fmt.Errorf("%sthat trigger fires on %s, not on %s as this outboxd's does (an earlier outboxd installed it), and a table made otherwise is not published: "+
-			"run outboxd migrate as a superuser with this configuration", lead, orNone(tags), strings.Join(wantTags, ", "))
+		return fmt.Errorf("%sthat trigger fires on %s, not on %s as this outboxd's does (an earlier outboxd installed it), and a table made otherwise is not published: %s",
+			lead, orNone(tags), strings.Join(wantTags, ", "), migrate)
 	}
 	slices.Sort(want)
 	if !slices.Equal(want, have) {
-		return fmt.Errorf("%sthe trigger knows the patterns %s for it (in %s), not these: run outboxd migrate as a superuser with this configuration",
-			lead, orNone(have), PatternTable)
+		return fmt.Errorf("%sthe trigger knows the patterns %s for it (in %s), not these: %s", lead, orNone(have), PatternTable, migrate)
 	}
 	return nil
+}
+
+func deref(s *string) []string {
+	if s == nil {
+		return nil
+	}
+	return []string{*s}
 }
 
 func orNone(s []string) string {

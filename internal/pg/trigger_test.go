@@ -122,3 +122,91 @@ func TestTriggerSkipsTemporaryAndUnlogged(t *testing.T) {
 		t.Fatalf("published: %q, want shop.outbox", got)
 	}
 }
+
+// The trigger's schema, function and table must belong to a superuser or
+// the trigger's owner: migrate refuses a schema another role made first
+// (its function would run as every superuser that creates a table), and
+// the start-up check refuses a function given away, a trigger that runs
+// another function, a changed function, and a trigger of other commands
+// (review-patterns35 M4).
+func TestTriggerOwners(t *testing.T) {
+	ctx := context.Background()
+	db, dsn := testenv.NewDatabase(t, "owners")
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	squat := "squat_" + testenv.RandomSuffix()
+	t.Cleanup(func() { // before the connection closes
+		_, _ = conn.Exec(context.Background(), `ROLLBACK`)
+		_, _ = conn.Exec(context.Background(), `RESET ROLE; DROP OWNED BY `+squat+`; DROP ROLE IF EXISTS `+squat)
+	})
+	pc := triggerConfig("tenant_*.events")
+	if err := execs(conn, `CREATE PUBLICATION pub`, `CREATE ROLE `+squat+` NOLOGIN`, `GRANT CREATE ON DATABASE `+db+` TO `+squat,
+		`SET ROLE `+squat, `CREATE SCHEMA `+TriggerSchema,
+		`CREATE FUNCTION `+triggerFunc+`() RETURNS event_trigger LANGUAGE plpgsql AS $$BEGIN RAISE NOTICE 'squatted'; END$$`, `RESET ROLE`); err != nil {
+		t.Fatal(err)
+	}
+	err = InstallTrigger(ctx, conn, pc)
+	if err == nil || !strings.Contains(err.Error(), "function outboxd_trigger.add_tables() belongs to role "+squat+", schema outboxd_trigger belongs to role "+squat) {
+		t.Fatalf("InstallTrigger over a squatted schema: %v, want a refusal naming the squatter's objects", err)
+	}
+	var triggers int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_event_trigger WHERE evtname = $1`, TriggerName).Scan(&triggers); err != nil || triggers != 0 {
+		t.Fatalf("event triggers after the refusal: %d, %v; want none", triggers, err)
+	}
+	if err := execs(conn, `DROP SCHEMA `+TriggerSchema+` CASCADE`); err != nil {
+		t.Fatal(err)
+	}
+	if err := InstallTrigger(ctx, conn, pc); err != nil {
+		t.Fatalf("InstallTrigger: %v", err)
+	}
+	if err := CheckTrigger(ctx, conn, pc); err != nil {
+		t.Fatalf("CheckTrigger after InstallTrigger: %v", err)
+	}
+	for _, tc := range []struct {
+		name  string
+		stmts []string
+		want  string
+	}{
+		{"function given away", []string{`ALTER FUNCTION ` + triggerFunc + `() OWNER TO ` + squat},
+			"function outboxd_trigger.add_tables() belongs to role " + squat},
+		{"pattern table given away", []string{`ALTER TABLE ` + PatternTable + ` OWNER TO ` + squat},
+			"relation outboxd_trigger.patterns belongs to role " + squat},
+		{"another function", []string{`CREATE FUNCTION public.other() RETURNS event_trigger LANGUAGE plpgsql AS $$BEGIN END$$`,
+			`DROP EVENT TRIGGER ` + TriggerName, `CREATE EVENT TRIGGER ` + TriggerName + ` ON ddl_command_end EXECUTE FUNCTION public.other()`,
+			`ALTER EVENT TRIGGER ` + TriggerName + ` ENABLE ALWAYS`},
+			"that trigger runs the function public.other, not outboxd_trigger.add_tables"},
+		{"function changed", []string{`CREATE OR REPLACE FUNCTION ` + triggerFunc + `() RETURNS event_trigger LANGUAGE plpgsql SECURITY DEFINER AS $$BEGIN END$$`},
+			"its function outboxd_trigger.add_tables is not the one this outboxd installs"},
+		{"other commands", []string{`DROP EVENT TRIGGER ` + TriggerName,
+			`CREATE EVENT TRIGGER ` + TriggerName + ` ON ddl_command_end WHEN TAG IN ('CREATE TABLE') EXECUTE FUNCTION ` + triggerFunc + `()`,
+			`ALTER EVENT TRIGGER ` + TriggerName + ` ENABLE ALWAYS`},
+			"that trigger fires on CREATE TABLE, not on ALTER SCHEMA, ALTER TABLE, CREATE SCHEMA"},
+	} {
+		if err := execs(conn, tc.stmts...); err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if err := CheckTrigger(ctx, conn, pc); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: CheckTrigger: %v, want %q", tc.name, err, tc.want)
+		}
+		// migrate puts it right, or refuses what another role holds.
+		err := InstallTrigger(ctx, conn, pc)
+		if strings.Contains(tc.name, "given away") {
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("%s: InstallTrigger: %v, want %q", tc.name, err, tc.want)
+			}
+			if err := execs(conn, `DROP EVENT TRIGGER IF EXISTS `+TriggerName, `DROP SCHEMA `+TriggerSchema+` CASCADE`); err != nil {
+				t.Fatal(err)
+			}
+			err = InstallTrigger(ctx, conn, pc)
+		}
+		if err != nil {
+			t.Fatalf("%s: InstallTrigger: %v", tc.name, err)
+		}
+		if err := CheckTrigger(ctx, conn, pc); err != nil {
+			t.Fatalf("%s: CheckTrigger after InstallTrigger: %v", tc.name, err)
+		}
+	}
+}
