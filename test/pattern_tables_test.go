@@ -3,6 +3,7 @@ package test
 import (
 	"context"
 	"fmt"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -238,4 +239,79 @@ func TestPatternTablesNeedTheTrigger(t *testing.T) {
 	}
 	// At start-up, such a table is refused with its name and its entry.
 	expectStartupError(t, env, `outbox table tenant_x.events has no column stream_no; add it or set the \*_column settings of postgres.tables\[1\] \(pattern tenant_\*.events\).router`, "-config", cfg)
+}
+
+// Review-patterns35 M5: outboxd as the least-privilege role of
+// migrations/roles/least_privilege.sql, with a pattern. A tenant that the
+// application's role creates while outboxd streams is delivered when the
+// default privileges docs/configuration.md gives let the role read it.
+// Without them, its first row stops outboxd with the GRANT for remedy (not
+// as a table that does not fit its entry), the row is not passed over, and
+// after the GRANT it is delivered.
+func TestPatternTablesLeastPrivilege(t *testing.T) {
+	requireTool(t, "psql")
+	d := newDB(t)
+	ctx := context.Background()
+	d.exec(t, patternCreate("tenant_a"))
+	cfg := patternConfig(t)
+	m := start(t, d.env(), "migrate", "-config", cfg)
+	if code := m.waitExit(60 * time.Second); code != 0 {
+		t.Fatalf("outboxd migrate exited %d", code)
+	}
+	role, app := "lp_"+randomSuffix(), "app_"+randomSuffix()
+	const password = "Least-Pr1v-pw"
+	t.Cleanup(func() {
+		for _, r := range []string{app, role} {
+			_, _ = d.pool.Exec(context.Background(), fmt.Sprintf(`DROP OWNED BY %[1]s; DROP ROLE IF EXISTS %[1]s`, r))
+		}
+	})
+	// The publication is made by a superuser for that role, FOR TABLE the
+	// tables the pattern matches; the trigger adds the ones created later.
+	d.exec(t, `CREATE PUBLICATION outboxd FOR TABLE public.outbox, tenant_a.events WITH (publish = 'insert, update', publish_via_partition_root = true)`)
+	psql := exec.Command("psql", d.dsn, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-v", "role="+role, "-v", "password="+password,
+		"-v", "table=public.outbox", "-v", "schema=public", "-v", "publication=outboxd", "-f", "../migrations/roles/least_privilege.sql")
+	if out, err := psql.CombinedOutput(); err != nil {
+		t.Fatalf("psql -f migrations/roles/least_privilege.sql: %v\n%s", err, out)
+	}
+	d.exec(t, fmt.Sprintf(`GRANT USAGE ON SCHEMA tenant_a TO %[1]s; GRANT SELECT ON tenant_a.events TO %[1]s;
+		CREATE ROLE %[2]s NOLOGIN; GRANT CREATE ON DATABASE %[3]s TO %[2]s;
+		ALTER DEFAULT PRIVILEGES FOR ROLE %[2]s GRANT USAGE ON SCHEMAS TO %[1]s; ALTER DEFAULT PRIVILEGES FOR ROLE %[2]s GRANT SELECT ON TABLES TO %[1]s`, role, app, d.name))
+	// The application: its own role, which creates and writes the tenants.
+	appConn, err := pgx.Connect(ctx, d.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer appConn.Close(ctx)
+	tenant := func(name string) (id, topic string) {
+		t.Helper()
+		id, stream := uuid(), d.name+"_"+name
+		for _, q := range []string{`SET ROLE ` + app, patternCreate(name)} {
+			if _, err := appConn.Exec(ctx, q); err != nil {
+				t.Fatalf("%s: %v", q, err)
+			}
+		}
+		if _, err := appConn.Exec(ctx, `INSERT INTO `+name+`.events (event_id, stream, stream_no, kind, body) VALUES ($1, $2, 1, 'Happened', '{}')`, id, stream); err != nil {
+			t.Fatal(err)
+		}
+		return id, "tenants." + stream
+	}
+	dsn := strings.Replace(d.dsn, "postgres://postgres@", fmt.Sprintf("postgres://%s:%s@", role, password), 1)
+	env := replace(replace(d.env(), "OUTBOXD_POSTGRES_DSN", dsn), "OUTBOXD_POSTGRES_CREATE_PUBLICATION", "false")
+	p := start(t, env, "-config", cfg)
+	p.waitStreaming()
+	id, topic := tenant("tenant_b")
+	readUntil(t, []string{topic}, time.Minute, 0, waitIDs(id))
+
+	// Without the default privileges: a halt that names the GRANT.
+	d.exec(t, fmt.Sprintf(`ALTER DEFAULT PRIVILEGES FOR ROLE %[2]s REVOKE USAGE ON SCHEMAS FROM %[1]s; ALTER DEFAULT PRIVILEGES FOR ROLE %[2]s REVOKE SELECT ON TABLES FROM %[1]s`, role, app))
+	id, topic = tenant("tenant_c")
+	if code := p.waitExit(30 * time.Second); code == 0 {
+		t.Fatalf("outboxd exited 0 after a row of a new table its role may not read")
+	}
+	p.waitLog(`outboxd's role may not read it: role `+role+` lacks USAGE on schema tenant_c; run GRANT USAGE ON SCHEMA`, time.Second)
+	p.waitLog(`ALTER DEFAULT PRIVILEGES GRANT USAGE ON SCHEMAS TO`, time.Second)
+	d.exec(t, fmt.Sprintf(`GRANT USAGE ON SCHEMA tenant_c TO %[1]s; GRANT SELECT ON tenant_c.events TO %[1]s`, role))
+	p = start(t, env, "-config", cfg)
+	p.waitStreaming()
+	readUntil(t, []string{topic}, time.Minute, 0, waitIDs(id))
 }

@@ -2,10 +2,22 @@ package pg
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 
 	"github.com/jackc/pgx/v5"
+)
+
+// Kinds of a refused outbox table: the Kind of the *wal.Error a table
+// check returns (preflight.CheckOutbox), which a caller tells apart with
+// errors.Is. Neither says anything of the table's columns.
+var (
+	// ErrNoTable: no table has the name.
+	ErrNoTable = errors.New("no table has the outbox table's name")
+	// ErrNoPrivilege: the role lacks USAGE on the table's schema or
+	// SELECT on the table.
+	ErrNoPrivilege = errors.New("the role may not read the outbox table")
 )
 
 // ServerMajor returns the server's major version and its version string.

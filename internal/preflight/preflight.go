@@ -412,9 +412,9 @@ func checkTable(ctx context.Context, conn *pgx.Conn, user string, cfg config.Pos
 	present, err := pg.TableColumns(ctx, conn, schema, table)
 	if errors.Is(err, pgx.ErrNoRows) {
 		if field != "postgres.table" {
-			return fmt.Errorf("outbox table %s (%s) does not exist; create it, or correct %[2]s (compared exactly: no quotes, case as in the catalogue)", cfg.Table, field)
+			return wal.Errorf(pg.ErrNoTable, "outbox table %s (%s) does not exist; create it, or correct %[2]s (compared exactly: no quotes, case as in the catalogue)", cfg.Table, field)
 		}
-		return fmt.Errorf("outbox table %s does not exist; run 'outboxd migrate' to create it, or set postgres.table to your outbox table", cfg.Table)
+		return wal.Errorf(pg.ErrNoTable, "outbox table %s does not exist; run 'outboxd migrate' to create it, or set postgres.table to your outbox table", cfg.Table)
 	}
 	if err != nil {
 		return fmt.Errorf("reading outbox table %s: %w", cfg.Table, err)
@@ -430,11 +430,11 @@ func checkTable(ctx context.Context, conn *pgx.Conn, user string, cfg config.Pos
 	}
 	role := pgx.Identifier{user}.Sanitize()
 	if !schemaUsage {
-		return fmt.Errorf("role %s lacks USAGE on schema %s; run GRANT USAGE ON SCHEMA %s TO %s (see migrations/roles/least_privilege.sql)",
+		return wal.Errorf(pg.ErrNoPrivilege, "role %s lacks USAGE on schema %s; run GRANT USAGE ON SCHEMA %s TO %s (see migrations/roles/least_privilege.sql)",
 			user, schema, pgx.Identifier{schema}.Sanitize(), role)
 	}
 	if !tableSelect {
-		return fmt.Errorf("role %s lacks SELECT on the outbox table %s; run GRANT SELECT ON %s TO %s (see migrations/roles/least_privilege.sql)",
+		return wal.Errorf(pg.ErrNoPrivilege, "role %s lacks SELECT on the outbox table %s; run GRANT SELECT ON %s TO %s (see migrations/roles/least_privilege.sql)",
 			user, cfg.Table, pgx.Identifier{schema, table}.Sanitize(), role)
 	}
 	if missing := pg.MissingColumns(present, columns); len(missing) > 0 {

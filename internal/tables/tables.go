@@ -65,13 +65,20 @@ type Outbox struct {
 // postgres.tables (a pattern) matches, on conn, as the start-up checks do,
 // and builds its router from the entry's settings, as the next of the
 // outbox tables. Its error stops the run; an error that is not a server's
-// or the connection's is permanent: the table does not fit the entry.
+// or the connection's is permanent: outboxd's role may not read the table
+// (pg.ErrNoPrivilege: ErrUnreadable, whose remedy is the GRANT), or else
+// the table does not fit the entry (ErrUnfit).
 // id is its relation ID, 0 when not known (a logical message named it).
 type Adopt func(ctx context.Context, conn *pgx.Conn, entry int, name string, id uint32) error
 
 // ErrUnfit marks a table that a pattern matches and whose columns do not
 // fit the pattern entry's router settings; it is permanent.
 var ErrUnfit error = permanent("a table a pattern matches does not fit its entry's router settings")
+
+// ErrUnreadable marks a table that a pattern matches, created while
+// outboxd runs, that outboxd's role may not read (USAGE on its schema,
+// SELECT on it); it is permanent, as a privilege refused at start-up is.
+var ErrUnreadable error = permanent("outboxd's role may not read a table a pattern matches")
 
 // table is one outbox table.
 type table struct {
@@ -234,7 +241,16 @@ func (t *Outbox) adoptTable(ctx context.Context, rel *wal.Relation, j int) (int,
 	}
 	if err := t.adopt(ctx, conn, j, rel.Namespace+"."+rel.Name, rel.ID); err != nil {
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) || pgconn.SafeToRetry(err) || pgconn.Timeout(err) || ctx.Err() != nil || (conn != nil && conn.IsClosed()) {
+		switch {
+		case errors.Is(err, pg.ErrNoPrivilege):
+			// Not the table's shape: a GRANT puts it right.
+			return -1, &wal.Error{Kind: ErrUnreadable,
+				Msg: fmt.Sprintf("publication %q published a row of %s (relation %d), created while outboxd ran, which postgres.tables[%d] (%s) matches, but outboxd's role may not read it: %v; "+
+					"outboxd stopped rather than pass its rows over", t.publication, name, rel.ID, j, t.entries[j].Name, err),
+				Remedy: "run the GRANT above as the table's owner or a superuser and start outboxd again: the rows are delivered then. So that the tables created later are readable " +
+					"at once, have each role that creates them (or a superuser, with FOR ROLE that role) run, once: ALTER DEFAULT PRIVILEGES GRANT USAGE ON SCHEMAS TO <outboxd's role>; " +
+					"ALTER DEFAULT PRIVILEGES GRANT SELECT ON TABLES TO <outboxd's role> (docs/configuration.md, \"Tables created while outboxd runs\")"}
+		case errors.As(err, &pgErr) || pgconn.SafeToRetry(err) || pgconn.Timeout(err) || ctx.Err() != nil || (conn != nil && conn.IsClosed()):
 			return -1, fmt.Errorf("checking %s, a new table of postgres.tables[%d] (%s): %w", name, j, t.entries[j].Name, err)
 		}
 		return -1, &wal.Error{Kind: ErrUnfit,

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/internal/pg"
 	"github.com/outboxd/outboxd/wal"
 )
 
@@ -259,5 +260,30 @@ func TestWhichOverlappingPatterns(t *testing.T) {
 	}
 	if got := strings.Join(adopted, ","); got != "1 tenant_z.events,2 shop.events" {
 		t.Errorf("adopted %s, want tenant_z.events with entry 1 and shop.events with entry 2", got)
+	}
+}
+
+// A new table outboxd's role may not read halts with the GRANT for remedy,
+// not as a table that does not fit its entry (review-patterns35 M5).
+func TestWhichUnreadable(t *testing.T) {
+	cat := &stub{rels: map[uint32]struct {
+		exists bool
+		table  int
+	}{20: {true, -1}}}
+	adopt := func(context.Context, *pgx.Conn, int, string, uint32) error {
+		return wal.Errorf(pg.ErrNoPrivilege, "role lp lacks USAGE on schema tenant_p; run GRANT USAGE ON SCHEMA tenant_p TO lp")
+	}
+	pgc := config.Postgres{Publication: "outboxd", Tables: []config.TableEntry{{Name: "public.outbox"}, {Name: "tenant_*.events"}}}
+	per := []config.Config{{Postgres: config.Postgres{Table: "public.outbox"}}}
+	o := New(pgc, per, []uint32{10}, slog.New(slog.NewTextHandler(&bytes.Buffer{}, nil)), "", func(int, uint32, uint32) error { return nil }, adopt)
+	o.find = cat.find
+	_, _, err := o.Which(context.Background(), rel(20, "tenant_p.events"))
+	var werr *wal.Error
+	if !errors.As(err, &werr) || !errors.Is(err, ErrUnreadable) || errors.Is(err, ErrUnfit) {
+		t.Fatalf("a table the role may not read: %v; want ErrUnreadable", err)
+	}
+	if !strings.Contains(werr.Msg, "outboxd's role may not read it: role lp lacks USAGE on schema tenant_p; run GRANT USAGE ON SCHEMA tenant_p TO lp") ||
+		!strings.Contains(werr.Remedy, "ALTER DEFAULT PRIVILEGES GRANT USAGE ON SCHEMAS TO") || !strings.Contains(werr.Remedy, "ALTER DEFAULT PRIVILEGES GRANT SELECT ON TABLES TO") {
+		t.Errorf("message %q, remedy %q; want the GRANT and the default privileges", werr.Msg, werr.Remedy)
 	}
 }
