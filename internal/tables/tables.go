@@ -18,6 +18,7 @@ import (
 
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/internal/pg"
+	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/wal"
 )
 
@@ -159,7 +160,10 @@ func (t *Outbox) which(ctx context.Context, rel *wal.Relation) (int, error) {
 		return -1, fmt.Errorf("looking up %s (relation %d), which the publication publishes, to tell whether it is a partition of an outbox table (%s): %w",
 			rel.QualifiedName(), rel.ID, t.names(), err)
 	}
-	if j, ok := t.patternOf(rel.Namespace, rel.Name); i < 0 && exists && ok && t.adopt != nil {
+	if j, ok := t.patternOf(rel.Namespace, rel.Name); i < 0 && ok && t.adopt != nil {
+		if !exists {
+			return -1, t.gone(rel, j, "that table was dropped after the row was written, before outboxd delivered it")
+		}
 		return t.adoptTable(ctx, rel, j)
 	}
 	if i < 0 && t.several {
@@ -250,19 +254,46 @@ func (t *Outbox) adoptTable(ctx context.Context, rel *wal.Relation, j int) (int,
 				Remedy: "run the GRANT above as the table's owner or a superuser and start outboxd again: the rows are delivered then. So that the tables created later are readable " +
 					"at once, have each role that creates them (or a superuser, with FOR ROLE that role) run, once: ALTER DEFAULT PRIVILEGES GRANT USAGE ON SCHEMAS TO <outboxd's role>; " +
 					"ALTER DEFAULT PRIVILEGES GRANT SELECT ON TABLES TO <outboxd's role> (docs/configuration.md, \"Tables created while outboxd runs\")"}
+		case errors.Is(err, pg.ErrNoTable) && rel.ID == 0:
+			return -1, t.gone(rel, j, "no table has that name: it was renamed or dropped after the message was written, before outboxd delivered it, "+
+				"or the message's "+router.OwnerField+" names a table that never was")
+		case errors.Is(err, pg.ErrNoTable):
+			return -1, t.gone(rel, j, "no table has that name any more: it was renamed (or dropped) after the row was written, before outboxd delivered it")
 		case errors.As(err, &pgErr) || pgconn.SafeToRetry(err) || pgconn.Timeout(err) || ctx.Err() != nil || (conn != nil && conn.IsClosed()):
 			return -1, fmt.Errorf("checking %s, a new table of postgres.tables[%d] (%s): %w", name, j, t.entries[j].Name, err)
 		}
 		return -1, &wal.Error{Kind: ErrUnfit,
 			Msg: fmt.Sprintf("publication %q published a row of %s (relation %d), created while outboxd ran, which postgres.tables[%d] (%s) matches, but it does not fit that entry: %v; "+
 				"outboxd stopped rather than pass its rows over", t.publication, name, rel.ID, j, t.entries[j].Name, err),
-			Remedy: "give the table the columns the entry's router reads (ALTER TABLE; its rows already written are decoded with the columns they were written with), " +
-				"or give tables of this shape an entry of their own before the pattern (an exact name, with its router settings), and restart"}
+			Remedy: "list the table by its exact name under postgres.tables, with router settings its columns fit (an exact name comes before every pattern), " +
+				"and start outboxd again: its rows, those already written included, are routed by that entry. Adding the missing columns (ALTER TABLE) " +
+				"does not help the rows already written, which are decoded with the columns they were written with"}
 	}
 	t.tables = append(t.tables, table{schema: rel.Namespace, name: rel.Name, id: rel.ID, types: map[uint32]bool{}})
 	t.log.Info("delivering the rows of "+name+", created while outboxd runs, as outbox events of postgres.tables["+fmt.Sprint(j)+"] ("+t.entries[j].Name+")",
 		"relation", rel.ID, "publication", t.publication)
 	return len(t.tables) - 1, nil
+}
+
+// gone is the error for a row (or, with no relation ID, a logical
+// message) of rel, a table that entry j of postgres.tables, a pattern,
+// matches, whose name no table has any more, as what says: outboxd cannot
+// check it against the entry. The way on that loses nothing is to give
+// the name back to a table of its columns.
+func (t *Outbox) gone(rel *wal.Relation, j int, what string) error {
+	name := rel.QualifiedName()
+	of := fmt.Sprintf("publication %q published a row of %s (relation %d)", t.publication, name, rel.ID)
+	if rel.ID == 0 {
+		of = "a logical message names " + name
+	}
+	return &wal.Error{Kind: ErrUnrouted,
+		Msg: fmt.Sprintf("%s, which postgres.tables[%d] (%s) matches, but %s: outboxd cannot check it against that entry, "+
+			"and stopped rather than pass its rows over", of, j, t.entries[j].Name, what),
+		Remedy: "to deliver its rows, give the name " + name + " back to a table of the same columns: rename the table back, or create it again " +
+			"(CREATE TABLE; the event trigger publishes it), and start outboxd again. Once outboxd has confirmed past these rows (outboxd status), " +
+			"drop or rename it again: outboxd stops checking a table of a pattern that is dropped while it runs. " +
+			"To pass them over instead, which loses them, advance the slot by hand (pg_replication_slot_advance) to the end of the transaction named here: " +
+			"that skips every event before it that outboxd has not confirmed (the slot's confirmed_flush_lsn), the other outbox tables' included"}
 }
 
 // ErrUnrouted marks a row of a table that is none of several outbox tables;

@@ -162,13 +162,16 @@ func TestWhichPattern(t *testing.T) {
 	cat := &stub{rels: map[uint32]struct {
 		exists bool
 		table  int
-	}{20: {true, -1}, 21: {true, -1}, 22: {true, -1}}}
+	}{20: {true, -1}, 21: {true, -1}, 22: {true, -1}, 24: {true, -1}}}
 	per := []config.Config{{Postgres: config.Postgres{Table: "public.outbox"}}}
 	var logs bytes.Buffer
 	var adopted []string
 	adopt := func(_ context.Context, _ *pgx.Conn, entry int, name string, _ uint32) error {
-		if name == "tenant_bad.events" {
+		switch name {
+		case "tenant_bad.events":
 			return errors.New("outbox table tenant_bad.events has no column k")
+		case "tenant_renamed.events": // the relation is there, under another name
+			return wal.Errorf(pg.ErrNoTable, "outbox table tenant_renamed.events does not exist")
 		}
 		adopted = append(adopted, fmt.Sprint(entry, " ", name))
 		return nil
@@ -186,7 +189,8 @@ func TestWhichPattern(t *testing.T) {
 		{rel(20, "tenant_a.events"), 1, nil}, // by name now: no second adoption
 		{rel(21, "tenant_bad.events"), -1, ErrUnfit},
 		{rel(22, "other.events"), -1, ErrUnrouted},
-		{rel(23, "tenant_gone.events"), -1, ErrUnrouted}, // dropped since
+		{rel(23, "tenant_gone.events"), -1, ErrUnrouted},    // dropped since
+		{rel(24, "tenant_renamed.events"), -1, ErrUnrouted}, // renamed since
 	} {
 		i, ok, err := o.Which(context.Background(), step.rel)
 		switch {
@@ -205,6 +209,17 @@ func TestWhichPattern(t *testing.T) {
 		!strings.Contains(err.Error(), "tenant_bad.events (relation 21), created while outboxd ran, which postgres.tables[1] (tenant_*.events) matches, but it does not fit that entry: outbox table tenant_bad.events has no column k") {
 		t.Errorf("unfit table: %v", err)
 	}
+	// A table of a pattern gone since its rows were written: the remedy
+	// that loses nothing gives its name back (review-patterns35 M6).
+	for _, r := range []*wal.Relation{rel(23, "tenant_gone.events"), rel(24, "tenant_renamed.events")} {
+		_, _, err := o.Which(context.Background(), r)
+		var werr *wal.Error
+		if !errors.As(err, &werr) || !strings.Contains(werr.Msg, "which postgres.tables[1] (tenant_*.events) matches, but ") ||
+			!strings.Contains(werr.Remedy, "give the name "+r.QualifiedName()+" back to a table of the same columns: rename the table back, or create it again") ||
+			strings.Contains(werr.Remedy, "list "+r.QualifiedName()+" under postgres.tables") {
+			t.Errorf("%s: %v; want the remedy that gives its name back", r.QualifiedName(), err)
+		}
+	}
 }
 
 // A logical message that names a table a pattern matches, before any row
@@ -212,6 +227,9 @@ func TestWhichPattern(t *testing.T) {
 func TestOwnerPattern(t *testing.T) {
 	var adopted []string
 	adopt := func(_ context.Context, _ *pgx.Conn, entry int, name string, _ uint32) error {
+		if name == "tenant_nope.events" {
+			return wal.Errorf(pg.ErrNoTable, "outbox table tenant_nope.events does not exist")
+		}
 		adopted = append(adopted, fmt.Sprint(entry, " ", name))
 		return nil
 	}
@@ -219,6 +237,12 @@ func TestOwnerPattern(t *testing.T) {
 	per := []config.Config{{Postgres: config.Postgres{Table: "public.outbox"}}}
 	o := New(pgc, per, []uint32{10}, slog.New(slog.NewTextHandler(&bytes.Buffer{}, nil)), "", func(int, uint32, uint32) error { return nil }, adopt)
 	o.find = (&stub{}).find
+	// A message naming a table of the pattern that is not there: a halt
+	// that says so, not a table that does not fit (review-patterns35 M6).
+	if _, _, err := o.Owner(context.Background(), "tenant_nope.events"); !errors.Is(err, ErrUnrouted) || errors.Is(err, ErrUnfit) ||
+		!strings.Contains(err.Error(), "or the message's __outbox_table names a table that never was") {
+		t.Errorf("a message naming a missing table of the pattern: %v", err)
+	}
 	for _, step := range []struct {
 		owner string
 		want  int

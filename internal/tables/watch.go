@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -35,16 +36,26 @@ var ErrUnpublished error = permanent("an outbox table is not published")
 // be (the next start refuses the configured name).
 //
 // Tables learnt while the run streams (a table created that matches a
-// pattern) join the check through Add.
+// pattern) join the check through Add. A table of a pattern that is
+// dropped, with nothing of its name in its place, leaves the check instead
+// of ending the run: for a tenant's table that is its life's end, and its
+// rows written before the drop are in the slot, under a relation the run
+// knows. A table listed by its exact name ends the run.
 type Watch struct {
 	publication string
 	db          pg.Lazy
 	log         *slog.Logger
 
-	mu    sync.Mutex // guards the three lists, which Add extends while Run runs
-	names []string   // quoted, for to_regclass
-	shown []string   // schema.table, for messages
-	ids   []uint32   // relation IDs when the run started, or when Add learnt them (0: unknown)
+	mu      sync.Mutex // guards the four lists, which Add extends while Run runs
+	names   []string   // quoted, for to_regclass
+	shown   []string   // schema.table, for messages
+	ids     []uint32   // relation IDs when the run started, or when Add learnt them (0: unknown)
+	pattern []bool     // a table a pattern of postgres.tables gave, not an exact name
+
+	// dropped are the tables of patterns that the last check found
+	// dropped: found so twice in a row, a table leaves the check (one
+	// read may meet a swap half done). Check's own.
+	dropped map[string]bool
 }
 
 // NewWatch returns the Watch of a run on the server at addr (pg.Addr),
@@ -58,39 +69,58 @@ func NewWatch(pgc config.Postgres, per []config.Config, ids []uint32, addr strin
 		if i < len(ids) {
 			id = ids[i]
 		}
-		w.Add(schema, name, id)
+		j, ok := pgc.EntryOf(schema, name)
+		w.add(schema, name, id, ok && pgc.Tables[j].Pattern())
 	}
 	return w
 }
 
 // Add makes the Watch check one more outbox table, schema.name, whose
-// relation ID is id (0: unknown), from the next check on: a table learnt
-// while the run streams, such as one created that matches a pattern of
-// postgres.tables. A table the Watch already checks is left as it is. It
-// is safe to call while Run runs.
+// relation ID is id (0: unknown), from the next check on: a table that a
+// pattern of postgres.tables matches, created while the run streams. A
+// table the Watch already checks is left as it is. It is safe to call
+// while Run runs.
 //
-// From then on the table is held to what a listed table is: its name must
-// stay a relation the publication publishes, and a drop of it ends the run.
-func (w *Watch) Add(schema, name string, id uint32) {
+// From then on its name must stay a relation the publication publishes;
+// dropped, with nothing of its name in its place, it leaves the check.
+func (w *Watch) Add(schema, name string, id uint32) { w.add(schema, name, id, true) }
+
+func (w *Watch) add(schema, name string, id uint32, pattern bool) {
 	shown := schema + "." + name
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	for _, s := range w.shown {
-		if s == shown {
-			return
-		}
+	if slices.Contains(w.shown, shown) {
+		return
 	}
 	w.names = append(w.names, pgx.Identifier{schema, name}.Sanitize())
 	w.shown = append(w.shown, shown)
 	w.ids = append(w.ids, id)
+	w.pattern = append(w.pattern, pattern)
+}
+
+// forget stops checking the table shown as name (schema.table).
+func (w *Watch) forget(name string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	i := slices.Index(w.shown, name)
+	if i < 0 {
+		return
+	}
+	// New slices: a list read before stays as it was.
+	w.names = slices.Delete(slices.Clone(w.names), i, i+1)
+	w.shown = slices.Delete(slices.Clone(w.shown), i, i+1)
+	w.ids = slices.Delete(slices.Clone(w.ids), i, i+1)
+	w.pattern = slices.Delete(slices.Clone(w.pattern), i, i+1)
+	w.log.Info("no longer checking that "+name+" is published: a table of a pattern of postgres.tables, dropped while outboxd ran (its rows written before the drop are delivered as the stream reaches them)",
+		"publication", w.publication)
 }
 
 // list returns the tables the next check reads: quoted names, the names
-// shown in messages, and the relation IDs.
-func (w *Watch) list() (names, shown []string, ids []uint32) {
+// shown in messages, the relation IDs, and which a pattern gave.
+func (w *Watch) list() (names, shown []string, ids []uint32, pattern []bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.names, w.shown, w.ids // Add only appends: a reader's slices stay as they were
+	return w.names, w.shown, w.ids, w.pattern // Add only appends, forget copies: a reader's slices stay as they were
 }
 
 // Run checks every interval until ctx ends, and returns the first
@@ -145,7 +175,9 @@ const watchQuery = `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = 
 
 // Check reads the catalogue once and returns ErrUnpublished for the first
 // table whose name is now a relation the publication does not publish,
-// or whose relation was dropped with nothing of its name in its place.
+// or whose relation was dropped with nothing of its name in its place (a
+// table of a pattern leaves the check instead, decide). It is not safe for
+// concurrent use with itself.
 func (w *Watch) Check(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -153,31 +185,59 @@ func (w *Watch) Check(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	names, shown, ids := w.list()
+	names, shown, ids, pattern := w.list()
 	rows, err := conn.Query(ctx, watchQuery, w.publication, names, ids)
 	if err != nil {
 		w.db.Close() // a new connection at the next tick
 		return fmt.Errorf("reading the publication %q's tables: %w", w.publication, err)
 	}
-	var found error
+	var reads []watchRead
 	for rows.Next() {
-		var (
-			pubExists, startExists, published bool
-			i                                 int
-			now                               uint32
-		)
-		if err := rows.Scan(&pubExists, &i, &now, &startExists, &published); err != nil {
+		var r watchRead
+		if err := rows.Scan(&r.pubExists, &r.i, &r.now, &r.startExists, &r.published); err != nil {
 			rows.Close()
 			return err
 		}
-		if !pubExists || found != nil || i < 1 || i > len(names) {
-			continue
-		}
-		found = w.judge(names[i-1], shown[i-1], ids[i-1], now, startExists, published)
+		reads = append(reads, r)
 	}
 	if err := rows.Err(); err != nil {
 		return err
 	}
+	return w.decide(reads, names, shown, ids, pattern)
+}
+
+// watchRead is what watchQuery read of one table.
+type watchRead struct {
+	pubExists, startExists, published bool
+	i                                 int    // the table's place in the lists, from 1
+	now                               uint32 // the relation of its name now, 0: none
+}
+
+// decide judges what one check read of the tables in the lists it read
+// (list), and returns the first finding. A table of a pattern found
+// dropped by this check and the one before leaves the check.
+func (w *Watch) decide(reads []watchRead, names, shown []string, ids []uint32, pattern []bool) error {
+	var found error
+	dropped := map[string]bool{}
+	for _, r := range reads {
+		k := r.i - 1
+		if !r.pubExists || found != nil || k < 0 || k >= len(names) {
+			continue
+		}
+		if pattern[k] && r.now == 0 && (ids[k] == 0 || !r.startExists) {
+			dropped[shown[k]] = true
+			continue
+		}
+		found = w.judge(names[k], shown[k], ids[k], r.now, r.startExists, r.published)
+	}
+	if found == nil {
+		for name := range dropped {
+			if w.dropped[name] {
+				w.forget(name)
+			}
+		}
+	}
+	w.dropped = dropped
 	return found
 }
 
@@ -207,6 +267,6 @@ func (w *Watch) judge(quoted, name string, start, now uint32, startExists, publi
 
 // String lists the tables a Watch checks, for a log line.
 func (w *Watch) String() string {
-	_, shown, _ := w.list()
+	_, shown, _, _ := w.list()
 	return strings.Join(shown, ",")
 }

@@ -47,7 +47,7 @@ func TestWatchAdd(t *testing.T) {
 	c := config.Default()
 	c.Postgres.Table = "public.outbox"
 	w := NewWatch(c.Postgres, []config.Config{c}, []uint32{100}, "", slog.Default())
-	names, _, _ := w.list()
+	names, _, _, _ := w.list()
 	w.Add("tenant_a", "outbox", 200)
 	w.Add("public", "outbox", 300)
 	w.Add("tenant_a", "outbox", 400)
@@ -57,7 +57,7 @@ func TestWatchAdd(t *testing.T) {
 	if len(names) != 1 {
 		t.Errorf("a list read before Add changed: %v", names)
 	}
-	quoted, shown, ids := w.list()
+	quoted, shown, ids, _ := w.list()
 	if quoted[1] != `"tenant_a"."outbox"` || ids[0] != 100 || ids[1] != 200 {
 		t.Errorf("after Add: %v %v %v; want the first relation IDs 100 and 200", quoted, shown, ids)
 	}
@@ -65,5 +65,48 @@ func TestWatchAdd(t *testing.T) {
 	if e, ok := err.(*wal.Error); !ok || !strings.Contains(e.Msg, "outbox table tenant_a.outbox is not published") ||
 		!strings.Contains(e.Remedy, `ADD TABLE "tenant_a"."outbox"`) {
 		t.Errorf("an added table replaced: %v; want it named with its ADD TABLE", err)
+	}
+}
+
+// A table of a pattern (matched at start-up, or added while streaming)
+// that is dropped leaves the check once two checks in a row found it so,
+// and the run goes on; replaced by a relation the publication lacks, it
+// ends the run; a table listed by its exact name ends the run when dropped
+// (review-patterns35 M6).
+func TestWatchDroppedPatternTable(t *testing.T) {
+	c := config.Default()
+	c.Postgres.Tables = []config.TableEntry{{Name: "public.outbox"}, {Name: "tenant_*.events"}}
+	a, b := c, c
+	a.Postgres.Table, b.Postgres.Table = "public.outbox", "tenant_a.events"
+	w := NewWatch(c.Postgres, []config.Config{a, b}, []uint32{100, 200}, "", slog.Default())
+	w.Add("tenant_b", "events", 300)
+	w.Add("tenant_c", "events", 400)
+	fine := func(i int, id uint32) watchRead { return watchRead{pubExists: true, i: i, now: id, startExists: true, published: true} }
+	dropped := func(i int) watchRead { return watchRead{pubExists: true, i: i} }
+	for _, step := range []struct {
+		reads     []watchRead
+		want      string // a finding's text, "" for none
+		remaining string
+	}{
+		{[]watchRead{fine(1, 100), fine(2, 200), dropped(3), fine(4, 400)}, "", "public.outbox,tenant_a.events,tenant_b.events,tenant_c.events"},
+		{[]watchRead{fine(1, 100), fine(2, 200), dropped(3), fine(4, 400)}, "", "public.outbox,tenant_a.events,tenant_c.events"},
+		{[]watchRead{fine(1, 100), dropped(2), fine(3, 400)}, "", "public.outbox,tenant_a.events,tenant_c.events"},
+		{[]watchRead{fine(1, 100), fine(2, 201), fine(3, 400)}, "", "public.outbox,tenant_a.events,tenant_c.events"}, // created again (and published): not twice in a row
+		{[]watchRead{fine(1, 100), dropped(2), fine(3, 400)}, "", "public.outbox,tenant_a.events,tenant_c.events"},
+		{[]watchRead{fine(1, 100), dropped(2), fine(3, 400)}, "", "public.outbox,tenant_c.events"},
+		{[]watchRead{fine(1, 100), {pubExists: true, i: 2, now: 401, startExists: false, published: false}}, "outbox table tenant_c.events is not published", "public.outbox,tenant_c.events"},
+		{[]watchRead{dropped(1), fine(2, 400)}, "outbox table public.outbox was dropped while outboxd ran", "public.outbox,tenant_c.events"},
+	} {
+		names, shown, ids, pattern := w.list()
+		err := w.decide(step.reads, names, shown, ids, pattern)
+		switch {
+		case step.want == "" && err != nil:
+			t.Errorf("%v: %v; want no finding", step.reads, err)
+		case step.want != "" && (err == nil || !strings.Contains(err.Error(), step.want) || !isUnpublished(err)):
+			t.Errorf("%v: %v; want ErrUnpublished with %q", step.reads, err, step.want)
+		}
+		if got := w.String(); got != step.remaining {
+			t.Errorf("%v: checking %s; want %s", step.reads, got, step.remaining)
+		}
 	}
 }
