@@ -275,7 +275,8 @@ func TestPatternTablesNeedTheTrigger(t *testing.T) {
 	// the slot is not confirmed past its row.
 	d.exec(t, `CREATE TABLE tenant_x.events (event_id uuid PRIMARY KEY, stream text NOT NULL, kind text NOT NULL, body jsonb NOT NULL)`)
 	lsn := currentLSN(t, d)
-	d.exec(t, `INSERT INTO tenant_x.events VALUES ($1, 'a', 'Happened', '{}')`, uuid())
+	unfit := uuid()
+	d.exec(t, `INSERT INTO tenant_x.events VALUES ($1, $2, 'Happened', '{}')`, unfit, d.name+"_x")
 	if code := p.waitExit(30 * time.Second); code == 0 {
 		t.Fatalf("outboxd exited 0 after a row of a new table that does not fit its pattern's entry")
 	}
@@ -286,6 +287,14 @@ func TestPatternTablesNeedTheTrigger(t *testing.T) {
 	}
 	// At start-up, such a table is refused with its name and its entry.
 	expectStartupError(t, env, `outbox table tenant_x.events has no column stream_no; add it or set the \*_column settings of postgres.tables\[1\] \(pattern tenant_\*.events\).router`, "-config", cfg)
+	// The remedy: an entry of its own, by its exact name, which comes
+	// before the pattern; its row is delivered (review-patterns35 M6, W2).
+	cfg = writeConfig(t, "postgres:\n  tables:\n    - public.outbox\n    - name: tenant_*.events\n      router: "+patternRouter+
+		"\n    - name: tenant_x.events\n      router: {id_column: event_id, route_by_column: stream, key_column: event_id, event_type_column: kind, payload_column: body, topic_template: 'tenants.${routedByValue}'}"+
+		"\nrouter:\n  messages:\n    unowned: ignore\n")
+	p = start(t, env, "-config", cfg)
+	p.waitStreaming()
+	readUntil(t, []string{"tenants." + d.name + "_x"}, time.Minute, 0, waitIDs(unfit))
 }
 
 // Review-patterns35 M5: outboxd as the least-privilege role of
