@@ -94,8 +94,9 @@ func qualified(name string) string {
 }
 
 // tableConfig returns the configuration of the table of postgres.tables
-// that -table names (config.Config.PerTable): a replay routes its rows as
-// outboxd routes that table's.
+// that -table names (config.Config.PerTable), or that a pattern of
+// postgres.tables matches (config.Postgres.EntryOf, as outboxd picks the
+// entry): a replay routes its rows as outboxd routes that table's.
 func tableConfig(cfg config.Config, table string) (config.Config, error) {
 	per, err := cfg.PerTable()
 	if err != nil {
@@ -107,6 +108,21 @@ func tableConfig(cfg config.Config, table string) (config.Config, error) {
 			return c, nil
 		}
 		names[i] = c.Postgres.Table
+	}
+	if table != "" {
+		schema, name, _ := strings.Cut(qualified(table), ".")
+		if i, ok := cfg.Postgres.EntryOf(schema, name); ok && cfg.Postgres.Tables[i].Pattern() {
+			per, err := cfg.PerTableOf([]string{schema + "." + name}, []int{i})
+			if err != nil {
+				return cfg, err
+			}
+			return per[0], nil
+		}
+	}
+	for _, e := range cfg.Postgres.Tables {
+		if e.Pattern() {
+			names = append(names, e.Name)
+		}
 	}
 	if table == "" {
 		return cfg, fmt.Errorf("postgres.tables lists several tables (%s): name the one to replay with -table (also with -resume)", strings.Join(names, ", "))

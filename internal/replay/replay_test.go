@@ -3,6 +3,8 @@ package replay
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -172,4 +174,34 @@ func TestAwait(t *testing.T) {
 			t.Fatalf("await = %v", err)
 		}
 	})
+}
+
+// -table names a table of postgres.tables by its exact name, or a table a
+// pattern matches, and takes the router of the entry outboxd routes it by
+// (review-patterns35 M7).
+func TestTableConfig(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "outboxd.yaml")
+	yaml := "postgres:\n  tables:\n    - public.outbox\n    - name: tenant_*.events\n      router: {key_column: k}\n" +
+		"    - name: tenant_vip.events\n      router: {key_column: v}\nrouter:\n  messages: {unowned: ignore}\n"
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Load(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ table, key string }{
+		{"public.outbox", cfg.Router.KeyColumn},
+		{"tenant_a.events", "k"},
+		{"tenant_vip.events", "v"}, // its exact name, before the pattern
+	} {
+		c, err := tableConfig(cfg, tc.table)
+		if err != nil || c.Postgres.Table != tc.table || c.Router.KeyColumn != tc.key {
+			t.Errorf("tableConfig(%s): table %q, key column %q, %v; want key column %q", tc.table, c.Postgres.Table, c.Router.KeyColumn, err, tc.key)
+		}
+	}
+	if _, err := tableConfig(cfg, "shop.events"); err == nil ||
+		!strings.Contains(err.Error(), "-table shop.events: it is none of postgres.tables (public.outbox, tenant_vip.events, tenant_*.events)") {
+		t.Errorf("a table no entry names: %v", err)
+	}
 }
