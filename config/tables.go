@@ -97,7 +97,7 @@ func (e TableEntry) Matches(schema, table string) bool {
 // else the first pattern that matches it; ok is false when none does. A
 // table two patterns match takes the first one's, at start-up
 // (pg.MatchTables) as when it is created while outboxd runs.
-func (p Postgres) EntryOf(schema, table string) (i int, ok bool) {
+func (p Postgres) EntryOf(schema, table string) (int, bool) {
 	first := -1
 	for i, e := range p.Tables {
 		switch {
