@@ -44,7 +44,7 @@ func triggerConfig(names ...string) config.Postgres {
 func published(t *testing.T, conn *pgx.Conn) string {
 	t.Helper()
 	var names []string
-	err := conn.QueryRow(context.Background(), `SELECT coalesce(array_agg(schemaname || '.' || tablename ORDER BY 1), '{}')
+	err := conn.QueryRow(context.Background(), `SELECT coalesce(array_agg(schemaname || '.' || tablename ORDER BY schemaname, tablename), '{}')
 		FROM pg_publication_tables WHERE pubname = 'pub'`).Scan(&names)
 	if err != nil {
 		t.Fatal(err)
@@ -139,7 +139,6 @@ func TestTriggerOwners(t *testing.T) {
 	t.Cleanup(func() { conn.Close(context.Background()) })
 	squat := "squat_" + testenv.RandomSuffix()
 	t.Cleanup(func() { // before the connection closes
-		_, _ = conn.Exec(context.Background(), `ROLLBACK`)
 		_, _ = conn.Exec(context.Background(), `RESET ROLE; DROP OWNED BY `+squat+`; DROP ROLE IF EXISTS `+squat)
 	})
 	pc := triggerConfig("tenant_*.events")
