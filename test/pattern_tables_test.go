@@ -39,16 +39,20 @@ func patternConfig(t *testing.T) string {
 // CREATE SCHEMA's own CREATE TABLE. A creation rolled back
 // delivers nothing. A logical message that names a new table before any
 // row of it is delivered with the table's entry. 0 lost, 0 phantom, 0
-// per-key order violations.
+// per-key order violations. A second pattern matches every tenant too: a
+// new tenant's CREATE TABLE goes through, and it takes the first pattern's
+// entry, once (review-patterns35 M2).
 func TestPatternTablesCreatedWhileStreaming(t *testing.T) {
 	d := newDB(t)
 	d.exec(t, patternCreate("tenant_a"))
-	cfg := patternConfig(t)
+	cfg := writeConfig(t, "postgres:\n  tables:\n    - public.outbox\n    - name: tenant_*.events\n      router: "+patternRouter+
+		"\n    - name: '*.events'\n      router: "+patternRouter+"\nrouter:\n  messages:\n    unowned: ignore\n")
 	env := d.env()
 	m := start(t, env, "migrate", "-config", cfg)
 	if code := m.waitExit(60 * time.Second); code != 0 {
 		t.Fatalf("outboxd migrate exited %d", code)
 	}
+	m.waitLog(`two patterns of postgres.tables can match the same table`, time.Second)
 	p := start(t, env, "-config", cfg)
 	p.waitStreaming()
 	p.waitLog(`msg="created publication" publication=outboxd table=public.outbox,tenant_a.events`, time.Second)

@@ -185,7 +185,7 @@ const ownersQuery = `SELECT o.what, r.rolname::text FROM (
 			FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = $1
 		UNION ALL SELECT 'event trigger ' || quote_ident(t.evtname), t.evtowner FROM pg_event_trigger t WHERE t.evtname = $2
 	) o JOIN pg_roles r ON r.oid = o.owner
-	WHERE NOT r.rolsuper AND r.oid <> coalesce(%s, 0) ORDER BY 1`
+	WHERE NOT r.rolsuper AND r.oid <> coalesce(%s, 0::oid) ORDER BY 1`
 
 // checkOwners refuses TriggerSchema, anything in it, or the event
 // trigger when a role owns it that is neither a superuser nor the role
