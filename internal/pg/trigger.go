@@ -26,12 +26,11 @@ const (
 	// outboxd migrate creates it, and it and everything in it must belong
 	// to a superuser or to the event trigger's owner (checkOwners): the
 	// function runs, as its owner, in every superuser's CREATE TABLE, so
-	// whoever owns it or could make it first (public takes objects of
-	// other roles) could run anything as a superuser.
+	// whoever owned it, or could make it first (as any role that may
+	// create in public could there), could run anything as a superuser.
 	TriggerSchema = "outboxd_trigger"
 	PatternTable  = TriggerSchema + ".patterns"
 	triggerFunc   = TriggerSchema + ".add_tables"
-	funcName      = "add_tables"
 )
 
 // triggerTags are the commands the trigger fires on. CREATE SCHEMA fires
