@@ -143,8 +143,9 @@ func TestTriggerOwners(t *testing.T) {
 	})
 	pc := triggerConfig("tenant_*.events")
 	if err := execs(conn, `CREATE PUBLICATION pub`, `CREATE ROLE `+squat+` NOLOGIN`, `GRANT CREATE ON DATABASE `+db+` TO `+squat,
-		`SET ROLE `+squat, `CREATE SCHEMA `+TriggerSchema,
-		`CREATE FUNCTION `+triggerFunc+`() RETURNS event_trigger LANGUAGE plpgsql AS $$BEGIN RAISE NOTICE 'squatted'; END$$`, `RESET ROLE`); err != nil {
+		`SET ROLE `+squat, `CREATE SCHEMA `+TriggerSchema, `RESET ROLE`,
+		`CREATE FUNCTION `+triggerFunc+`() RETURNS event_trigger LANGUAGE plpgsql AS $$BEGIN RAISE NOTICE 'squatted'; END$$`,
+		`ALTER FUNCTION `+triggerFunc+`() OWNER TO `+squat); err != nil {
 		t.Fatal(err)
 	}
 	err = InstallTrigger(ctx, conn, pc)
