@@ -280,6 +280,7 @@ func CheckTrigger(ctx context.Context, q querier, pc config.Postgres) error {
 			lead, orNone(tags), strings.Join(wantTags, ", "), migrate)
 	}
 	slices.Sort(want)
+	slices.Sort(have) // by bytes, as want: the database's collation may order them otherwise
 	if !slices.Equal(want, have) {
 		return fmt.Errorf("%sthe trigger knows the patterns %s for it (in %s), not these: %s", lead, orNone(have), PatternTable, migrate)
 	}
