@@ -43,7 +43,7 @@ func TestMatchTables(t *testing.T) {
 		want  string // MatchNames, or the error's text
 	}{
 		{[]string{"orders.outbox"}, "orders.outbox"},
-		{[]string{"*.outbox"}, "orders.outbox,wallet.outbox"}, // not the unlogged nor the temporary one (review-patterns35 M3)
+		{[]string{"*.outbox"}, "orders.outbox,wallet.outbox"},                                 // not the unlogged nor the temporary one (review-patterns35 M3)
 		{[]string{"tenant_*.outbox_events"}, "tenant_a.outbox_events,tenant_b.outbox_events"}, // not tenantXa (_ is no wildcard), nor Tenant_c, nor the partition
 		{[]string{"tenant_*.outbox*"}, "tenant_a.outbox_events,tenant_b.outbox_events"},       // tables only, no view
 		{[]string{"orders.outbox", "tenant_*.outbox_events", "nobody_*.outbox"}, "orders.outbox,tenant_a.outbox_events,tenant_b.outbox_events"},

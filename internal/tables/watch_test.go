@@ -81,7 +81,9 @@ func TestWatchDroppedPatternTable(t *testing.T) {
 	w := NewWatch(c.Postgres, []config.Config{a, b}, []uint32{100, 200}, "", slog.Default())
 	w.Add("tenant_b", "events", 300)
 	w.Add("tenant_c", "events", 400)
-	fine := func(i int, id uint32) watchRead { return watchRead{pubExists: true, i: i, now: id, startExists: true, published: true} }
+	fine := func(i int, id uint32) watchRead {
+		return watchRead{pubExists: true, i: i, now: id, startExists: true, published: true}
+	}
 	dropped := func(i int) watchRead { return watchRead{pubExists: true, i: i} }
 	for _, step := range []struct {
 		reads     []watchRead
