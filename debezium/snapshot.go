@@ -60,6 +60,18 @@ func (v *conv) snapshot(pg *section, kafka section) error {
 	default:
 		return fmt.Errorf("snapshot.mode %q is not initial, when_needed, no_data, never, always, initial_only, custom or configuration_based", raw)
 	}
+	if v.several {
+		// config refuses postgres.backfill with several postgres.tables, so
+		// the file gets no block it would refuse.
+		if _, set := v.get("snapshot.select.statement.overrides"); set {
+			v.warn("snapshot.select.statement.overrides", "is not mapped: postgres.backfill is not supported with several postgres.tables yet")
+		}
+		v.consumePrefix("snapshot.select.statement.overrides")
+		pg.foot = label + ": " + what + "\n" +
+			"postgres.backfill is not supported with several postgres.tables yet: to send the rows already\n" +
+			"in a table once, backfill it with an outboxd of its own (postgres.table), or use outboxd replay -table."
+		return nil
+	}
 	where, orderBy, err := v.overrides(table)
 	if err != nil {
 		return err
