@@ -5,22 +5,14 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/outboxd/outboxd/config"
-	"github.com/outboxd/outboxd/internal/testenv"
 )
 
 // TestMatchTables resolves names and patterns against a real catalogue.
 func TestMatchTables(t *testing.T) {
 	ctx := context.Background()
-	_, dsn := testenv.NewDatabase(t, "match")
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	_, err = conn.Exec(ctx, `
+	_, conn := newDatabase(t, "match")
+	_, err := conn.Exec(ctx, `
 		CREATE SCHEMA orders; CREATE SCHEMA wallet; CREATE SCHEMA tenant_a; CREATE SCHEMA tenant_b; CREATE SCHEMA "tenantXa"; CREATE SCHEMA "Tenant_c";
 		CREATE TABLE orders.outbox (id int); CREATE TABLE wallet.outbox (id int); CREATE TABLE wallet.outbox_old (id int);
 		CREATE TABLE tenant_a.outbox_events (id int, at date) PARTITION BY RANGE (at);

@@ -17,12 +17,7 @@ import (
 func triggerDB(t *testing.T, names ...string) *pgx.Conn {
 	t.Helper()
 	ctx := context.Background()
-	_, dsn := testenv.NewDatabase(t, "trigger")
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close(context.Background()) })
+	_, conn := newDatabase(t, "trigger")
 	if _, err := conn.Exec(ctx, `CREATE PUBLICATION pub`); err != nil {
 		t.Fatal(err)
 	}
@@ -131,12 +126,7 @@ func TestTriggerSkipsTemporaryAndUnlogged(t *testing.T) {
 // (review-patterns35 M4).
 func TestTriggerOwners(t *testing.T) {
 	ctx := context.Background()
-	db, dsn := testenv.NewDatabase(t, "owners")
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close(context.Background()) })
+	db, conn := newDatabase(t, "owners")
 	squat := "squat_" + testenv.RandomSuffix()
 	t.Cleanup(func() { // before the connection closes
 		_, _ = conn.Exec(context.Background(), `RESET ROLE; DROP OWNED BY `+squat+`; DROP ROLE IF EXISTS `+squat)
@@ -148,7 +138,7 @@ func TestTriggerOwners(t *testing.T) {
 		`ALTER FUNCTION `+triggerFunc+`() OWNER TO `+squat); err != nil {
 		t.Fatal(err)
 	}
-	err = InstallTrigger(ctx, conn, pc)
+	err := InstallTrigger(ctx, conn, pc)
 	if err == nil || !strings.Contains(err.Error(), "function outboxd_trigger.add_tables() belongs to role "+squat+", schema outboxd_trigger belongs to role "+squat) {
 		t.Fatalf("InstallTrigger over a squatted schema: %v, want a refusal naming the squatter's objects", err)
 	}
@@ -209,4 +199,17 @@ func TestTriggerOwners(t *testing.T) {
 			t.Fatalf("%s: CheckTrigger after InstallTrigger: %v", tc.name, err)
 		}
 	}
+}
+
+// newDatabase makes a database of the test bed, named after name, and
+// returns its name and a connection to it, closed when the test ends.
+func newDatabase(t *testing.T, name string) (string, *pgx.Conn) {
+	t.Helper()
+	db, dsn := testenv.NewDatabase(t, name)
+	conn, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return db, conn
 }

@@ -244,16 +244,22 @@ func (t *Outbox) adoptTable(ctx context.Context, rel *wal.Relation, j int) (int,
 		}
 	}
 	if err := t.adopt(ctx, conn, j, rel.Namespace+"."+rel.Name, rel.ID); err != nil {
+		// halt is the permanent error: the table is there, but why says
+		// outboxd cannot take it on.
+		halt := func(kind error, why, remedy string) error {
+			return &wal.Error{Kind: kind,
+				Msg: fmt.Sprintf("publication %q published a row of %s (relation %d), created while outboxd ran, which postgres.tables[%d] (%s) matches, but %s: %v; "+
+					"outboxd stopped rather than pass its rows over", t.publication, name, rel.ID, j, t.entries[j].Name, why, err),
+				Remedy: remedy}
+		}
 		var pgErr *pgconn.PgError
 		switch {
 		case errors.Is(err, pg.ErrNoPrivilege):
 			// Not the table's shape: a GRANT puts it right.
-			return -1, &wal.Error{Kind: ErrUnreadable,
-				Msg: fmt.Sprintf("publication %q published a row of %s (relation %d), created while outboxd ran, which postgres.tables[%d] (%s) matches, but outboxd's role may not read it: %v; "+
-					"outboxd stopped rather than pass its rows over", t.publication, name, rel.ID, j, t.entries[j].Name, err),
-				Remedy: "run the GRANT above as the table's owner or a superuser and start outboxd again: the rows are delivered then. So that the tables created later are readable " +
-					"at once, have each role that creates them (or a superuser, with FOR ROLE that role) run, once: ALTER DEFAULT PRIVILEGES GRANT USAGE ON SCHEMAS TO <outboxd's role>; " +
-					"ALTER DEFAULT PRIVILEGES GRANT SELECT ON TABLES TO <outboxd's role> (docs/configuration.md, \"Tables created while outboxd runs\")"}
+			return -1, halt(ErrUnreadable, "outboxd's role may not read it",
+				"run the GRANT above as the table's owner or a superuser and start outboxd again: the rows are delivered then. So that the tables created later are readable "+
+					"at once, have each role that creates them (or a superuser, with FOR ROLE that role) run, once: ALTER DEFAULT PRIVILEGES GRANT USAGE ON SCHEMAS TO <outboxd's role>; "+
+					"ALTER DEFAULT PRIVILEGES GRANT SELECT ON TABLES TO <outboxd's role> (docs/configuration.md, \"Tables created while outboxd runs\")")
 		case errors.Is(err, pg.ErrNoTable) && rel.ID == 0:
 			return -1, t.gone(rel, j, "no table has that name: it was renamed or dropped after the message was written, before outboxd delivered it, "+
 				"or the message's "+router.OwnerField+" names a table that never was")
@@ -262,12 +268,10 @@ func (t *Outbox) adoptTable(ctx context.Context, rel *wal.Relation, j int) (int,
 		case errors.As(err, &pgErr) || pgconn.SafeToRetry(err) || pgconn.Timeout(err) || ctx.Err() != nil || (conn != nil && conn.IsClosed()):
 			return -1, fmt.Errorf("checking %s, a new table of postgres.tables[%d] (%s): %w", name, j, t.entries[j].Name, err)
 		}
-		return -1, &wal.Error{Kind: ErrUnfit,
-			Msg: fmt.Sprintf("publication %q published a row of %s (relation %d), created while outboxd ran, which postgres.tables[%d] (%s) matches, but it does not fit that entry: %v; "+
-				"outboxd stopped rather than pass its rows over", t.publication, name, rel.ID, j, t.entries[j].Name, err),
-			Remedy: "list the table by its exact name under postgres.tables, with router settings its columns fit (an exact name comes before every pattern), " +
-				"and start outboxd again: its rows, those already written included, are routed by that entry. Adding the missing columns (ALTER TABLE) " +
-				"does not help the rows already written, which are decoded with the columns they were written with"}
+		return -1, halt(ErrUnfit, "it does not fit that entry",
+			"list the table by its exact name under postgres.tables, with router settings its columns fit (an exact name comes before every pattern), "+
+				"and start outboxd again: its rows, those already written included, are routed by that entry. Adding the missing columns (ALTER TABLE) "+
+				"does not help the rows already written, which are decoded with the columns they were written with")
 	}
 	t.tables = append(t.tables, table{schema: rel.Namespace, name: rel.Name, id: rel.ID, types: map[uint32]bool{}})
 	t.log.Info("delivering the rows of "+name+", created while outboxd runs, as outbox events of postgres.tables["+fmt.Sprint(j)+"] ("+t.entries[j].Name+")",
