@@ -2,6 +2,7 @@ package test
 
 import (
 	"context"
+	"fmt"
 	"regexp"
 	"strings"
 	"syscall"
@@ -41,21 +42,7 @@ func TestBackfillExactlyOnceSurvivesKills(t *testing.T) {
 				t.Log(line)
 			}
 		}
-		want := int64(k+1) * rows / 5
-		deadline := time.Now().Add(60 * time.Second)
-		for {
-			phase, sent, _ := s.progress(t)
-			if phase == "done" {
-				t.Fatalf("the backfill finished before kill %d (at %d rows recorded); raise the rows or lower postgres.backfill.rate", k+1, sent)
-			}
-			if phase == "sending" && sent >= want {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("the backfill recorded %d rows in 60 s, want %d before kill %d", sent, want, k+1)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		s.waitRecorded(t, int64(k+1)*rows/5, fmt.Sprintf("kill %d", k+1))
 		if k == 0 { // progress shows in /status and the metrics while it runs
 			p.addr = listenRE.FindStringSubmatch(p.waitLog(`msg="serving metrics and health" addr=\S+`, time.Second))[1]
 			if _, body := p.get("/status"); !strings.Contains(body, "backfilling the rows already in the table") {
@@ -106,5 +93,83 @@ func TestBackfillExactlyOnceSurvivesKills(t *testing.T) {
 	}
 	if phase, sent, total := s.progress(t); phase != "done" || sent != total {
 		t.Errorf("backfill state: phase %s, %d of %d rows sent; want done, all", phase, sent, total)
+	}
+}
+
+// waitRecorded waits until the backfill, under way, recorded want rows
+// sent in Postgres, before what (for the messages), and returns how many it
+// recorded.
+func (s *backfillSetup) waitRecorded(t *testing.T, want int64, what string) int64 {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		phase, sent, _ := s.progress(t)
+		if phase == "done" {
+			t.Fatalf("the backfill finished before %s (at %d rows recorded); raise the rows or lower postgres.backfill.rate", what, sent)
+		}
+		if phase == "sending" && sent >= want {
+			return sent
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the backfill recorded %d rows in 60 s, want %d before %s", sent, want, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// An exactly-once backfill's instance A is cut off from Kafka with a Kafka
+// transaction open (its requests held by a proxy), paused (SIGSTOP) and
+// its Postgres session ended, as a partition would: B takes the backfill
+// over, its producer's initialisation fences A and aborts A's transaction,
+// and B goes on after the cursor Kafka committed. When A resumes and its
+// held requests reach the broker, they are refused: a read_committed
+// consumer sees every row once, each key in order.
+func TestBackfillExactlyOnceFencesAZombie(t *testing.T) {
+	const rows = 20000
+	s := newBackfillSetup(t, rows, 40)
+	c := collectCommitted(t, svc.brokers, []string{s.topic})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stop := make(chan struct{})
+	done := make(chan error, 1)
+	go func() { done <- s.write(ctx, stop, 2) }()
+	kProxy := newProxy(t, svc.brokers[0], true)
+	env := eosEnv(s.d, "OUTBOXD_POSTGRES_STANDBY_POLL_INTERVAL=200ms")
+	cfg := writeConfig(t, backfillConfig(200, 4000))
+	a := start(t, replace(env, "OUTBOXD_KAFKA_BROKERS", kProxy.Addr()), "-config", cfg)
+	s.waitRecorded(t, rows/5, "A is cut off")
+	kProxy.Stall()
+	time.Sleep(300 * time.Millisecond) // A hands the next page to its producer, in a transaction
+	if err := a.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.cmd.Process.Signal(syscall.SIGCONT) })
+	_, at, _ := s.progress(t)
+	t.Logf("A paused at %d rows recorded", at)
+	// A's session ends (a partition, tcp_keepalives): its backfill lock goes.
+	s.d.exec(t, `SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted
+		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`)
+	b := start(t, env, "-config", cfg)
+	t.Log(b.waitLog(`backfill started[^\n]*`, 30*time.Second))
+	t.Log(b.waitLog(`msg="backfill done[^"]*"[^\n]*`, 60*time.Second))
+	if err := a.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	kProxy.Resume() // A's held requests reach the broker
+	t.Logf("A: %s", a.waitLog(`another outboxd took over: Kafka fenced transactional id[^\n]*`, 60*time.Second))
+	time.Sleep(time.Second) // the writers go on; B streams
+	close(stop)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	c.waitFor(t, s.l.committedIDs(), 2*time.Minute)
+	time.Sleep(2 * time.Second) // for duplicates
+	recs := c.records()
+	r := check(s.l, recs, partitionsOf(t, s.topic))
+	t.Logf("%s", r)
+	r.failOnLoss(t)
+	noDuplicates(t, r)
+	if n := regressions(s.l, recs); n > 0 {
+		t.Errorf("a read_committed consumer saw %d records of a key after a later one of the same key", n)
 	}
 }
