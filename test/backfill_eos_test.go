@@ -156,7 +156,17 @@ func TestBackfillExactlyOnceFencesAZombie(t *testing.T) {
 		t.Fatal(err)
 	}
 	kProxy.Resume() // A's held requests reach the broker
-	t.Logf("A: %s", a.waitLog(`another outboxd took over: Kafka fenced transactional id[^\n]*`, 60*time.Second))
+	fenced := regexp.MustCompile(`another outboxd took over: Kafka fenced transactional id[^\n]*`)
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if line := fenced.FindString(a.logs.String()); line != "" {
+			t.Logf("A: %s", line)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Error("A, resumed, did not say that it was fenced within 30 s")
+			break
+		}
+	}
 	time.Sleep(time.Second) // the writers go on; B streams
 	close(stop)
 	if err := <-done; err != nil {
