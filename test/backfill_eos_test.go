@@ -25,11 +25,7 @@ func TestBackfillExactlyOnceSurvivesKills(t *testing.T) {
 	const rows, batch, kills = 30000, 200, 3
 	s := newBackfillSetup(t, rows, 200)
 	c := collectCommitted(t, svc.brokers, []string{s.topic})
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	stop := make(chan struct{})
-	done := make(chan error, 1)
-	go func() { done <- s.write(ctx, stop, 3) }()
+	stop := s.writing(t, 3)
 	env := eosEnv(s.d)
 	cfg := writeConfig(t, backfillConfig(batch, 5000))
 	ahead := 0 // resumed runs that went on after Kafka's cursor, past Postgres's
@@ -43,14 +39,8 @@ func TestBackfillExactlyOnceSurvivesKills(t *testing.T) {
 			}
 		}
 		s.waitRecorded(t, int64(k+1)*rows/5, fmt.Sprintf("kill %d", k+1))
-		if k == 0 { // progress shows in /status and the metrics while it runs
-			p.addr = listenRE.FindStringSubmatch(p.waitLog(`msg="serving metrics and health" addr=\S+`, time.Second))[1]
-			if _, body := p.get("/status"); !strings.Contains(body, "backfilling the rows already in the table") {
-				t.Errorf("/status during the backfill: %s; want its progress", body)
-			}
-			if left, ok := p.metric("outboxd_backfill_rows_remaining"); !ok || left <= 0 {
-				t.Errorf("outboxd_backfill_rows_remaining during the backfill: %v (found: %v); want the rows left", left, ok)
-			}
+		if k == 0 {
+			showsProgress(t, p)
 			if n, ok := p.metric("outboxd_sink_transactions_committed_total"); !ok || n <= 0 {
 				t.Errorf("outboxd_sink_transactions_committed_total during the backfill: %v (found: %v); want its Kafka transactions", n, ok)
 			}
@@ -62,12 +52,7 @@ func TestBackfillExactlyOnceSurvivesKills(t *testing.T) {
 		p.stop(syscall.SIGKILL, 10*time.Second)
 		t.Logf("kill %d at %d rows recorded in Postgres", k+1, at)
 		if k == 0 {
-			// The application cleans up while outboxd is down: the
-			// backfill sends each row as the slot's snapshot saw it.
-			s.d.exec(t, `DELETE FROM public.relay_outbox WHERE id IN (SELECT id FROM public.relay_outbox
-				WHERE status IN ('PENDING','PROCESSING') ORDER BY created_at DESC LIMIT 2000)`)
-			s.d.exec(t, `UPDATE public.relay_outbox SET status = 'SENT' WHERE id IN (SELECT id FROM public.relay_outbox
-				WHERE status IN ('PENDING','PROCESSING') ORDER BY created_at DESC LIMIT 2000)`)
+			s.cleanUp(t)
 		}
 	}
 	p := start(t, env, "-config", cfg)
@@ -78,8 +63,7 @@ func TestBackfillExactlyOnceSurvivesKills(t *testing.T) {
 	}
 	t.Log(p.waitLog(`msg="backfill done[^"]*"[^\n]*`, time.Second))
 	time.Sleep(time.Second) // the writers go on; outboxd streams
-	close(stop)
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
 	c.waitFor(t, s.l.committedIDs(), 2*time.Minute)
@@ -93,6 +77,44 @@ func TestBackfillExactlyOnceSurvivesKills(t *testing.T) {
 	}
 	if phase, sent, total := s.progress(t); phase != "done" || sent != total {
 		t.Errorf("backfill state: phase %s, %d of %d rows sent; want done, all", phase, sent, total)
+	}
+}
+
+// writing starts writers writers (write) and returns what stops them and
+// returns their error.
+func (s *backfillSetup) writing(t *testing.T, writers int) (stop func() error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	halt := make(chan struct{})
+	done := make(chan error, 1)
+	go func() { done <- s.write(ctx, halt, writers) }()
+	return func() error {
+		close(halt)
+		return <-done
+	}
+}
+
+// cleanUp is the application cleaning up while outboxd is down: it deletes
+// 2,000 pending rows and flips 2,000 others to SENT. The backfill sends each
+// as the slot's snapshot saw it, as the stream would.
+func (s *backfillSetup) cleanUp(t *testing.T) {
+	t.Helper()
+	s.d.exec(t, `DELETE FROM public.relay_outbox WHERE id IN (SELECT id FROM public.relay_outbox
+		WHERE status IN ('PENDING','PROCESSING') ORDER BY created_at DESC LIMIT 2000)`)
+	s.d.exec(t, `UPDATE public.relay_outbox SET status = 'SENT', retry_count = retry_count + 1 WHERE id IN (SELECT id FROM public.relay_outbox
+		WHERE status IN ('PENDING','PROCESSING') ORDER BY created_at DESC LIMIT 2000)`)
+}
+
+// showsProgress checks that p, backfilling, shows its progress in /status
+// and the metrics.
+func showsProgress(t *testing.T, p *proc) {
+	t.Helper()
+	p.addr = listenRE.FindStringSubmatch(p.waitLog(`msg="serving metrics and health" addr=\S+`, time.Second))[1]
+	if _, body := p.get("/status"); !strings.Contains(body, "backfilling the rows already in the table") {
+		t.Errorf("/status during the backfill: %s; want its progress", body)
+	}
+	if left, ok := p.metric("outboxd_backfill_rows_remaining"); !ok || left <= 0 {
+		t.Errorf("outboxd_backfill_rows_remaining during the backfill: %v (found: %v); want the rows left", left, ok)
 	}
 }
 
@@ -128,11 +150,7 @@ func TestBackfillExactlyOnceFencesAZombie(t *testing.T) {
 	const rows = 20000
 	s := newBackfillSetup(t, rows, 40)
 	c := collectCommitted(t, svc.brokers, []string{s.topic})
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	stop := make(chan struct{})
-	done := make(chan error, 1)
-	go func() { done <- s.write(ctx, stop, 2) }()
+	stop := s.writing(t, 2)
 	kProxy := newProxy(t, svc.brokers[0], true)
 	env := eosEnv(s.d, "OUTBOXD_POSTGRES_STANDBY_POLL_INTERVAL=200ms")
 	cfg := writeConfig(t, backfillConfig(200, 4000))
@@ -168,8 +186,7 @@ func TestBackfillExactlyOnceFencesAZombie(t *testing.T) {
 		}
 	}
 	time.Sleep(time.Second) // the writers go on; B streams
-	close(stop)
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
 	c.waitFor(t, s.l.committedIDs(), 2*time.Minute)
