@@ -25,7 +25,8 @@
 //     id last committed, read after the initialisation (Committed): it
 //     goes on after the cursor Kafka committed, and a kill or failure
 //     repeats nothing a read_committed consumer sees.
-//  3. Never confirm a position of the slot before Run returned nil.
+//  3. Never confirm a position of the slot before Run (RunExactlyOnce)
+//     returned nil.
 //  4. Without postgres.backfill, call RefuseUnfinished at start-up after
 //     the slot was inspected, not before: a backfill of the slot that is
 //     not done, another process's at work or a stopped one, is refused.
