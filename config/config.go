@@ -964,9 +964,6 @@ func (c Config) validateBackfill() []error {
 		bad("postgres.backfill", "is not supported with several postgres.tables yet: backfill one table per outboxd, or send the rows with outboxd replay")
 	case c.Postgres.Shards > 1:
 		bad("postgres.backfill", "is not supported with postgres.shards > 1 yet: backfill with postgres.shards: 1, then reshard")
-	case c.Kafka.ExactlyOnce():
-		bad("postgres.backfill", "is not supported with kafka.delivery: exactly_once yet (a kill during it would send the rows in flight again): "+
-			"backfill with at_least_once, then switch to exactly_once")
 	}
 	return errs
 }

@@ -401,7 +401,6 @@ func TestValidateNamesField(t *testing.T) {
 		{"postgres.backfill.order_by", func(c *config.Config) { c.Postgres.Backfill.OrderBy = "created_at" }},
 		{"postgres.backfill", func(c *config.Config) { c.Postgres.Backfill.Where, c.Postgres.CreateSlot = "true", false }},
 		{"postgres.backfill", func(c *config.Config) { c.Postgres.Backfill.Where, c.Postgres.Shards = "true", 2 }},
-		{"postgres.backfill", func(c *config.Config) { c.Postgres.Backfill.Where, c.Kafka.Delivery = "true", "exactly_once" }},
 		{"postgres.backfill", func(c *config.Config) {
 			c.Postgres.Backfill.Where, c.Postgres.Table, c.Router.Messages.Unowned = "true", "", config.UnownedIgnore
 			c.Postgres.Tables = []config.TableEntry{{Name: "public.a"}, {Name: "public.b"}}
@@ -451,6 +450,7 @@ func TestValidateAcceptsEdges(t *testing.T) {
 		{"http disabled", func(c *config.Config) { c.HTTP.Listen = "" }},
 		{"zero shutdown timeout", func(c *config.Config) { c.ShutdownTimeout = 0 }},
 		{"table without public schema", func(c *config.Config) { c.Postgres.Table = "app.outbox" }},
+		{"backfill in exactly_once", func(c *config.Config) { c.Postgres.Backfill.Where, c.Kafka.Delivery = "true", "exactly_once" }},
 	}
 	for _, tt := range tests {
 		cfg := config.Default()

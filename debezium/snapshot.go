@@ -81,10 +81,6 @@ func (v *conv) snapshot(pg *section, kafka section) error {
 		"outboxd sends the rows already in the table once, before streaming, only when it creates",
 		"the slot (docs/backfill.md). For a new deployment with no slot yet, set create_slot: true,",
 	}
-	if eos, _ := kafka.value("delivery").(string); eos == "exactly_once" {
-		b = append(b, "kafka.delivery: at_least_once until the log says 'backfill done' (a backfill refuses",
-			"exactly_once), then exactly_once again,")
-	}
 	b[len(b)-1] += " and:"
 	b = append(b, "backfill:", "  where: "+strconv.Quote(where)+" # "+whereFrom(where))
 	if orderBy != "" {

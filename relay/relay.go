@@ -48,7 +48,8 @@ type Relay struct {
 }
 
 // backfill sends the rows of postgres.backfill that Kafka has not
-// acknowledged yet, with a Kafka client of its own, before the run issues
+// acknowledged yet, with a Kafka client of its own (in exactly-once mode the
+// slot's transactional producer: backfillTransactions), before the run issues
 // START_REPLICATION (package backfill's duty 2). A run that finds it done
 // goes on at once. While it sends, the connections and client Check opened
 // for the first run (first) would idle: they are closed, and the run opens
@@ -61,14 +62,23 @@ func (r *Relay) backfill(ctx context.Context, first *Checked) error {
 	defer bf.Close()
 	first.Close()
 	r.setState(StateStarting, "backfilling the rows already in the table")
+	progress := func(sent, total int64) {
+		r.setState(StateStarting, fmt.Sprintf("backfilling the rows already in the table: %d of %d sent, %d left (postgres.backfill)", sent, total, max(total-sent, 0)))
+	}
+	if r.cfg.Kafka.ExactlyOnce() {
+		p, committed, err := r.backfillTransactions(ctx)
+		if err != nil {
+			return err
+		}
+		defer p.Close()
+		return bf.RunExactlyOnce(ctx, p, committed, r.backfillM, progress)
+	}
 	p, err := r.newProducer()
 	if err != nil {
 		return err
 	}
 	defer p.Close()
-	return bf.Run(ctx, p, r.backfillM, func(sent, total int64) {
-		r.setState(StateStarting, fmt.Sprintf("backfilling the rows already in the table: %d of %d sent, %d left (postgres.backfill)", sent, total, max(total-sent, 0)))
-	})
+	return bf.Run(ctx, p, r.backfillM, progress)
 }
 
 // New returns a Relay for a validated cfg, with its metrics on reg.

@@ -50,6 +50,16 @@ type Record struct {
 	hdrs [3]Header // backing array for the usual headers: one allocation less
 }
 
+// Size is the bytes of the record's key, value and headers: what
+// kafka.max_message_bytes and kafka.transaction_max_bytes count.
+func (r *Record) Size() int {
+	size := len(r.Key) + len(r.Value)
+	for _, h := range r.Headers {
+		size += len(h.Key) + len(h.Value)
+	}
+	return size
+}
+
 // RowError reports an outbox row (or message) that cannot be routed: a
 // poison row. The caller halts or dead-letters it, never skips it.
 type RowError struct {

@@ -904,10 +904,7 @@ func (p *Producer) Produce(ctx context.Context, rec *router.Record, done func(er
 		p.sentTo.topics = append(p.sentTo.topics, rec.Topic)
 		p.sentTo.Unlock()
 	}
-	size := len(rec.Key) + len(rec.Value)
-	for _, h := range rec.Headers {
-		size += len(h.Key) + len(h.Value)
-	}
+	size := rec.Size()
 	if size > p.cfg.MaxMessageBytes {
 		return &router.RowError{EventID: rec.EventID, Topic: rec.Topic, Key: rec.Key, Value: rec.Value,
 			Reason: fmt.Sprintf("the record is %d bytes, over kafka.max_message_bytes (%d); send large payloads by reference", size, p.cfg.MaxMessageBytes)}

@@ -98,21 +98,9 @@ func commitEach(t *testing.T, ctx context.Context, p *sink.Producer, positions .
 // consumer sees.
 func readCommitted(t *testing.T, c *kfake.Cluster, topic string) []string {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ConsumeTopics(topic),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	out, err := kfaketest.ReadCommitted(c, topic)
 	if err != nil {
 		t.Fatal(err)
-	}
-	defer cl.Close()
-	var out []string
-	for quiet := 0; quiet < 3; {
-		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-		fs := cl.PollFetches(ctx)
-		cancel()
-		if fs.NumRecords() == 0 {
-			quiet++
-		}
-		fs.EachRecord(func(r *kgo.Record) { out = append(out, string(r.Value)) })
 	}
 	return out
 }

@@ -203,43 +203,16 @@ func TestBackfillSurvivesKills(t *testing.T) {
 	for k := range kills {
 		p := start(t, s.d.env(), "-config", cfg)
 		// Killed once it recorded a fifth more of the rows.
-		want := int64(k+1) * rows / 5
-		deadline := time.Now().Add(60 * time.Second)
-		for {
-			phase, sent, _ := s.progress(t)
-			if phase == "done" {
-				t.Fatalf("the backfill finished before kill %d (at %d rows recorded); raise the rows or lower postgres.backfill.rate", k+1, sent)
-			}
-			if phase == "sending" && sent >= want {
-				at = sent
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("the backfill recorded %d rows in 60 s, want %d before kill %d", sent, want, k+1)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		at = s.waitRecorded(t, int64(k+1)*rows/5, fmt.Sprintf("kill %d", k+1))
 		if k == 0 { // progress shows in /status and the metrics while it runs
-			p.addr = listenRE.FindStringSubmatch(p.waitLog(`msg="serving metrics and health" addr=\S+`, time.Second))[1]
-			if _, body := p.get("/status"); !strings.Contains(body, "backfilling the rows already in the table") {
-				t.Errorf("/status during the backfill: %s; want its progress", body)
-			}
-			if left, ok := p.metric("outboxd_backfill_rows_remaining"); !ok || left <= 0 {
-				t.Errorf("outboxd_backfill_rows_remaining during the backfill: %v (found: %v); want the rows left", left, ok)
-			}
+			showsProgress(t, p)
 		}
 		if code := p.stop(syscall.SIGKILL, 10*time.Second); code != -1 {
 			t.Logf("kill %d: exit code %d", k+1, code)
 		}
 		t.Logf("kill %d at %d rows recorded", k+1, at)
 		if k == 0 {
-			// While outboxd is down the application cleans up: it deletes
-			// pending rows and flips others to SENT. The backfill sends
-			// each as the slot's snapshot saw it, as the stream would.
-			s.d.exec(t, `DELETE FROM public.relay_outbox WHERE id IN (SELECT id FROM public.relay_outbox
-				WHERE status IN ('PENDING','PROCESSING') ORDER BY created_at DESC LIMIT 2000)`)
-			s.d.exec(t, `UPDATE public.relay_outbox SET status = 'SENT', retry_count = retry_count + 1 WHERE id IN (SELECT id FROM public.relay_outbox
-				WHERE status IN ('PENDING','PROCESSING') ORDER BY created_at DESC LIMIT 2000)`)
+			s.cleanUp(t)
 		}
 	}
 	p := start(t, s.d.env(), "-config", cfg)

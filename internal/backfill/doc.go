@@ -19,7 +19,14 @@
 //     acknowledged by Kafka before its last key is recorded, and marks the
 //     backfill done. An error is retried as the pipeline's are: a kill or
 //     a failure repeats at most the page in flight.
-//  3. Never confirm a position of the slot before Run returned nil.
+//     In exactly-once mode call RunExactlyOnce instead, after Open, with
+//     the slot's transactional producer initialised after Open returned
+//     (never before: only the lock's holder fences) and the position its
+//     id last committed, read after the initialisation (Committed): it
+//     goes on after the cursor Kafka committed, and a kill or failure
+//     repeats nothing a read_committed consumer sees.
+//  3. Never confirm a position of the slot before Run (RunExactlyOnce)
+//     returned nil.
 //  4. Without postgres.backfill, call RefuseUnfinished at start-up after
 //     the slot was inspected, not before: a backfill of the slot that is
 //     not done, another process's at work or a stopped one, is refused.

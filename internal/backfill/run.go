@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/internal/eos"
 	"github.com/outboxd/outboxd/internal/pause"
 	"github.com/outboxd/outboxd/internal/pg"
 	"github.com/outboxd/outboxd/internal/replay"
@@ -98,6 +99,35 @@ func Open(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Backfill
 // Kafka acknowledged stays recorded. progress is called with the rows sent
 // and the rows to send, at the start and after each page.
 func (bf *Backfill) Run(ctx context.Context, producer *sink.Producer, m *Metrics, progress func(sent, total int64)) error {
+	return bf.run(ctx, producer, m, progress)
+}
+
+// RunExactlyOnce is Run in kafka.delivery: exactly_once (exactly.go).
+// producer is the slot's transactional producer, initialised after Open
+// locked the backfill (fencing the id's previous holder, whose open
+// transaction Kafka aborts), and k what its id last committed, read after
+// that. It goes on after the cursor Kafka committed, and sends the rows in
+// Kafka transactions, each writing the cursor after its last row.
+func (bf *Backfill) RunExactlyOnce(ctx context.Context, producer *sink.Producer, k Committed, m *Metrics, progress func(sent, total int64)) (err error) {
+	b := bf.b
+	r, err := resume(b.state, k)
+	if err != nil {
+		return err
+	}
+	if r.note != "" {
+		b.log.Warn("exactly-once backfill: "+r.note, "slot", b.state.Slot, "rows_done", b.state.Sent, "transactional_id", k.Owner.ID)
+	}
+	if r.fromKafka && (r.Sent != b.state.Sent || r.finished) {
+		b.log.Info("exactly-once backfill: going on after the rows Kafka committed; Postgres had recorded fewer", "slot", b.state.Slot,
+			"rows_done", r.Sent, "rows_recorded", b.state.Sent, "all_sent", r.finished, "transactional_id", k.Owner.ID)
+	}
+	b.state, b.finished = r.State, r.finished
+	b.txn = &txns{p: producer, owner: k.Owner, limits: eos.LimitsOf(b.cfg.Kafka)}
+	defer func() { err = b.txn.end(ctx, err) }()
+	return bf.run(ctx, producer, m, progress)
+}
+
+func (bf *Backfill) run(ctx context.Context, producer *sink.Producer, m *Metrics, progress func(sent, total int64)) error {
 	b := bf.b
 	b.producer, b.m, b.progress = producer, m, progress
 	g, gctx := errgroup.WithContext(ctx)
@@ -131,7 +161,18 @@ type sender struct {
 	first    string // the SQL of the first page
 	sentHere int64  // rows acknowledged in this process
 	progress func(sent, total int64)
+	// Exactly-once only: the Kafka side, when the state was last saved
+	// (every saveEvery at most: Kafka's cursor is the one that counts),
+	// and whether Kafka holds every row already (resume).
+	txn      *txns
+	saved    time.Time
+	finished bool
 }
+
+// saveEvery is how often an exactly-once backfill saves its cursor in
+// Postgres, for progress only: a resumed run goes on after the cursor in
+// Kafka.
+const saveEvery = time.Second
 
 // pageSQL builds the statements that read a page: the rows of the key
 // table (the rows as the snapshot saw them) after the key in $1.., in the
@@ -169,7 +210,7 @@ func (b *sender) send(ctx context.Context) error {
 	acks := make(chan error, b.cfg.Postgres.Backfill.Batch)
 	var rec router.Record
 	began, logged := time.Now(), time.Now()
-	for {
+	for !b.finished {
 		page, err := b.readPage(ctx)
 		if err != nil {
 			return err
@@ -177,12 +218,25 @@ func (b *sender) send(ctx context.Context) error {
 		if len(page) == 0 {
 			break
 		}
-		handed := 0
+		last := len(page) < b.cfg.Postgres.Backfill.Batch
+		handed, recorded := 0, 0 // rows handed to Kafka, and of them recorded
 		var sendErr error
 		for i := range page {
 			c := wal.Change{Op: wal.Insert, Relation: b.src.Relation, Tuple: page[i].tuple}
 			if sendErr = b.src.Router.RouteInto(&c, &rec); sendErr != nil {
 				break
+			}
+			if b.txn != nil {
+				now := time.Now()
+				if b.txn.due(now) {
+					if err := b.record(ctx, page[recorded:handed], false); err != nil {
+						return err
+					}
+					recorded = handed
+				}
+				if err := b.txn.add(now, rec.Size()); err != nil {
+					return err
+				}
 			}
 			if sendErr = b.producer.Produce(ctx, &rec, func(err error) { acks <- err }); sendErr != nil {
 				break
@@ -192,17 +246,10 @@ func (b *sender) send(ctx context.Context) error {
 		if err := replay.AwaitAcks(ctx, acks, handed, b.cfg.ShutdownTimeout); err != nil {
 			return err
 		}
-		if handed > 0 {
-			st.Done, st.Sent = page[handed-1].key, st.Sent+int64(handed)
-			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-			err := b.store.save(sctx, b.conn, *st)
-			cancel()
-			if err != nil {
+		if handed > recorded {
+			if err := b.record(ctx, page[recorded:handed], last && handed == len(page)); err != nil {
 				return err
 			}
-			b.m.rows.Add(float64(handed))
-			b.m.remaining.Set(float64(max(st.Total-st.Sent, 0)))
-			b.progress(st.Sent, st.Total)
 		}
 		if sendErr != nil {
 			var poison *router.RowError
@@ -220,11 +267,43 @@ func (b *sender) send(ctx context.Context) error {
 		if err := b.pace(ctx, began, handed); err != nil {
 			return err
 		}
-		if len(page) < b.cfg.Postgres.Backfill.Batch {
+		if last {
 			break
 		}
 	}
 	return b.finish(ctx, began)
+}
+
+// record records rows, the next ones after the state's cursor, as in
+// Kafka: in exactly-once mode it first commits the open Kafka transaction,
+// which holds them, with the cursor after them (done: they are the last
+// ones). It saves the state in Postgres, after each page in at-least-once
+// mode, at most every saveEvery in exactly-once mode, and shows the
+// progress.
+func (b *sender) record(ctx context.Context, rows []row, done bool) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	st := &b.state
+	st.Done, st.Sent = rows[len(rows)-1].key, st.Sent+int64(len(rows))
+	if b.txn != nil {
+		if err := b.txn.commit(ctx, cursorOf(*st, done)); err != nil {
+			return err
+		}
+	}
+	if now := time.Now(); b.txn == nil || now.Sub(b.saved) >= saveEvery {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		err := b.store.save(sctx, b.conn, *st)
+		cancel()
+		if err != nil {
+			return err
+		}
+		b.saved = now
+	}
+	b.m.rows.Add(float64(len(rows)))
+	b.m.remaining.Set(float64(max(st.Total-st.Sent, 0)))
+	b.progress(st.Sent, st.Total)
+	return nil
 }
 
 // pace waits so that the rows sent by this process keep to

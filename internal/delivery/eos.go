@@ -83,10 +83,7 @@ func (x *ExactlyOnce) Hold(t *checkpoint.Txn) { t.Add() }
 func (x *ExactlyOnce) Row(ctx context.Context, rec *router.Record) (skip bool, err error) {
 	size := 0
 	if rec != nil {
-		size = len(rec.Key) + len(rec.Value)
-		for _, h := range rec.Headers {
-			size += len(h.Key) + len(h.Value)
-		}
+		size = rec.Size()
 	}
 	step := x.Machine.Row(time.Now(), size)
 	return step.Skip, x.Apply(ctx, step)

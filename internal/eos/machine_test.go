@@ -267,6 +267,9 @@ func positionString(p Position) string {
 	if p.System != "" {
 		s += " system=" + p.System
 	}
+	if p.Backfill != "" {
+		s += " backfill=" + p.Backfill
+	}
 	return s
 }
 

@@ -30,16 +30,24 @@ type Position struct {
 	// known) whose stream the position is in. Its LSNs mean nothing in
 	// another's.
 	Slot, System string
+	// Backfill, if not "", is the cursor of the slot's backfill
+	// (postgres.backfill; package backfill writes and reads it, a JSON
+	// object this package does not look into): a Kafka transaction of the
+	// backfill writes it with LSN 0, which is no stream position: the
+	// stream then starts from the slot's confirmed position, as with no
+	// position at all. The stream's own positions carry none.
+	Backfill string
 }
 
 type positionJSON struct {
-	LSN      string `json:"lsn"`
-	Txn      string `json:"txn,omitempty"`
-	Rows     int    `json:"rows,omitempty"`
-	Timeline int    `json:"timeline,omitempty"`
-	Slot     string `json:"slot"`
-	System   string `json:"system,omitempty"`
-	At       string `json:"at"`
+	LSN      string          `json:"lsn"`
+	Txn      string          `json:"txn,omitempty"`
+	Rows     int             `json:"rows,omitempty"`
+	Timeline int             `json:"timeline,omitempty"`
+	Slot     string          `json:"slot"`
+	System   string          `json:"system,omitempty"`
+	Backfill json.RawMessage `json:"backfill,omitempty"`
+	At       string          `json:"at"`
 }
 
 // Encode returns the position as it is written to Kafka, stamped with at
@@ -49,6 +57,9 @@ func (p Position) Encode(at time.Time) []byte {
 		At: at.UTC().Format(time.RFC3339Nano)}
 	if p.Txn != 0 {
 		j.Txn = p.Txn.String()
+	}
+	if p.Backfill != "" {
+		j.Backfill = json.RawMessage(p.Backfill)
 	}
 	b, _ := json.Marshal(j)
 	return b
@@ -60,7 +71,7 @@ func DecodePosition(b []byte) (Position, error) {
 	if err := json.Unmarshal(b, &j); err != nil {
 		return Position{}, err
 	}
-	p := Position{Timeline: j.Timeline, Slot: j.Slot, System: j.System}
+	p := Position{Timeline: j.Timeline, Slot: j.Slot, System: j.System, Backfill: string(j.Backfill)}
 	var err error
 	if p.LSN, err = pglogrepl.ParseLSN(j.LSN); err != nil {
 		return Position{}, err

@@ -11,6 +11,7 @@ func TestPositionRoundTrip(t *testing.T) {
 		{LSN: 0x16B3748, Slot: "outboxd"},
 		{LSN: 0x1_0000_0010, Txn: 0x1_0000_2000, Rows: 1234, Slot: "outboxd_1of4", System: "7441234567890123456"},
 		{LSN: 0x20, Timeline: 3, Slot: "outboxd"},
+		{Slot: "outboxd", System: "7441234567890123456", Backfill: `{"lsn":"0/1500","after":["x","7"],"sent":3,"done":false}`},
 		{},
 	} {
 		got, err := DecodePosition(p.Encode(at))

@@ -3,11 +3,13 @@
 package kfaketest
 
 import (
+	"context"
 	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
@@ -83,4 +85,27 @@ func ProduceResponse(req kmsg.Request, code int16) *kmsg.ProduceResponse {
 		resp.Topics = append(resp.Topics, t)
 	}
 	return resp
+}
+
+// ReadCommitted returns the values of topic's records that a
+// read_committed consumer of c sees, read until three polls in a row bring
+// nothing.
+func ReadCommitted(c *kfake.Cluster, topic string) ([]string, error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ConsumeTopics(topic),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	var out []string
+	for quiet := 0; quiet < 3; {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		fs := cl.PollFetches(ctx)
+		cancel()
+		if fs.NumRecords() == 0 {
+			quiet++
+		}
+		fs.EachRecord(func(r *kgo.Record) { out = append(out, string(r.Value)) })
+	}
+	return out, nil
 }

@@ -1,0 +1,182 @@
+package backfill
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/outboxd/outboxd/internal/eos"
+	"github.com/outboxd/outboxd/sink"
+)
+
+// This file is the backfill in kafka.delivery: exactly_once (DESIGN.md,
+// "Backfill", "Exactly-once"): its rows go out in Kafka transactions of the
+// slot's transactional producer, and each transaction writes, in the same
+// transaction, the backfill's cursor into the id's position record
+// (eos.Position.Backfill). A resumed run starts after the cursor Kafka
+// committed, not after the one saved in Postgres, which may lag: a row is in
+// Kafka read_committed exactly once across kills.
+
+// Committed is what an exactly-once backfill starts from on the Kafka side:
+// whose positions it writes (the slot and the system identifier, under the
+// transactional id), and the position that id last committed, read
+// read_committed after the producer's Init (found is false when there is
+// none).
+type Committed struct {
+	Owner    eos.Owner
+	Position eos.Position
+	Found    bool
+}
+
+// cursor is the backfill's progress as a Kafka transaction commits it: which
+// backfill (the slot's consistent point and the backfill's start, from its
+// State), the key of the last row in Kafka with every row before it in the
+// key order, the rows in Kafka, and whether they are all of them.
+type cursor struct {
+	LSN     string    `json:"lsn"`
+	Started time.Time `json:"started"`
+	After   []string  `json:"after"`
+	Sent    int64     `json:"sent"`
+	Done    bool      `json:"done,omitempty"`
+}
+
+// cursorOf is the cursor of st, all of whose rows are in Kafka when done.
+func cursorOf(st State, done bool) string {
+	b, _ := json.Marshal(cursor{LSN: st.LSN, Started: st.Started, After: st.Done, Sent: st.Sent, Done: done})
+	return string(b)
+}
+
+// resumed is where an exactly-once backfill goes on from.
+type resumed struct {
+	State // with Done and Sent as Kafka committed them, when Kafka is ahead
+	// finished: Kafka holds every row (the last transaction said done)
+	// and Postgres does not know yet: record done, send nothing.
+	finished bool
+	// fromKafka: the cursor came from Kafka.
+	fromKafka bool
+	// note, when not "", says why Kafka's cursor was not taken, for the
+	// log.
+	note string
+}
+
+// resume decides where the backfill whose state Postgres holds (st) goes on
+// from, given the position its transactional id last committed in Kafka
+// (k). Postgres saves a cursor only after
+// Kafka committed it, and not after every commit: Kafka's is the later one,
+// and wins. Postgres's is taken when Kafka holds no cursor of this backfill:
+// none at all (the backfill began in at_least_once, or under another
+// kafka.transactional_id), or another backfill's, of an earlier slot of the
+// same name (the slot's consistent point or the backfill's start differ),
+// or, which no run of outboxd writes, one behind Postgres's.
+func resume(st State, k Committed) (resumed, error) {
+	pos := k.Position
+	if !k.Found || pos.Backfill == "" {
+		r := resumed{State: st}
+		if st.Sent > 0 {
+			r.note = "Kafka holds no cursor of a backfill under this transactional id (the backfill began in at_least_once, or under another kafka.transactional_id): " +
+				"going on after the rows Postgres recorded; rows Kafka committed after them are sent again"
+		}
+		return r, nil
+	}
+	var c cursor
+	if err := json.Unmarshal([]byte(pos.Backfill), &c); err != nil {
+		return resumed{}, &CursorError{fmt.Errorf("the backfill cursor in the position of transactional id %q in %s is not outboxd's (%q): %w; "+
+			"it decides which rows are in Kafka: delete the key's records from %[2]s only if nothing else writes under that id (the backfill then goes on after the rows Postgres recorded, "+
+			"and sends again those Kafka committed after them)", k.Owner.ID, k.Owner.Topic, pos.Backfill, err)}
+	}
+	switch {
+	case c.LSN != st.LSN || !c.Started.Equal(st.Started):
+		return resumed{State: st, note: fmt.Sprintf("the backfill cursor in Kafka is another backfill's (slot made at %s, started %s; this one's slot was made at %s, started %s): "+
+			"it is passed over, and the backfill goes on after the rows Postgres recorded", c.LSN, c.Started.Format(time.RFC3339Nano), st.LSN, st.Started.Format(time.RFC3339Nano))}, nil
+	case c.Sent < st.Sent:
+		return resumed{State: st, note: fmt.Sprintf("the backfill cursor in Kafka (%d rows) is behind the one Postgres recorded (%d rows), which Postgres records only after Kafka committed it: "+
+			"the position record was replaced; going on after the rows Postgres recorded", c.Sent, st.Sent)}, nil
+	}
+	st.Done, st.Sent = slices.Clone(c.After), c.Sent
+	return resumed{State: st, finished: c.Done, fromKafka: true}, nil
+}
+
+// CursorError is a backfill cursor in the positions topic that is not
+// outboxd's: a restart would read it again.
+type CursorError struct{ err error }
+
+func (e *CursorError) Error() string { return e.err.Error() }
+func (e *CursorError) Unwrap() error { return e.err }
+
+// Permanent reports that a restart cannot fix it.
+func (e *CursorError) Permanent() bool { return true }
+
+// split reports whether an open Kafka transaction of records records and
+// bytes bytes, open for age, commits before the next row, as the stream's
+// would split a Postgres transaction: at kafka.max_buffered_records, at
+// kafka.transaction_max_bytes, or at half of the transaction and delivery
+// timeouts (eos.LimitsOf), so that Kafka never aborts it for its age.
+func split(records, bytes int, age time.Duration, l eos.Limits) bool {
+	return records >= l.MaxRecords || bytes >= l.MaxBytes || age >= l.MaxAge
+}
+
+// txns is an exactly-once backfill's Kafka side: the transactional producer,
+// initialised after the backfill was locked, and its open transaction.
+type txns struct {
+	p              *sink.Producer
+	owner          eos.Owner
+	limits         eos.Limits
+	opened         time.Time
+	records, bytes int
+}
+
+// add counts a record of size bytes produced at now, opening a Kafka
+// transaction first when none is.
+func (t *txns) add(now time.Time, size int) error {
+	if !t.p.InTransaction() {
+		if err := t.p.Begin(); err != nil {
+			return err
+		}
+		t.opened, t.records, t.bytes = now, 0, 0
+	}
+	t.records++
+	t.bytes += size
+	return nil
+}
+
+// due reports whether the open Kafka transaction commits before the next
+// row (split).
+func (t *txns) due(now time.Time) bool {
+	return t.p.InTransaction() && split(t.records, t.bytes, now.Sub(t.opened), t.limits)
+}
+
+// commit commits the open Kafka transaction with the cursor c in the
+// position record: LSN 0, no stream position (eos.Position.Backfill).
+func (t *txns) commit(ctx context.Context, c string) error {
+	pos := eos.Position{Slot: t.owner.Slot, System: t.owner.System, Backfill: c}
+	return t.p.Commit(ctx, pos.Encode(time.Now()))
+}
+
+// end ends the backfill's run with err: it aborts the Kafka transaction
+// left open (Kafka would abort it only at kafka.transaction_timeout, holding
+// read_committed consumers back until then), and tells a run that ended
+// because another instance fenced it.
+func (t *txns) end(ctx context.Context, err error) error {
+	if err == nil && !t.p.InTransaction() {
+		return nil
+	}
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	err = t.p.AsFenced(err)
+	var fenced *sink.FencedError
+	if err != nil && !errors.As(err, &fenced) && ctx.Err() == nil {
+		// Under transactions version 1 a fenced write may be answered
+		// INVALID_TXN_STATE: ask the coordinator.
+		if newer, askErr := t.p.Fenced(actx); askErr == nil && newer {
+			err = &sink.FencedError{TransactionalID: t.p.TransactionalID(), Err: err}
+		}
+	}
+	abortErr := t.p.Abort(actx)
+	if err == nil {
+		err = abortErr
+	}
+	return err
+}
