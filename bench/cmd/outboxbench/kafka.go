@@ -409,7 +409,9 @@ func producePaced(ctx context.Context, c common, size int, rate float64, duratio
 // exactly-once latency that the broker allows. Records are sent at a fixed
 // rate; one committer puts every record waiting into a transaction, commits
 // it, and starts the next as soon as that commit returns (a group commit: no
-// exactly-once relay on one transactional id can commit sooner). Each
+// exactly-once relay on one transactional id can commit sooner). Like an
+// exactly-once relay's, each transaction also writes a position record to a
+// compacted topic of one partition. Each
 // record's latency is send → its transaction's commit marker appended in
 // its partition, when a read_committed consumer may read it, taken as
 // outboxd_eos's is (the marker's LogAppendTime, read back after the run);
@@ -436,6 +438,15 @@ func produceTxnPaced(ctx context.Context, c common, size int, rate float64, dura
 	if err != nil {
 		return err
 	}
+	// Every transaction also writes a position, as an exactly-once relay's
+	// must (outboxd's goes to kafka.positions_topic, compacted, one
+	// partition): one more partition in each transaction and its markers.
+	positions := c.prefix + "-positions"
+	compact := "compact"
+	if _, err := adm.CreateTopic(ctx, 1, 1, map[string]*string{"cleanup.policy": &compact}, positions); err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
+		return fmt.Errorf("creating %s: %w", positions, err)
+	}
+	defer func() { _, _ = adm.DeleteTopics(context.WithoutCancel(ctx), positions) }()
 	res := newResult(c, "live")
 	var ru0 syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru0)
@@ -489,6 +500,7 @@ func produceTxnPaced(ctx context.Context, c common, size int, rate float64, dura
 			recs[i] = eventRecord(c, s.g, pool)
 			p.Produce(ctx, recs[i], nil)
 		}
+		p.Produce(ctx, &kgo.Record{Topic: positions, Key: []byte("outboxbench-" + c.prefix), Value: fmt.Appendf(nil, `{"sent":%d}`, batch[len(batch)-1].g)}, nil)
 		if err := p.Flush(ctx); err != nil {
 			return fmt.Errorf("flushing: %w", err)
 		}
@@ -530,7 +542,7 @@ func produceTxnPaced(ctx context.Context, c common, size int, rate float64, dura
 	}
 	res.paced(ru0, ru1, start, sendEnd, n, size, rate, lat)
 	slices.Sort(returned)
-	res.Note = fmt.Sprintf("send → commit marker appended (franz-go transactions v1, group commit, linger 0; send → commit returned: p50 %.1f ms, p99 %.1f ms), %d transactions, %d records measured after %s warm-up",
+	res.Note = fmt.Sprintf("send → commit marker appended (franz-go transactions v1, group commit with a position record, linger 0; send → commit returned: p50 %.1f ms, p99 %.1f ms), %d transactions, %d records measured after %s warm-up",
 		percentile(returned, 0.5), percentile(returned, 0.99), txns, len(lat), warmup)
 	res.print()
 	return nil
