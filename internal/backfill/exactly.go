@@ -10,6 +10,7 @@ import (
 
 	"github.com/outboxd/outboxd/internal/eos"
 	"github.com/outboxd/outboxd/sink"
+	"github.com/outboxd/outboxd/wal"
 )
 
 // This file is the backfill in kafka.delivery: exactly_once (DESIGN.md,
@@ -68,11 +69,31 @@ type resumed struct {
 // Kafka committed it, and not after every commit: Kafka's is the later one,
 // and wins. Postgres's is taken when Kafka holds no cursor of this backfill:
 // none at all (the backfill began in at_least_once, or under another
-// kafka.transactional_id), or another backfill's, of an earlier slot of the
-// same name (the slot's consistent point or the backfill's start differ),
-// or, which no run of outboxd writes, one behind Postgres's.
+// kafka.transactional_id), a stream position of an earlier slot of the
+// same name (below this slot's consistent point), or another backfill's
+// cursor, of an earlier slot of the same name (the slot's consistent point
+// or the backfill's start differ), or, which no run of outboxd writes, one
+// behind Postgres's. A stream position at or past the consistent point is
+// refused (StreamedError): another process streamed the slot.
 func resume(st State, k Committed) (resumed, error) {
 	pos := k.Position
+	if k.Found && pos.Backfill == "" && pos.LSN > 0 {
+		// While a backfill is not done nothing may stream its slot: a
+		// stream position of this slot at or past the slot's consistent
+		// point was written by a second writer that streamed it (one that
+		// started without postgres.backfill). One below it is an earlier
+		// slot's of the same name, and is passed over.
+		start, err := wal.ParseLSN(st.LSN)
+		if err != nil {
+			return resumed{}, fmt.Errorf("reading the consistent point %q of the backfill of slot %q: %w", st.LSN, st.Slot, err)
+		}
+		if pos.LSN >= start {
+			return resumed{}, &StreamedError{fmt.Errorf("the backfill of slot %q is not done, but transactional id %q committed a stream position of the slot at %s, at or past the slot's consistent point %s, in %s: "+
+				"another outboxd process streamed the slot while this backfill had rows still to send, and their events may be out of order for their keys. "+
+				"Stop every process that streams slot %[1]q without postgres.backfill, then start this one again: the backfill goes on after the rows Postgres recorded",
+				st.Slot, k.Owner.ID, pos.LSN, start, k.Owner.Topic)}
+		}
+	}
 	if !k.Found || pos.Backfill == "" {
 		r := resumed{State: st}
 		if st.Sent > 0 {
@@ -98,6 +119,18 @@ func resume(st State, k Committed) (resumed, error) {
 	st.Done, st.Sent = slices.Clone(c.After), c.Sent
 	return resumed{State: st, finished: c.Done, fromKafka: true}, nil
 }
+
+// StreamedError is a stream position of the backfill's slot, in Kafka,
+// past the slot's consistent point: another process streamed the slot
+// while the backfill was not done (review-eosbf S2). A restart would read
+// it again.
+type StreamedError struct{ err error }
+
+func (e *StreamedError) Error() string { return e.err.Error() }
+func (e *StreamedError) Unwrap() error { return e.err }
+
+// Permanent reports that a restart cannot fix it.
+func (e *StreamedError) Permanent() bool { return true }
 
 // CursorError is a backfill cursor in the positions topic that is not
 // outboxd's: a restart would read it again.

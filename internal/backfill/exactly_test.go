@@ -2,12 +2,14 @@ package backfill
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/outboxd/outboxd/internal/eos"
+	"github.com/outboxd/outboxd/wal"
 )
 
 // Where an exactly-once backfill goes on from after a kill: Kafka's cursor,
@@ -47,7 +49,7 @@ func TestResume(t *testing.T) {
 		{name: "done in Kafka, not in Postgres: nothing sent, done recorded", pg: pg, k: kafka(all, true), want: all, finished: true, fromKafka: true},
 		{name: "a first run killed after its first commit", pg: fresh, k: kafka(ahead, false), want: ahead, fromKafka: true},
 		{name: "no position: began in at_least_once", pg: pg, k: Committed{}, want: pg, note: "Kafka holds no cursor"},
-		{name: "a stream position of an earlier slot, no cursor", pg: pg, k: Committed{Found: true, Position: eos.Position{LSN: 0x9000, Slot: "outboxd"}},
+		{name: "a stream position of an earlier slot, no cursor", pg: pg, k: Committed{Found: true, Position: eos.Position{LSN: 0x1400, Slot: "outboxd"}},
 			want: pg, note: "Kafka holds no cursor"},
 		{name: "an earlier slot's backfill", pg: pg, k: kafka(other, true), want: pg, note: "another backfill's"},
 		{name: "a backfill started again on a slot at the same point", pg: pg, k: kafka(restarted, false), want: pg, note: "another backfill's"},
@@ -66,6 +68,19 @@ func TestResume(t *testing.T) {
 			}
 			if (tt.note == "") != (got.note == "") || !strings.Contains(got.note, tt.note) {
 				t.Errorf("note %q, want one with %q", got.note, tt.note)
+			}
+		})
+	}
+	// A stream position of this slot at or past its consistent point was
+	// written by a second process that streamed the slot while the
+	// backfill was not done (review-eosbf S2).
+	for _, lsn := range []wal.LSN{0x1500, 0x1600} {
+		t.Run(fmt.Sprintf("a stream position at %s, past the slot's start", lsn), func(t *testing.T) {
+			k := Committed{Found: true, Owner: eos.Owner{ID: "outboxd-7441-outboxd", Topic: "outboxd-positions"}, Position: eos.Position{LSN: lsn, Slot: "outboxd"}}
+			_, err := resume(pg, k)
+			var se *StreamedError
+			if !errors.As(err, &se) || !se.Permanent() || !strings.Contains(err.Error(), "another outboxd process streamed the slot") {
+				t.Errorf("resume = %v; want a permanent *StreamedError saying another process streamed the slot", err)
 			}
 		})
 	}
