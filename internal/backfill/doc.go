@@ -30,4 +30,6 @@
 //  4. Without postgres.backfill, call RefuseUnfinished at start-up after
 //     the slot was inspected, not before: a backfill of the slot that is
 //     not done, another process's at work or a stopped one, is refused.
+//     It reads the state table of every schema, and refuses one its role
+//     may not read.
 package backfill

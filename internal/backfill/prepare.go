@@ -289,18 +289,43 @@ func quoted(cols []string) []string {
 // sent after newer events of their keys. Call it after the slot was
 // inspected: the state is committed before the slot is made, so a slot
 // the inspection saw has its backfill's state here (review-bf36 R2).
-// It reads the state table only when there is one, and lets a role that
-// may not read it go on (it never made a backfill there).
-func RefuseUnfinished(ctx context.Context, conn *pgx.Conn, cfg config.Config, log *slog.Logger) error {
-	s := newStore(cfg)
-	var exists bool
-	if err := conn.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, s.state).Scan(&exists); err != nil || !exists {
-		return err
-	}
-	st, found, err := s.load(ctx, conn, cfg.Postgres.Slot)
+// It reads every state table of the database, in whichever schema: a
+// backfill keeps its state in its one outbox table's schema, which this
+// process's configuration need not name (several tables or a pattern:
+// review-eosbf R2b). A state table it may not read is refused, with the
+// GRANT to run: another process's backfill may be in it (review-eosbf S1).
+func RefuseUnfinished(ctx context.Context, conn *pgx.Conn, cfg config.Config) error {
+	slot := cfg.Postgres.Slot
+	rows, err := conn.Query(ctx, `SELECT n.nspname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE c.relname = $1 AND c.relkind IN ('r', 'p') ORDER BY 1`, StateTable)
 	if err != nil {
-		log.Warn("could not read the backfill state table to check that no backfill of the slot is unfinished", "table", s.name, "err", err)
-		return nil
+		return fmt.Errorf("looking for backfill state tables (%s): %w", StateTable, err)
+	}
+	schemas, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("looking for backfill state tables (%s): %w", StateTable, err)
+	}
+	for _, schema := range schemas {
+		if err := storeIn(schema, slot).refuseUnfinished(ctx, conn, slot); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// refuseUnfinished refuses slot's backfill recorded in s that is not done.
+func (s store) refuseUnfinished(ctx context.Context, conn *pgx.Conn, slot string) error {
+	st, found, err := s.load(ctx, conn, slot)
+	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+			schema, _, _ := strings.Cut(s.name, ".")
+			return fmt.Errorf("postgres.backfill is not set, and outboxd must check that no backfill of slot %q is unfinished before it streams the slot, but it may not read the backfill state table %s: %w; "+
+				"a backfill there of this slot would have its rows sent after newer events of their keys, or never. "+
+				"Let the role of postgres.dsn read it: GRANT USAGE ON SCHEMA %s TO <role>; GRANT SELECT ON %s TO <role>",
+				slot, s.name, err, pgx.Identifier{schema}.Sanitize(), s.state)
+		}
+		return err
 	}
 	if !found || st.Phase == phaseDone {
 		return nil
@@ -310,12 +335,12 @@ func RefuseUnfinished(ctx context.Context, conn *pgx.Conn, cfg config.Config, lo
 			"a process with postgres.backfill is making the slot now, or was stopped while it did. Streaming the slot would send its events before the older rows the backfill sends. "+
 			"Start outboxd with postgres.backfill as that process has it, to finish the backfill; or, to give it up, stop that process, "+
 			"then DELETE FROM %s WHERE slot = '%s'; DROP TABLE IF EXISTS %s (the rows it may have copied)",
-			cfg.Postgres.Slot, s.name, s.state, cfg.Postgres.Slot, s.keys)
+			slot, s.name, s.state, slot, s.keys)
 	}
 	return fmt.Errorf("postgres.backfill is not set, but the backfill of slot %q recorded in %s is not done (phase %s, %d of %d rows sent): "+
 		"streaming the slot now would confirm it past the rows not sent, and they would never be. Set postgres.backfill back as it was to finish it "+
 		"(it resumes after the last page Kafka acknowledged), then remove it; or, to give those rows up, DELETE FROM %s WHERE slot = '%s'; DROP TABLE IF EXISTS %s",
-		cfg.Postgres.Slot, s.name, st.Phase, st.Sent, st.Total, s.state, cfg.Postgres.Slot, s.keys)
+		slot, s.name, st.Phase, st.Sent, st.Total, s.state, slot, s.keys)
 }
 
 func currentDatabase(ctx context.Context, conn *pgx.Conn) (string, error) {

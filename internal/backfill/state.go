@@ -67,9 +67,14 @@ const StateTable = "outboxd_backfill"
 
 func newStore(cfg config.Config) store {
 	schema, _ := cfg.Postgres.TableName()
+	return storeIn(schema, cfg.Postgres.Slot)
+}
+
+// storeIn is the store of slot's backfill with its tables in schema.
+func storeIn(schema, slot string) store {
 	return store{
 		state: pgx.Identifier{schema, StateTable}.Sanitize(),
-		keys:  pgx.Identifier{schema, keyTable(cfg.Postgres.Slot)}.Sanitize(),
+		keys:  pgx.Identifier{schema, keyTable(slot)}.Sanitize(),
 		name:  schema + "." + StateTable,
 	}
 }

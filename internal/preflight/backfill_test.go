@@ -87,3 +87,67 @@ func TestStartRefusesASlotABackfillFills(t *testing.T) {
 		})
 	}
 }
+
+// TestStartRefusesABackfillInAnotherSchema: the backfill keeps its state in
+// its outbox table's schema. A process whose configuration lists several
+// tables, or a pattern, has no one table, and used to look in public only:
+// it streamed a slot a backfill in another schema was still filling
+// (review-eosbf R2b). A role that may not read the state table used to be
+// let through with a warning; it is refused with the GRANT to run
+// (review-eosbf S1). It needs the test bed's Postgres (OUTBOXD_TEST_PG_DSN).
+func TestStartRefusesABackfillInAnotherSchema(t *testing.T) {
+	_, dsn := testenv.NewDatabase(t, "bfschema")
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reader := "bfreader_" + testenv.RandomSuffix()
+	t.Cleanup(func() {
+		_, _ = conn.Exec(context.Background(), `DROP OWNED BY `+reader+`; DROP ROLE IF EXISTS `+reader)
+		conn.Close(context.Background())
+	})
+	if _, err := conn.Exec(ctx, `CREATE SCHEMA app; CREATE TABLE app.outbox (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregate_type text NOT NULL,
+			aggregate_id text NOT NULL, event_type text NOT NULL, payload jsonb, created_at timestamptz NOT NULL DEFAULT now());
+		CREATE TABLE app.other (LIKE app.outbox INCLUDING ALL);
+		INSERT INTO app.outbox (aggregate_type, aggregate_id, event_type, payload) SELECT 'order', i::text, 'Placed', '{}' FROM generate_series(1, 20) AS i;
+		CREATE ROLE `+reader+` NOLOGIN; GRANT USAGE ON SCHEMA app TO `+reader); err != nil {
+		t.Fatal(err)
+	}
+	log := testenv.Logger(t)
+	cfg := config.Default()
+	cfg.Postgres.DSN, cfg.Postgres.Slot = dsn, "bfschema_"+testenv.RandomSuffix()
+	with := cfg
+	with.Postgres.Table, with.Postgres.Backfill = "app.outbox", config.Backfill{Where: "true", Batch: 100}
+	repl := func(ctx context.Context) (*pgconn.PgConn, error) { return pg.ConnectReplication(ctx, with.Postgres) }
+	if err := backfill.Prepare(ctx, conn, repl, with, log); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Postgres.Table = ""
+	cfg.Postgres.Tables = []config.TableEntry{{Name: "app.outbox"}, {Name: "app.other"}}
+	_, _, err = inspectAtStart(ctx, conn, cfg, log, nil, wal.InspectSlot)
+	if err == nil || !strings.Contains(err.Error(), "app.outboxd_backfill is not done (phase sending, 0 of 20 rows sent)") {
+		t.Errorf("a process of two tables on the slot a backfill in schema app fills: %v; want a refusal naming app.outboxd_backfill", err)
+	}
+
+	// The same, as a role that may not read the state table.
+	other, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close(ctx)
+	if _, err := other.Exec(ctx, `SET ROLE `+reader); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = inspectAtStart(ctx, other, cfg, log, nil, wal.InspectSlot)
+	if err == nil || !strings.Contains(err.Error(), `may not read the backfill state table app.outboxd_backfill`) ||
+		!strings.Contains(err.Error(), `GRANT SELECT ON "app"."outboxd_backfill" TO <role>`) {
+		t.Errorf("a role that may not read the state table: %v; want a refusal with the GRANT to run", err)
+	}
+	if _, err := conn.Exec(ctx, `GRANT SELECT ON app.outboxd_backfill TO `+reader); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err = inspectAtStart(ctx, other, cfg, log, nil, wal.InspectSlot); err == nil || !strings.Contains(err.Error(), "is not done") {
+		t.Errorf("the role granted SELECT: %v; want the refusal of the unfinished backfill", err)
+	}
+}

@@ -617,7 +617,7 @@ func inspectAtStart(ctx context.Context, conn *pgx.Conn, cfg config.Config, log 
 	if err != nil {
 		return wal.SlotInfo{}, false, err
 	}
-	if err := backfill.RefuseUnfinished(ctx, conn, cfg, log); err != nil {
+	if err := backfill.RefuseUnfinished(ctx, conn, cfg); err != nil {
 		return wal.SlotInfo{}, false, err
 	}
 	return info, ok, nil
