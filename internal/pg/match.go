@@ -2,6 +2,7 @@ package pg
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -23,23 +24,21 @@ func (m Match) Name() string { return m.Schema + "." + m.Table }
 // table an entry of postgres.tables names meets: an ordinary or
 // partitioned table, not a partition (a partitioned outbox publishes its
 // partitions' rows under its own name), outside the system schemas and
-// the event trigger's.
+// the event trigger's, and not temporary (a temporary table lives in a
+// pg_temp_N schema): a scratch table of a matching name (CREATE TEMP TABLE
+// outbox …) is no outbox table. An UNLOGGED table is taken, and refused
+// (MatchTables, the event trigger): its rows are not in the WAL, and
+// leaving it out would lose them without a word (review-eosbf MF1).
 const outboxKinds = `c.relkind IN ('r', 'p') AND NOT c.relispartition
 	AND n.nspname NOT IN ('pg_catalog', 'information_schema', '` + TriggerSchema + `') AND n.nspname NOT LIKE 'pg\_toast%' AND n.nspname NOT LIKE 'pg\_temp\_%'`
-
-// persistent is the condition that a table a pattern matches meets too:
-// it is permanent, for Postgres publishes no temporary or unlogged table
-// (ADD TABLE refuses them). A pattern leaves them out, at start-up and in
-// the event trigger alike, so that a scratch table of a matching name
-// (CREATE TEMP TABLE outbox …) is no outbox table and its CREATE succeeds.
-const persistent = `c.relpersistence = 'p'`
 
 // MatchTables returns the tables each entry names, in the order of the
 // entries and, within a pattern, of their names: ordinary and partitioned
 // tables, not partitions (a partitioned outbox publishes its partitions'
-// rows under its own name), outside the system schemas (outboxKinds); a
-// pattern matches permanent tables only (persistent). An exact name that
-// names no table is an error; a pattern may match none. A table that two
+// rows under its own name), not temporary, outside the system schemas
+// (outboxKinds). An exact name that names no table is an error; a pattern
+// may match none. An UNLOGGED table an entry names is an error that says
+// how to make it logged: Postgres writes no WAL for its rows. A table that two
 // entries match is the entry's that config.Postgres.EntryOf gives: the one
 // that names it exactly, else the first pattern, as when it is created
 // while outboxd runs.
@@ -48,25 +47,30 @@ func MatchTables(ctx context.Context, conn *pgx.Conn, entries []config.TableEntr
 	all := config.Postgres{Tables: entries}
 	for i, e := range entries {
 		schema, table := e.Split()
-		cond := outboxKinds
-		if e.Pattern() {
-			cond += " AND " + persistent
-		}
-		rows, err := conn.Query(ctx, `SELECT n.nspname::text, c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-			WHERE n.nspname LIKE $1 AND c.relname LIKE $2 AND `+cond+`
+		rows, err := conn.Query(ctx, `SELECT n.nspname::text, c.relname::text, c.relpersistence = 'u' FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+			WHERE n.nspname LIKE $1 AND c.relname LIKE $2 AND `+outboxKinds+`
 			ORDER BY 1, 2`, config.LikePattern(schema), config.LikePattern(table))
 		if err != nil {
 			return nil, fmt.Errorf("listing the tables postgres.tables[%d] (%s) names: %w", i, e.Name, err)
 		}
 		var ms []Match
 		var s, t string
-		_, err = pgx.ForEachRow(rows, []any{&s, &t}, func() error {
+		var unlogged bool
+		_, err = pgx.ForEachRow(rows, []any{&s, &t, &unlogged}, func() error {
 			// LIKE compares by the database's collation; Matches exactly.
-			if j, ok := all.EntryOf(s, t); e.Matches(s, t) && ok && j == i {
-				ms = append(ms, Match{Schema: s, Table: t, Entry: i})
+			if j, ok := all.EntryOf(s, t); !e.Matches(s, t) || !ok || j != i {
+				return nil
 			}
+			if unlogged {
+				return unloggedError(Match{Schema: s, Table: t, Entry: i}, e)
+			}
+			ms = append(ms, Match{Schema: s, Table: t, Entry: i})
 			return nil
 		})
+		var ue *UnloggedError
+		if errors.As(err, &ue) {
+			return nil, err
+		}
 		if err != nil {
 			return nil, fmt.Errorf("listing the tables postgres.tables[%d] (%s) names: %w", i, e.Name, err)
 		}
@@ -76,6 +80,35 @@ func MatchTables(ctx context.Context, conn *pgx.Conn, entries []config.TableEntr
 		out = append(out, ms...)
 	}
 	return out, nil
+}
+
+// UnloggedError is an UNLOGGED table that an entry of postgres.tables
+// names: Postgres writes no WAL for its rows, so no publication can
+// publish it and they would never be delivered.
+type UnloggedError struct {
+	Match
+	Pattern string // the entry's pattern, "" for an exact name
+}
+
+func unloggedError(m Match, e config.TableEntry) *UnloggedError {
+	ue := &UnloggedError{Match: m}
+	if e.Pattern() {
+		ue.Pattern = e.Name
+	}
+	return ue
+}
+
+func (e *UnloggedError) Error() string {
+	name := pgx.Identifier{e.Schema, e.Table}.Sanitize()
+	if e.Pattern == "" {
+		return fmt.Sprintf("outbox table %s (postgres.tables[%d]) is UNLOGGED: Postgres writes no WAL for its rows, so no publication can publish it and they would never be delivered. "+
+			"Make it a logged table: ALTER TABLE %s SET LOGGED (the rows it holds now were never in the WAL: send them with outboxd replay)", e.Name(), e.Entry, name)
+	}
+	return fmt.Sprintf("outbox table %s (postgres.tables[%d], pattern %s) is UNLOGGED: Postgres writes no WAL for its rows, so no publication can publish it and they would never be delivered. "+
+		"Make it a logged table and publish it, in one transaction as a superuser, with the event trigger %[4]s (which refuses any change of a matching table the publication lacks) disabled for that transaction only: "+
+		"BEGIN; ALTER EVENT TRIGGER %[4]s DISABLE; ALTER TABLE %[5]s SET LOGGED; ALTER PUBLICATION <postgres.publication> ADD TABLE %[5]s; ALTER EVENT TRIGGER %[4]s ENABLE ALWAYS; COMMIT; "+
+		"(leave out ADD TABLE while the publication does not exist yet); the rows it holds now were never in the WAL: send them with outboxd replay. Or drop it, or rename it to a name the pattern does not match",
+		e.Name(), e.Entry, e.Pattern, TriggerName, name)
 }
 
 // MatchNames returns the names of ms, comma-separated, for a log line.

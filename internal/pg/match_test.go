@@ -19,7 +19,8 @@ func TestMatchTables(t *testing.T) {
 		CREATE TABLE tenant_a.outbox_events_2026 PARTITION OF tenant_a.outbox_events FOR VALUES FROM ('2026-01-01') TO ('2027-01-01');
 		CREATE TABLE tenant_b.outbox_events (id int); CREATE TABLE "tenantXa".outbox_events (id int); CREATE TABLE "Tenant_c".outbox_events (id int);
 		CREATE VIEW tenant_b.outbox_view AS SELECT 1;
-		CREATE SCHEMA scratch; CREATE UNLOGGED TABLE scratch.outbox (id int); CREATE TEMP TABLE outbox (id int);`)
+		CREATE SCHEMA scratch; CREATE TABLE scratch.outbox_u (id int); CREATE TEMP TABLE outbox (id int);
+		CREATE SCHEMA tenant_u; CREATE UNLOGGED TABLE tenant_u.events (id int);`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,11 +36,16 @@ func TestMatchTables(t *testing.T) {
 		want  string // MatchNames, or the error's text
 	}{
 		{[]string{"orders.outbox"}, "orders.outbox"},
-		{[]string{"*.outbox"}, "orders.outbox,wallet.outbox"},                                 // not the unlogged nor the temporary one (review-patterns35 M3)
+		{[]string{"*.outbox"}, "orders.outbox,wallet.outbox"},                                 // not the temporary one (review-patterns35 M3)
 		{[]string{"tenant_*.outbox_events"}, "tenant_a.outbox_events,tenant_b.outbox_events"}, // not tenantXa (_ is no wildcard), nor Tenant_c, nor the partition
 		{[]string{"tenant_*.outbox*"}, "tenant_a.outbox_events,tenant_b.outbox_events"},       // tables only, no view
 		{[]string{"orders.outbox", "tenant_*.outbox_events", "nobody_*.outbox"}, "orders.outbox,tenant_a.outbox_events,tenant_b.outbox_events"},
 		{[]string{"shop.outbox"}, "outbox table shop.outbox (postgres.tables[0]) does not exist"},
+		// An unlogged table is refused, not left out: its rows are not in
+		// the WAL (review-eosbf MF1).
+		{[]string{"orders.outbox", "tenant_*.events"}, `outbox table tenant_u.events (postgres.tables[1], pattern tenant_*.events) is UNLOGGED`},
+		{[]string{"tenant_*.events"}, `ALTER TABLE "tenant_u"."events" SET LOGGED`},
+		{[]string{"tenant_u.events"}, `outbox table tenant_u.events (postgres.tables[0]) is UNLOGGED`},
 		{[]string{"Orders.outbox"}, "outbox table Orders.outbox (postgres.tables[0]) does not exist"},
 		// A table two entries match is the exact entry's, else the first
 		// pattern's, once (review-patterns35 M2).

@@ -52,17 +52,24 @@ BEGIN
 		WHERE object_type = 'table' OR (object_type = 'schema' AND command_tag = 'ALTER SCHEMA') LOOP
 		-- One row per publication and table: two patterns of a publication
 		-- may match one table, which is added once.
-		FOR m IN SELECT DISTINCT ON (p.publication, c.oid) p.publication, p.pattern, n.nspname::text AS nspname, c.relname::text AS relname
+		-- An unlogged table is taken whether or not the publication
+		-- exists: no publication can publish it.
+		FOR m IN SELECT DISTINCT ON (p.publication, c.oid) p.publication, p.pattern, n.nspname::text AS nspname, c.relname::text AS relname,
+				c.relpersistence = 'u' AS unlogged
 			FROM ` + PatternTable + ` p, pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 			WHERE CASE WHEN cmd.object_type = 'schema' THEN c.relnamespace ELSE c.oid END = cmd.objid
-				AND ` + outboxKinds + ` AND ` + persistent + `
+				AND ` + outboxKinds + `
 				AND n.nspname LIKE p.schema_like AND c.relname LIKE p.table_like
-				AND EXISTS (SELECT 1 FROM pg_publication b WHERE b.pubname = p.publication)
-				AND NOT EXISTS (SELECT 1 FROM pg_publication_rel r JOIN pg_publication b ON b.oid = r.prpubid
-					WHERE b.pubname = p.publication AND r.prrelid = c.oid)
+				AND (c.relpersistence = 'u' OR (EXISTS (SELECT 1 FROM pg_publication b WHERE b.pubname = p.publication)
+					AND NOT EXISTS (SELECT 1 FROM pg_publication_rel r JOIN pg_publication b ON b.oid = r.prpubid
+						WHERE b.pubname = p.publication AND r.prrelid = c.oid)))
 			ORDER BY p.publication, c.oid, p.pattern
 		LOOP
-			IF cmd.command_tag = 'CREATE TABLE' THEN
+			IF m.unlogged THEN
+				RAISE EXCEPTION 'outboxd: %.% matches the outbox table pattern % of publication %, but is UNLOGGED', m.nspname, m.relname, m.pattern, m.publication
+					USING DETAIL = 'Postgres writes no WAL for the rows of an unlogged table, so no publication can publish it and its rows would never be delivered',
+						HINT = 'create it without UNLOGGED, or give it a name the pattern does not match';
+			ELSIF cmd.command_tag = 'CREATE TABLE' THEN
 				EXECUTE format('ALTER PUBLICATION %I ADD TABLE %I.%I', m.publication, m.nspname, m.relname);
 			ELSE
 				RAISE EXCEPTION 'outboxd: %.% matches the outbox table pattern % of publication %, which does not publish it', m.nspname, m.relname, m.pattern, m.publication
@@ -87,10 +94,12 @@ END
 // never be published. A table made by CREATE SCHEMA's own CREATE TABLE is
 // added as one made by CREATE TABLE alone: the event fires once, for
 // CREATE SCHEMA, and lists the table's CREATE TABLE among its commands.
-// It looks at the tables a pattern matches at start-up (pg.MatchTables):
-// partitions are left out, for their parent publishes them
-// (publish_via_partition_root), and so are temporary and unlogged tables,
-// which Postgres cannot publish, and tables of the system schemas.
+// It refuses an UNLOGGED table a pattern matches, made so or changed,
+// whatever the command: Postgres writes no WAL for its rows, so they would
+// never be delivered (review-eosbf MF1). It looks at the tables a pattern
+// matches at start-up (pg.MatchTables): partitions are left out, for their
+// parent publishes them (publish_via_partition_root), and so are temporary
+// tables, in their pg_temp schemas, and tables of the system schemas.
 var triggerSQL = []string{
 	`GRANT USAGE ON SCHEMA ` + TriggerSchema + ` TO PUBLIC`,
 	`CREATE TABLE IF NOT EXISTS ` + PatternTable + ` (

@@ -2,6 +2,7 @@ package pg
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 
@@ -99,22 +100,70 @@ func TestTriggerOverlappingPatterns(t *testing.T) {
 	}
 }
 
-// A temporary or an unlogged table of a matching name is no outbox table:
-// its CREATE succeeds and it is not published (review-patterns35 M3).
-func TestTriggerSkipsTemporaryAndUnlogged(t *testing.T) {
+// A temporary table of a matching name is no outbox table: its CREATE
+// succeeds and it is not published (review-patterns35 M3). An unlogged one
+// is refused, made so or changed, even before the publication exists:
+// Postgres writes no WAL for its rows, which would never be delivered
+// (review-eosbf MF1).
+func TestTriggerSkipsTemporaryRefusesUnlogged(t *testing.T) {
 	conn := triggerDB(t, "*.outbox")
-	if err := execs(conn, `CREATE TEMP TABLE outbox (id int)`, `CREATE SCHEMA scratch`, `CREATE UNLOGGED TABLE scratch.outbox (id int)`,
-		`ALTER TABLE scratch.outbox ADD COLUMN at date`, `CREATE TABLE scratch.outbox2 (id int)`); err != nil {
-		t.Fatalf("a temporary or unlogged table of a matching name: %v", err)
+	if err := execs(conn, `CREATE TEMP TABLE outbox (id int)`, `ALTER TABLE outbox ADD COLUMN at date`, `CREATE SCHEMA scratch`, `CREATE TABLE scratch.outbox2 (id int)`); err != nil {
+		t.Fatalf("a temporary table of a matching name: %v", err)
 	}
 	if got := published(t, conn); got != "" {
 		t.Fatalf("published: %q, want none", got)
 	}
+	const refused = "scratch.outbox matches the outbox table pattern *.outbox of publication pub, but is UNLOGGED"
+	for _, stmts := range [][]string{
+		{`CREATE UNLOGGED TABLE scratch.outbox (id int)`},
+		{`CREATE UNLOGGED TABLE scratch.outbox_u (id int)`, `ALTER TABLE scratch.outbox_u RENAME TO outbox`},
+		{`CREATE UNLOGGED TABLE scratch.outbox_u (id int)`, `ALTER TABLE scratch.outbox_u SET SCHEMA public`, `ALTER TABLE public.outbox_u RENAME TO outbox`},
+		{`CREATE SCHEMA scratch2 CREATE UNLOGGED TABLE outbox (id int)`},
+	} {
+		err := execs(conn, append([]string{`DROP TABLE IF EXISTS scratch.outbox_u, public.outbox_u`, `DROP SCHEMA IF EXISTS scratch2 CASCADE`}, stmts...)...)
+		if err == nil || (!strings.Contains(err.Error(), refused) && !strings.Contains(err.Error(), "outbox matches the outbox table pattern *.outbox of publication pub, but is UNLOGGED")) {
+			t.Errorf("%s: %v; want the trigger's refusal of an unlogged table", strings.Join(stmts, "; "), err)
+		}
+	}
+	// Postgres itself refuses SET UNLOGGED of a published table.
 	if err := execs(conn, `CREATE SCHEMA shop`, `CREATE TABLE shop.outbox (id int)`); err != nil {
 		t.Fatal(err)
 	}
 	if got := published(t, conn); got != "shop.outbox" {
 		t.Fatalf("published: %q, want shop.outbox", got)
+	}
+	if err := execs(conn, `ALTER TABLE shop.outbox SET UNLOGGED`); err == nil {
+		t.Errorf("ALTER TABLE … SET UNLOGGED of a published table went through")
+	}
+	// One made while the trigger was not there (or an earlier one skipped
+	// it) is refused at start-up, with statements that make it logged and
+	// published.
+	if err := execs(conn, `ALTER EVENT TRIGGER `+TriggerName+` DISABLE`, `CREATE SCHEMA tenant_old`, `CREATE UNLOGGED TABLE tenant_old.outbox (id int)`,
+		`ALTER EVENT TRIGGER `+TriggerName+` ENABLE ALWAYS`); err != nil {
+		t.Fatal(err)
+	}
+	_, err := MatchTables(context.Background(), conn, triggerConfig("*.outbox").Tables)
+	var ue *UnloggedError
+	if !errors.As(err, &ue) || ue.Name() != "tenant_old.outbox" {
+		t.Fatalf("MatchTables with tenant_old.outbox unlogged: %v; want an *UnloggedError naming it", err)
+	}
+	fix := err.Error()[strings.Index(err.Error(), "BEGIN;"):]
+	fix = strings.ReplaceAll(fix[:strings.Index(fix, "COMMIT;")+len("COMMIT;")], "<postgres.publication>", "pub")
+	if _, err := conn.Exec(context.Background(), fix); err != nil {
+		t.Fatalf("the statements the refusal gives (%s): %v", fix, err)
+	}
+	if got := published(t, conn); got != "shop.outbox,tenant_old.outbox" {
+		t.Fatalf("published after %s: %q, want shop.outbox,tenant_old.outbox", fix, got)
+	}
+	if err := CheckTrigger(context.Background(), conn, triggerConfig("*.outbox")); err != nil {
+		t.Fatalf("CheckTrigger after %s: %v", fix, err)
+	}
+	// Before the publication exists, too.
+	if err := execs(conn, `DROP PUBLICATION pub`); err != nil {
+		t.Fatal(err)
+	}
+	if err := execs(conn, `CREATE UNLOGGED TABLE scratch.outbox (id int)`); err == nil || !strings.Contains(err.Error(), refused) {
+		t.Errorf("CREATE UNLOGGED TABLE before the publication exists: %v; want the trigger's refusal", err)
 	}
 }
 
