@@ -16,6 +16,7 @@ import (
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/internal/backfill"
 	"github.com/outboxd/outboxd/internal/pg"
+	"github.com/outboxd/outboxd/internal/quote"
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/shard"
 	"github.com/outboxd/outboxd/sink"
@@ -505,7 +506,7 @@ func (c *Checker) ensureSlot(ctx context.Context, conn *pgx.Conn, h *History) (s
 	if c.shard.Count > 1 { // one table (config.Config.Validate)
 		pubs[0], err = c.checkShardPublication(ctx, conn)
 	} else {
-		pubs, err = wal.EnsurePublicationOf(ctx, conn, pc.Publication, c.tables(), pc.CreatePublication)
+		pubs, err = ensurePublication(ctx, conn, pc, c.tables())
 	}
 	if err != nil {
 		return false, err
@@ -590,6 +591,49 @@ func (c *Checker) ensureSlot(ctx context.Context, conn *pgx.Conn, h *History) (s
 	}
 	c.logFailover(ctx, conn, h.major, info)
 	return slotHeld, nil
+}
+
+// ensurePublication creates the publication FOR TABLE tables, the ones
+// postgres.tables named when the start-up checks listed them, or checks
+// the one there (wal.EnsurePublicationOf). A publication it creates for
+// patterns it checks again: the event trigger skips a table created while
+// the publication does not exist, so a table a pattern matches, created
+// after the tables were listed and before the publication was, would be in
+// neither (review-patterns35 S4). Such a table is refused, naming it, with
+// the ADD TABLE that publishes it: outboxd does not add it itself, for the
+// table is not checked against its entry, and its rows written before the
+// ADD TABLE are not published (before the slot is created that loses
+// nothing: the slot starts after them). A table whose creating transaction
+// is still open is not seen here; the check while streaming (tables.Watch)
+// finds it unpublished.
+func ensurePublication(ctx context.Context, conn *pgx.Conn, pc config.Postgres, tables []wal.Table) ([]wal.Publication, error) {
+	pubs, err := wal.EnsurePublicationOf(ctx, conn, pc.Publication, tables, pc.CreatePublication)
+	if err != nil || !pc.Patterns() || len(pubs) == 0 || !pubs[0].Created {
+		return pubs, err
+	}
+	ms, err := pg.MatchTables(ctx, conn, pc.Tables)
+	if err != nil {
+		return nil, err
+	}
+	listed := map[string]bool{}
+	for _, t := range tables {
+		listed[t.String()] = true
+	}
+	var late, quoted []string
+	for _, m := range ms {
+		if t := (wal.Table{Schema: m.Schema, Name: m.Table}); !listed[t.String()] {
+			late = append(late, t.String())
+			quoted = append(quoted, pgx.Identifier{m.Schema, m.Table}.Sanitize())
+		}
+	}
+	if len(late) == 0 {
+		return pubs, nil
+	}
+	return nil, fmt.Errorf("%s, which postgres.tables matches, was created after outboxd listed the tables it matches and before it created publication %q, "+
+		"so neither outboxd nor the event trigger %s (which skips a publication that does not exist yet) put it into the publication: "+
+		"run ALTER PUBLICATION %s ADD TABLE %s and start outboxd again (rows written to it before that statement are not published: "+
+		"if the replication slot existed before this start, send them with outboxd replay -table)",
+		strings.Join(late, ", "), pc.Publication, pg.TriggerName, quote.Ident(pc.Publication), strings.Join(quoted, ", "))
 }
 
 // inspectSlot reads a slot: wal.InspectSlot, or a test's wrapper of it.
