@@ -375,3 +375,42 @@ func TestPatternTablesLeastPrivilege(t *testing.T) {
 	p.waitStreaming()
 	readUntil(t, []string{topic}, time.Minute, 0, waitIDs(id))
 }
+
+// Review-patterns35 S1: while outboxd streams with a pattern, it checks
+// every postgres.slot_lag_interval that the event trigger is as migrate
+// installed it and that every table the patterns match is published. The
+// trigger disabled stops it with the statement that enables it; a tenant
+// created while the trigger is disabled stops it naming the tenant's
+// table, with the ADD TABLE, instead of streaming on without its rows.
+func TestPatternTablesTriggerWatched(t *testing.T) {
+	d := newDB(t)
+	d.exec(t, patternCreate("tenant_a"))
+	cfg := writeConfig(t, "postgres:\n  slot_lag_interval: 500ms\n  tables:\n    - name: tenant_*.events\n      router: "+patternRouter+"\nrouter:\n  messages:\n    unowned: ignore\n")
+	env := d.env()
+	m := start(t, env, "migrate", "-config", cfg)
+	if code := m.waitExit(60 * time.Second); code != 0 {
+		t.Fatalf("outboxd migrate exited %d", code)
+	}
+	p := start(t, env, "-config", cfg)
+	p.waitStreaming()
+	d.exec(t, `ALTER EVENT TRIGGER outboxd_add_tables DISABLE`)
+	if code := p.waitExit(15 * time.Second); code == 0 {
+		t.Fatalf("outboxd exited 0 after the event trigger was disabled")
+	}
+	p.waitLog(`while outboxd ran: postgres.tables has the pattern tenant_\*.events, .*that trigger is disabled, .*run ALTER EVENT TRIGGER outboxd_add_tables ENABLE ALWAYS as a superuser`, time.Second)
+
+	d.exec(t, `ALTER EVENT TRIGGER outboxd_add_tables ENABLE ALWAYS`)
+	p = start(t, env, "-config", cfg)
+	p.waitStreaming()
+	// Disabled and a tenant created in one transaction: the check that
+	// meets it finds both.
+	d.exec(t, `ALTER EVENT TRIGGER outboxd_add_tables DISABLE; `+patternCreate("tenant_b")+`; ALTER EVENT TRIGGER outboxd_add_tables ENABLE ALWAYS`)
+	if code := p.waitExit(15 * time.Second); code == 0 {
+		t.Fatalf("outboxd exited 0 after a tenant was created that the publication lacks")
+	}
+	p.waitLog(`(?s)outbox table tenant_b.events, which postgres.tables\[0\] \(pattern tenant_\*.events\) matches, is not published by publication .*ALTER PUBLICATION .{1,3}outboxd.{1,3} ADD TABLE .{1,3}tenant_b.{1,3}\..{1,3}events`, time.Second)
+	// The remedy: the next start finds it published.
+	d.exec(t, `ALTER PUBLICATION outboxd ADD TABLE tenant_b.events`)
+	p = start(t, env, "-config", cfg)
+	p.waitStreaming()
+}

@@ -231,30 +231,21 @@ func checkOwners(ctx context.Context, q querier, trusted string) error {
 // knows exactly the patterns of pc.Tables for pc.Publication; each failure
 // says what to run.
 func CheckTrigger(ctx context.Context, q querier, pc config.Postgres) error {
-	var want []string
-	for _, e := range pc.Tables {
-		if e.Pattern() {
-			want = append(want, e.Name)
-		}
-	}
+	want := patternNames(pc)
 	if len(want) == 0 {
 		return nil
 	}
-	lead := fmt.Sprintf("postgres.tables has the pattern %s, whose tables created while outboxd runs are added to publication %q by the event trigger %s in the transaction that creates them; ",
-		strings.Join(want, ", "), pc.Publication, TriggerName)
-	var (
-		enabled, fn, body *string
-		have, tags        []string
-		definer, recorded bool
-	)
+	lead := triggerLead(pc, want)
+	var st triggerState
+	var recorded bool
 	err := q.QueryRow(ctx, `SELECT t.evtenabled::text, t.evttags, n.nspname || '.' || p.proname, p.prosrc, coalesce(p.prosecdef, false),
 			EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace pn ON pn.oid = c.relnamespace WHERE pn.nspname = $2 AND c.relname = $3)
 		FROM (SELECT 1) one LEFT JOIN pg_event_trigger t ON t.evtname = $1
 			LEFT JOIN pg_proc p ON p.oid = t.evtfoid LEFT JOIN pg_namespace n ON n.oid = p.pronamespace`,
-		TriggerName, TriggerSchema, strings.TrimPrefix(PatternTable, TriggerSchema+".")).Scan(&enabled, &tags, &fn, &body, &definer, &recorded)
+		TriggerName, TriggerSchema, strings.TrimPrefix(PatternTable, TriggerSchema+".")).Scan(&st.enabled, &st.tags, &st.fn, &st.body, &st.definer, &recorded)
 	if err == nil && recorded {
 		err = q.QueryRow(ctx, `SELECT coalesce(array_agg(pattern ORDER BY pattern), '{}') FROM `+PatternTable+` WHERE publication = $1`,
-			pc.Publication).Scan(&have)
+			pc.Publication).Scan(&st.patterns)
 	}
 	if err != nil {
 		var pgErr *pgconn.PgError
@@ -263,37 +254,147 @@ func CheckTrigger(ctx context.Context, q querier, pc config.Postgres) error {
 		}
 		return fmt.Errorf("reading the event trigger %s: %w", TriggerName, err)
 	}
-	migrate := "run outboxd migrate as a superuser (CREATE EVENT TRIGGER needs one) with this configuration"
-	switch {
-	case enabled == nil:
-		return fmt.Errorf("%sthat trigger is missing, and without it the rows of a new table are never delivered: %s, then start outboxd", lead, migrate)
-	case fn == nil || *fn != triggerFunc:
-		return fmt.Errorf("%sthat trigger runs the function %s, not %s, which outboxd migrate installs: %s", lead, orNone(deref(fn)), triggerFunc, migrate)
+	if err := st.judgeFunc(lead); err != nil {
+		return err
 	}
 	if err := checkOwners(ctx, q, "(SELECT evtowner FROM pg_event_trigger WHERE evtname = $2)"); err != nil {
 		return fmt.Errorf("%s%w", lead, err)
 	}
+	return st.judge(lead, want)
+}
+
+// patternNames are the patterns of pc.Tables.
+func patternNames(pc config.Postgres) []string {
+	var want []string
+	for _, e := range pc.Tables {
+		if e.Pattern() {
+			want = append(want, e.Name)
+		}
+	}
+	return want
+}
+
+func triggerLead(pc config.Postgres, want []string) string {
+	return fmt.Sprintf("postgres.tables has the pattern %s, whose tables created while outboxd runs are added to publication %q by the event trigger %s in the transaction that creates them; ",
+		strings.Join(want, ", "), pc.Publication, TriggerName)
+}
+
+// triggerState is what the catalogue says of the event trigger: its
+// evtenabled and tags, the name, body and SECURITY DEFINER of its
+// function (nil when there is no trigger), and the patterns recorded for
+// the publication.
+type triggerState struct {
+	enabled, fn, body *string
+	tags, patterns    []string
+	definer           bool
+}
+
+const migrateRemedy = "run outboxd migrate as a superuser (CREATE EVENT TRIGGER needs one) with this configuration"
+
+// judgeFunc finds a trigger missing or running another function.
+func (st triggerState) judgeFunc(lead string) error {
 	switch {
-	case body == nil || *body != triggerBody || !definer:
-		return fmt.Errorf("%sits function %s is not the one this outboxd installs (an earlier outboxd installed it, or it was changed): %s", lead, triggerFunc, migrate)
-	case *enabled == "D":
+	case st.enabled == nil:
+		return fmt.Errorf("%sthat trigger is missing, and without it the rows of a new table are never delivered: %s, then start outboxd", lead, migrateRemedy)
+	case st.fn == nil || *st.fn != triggerFunc:
+		return fmt.Errorf("%sthat trigger runs the function %s, not %s, which outboxd migrate installs: %s", lead, orNone(deref(st.fn)), triggerFunc, migrateRemedy)
+	}
+	return nil
+}
+
+// judge finds, in a trigger that runs this outboxd's function, another
+// body, a disabled trigger or one not enabled always, other commands, or
+// patterns recorded other than want.
+func (st triggerState) judge(lead string, want []string) error {
+	switch {
+	case st.body == nil || *st.body != triggerBody || !st.definer:
+		return fmt.Errorf("%sits function %s is not the one this outboxd installs (an earlier outboxd installed it, or it was changed): %s", lead, triggerFunc, migrateRemedy)
+	case *st.enabled == "D":
 		return fmt.Errorf("%sthat trigger is disabled, and without it the rows of a new table are never delivered: run ALTER EVENT TRIGGER %s ENABLE ALWAYS as a superuser", lead, TriggerName)
-	case *enabled != "A":
+	case *st.enabled != "A":
 		return fmt.Errorf("%sthat trigger is not enabled always, so it does not fire under session_replication_role = replica (pg_restore, logical replication) and such a table's rows are never delivered: "+
 			"run ALTER EVENT TRIGGER %s ENABLE ALWAYS as a superuser", lead, TriggerName)
 	}
+	tags := slices.Clone(st.tags)
 	wantTags := slices.Sorted(slices.Values(triggerTags))
 	slices.Sort(tags)
 	if !slices.Equal(tags, wantTags) {
 		return fmt.Errorf("%sthat trigger fires on %s, not on %s as this outboxd's does (an earlier outboxd installed it), and a table made otherwise is not published: %s",
-			lead, orNone(tags), strings.Join(wantTags, ", "), migrate)
+			lead, orNone(tags), strings.Join(wantTags, ", "), migrateRemedy)
 	}
-	slices.Sort(want)
-	slices.Sort(have) // by bytes, as want: the database's collation may order them otherwise
+	want = slices.Sorted(slices.Values(want))
+	have := slices.Sorted(slices.Values(st.patterns)) // by bytes, as want: the database's collation may order them otherwise
 	if !slices.Equal(want, have) {
-		return fmt.Errorf("%sthe trigger knows the patterns %s for it (in %s), not these: %s", lead, orNone(have), PatternTable, migrate)
+		return fmt.Errorf("%sthe trigger knows the patterns %s for it (in %s), not these: %s", lead, orNone(have), PatternTable, migrateRemedy)
 	}
 	return nil
+}
+
+// watchQuery reads, in one query, the event trigger as CheckTrigger does
+// (without the owners), the patterns recorded for the publication ($2),
+// whether the publication exists, and the tables that the patterns whose
+// LIKE forms are $3 and $4 match (outboxKinds, as MatchTables) and that
+// the publication does not publish. A table created by a transaction
+// still open is not visible to it, and so not found.
+const watchQuery = `WITH pub AS (SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = $2)
+	SELECT t.evtenabled::text, t.evttags, pn.nspname || '.' || p.proname, p.prosrc, coalesce(p.prosecdef, false),
+		(SELECT coalesce(array_agg(r.pattern ORDER BY r.pattern), '{}') FROM ` + PatternTable + ` r WHERE r.publication = $2),
+		EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $2), u.schemas, u.names
+	FROM (SELECT 1) one LEFT JOIN pg_event_trigger t ON t.evtname = $1
+		LEFT JOIN pg_proc p ON p.oid = t.evtfoid LEFT JOIN pg_namespace pn ON pn.oid = p.pronamespace,
+		LATERAL (SELECT coalesce(array_agg(n.nspname::text ORDER BY n.nspname, c.relname), '{}') AS schemas,
+				coalesce(array_agg(c.relname::text ORDER BY n.nspname, c.relname), '{}') AS names
+			FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+			WHERE ` + outboxKinds + `
+				AND EXISTS (SELECT 1 FROM unnest($3::text[], $4::text[]) l(s, t) WHERE n.nspname LIKE l.s AND c.relname LIKE l.t)
+				AND NOT EXISTS (SELECT 1 FROM pub WHERE pub.schemaname = n.nspname AND pub.tablename = c.relname)) u`
+
+// WatchPatterns reads the catalogue once, while outboxd streams, for the
+// patterns of pc.Tables: it returns the tables they match (each the
+// pattern's by config.Postgres.EntryOf) that publication pc.Publication
+// does not publish, none when the publication is gone (the stream reports
+// that), and trigger, the event trigger found missing, disabled, not
+// enabled always, changed, or knowing other patterns, with what to run,
+// as CheckTrigger says it at start-up (its owners are left to the next
+// start). err is a failed read. With no pattern it reads nothing.
+func WatchPatterns(ctx context.Context, q querier, pc config.Postgres) (unpublished []Match, trigger, err error) {
+	want := patternNames(pc)
+	if len(want) == 0 {
+		return nil, nil, nil
+	}
+	var schemaLike, tableLike []string
+	for _, e := range pc.Tables {
+		if e.Pattern() {
+			schema, table := e.Split()
+			schemaLike, tableLike = append(schemaLike, config.LikePattern(schema)), append(tableLike, config.LikePattern(table))
+		}
+	}
+	lead := triggerLead(pc, want)
+	var st triggerState
+	var pubExists bool
+	var schemas, names []string
+	err = q.QueryRow(ctx, watchQuery, TriggerName, pc.Publication, schemaLike, tableLike).
+		Scan(&st.enabled, &st.tags, &st.fn, &st.body, &st.definer, &st.patterns, &pubExists, &schemas, &names)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // the pattern table is gone, with its schema
+		return nil, fmt.Errorf("%sthe table %s, which it reads, is missing, and so is the trigger or its function: %s, then start outboxd", lead, PatternTable, migrateRemedy), nil
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("reading the event trigger %s and the tables the patterns of postgres.tables match: %w", TriggerName, err)
+	}
+	if trigger = st.judgeFunc(lead); trigger == nil {
+		trigger = st.judge(lead, want)
+	}
+	if !pubExists {
+		return nil, trigger, nil
+	}
+	for i := range schemas {
+		// LIKE compares by the database's collation; Matches exactly.
+		if j, ok := pc.EntryOf(schemas[i], names[i]); ok && pc.Tables[j].Pattern() && pc.Tables[j].Matches(schemas[i], names[i]) {
+			unpublished = append(unpublished, Match{Schema: schemas[i], Table: names[i], Entry: j})
+		}
+	}
+	return unpublished, trigger, nil
 }
 
 func deref(s *string) []string {

@@ -262,3 +262,70 @@ func newDatabase(t *testing.T, name string) (string, *pgx.Conn) {
 	t.Cleanup(func() { conn.Close(context.Background()) })
 	return db, conn
 }
+
+// WatchPatterns, the check while outboxd streams (review-patterns35 S1):
+// nothing to say while the trigger publishes every new table; a trigger
+// disabled, or not enabled always, or dropped, is said with what to run; a
+// table the patterns match that the publication lacks is named, and one
+// whose creating transaction is still open is not (it is not visible yet).
+func TestWatchPatterns(t *testing.T) {
+	ctx := context.Background()
+	conn := triggerDB(t, "tenant_*.events")
+	pc := triggerConfig("tenant_*.events")
+	watch := func() (string, error) {
+		t.Helper()
+		un, trigger, err := WatchPatterns(ctx, conn, pc)
+		if err != nil {
+			t.Fatalf("WatchPatterns: %v", err)
+		}
+		return MatchNames(un), trigger
+	}
+	want := func(step, tables, trigger string) {
+		t.Helper()
+		got, err := watch()
+		if got != tables || (trigger == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), trigger)) {
+			t.Errorf("%s: unpublished %q, trigger %v; want %q and %q", step, got, err, tables, trigger)
+		}
+	}
+	if err := execs(conn, `CREATE SCHEMA tenant_a`, `CREATE TABLE tenant_a.events (id int)`, `CREATE TABLE tenant_a.other (id int)`); err != nil {
+		t.Fatal(err)
+	}
+	want("trigger as installed", "", "")
+	if err := execs(conn, `ALTER EVENT TRIGGER `+TriggerName+` ENABLE`); err != nil {
+		t.Fatal(err)
+	}
+	want("enabled, not always", "", "that trigger is not enabled always")
+	if err := execs(conn, `ALTER EVENT TRIGGER `+TriggerName+` DISABLE`); err != nil {
+		t.Fatal(err)
+	}
+	want("disabled", "", "that trigger is disabled, and without it the rows of a new table are never delivered: run ALTER EVENT TRIGGER outboxd_add_tables ENABLE ALWAYS")
+	if err := execs(conn, `CREATE SCHEMA tenant_b`, `CREATE TABLE tenant_b.events (id int)`); err != nil {
+		t.Fatal(err)
+	}
+	// Another connection creates a tenant and has not committed.
+	other, err := pgx.Connect(ctx, conn.Config().ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close(ctx)
+	tx, err := other.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `CREATE SCHEMA tenant_c; CREATE TABLE tenant_c.events (id int)`); err != nil {
+		t.Fatal(err)
+	}
+	want("a tenant created while disabled, one being created", "tenant_b.events", "that trigger is disabled")
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	want("both committed", "tenant_b.events,tenant_c.events", "that trigger is disabled")
+	if err := execs(conn, `DROP EVENT TRIGGER `+TriggerName, `ALTER PUBLICATION pub ADD TABLE tenant_b.events, tenant_c.events`); err != nil {
+		t.Fatal(err)
+	}
+	want("dropped", "", "that trigger is missing")
+	if err := execs(conn, `DROP SCHEMA `+TriggerSchema+` CASCADE`); err != nil {
+		t.Fatal(err)
+	}
+	want("dropped with its schema", "", "the table outboxd_trigger.patterns, which it reads, is missing")
+}

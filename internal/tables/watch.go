@@ -18,8 +18,15 @@ import (
 )
 
 // ErrUnpublished marks an outbox table that the publication no longer
-// publishes under its name; it is permanent.
+// publishes under its name, or a table a pattern of postgres.tables
+// matches that it does not publish; it is permanent.
 var ErrUnpublished error = permanent("an outbox table is not published")
+
+// ErrTrigger marks the event trigger that adds the tables a pattern of
+// postgres.tables matches to the publication found missing, disabled, not
+// enabled always, changed, or knowing other patterns while outboxd
+// streams; it is permanent.
+var ErrTrigger error = permanent("the event trigger of the patterns of postgres.tables is not as outboxd migrate installed it")
 
 // Watch checks, while a run streams, that each outbox table is still the
 // table the publication publishes. A FOR TABLE publication names a table
@@ -41,8 +48,17 @@ var ErrUnpublished error = permanent("an outbox table is not published")
 // of ending the run: for a tenant's table that is its life's end, and its
 // rows written before the drop are in the slot, under a relation the run
 // knows. A table listed by its exact name ends the run.
+//
+// With a pattern in postgres.tables, each check also reads the event
+// trigger and the tables the patterns match (pg.WatchPatterns): a
+// matching table the publication lacks ends the run naming it, for no
+// row of it reaches the slot (the trigger was disabled or dropped,
+// event_triggers = off, or it was removed from the publication by hand),
+// and so does a trigger no longer as outboxd migrate installed it, for the
+// next table created would be one (review-patterns35 S1).
 type Watch struct {
 	publication string
+	cfg         config.Postgres // for the patterns of postgres.tables
 	db          pg.Lazy
 	log         *slog.Logger
 
@@ -62,7 +78,7 @@ type Watch struct {
 // for the outbox tables per (config.Config.PerTable) whose relation IDs
 // were ids when the run started.
 func NewWatch(pgc config.Postgres, per []config.Config, ids []uint32, addr string, log *slog.Logger) *Watch {
-	w := &Watch{publication: pgc.Publication, db: pg.Lazy{PG: pgc, Addr: addr}, log: log}
+	w := &Watch{publication: pgc.Publication, cfg: pgc, db: pg.Lazy{PG: pgc, Addr: addr}, log: log}
 	for i, c := range per {
 		schema, name := c.Postgres.TableName()
 		var id uint32
@@ -124,7 +140,8 @@ func (w *Watch) list() (names, shown []string, ids []uint32, pattern []bool) {
 }
 
 // Run checks every interval until ctx ends, and returns the first
-// table found unpublished (ErrUnpublished). A failed read is logged, at
+// table found unpublished (ErrUnpublished), or the event trigger found
+// changed (ErrTrigger). A failed read is logged, at
 // most once a minute, and tried again at the next tick: the stream
 // reports a lost server itself.
 func (w *Watch) Run(ctx context.Context, every time.Duration) error {
@@ -139,7 +156,7 @@ func (w *Watch) Run(ctx context.Context, every time.Duration) error {
 		case <-tick.C:
 		}
 		err := w.Check(ctx)
-		if isUnpublished(err) {
+		if isFinding(err) {
 			// Postgres may read the catalogue at two moments within one
 			// query, so a read that meets a DROP or a swap as it commits
 			// can mix the two states: read again to name what is so.
@@ -147,7 +164,7 @@ func (w *Watch) Run(ctx context.Context, every time.Duration) error {
 		}
 		switch {
 		case err == nil, ctx.Err() != nil:
-		case isUnpublished(err):
+		case isFinding(err):
 			return err
 		case time.Since(warned) >= time.Minute:
 			warned = time.Now()
@@ -156,9 +173,10 @@ func (w *Watch) Run(ctx context.Context, every time.Duration) error {
 	}
 }
 
-func isUnpublished(err error) bool {
+// isFinding reports what ends the run: not a failed read.
+func isFinding(err error) bool {
 	e, ok := err.(*wal.Error)
-	return ok && e.Kind == ErrUnpublished
+	return ok && (e.Kind == ErrUnpublished || e.Kind == ErrTrigger)
 }
 
 // watchQuery reads, for each table by its quoted name and its relation ID
@@ -203,7 +221,49 @@ func (w *Watch) Check(ctx context.Context) error {
 	if err := rows.Err(); err != nil {
 		return err
 	}
-	return w.decide(reads, names, shown, ids, pattern)
+	if err := w.decide(reads, names, shown, ids, pattern); err != nil {
+		return err
+	}
+	return w.checkPatterns(ctx, conn)
+}
+
+// checkPatterns reads, with a pattern in postgres.tables, the event
+// trigger and the tables the patterns match (pg.WatchPatterns), and
+// returns ErrUnpublished for the matching tables the publication lacks,
+// else ErrTrigger for a trigger no longer as outboxd migrate installed it.
+// A table being created by a transaction still open is not visible yet,
+// and is not found.
+func (w *Watch) checkPatterns(ctx context.Context, conn *pgx.Conn) error {
+	unpublished, trigger, err := pg.WatchPatterns(ctx, conn, w.cfg)
+	if err != nil {
+		w.db.Close() // a new connection at the next tick
+		return err
+	}
+	if len(unpublished) == 0 {
+		if trigger == nil {
+			return nil
+		}
+		return &wal.Error{Kind: ErrTrigger, Msg: "while outboxd ran: " + trigger.Error(),
+			Remedy: "then start outboxd again: it refuses, by name, a table a pattern matches that was created meanwhile and that the publication lacks"}
+	}
+	names, quoted := make([]string, len(unpublished)), make([]string, len(unpublished))
+	for i, m := range unpublished {
+		names[i], quoted[i] = m.Name(), pgx.Identifier{m.Schema, m.Table}.Sanitize()
+	}
+	m := unpublished[0]
+	what := fmt.Sprintf("outbox table %s, which postgres.tables[%d] (pattern %s) matches, is", m.Name(), m.Entry, w.cfg.Tables[m.Entry].Name)
+	if len(unpublished) > 1 {
+		what = fmt.Sprintf("outbox tables %s, which patterns of postgres.tables match, are", strings.Join(names, ", "))
+	}
+	msg := fmt.Sprintf("%s not published by publication %q, so Postgres puts none of their rows into the slot: "+
+		"the event trigger %s did not add them as they were created (it was disabled or dropped, or event_triggers was off), or they were removed from the publication",
+		what, w.publication, pg.TriggerName)
+	if trigger != nil {
+		msg += "; also " + trigger.Error()
+	}
+	return &wal.Error{Kind: ErrUnpublished, Msg: msg,
+		Remedy: fmt.Sprintf("run ALTER PUBLICATION %s ADD TABLE %s and start outboxd again. Its rows written before that statement are not in the slot and are not delivered: "+
+			"send them with outboxd replay -table %s -where …, once outboxd runs again", quote.Ident(w.publication), strings.Join(quoted, ", "), names[0])}
 }
 
 // watchRead is what watchQuery read of one table.

@@ -35,7 +35,7 @@ func TestWatchJudge(t *testing.T) {
 		switch {
 		case tc.want == "" && err != nil:
 			t.Errorf("%s: %v; want no finding", tc.name, err)
-		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want) || !errors.Is(err, ErrUnpublished) || !isUnpublished(err)):
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want) || !errors.Is(err, ErrUnpublished) || !isFinding(err)):
 			t.Errorf("%s: %v; want ErrUnpublished with %q", tc.name, err, tc.want)
 		}
 	}
@@ -104,7 +104,7 @@ func TestWatchDroppedPatternTable(t *testing.T) {
 		switch {
 		case step.want == "" && err != nil:
 			t.Errorf("%v: %v; want no finding", step.reads, err)
-		case step.want != "" && (err == nil || !strings.Contains(err.Error(), step.want) || !isUnpublished(err)):
+		case step.want != "" && (err == nil || !strings.Contains(err.Error(), step.want) || !isFinding(err)):
 			t.Errorf("%v: %v; want ErrUnpublished with %q", step.reads, err, step.want)
 		}
 		if got := w.String(); got != step.remaining {
