@@ -36,14 +36,20 @@ func TestPublicationRefusesATableCreatedBeforeIt(t *testing.T) {
 	if _, err := conn.Exec(ctx, `CREATE SCHEMA tenant_a; CREATE TABLE tenant_a.events`+table); err != nil {
 		t.Fatal(err)
 	}
-	ms, err := pg.MatchTables(ctx, conn, pc.Tables) // what resolvePatterns lists
-	if err != nil {
-		t.Fatal(err)
+	// What resolvePatterns lists.
+	match := func() []wal.Table {
+		t.Helper()
+		ms, err := pg.MatchTables(ctx, conn, pc.Tables)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var tables []wal.Table
+		for _, m := range ms {
+			tables = append(tables, wal.Table{Schema: m.Schema, Name: m.Table})
+		}
+		return tables
 	}
-	var tables []wal.Table
-	for _, m := range ms {
-		tables = append(tables, wal.Table{Schema: m.Schema, Name: m.Table})
-	}
+	tables := match()
 	// Between the two steps: a tenant created while no publication exists.
 	if _, err := conn.Exec(ctx, `CREATE SCHEMA tenant_b; CREATE TABLE tenant_b.events`+table); err != nil {
 		t.Fatal(err)
@@ -57,14 +63,7 @@ func TestPublicationRefusesATableCreatedBeforeIt(t *testing.T) {
 	if _, err := conn.Exec(ctx, `ALTER PUBLICATION outboxd ADD TABLE tenant_b.events`); err != nil {
 		t.Fatal(err)
 	}
-	ms, err = pg.MatchTables(ctx, conn, pc.Tables)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tables = tables[:0]
-	for _, m := range ms {
-		tables = append(tables, wal.Table{Schema: m.Schema, Name: m.Table})
-	}
+	tables = match()
 	if _, err := ensurePublication(ctx, conn, pc, tables); err != nil || len(tables) != 2 {
 		t.Fatalf("after the ADD TABLE: %v, tables %v", err, tables)
 	}
