@@ -119,3 +119,68 @@ func MatchNames(ms []Match) string {
 	}
 	return strings.Join(names, ",")
 }
+
+// unloggedTreeQuery finds, for the outbox tables by their quoted names
+// ($1), the first table or partition, at any depth, that is UNLOGGED: the
+// entry's place (from 1), its name quoted, whether it is partitioned, and
+// whether it is the outbox table itself.
+const unloggedTreeQuery = `SELECT u.i::int, format('%I.%I', n.nspname, q.relname), q.relkind = 'p', t.level = 0
+	FROM unnest($1::text[]) WITH ORDINALITY AS u(name, i)
+	CROSS JOIN LATERAL pg_partition_tree(to_regclass(u.name)) t
+	JOIN pg_class q ON q.oid = t.relid JOIN pg_namespace n ON n.oid = q.relnamespace
+	WHERE q.relpersistence = 'u' ORDER BY u.i, t.level, 2 LIMIT 1`
+
+// RefuseUnlogged refuses an outbox table, by its quoted name (quoted), or
+// any of its partitions at any depth, that is UNLOGGED
+// (*UnloggedPartitionError); shown are the names for messages. Postgres
+// writes no WAL for the rows of an unlogged partition, and its root's
+// publication, with publish_via_partition_root, publishes nothing of them:
+// they would be lost without a word. Postgres lets an unlogged table
+// become a partition of a published one (CREATE UNLOGGED TABLE … PARTITION
+// OF, ATTACH PARTITION, SET UNLOGGED of a partition), and the event
+// trigger covers only the tables a pattern matches. It is one catalogue
+// query, run at start-up for every outbox table and by the periodic check
+// (tables.Watch).
+func RefuseUnlogged(ctx context.Context, q querier, quoted, shown []string) error {
+	var (
+		i                  int
+		name               string
+		partitioned, table bool
+	)
+	err := q.QueryRow(ctx, unloggedTreeQuery, quoted).Scan(&i, &name, &partitioned, &table)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("reading whether the outbox tables or their partitions are UNLOGGED: %w", err)
+	}
+	if i < 1 || i > len(shown) {
+		return fmt.Errorf("reading whether the outbox tables or their partitions are UNLOGGED: table %d of %d", i, len(shown))
+	}
+	return &UnloggedPartitionError{Table: shown[i-1], Partition: name, Partitioned: partitioned, Self: table}
+}
+
+// UnloggedPartitionError is an outbox table, or one of its partitions,
+// that is UNLOGGED: its rows are in no WAL, so the slot never sees them.
+type UnloggedPartitionError struct {
+	Table       string // the outbox table, schema.table
+	Partition   string // the unlogged table, quoted: Table itself or one of its partitions
+	Partitioned bool   // the unlogged table is partitioned (no storage of its own)
+	Self        bool   // the unlogged table is the outbox table itself
+}
+
+func (e *UnloggedPartitionError) Error() string {
+	what := fmt.Sprintf("outbox table %s has the UNLOGGED partition %s", e.Table, e.Partition)
+	if e.Self {
+		what = fmt.Sprintf("outbox table %s is UNLOGGED", e.Table)
+	}
+	fix := fmt.Sprintf("make it logged: ALTER TABLE %s SET LOGGED", e.Partition)
+	if e.Partitioned {
+		// SET LOGGED of a partitioned table changes nothing: it has no
+		// storage of its own (Postgres 14 to 17).
+		fix = fmt.Sprintf("re-create %s without UNLOGGED (SET LOGGED does not change a partitioned table) and move its partitions to it", e.Partition)
+	}
+	return fmt.Sprintf("%s: Postgres writes no WAL for its rows, so the publication publishes none of them and they would never be delivered. "+
+		"Stop the application's writes to it, %s, and send the rows it holds now, which were never in the WAL, with outboxd replay -table %s -where … (a condition selecting them); "+
+		"then start outboxd", what, fix, e.Table)
+}

@@ -77,6 +77,28 @@ BEGIN
 						HINT = format('create a table with CREATE TABLE and then INSERT; for an existing table, run ALTER PUBLICATION %I ADD TABLE first (its rows written before are not delivered: send them with outboxd replay), or give it a name the pattern does not match', m.publication);
 			END IF;
 		END LOOP;
+		-- A partition, at any depth, of a matching table that is UNLOGGED:
+		-- made so (CREATE UNLOGGED TABLE … PARTITION OF), attached (ALTER
+		-- TABLE … ATTACH PARTITION, whose row is the parent) or changed
+		-- (ALTER TABLE … SET UNLOGGED of the partition). Postgres allows
+		-- each, and the root's publication publishes none of its rows.
+		FOR m IN SELECT p.publication, p.pattern, n.nspname::text AS nspname, c.relname::text AS relname,
+				format('%I.%I', qn.nspname, q.relname) AS part
+			FROM ` + PatternTable + ` p, pg_class x
+				CROSS JOIN LATERAL pg_partition_tree(x.oid) t
+				JOIN pg_class q ON q.oid = t.relid JOIN pg_namespace qn ON qn.oid = q.relnamespace,
+				pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+			WHERE CASE WHEN cmd.object_type = 'schema' THEN x.relnamespace ELSE x.oid END = cmd.objid
+				AND q.relispartition AND q.relpersistence = 'u'
+				AND c.oid = pg_partition_root(x.oid)
+				AND ` + outboxKinds + `
+				AND n.nspname LIKE p.schema_like AND c.relname LIKE p.table_like
+			ORDER BY 5, 1, 2 LIMIT 1
+		LOOP
+			RAISE EXCEPTION 'outboxd: %.% matches the outbox table pattern % of publication %, but its partition % is UNLOGGED', m.nspname, m.relname, m.pattern, m.publication, m.part
+				USING DETAIL = 'Postgres writes no WAL for the rows of an unlogged partition, so the publication publishes none of them and they would never be delivered',
+					HINT = 'create or attach the partition without UNLOGGED, or make it logged (ALTER TABLE ' || m.part || ' SET LOGGED)';
+		END LOOP;
 	END LOOP;
 END
 `
@@ -95,8 +117,10 @@ END
 // added as one made by CREATE TABLE alone: the event fires once, for
 // CREATE SCHEMA, and lists the table's CREATE TABLE among its commands.
 // It refuses an UNLOGGED table a pattern matches, made so or changed,
-// whatever the command: Postgres writes no WAL for its rows, so they would
-// never be delivered (review-eosbf MF1). It looks at the tables a pattern
+// whatever the command, and an UNLOGGED partition, at any depth, of such
+// a table, made, attached or changed: Postgres writes no WAL for their
+// rows, so they would never be delivered (review-eosbf MF1, review-fix55
+// Must 1). It looks at the tables a pattern
 // matches at start-up (pg.MatchTables): partitions are left out, for their
 // parent publishes them (publish_via_partition_root), and so are temporary
 // tables, in their pg_temp schemas, and tables of the system schemas.

@@ -167,6 +167,72 @@ func TestTriggerSkipsTemporaryRefusesUnlogged(t *testing.T) {
 	}
 }
 
+// An UNLOGGED partition of a table a pattern matches is refused, made so,
+// attached or changed, whether or not the publication exists: the root's
+// publication publishes none of its rows (review-fix55 Must 1). Start-up
+// and the periodic check find one made while the trigger was off
+// (RefuseUnlogged), and SET LOGGED, which the trigger lets through, puts
+// it right.
+func TestTriggerRefusesUnloggedPartition(t *testing.T) {
+	ctx := context.Background()
+	conn := triggerDB(t, "sho*.ev")
+	if err := execs(conn, `ALTER PUBLICATION pub SET (publish_via_partition_root = true)`, `CREATE SCHEMA shop`, `CREATE SCHEMA scratch`,
+		`CREATE TABLE shop.ev (id int, at date) PARTITION BY RANGE (at)`,
+		`CREATE TABLE shop.ev_2026 PARTITION OF shop.ev FOR VALUES FROM ('2026-01-01') TO ('2027-01-01')`,
+		`CREATE TABLE shop.ev_2028 PARTITION OF shop.ev FOR VALUES FROM ('2028-01-01') TO ('2029-01-01') PARTITION BY RANGE (id)`); err != nil {
+		t.Fatal(err)
+	}
+	if got := published(t, conn); got != "shop.ev" {
+		t.Fatalf("published: %q, want shop.ev", got)
+	}
+	for _, stmts := range [][]string{
+		{`CREATE UNLOGGED TABLE shop.ev_2027 PARTITION OF shop.ev FOR VALUES FROM ('2027-01-01') TO ('2028-01-01')`},
+		{`CREATE UNLOGGED TABLE scratch.p (id int, at date)`, `ALTER TABLE shop.ev ATTACH PARTITION scratch.p FOR VALUES FROM ('2027-01-01') TO ('2028-01-01')`},
+		{`ALTER TABLE shop.ev_2026 SET UNLOGGED`},
+		{`CREATE UNLOGGED TABLE scratch.ev_2028_low PARTITION OF shop.ev_2028 FOR VALUES FROM (0) TO (100)`},
+	} {
+		err := execs(conn, append([]string{`DROP TABLE IF EXISTS scratch.p`}, stmts...)...)
+		if err == nil || !strings.Contains(err.Error(), "shop.ev matches the outbox table pattern sho*.ev of publication pub, but its partition") ||
+			!strings.Contains(err.Error(), "is UNLOGGED") {
+			t.Errorf("%s: %v; want the trigger's refusal of an unlogged partition", strings.Join(stmts, "; "), err)
+		}
+	}
+	// A logged partition, and an unlogged table elsewhere, go through.
+	if err := execs(conn, `DROP TABLE IF EXISTS scratch.p`, `CREATE TABLE shop.ev_2027 PARTITION OF shop.ev FOR VALUES FROM ('2027-01-01') TO ('2028-01-01')`,
+		`CREATE UNLOGGED TABLE scratch.p (id int, at date)`); err != nil {
+		t.Fatalf("a logged partition, an unlogged table of no pattern: %v", err)
+	}
+	quoted, shown := []string{`"shop"."ev"`}, []string{"shop.ev"}
+	if err := RefuseUnlogged(ctx, conn, quoted, shown); err != nil {
+		t.Fatalf("RefuseUnlogged with every partition logged: %v", err)
+	}
+	// One made while the trigger was off is refused by RefuseUnlogged,
+	// and the SET LOGGED it gives goes through the trigger.
+	if err := execs(conn, `ALTER EVENT TRIGGER `+TriggerName+` DISABLE`, `ALTER TABLE shop.ev_2026 SET UNLOGGED`,
+		`ALTER EVENT TRIGGER `+TriggerName+` ENABLE ALWAYS`); err != nil {
+		t.Fatal(err)
+	}
+	err := RefuseUnlogged(ctx, conn, quoted, shown)
+	var ue *UnloggedPartitionError
+	if !errors.As(err, &ue) || ue.Partition != "shop.ev_2026" || ue.Table != "shop.ev" ||
+		!strings.Contains(err.Error(), "ALTER TABLE shop.ev_2026 SET LOGGED") || !strings.Contains(err.Error(), "outboxd replay -table shop.ev") {
+		t.Fatalf("RefuseUnlogged with shop.ev_2026 unlogged: %v; want an *UnloggedPartitionError naming it, SET LOGGED and replay", err)
+	}
+	if err := execs(conn, `ALTER TABLE shop.ev_2026 SET LOGGED`); err != nil {
+		t.Fatalf("SET LOGGED of the partition: %v", err)
+	}
+	if err := RefuseUnlogged(ctx, conn, quoted, shown); err != nil {
+		t.Fatalf("RefuseUnlogged after SET LOGGED: %v", err)
+	}
+	// Before the publication exists, too.
+	if err := execs(conn, `DROP PUBLICATION pub`); err != nil {
+		t.Fatal(err)
+	}
+	if err := execs(conn, `ALTER TABLE shop.ev_2027 SET UNLOGGED`); err == nil || !strings.Contains(err.Error(), "but its partition shop.ev_2027 is UNLOGGED") {
+		t.Errorf("SET UNLOGGED of a partition before the publication exists: %v; want the trigger's refusal", err)
+	}
+}
+
 // The trigger's schema, function and table must belong to a superuser or
 // the trigger's owner: migrate refuses a schema another role made first
 // (its function would run as every superuser that creates a table), and

@@ -6,6 +6,8 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxd/outboxd/internal/pg"
 )
 
 // refuseNested refuses postgres.tables that list a partitioned table and
@@ -40,4 +42,16 @@ func (c *Checker) refuseNested(ctx context.Context, conn *pgx.Conn) error {
 	return fmt.Errorf("postgres.tables[%d] %s is a partition of postgres.tables[%d] %s; list one of them: "+
 		"the publication publishes the partition's rows under %[4]s's name, so they are routed by that entry's settings and the partition's entry would never apply",
 		part, ts[part], parent, ts[parent])
+}
+
+// refuseUnlogged refuses an outbox table, exact or a pattern's, or any of
+// its partitions at any depth, that is UNLOGGED (pg.RefuseUnlogged): its
+// rows are in no WAL and would never be delivered (review-fix55 Must 1).
+func (c *Checker) refuseUnlogged(ctx context.Context, conn *pgx.Conn) error {
+	ts := c.tables()
+	quoted, shown := make([]string, len(ts)), make([]string, len(ts))
+	for i, t := range ts {
+		quoted[i], shown[i] = pgx.Identifier{t.Schema, t.Name}.Sanitize(), t.String()
+	}
+	return pg.RefuseUnlogged(ctx, conn, quoted, shown)
 }

@@ -237,6 +237,9 @@ func (c *Checker) checkOn(ctx context.Context, conn *pgx.Conn, h *History) (foun
 	if err != nil {
 		return found{}, err
 	}
+	if err := c.refuseUnlogged(ctx, conn); err != nil {
+		return found{}, err
+	}
 	schemas := make([]router.Schema, len(c.per))
 	for i, t := range c.per {
 		field := fields[i]

@@ -2,6 +2,7 @@ package tables
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -141,7 +142,8 @@ func (w *Watch) list() (names, shown []string, ids []uint32, pattern []bool) {
 
 // Run checks every interval until ctx ends, and returns the first
 // table found unpublished (ErrUnpublished), or the event trigger found
-// changed (ErrTrigger). A failed read is logged, at
+// changed (ErrTrigger), or an outbox table or a partition of one found
+// UNLOGGED (ErrUnlogged). A failed read is logged, at
 // most once a minute, and tried again at the next tick: the stream
 // reports a lost server itself.
 func (w *Watch) Run(ctx context.Context, every time.Duration) error {
@@ -176,7 +178,7 @@ func (w *Watch) Run(ctx context.Context, every time.Duration) error {
 // isFinding reports what ends the run: not a failed read.
 func isFinding(err error) bool {
 	e, ok := err.(*wal.Error)
-	return ok && (e.Kind == ErrUnpublished || e.Kind == ErrTrigger)
+	return ok && (e.Kind == ErrUnpublished || e.Kind == ErrTrigger || e.Kind == ErrUnlogged)
 }
 
 // watchQuery reads, for each table by its quoted name and its relation ID
@@ -224,7 +226,10 @@ func (w *Watch) Check(ctx context.Context) error {
 	if err := w.decide(reads, names, shown, ids, pattern); err != nil {
 		return err
 	}
-	return w.checkPatterns(ctx, conn)
+	if err := w.checkPatterns(ctx, conn); err != nil {
+		return err
+	}
+	return refuseUnlogged(ctx, conn, names, shown)
 }
 
 // checkPatterns reads, with a pattern in postgres.tables, the event
@@ -264,6 +269,24 @@ func (w *Watch) checkPatterns(ctx context.Context, conn *pgx.Conn) error {
 	return &wal.Error{Kind: ErrUnpublished, Msg: msg,
 		Remedy: fmt.Sprintf("run ALTER PUBLICATION %s ADD TABLE %s and start outboxd again. Its rows written before that statement are not in the slot and are not delivered: "+
 			"send them with outboxd replay -table %s -where …, once outboxd runs again", quote.Ident(w.publication), strings.Join(quoted, ", "), names[0])}
+}
+
+// ErrUnlogged marks an outbox table, or a partition of one, that is
+// UNLOGGED; it is permanent.
+var ErrUnlogged error = permanent("an outbox table or a partition of one is UNLOGGED")
+
+// refuseUnlogged returns ErrUnlogged for the first outbox table that is,
+// or has a partition at any depth that is, UNLOGGED (pg.RefuseUnlogged,
+// one catalogue query): a partition made, attached or changed so while
+// outboxd runs, which Postgres allows and the event trigger refuses only
+// under a pattern; its rows are in no WAL (review-fix55 Must 1).
+func refuseUnlogged(ctx context.Context, conn *pgx.Conn, names, shown []string) error {
+	err := pg.RefuseUnlogged(ctx, conn, names, shown)
+	var ue *pg.UnloggedPartitionError
+	if errors.As(err, &ue) {
+		return &wal.Error{Kind: ErrUnlogged, Msg: err.Error()}
+	}
+	return err
 }
 
 // watchRead is what watchQuery read of one table.
