@@ -77,5 +77,5 @@ func (r *Relay) backfillTransactions(ctx context.Context) (_ *sink.Producer, _ b
 	if err != nil {
 		return nil, backfill.Committed{}, err
 	}
-	return p, backfill.Committed{Owner: owner, Position: pos, Found: found}, nil
+	return p, backfill.Committed{Owner: owner, Position: pos, Found: found, Server: server.Server}, nil
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/outboxd/outboxd/internal/eos"
@@ -30,6 +31,11 @@ type Committed struct {
 	Owner    eos.Owner
 	Position eos.Position
 	Found    bool
+	// Server is the server's timeline and WAL end as IDENTIFY_SYSTEM read
+	// them before the producer's Init: a stream position from an earlier
+	// timeline was written before a promotion or a restore, not by a
+	// process streaming this slot (zero: not known).
+	Server eos.Server
 }
 
 // cursor is the backfill's progress as a Kafka transaction commits it: which
@@ -63,41 +69,50 @@ type resumed struct {
 	note string
 }
 
-// resume decides where the backfill whose state Postgres holds (st) goes on
-// from, given the position its transactional id last committed in Kafka
-// (k). Postgres saves a cursor only after
+// resume decides where the backfill whose state Postgres holds in s (st)
+// goes on from, given the position its transactional id last committed in
+// Kafka (k). Postgres saves a cursor only after
 // Kafka committed it, and not after every commit: Kafka's is the later one,
 // and wins. Postgres's is taken when Kafka holds no cursor of this backfill:
 // none at all (the backfill began in at_least_once, or under another
-// kafka.transactional_id), a stream position of an earlier slot of the
-// same name (below this slot's consistent point), or another backfill's
+// kafka.transactional_id, or an operator wrote a tombstone), a stream
+// position of an earlier slot of the same name (below this slot's
+// consistent point, or written on an earlier timeline than the server's:
+// before a promotion or a restore), or another backfill's
 // cursor, of an earlier slot of the same name (the slot's consistent point
 // or the backfill's start differ), or, which no run of outboxd writes, one
-// behind Postgres's. A stream position at or past the consistent point is
-// refused (StreamedError): another process streamed the slot.
-func resume(st State, k Committed) (resumed, error) {
+// behind Postgres's. A stream position on the server's timeline (or of
+// none recorded) at or past the consistent point is refused
+// (StreamedError): another process streamed the slot.
+func resume(st State, k Committed, s store) (resumed, error) {
 	pos := k.Position
+	var note string
 	if k.Found && pos.Backfill == "" && pos.LSN > 0 {
 		// While a backfill is not done nothing may stream its slot: a
 		// stream position of this slot at or past the slot's consistent
 		// point was written by a second writer that streamed it (one that
 		// started without postgres.backfill). One below it is an earlier
-		// slot's of the same name, and is passed over.
+		// slot's of the same name, and is passed over; so is one of an
+		// earlier timeline, which the cluster wrote before a promotion or
+		// a point-in-time restore (the system identifier survives both,
+		// the slot does not; review-fix55 Should 2).
 		start, err := wal.ParseLSN(st.LSN)
 		if err != nil {
-			return resumed{}, fmt.Errorf("reading the consistent point %q of the backfill of slot %q: %w", st.LSN, st.Slot, err)
+			return resumed{}, fmt.Errorf("reading the consistent point %q of the backfill of slot %q in %s: %w", st.LSN, st.Slot, s.name, err)
 		}
-		if pos.LSN >= start {
-			return resumed{}, &StreamedError{fmt.Errorf("the backfill of slot %q is not done, but transactional id %q committed a stream position of the slot at %s, at or past the slot's consistent point %s, in %s: "+
-				"another outboxd process streamed the slot while this backfill had rows still to send, and their events may be out of order for their keys. "+
-				"Stop every process that streams slot %[1]q without postgres.backfill, then start this one again: the backfill goes on after the rows Postgres recorded",
-				st.Slot, k.Owner.ID, pos.LSN, start, k.Owner.Topic)}
+		older := pos.Timeline != 0 && k.Server.Timeline != 0 && pos.Timeline < k.Server.Timeline
+		switch {
+		case pos.LSN >= start && !older:
+			return resumed{}, streamed(st, k, start, s)
+		case pos.LSN >= start:
+			note = fmt.Sprintf("transactional id %q last committed a stream position at %s on timeline %d, an earlier one than the server's (%d): "+
+				"the cluster's before a promotion or a restore, not this slot's; it is passed over", k.Owner.ID, pos.LSN, pos.Timeline, k.Server.Timeline)
 		}
 	}
 	if !k.Found || pos.Backfill == "" {
-		r := resumed{State: st}
+		r := resumed{State: st, note: note}
 		if st.Sent > 0 {
-			r.note = "Kafka holds no cursor of a backfill under this transactional id (the backfill began in at_least_once, or under another kafka.transactional_id): " +
+			r.note = strings.TrimPrefix(note+"; ", "; ") + "Kafka holds no cursor of a backfill under this transactional id (the backfill began in at_least_once, or under another kafka.transactional_id): " +
 				"going on after the rows Postgres recorded; rows Kafka committed after them are sent again"
 		}
 		return r, nil
@@ -120,10 +135,32 @@ func resume(st State, k Committed) (resumed, error) {
 	return resumed{State: st, finished: c.Done, fromKafka: true}, nil
 }
 
+// streamed is the StreamedError of a stream position of the backfill's
+// slot at or past its consistent point start, on the server's timeline.
+// The position stays the id's last record, and is read again at every
+// restart, until something writes over it: the message gives the two ways
+// out (review-fix55 Should 1).
+func streamed(st State, k Committed, start wal.LSN, s store) error {
+	pos := k.Position
+	why := "another outboxd process streamed the slot while this backfill had rows still to send, and their events may be out of order for their keys"
+	if k.Server.WALEnd != 0 && pos.LSN > k.Server.WALEnd {
+		why = fmt.Sprintf("it is past the server's WAL end at this start (%s): another outboxd process streams the slot now, while this backfill has rows still to send, "+
+			"or the database was restored from a copy without a new timeline (a disk snapshot) and the position is from before", k.Server.WALEnd)
+	}
+	return &StreamedError{fmt.Errorf("the backfill of slot %q is not done, but transactional id %q committed a stream position of the slot at %s (timeline %d), at or past the slot's consistent point %s, in %s: %s. "+
+		"A restart reads the same position again. Stop every process that streams slot %[1]q without postgres.backfill, then choose: "+
+		"(a) finish the backfill: write a tombstone for key %[2]q to %[6]s (a record of that key with a null value, e.g. echo '%[2]s:' | kcat -P -b <brokers> -t %[6]s -K: -Z) "+
+		"and start this process again; it goes on after the rows Postgres recorded in %[8]s (rows Kafka committed after them are sent again), and the stream that follows it "+
+		"sends again what the other process committed to Kafka but did not confirm to the slot. "+
+		"(b) give up the rows not sent: DELETE FROM %[9]s WHERE slot = '%[1]s'; DROP TABLE IF EXISTS %[10]s; remove postgres.backfill, start outboxd, "+
+		"and send those rows with outboxd replay. Either way the keys whose events the other process sent before this backfill's rows have lost their order",
+		st.Slot, k.Owner.ID, pos.LSN, pos.Timeline, start, k.Owner.Topic, why, s.name, s.state, s.keys)}
+}
+
 // StreamedError is a stream position of the backfill's slot, in Kafka,
 // past the slot's consistent point: another process streamed the slot
 // while the backfill was not done (review-eosbf S2). A restart would read
-// it again.
+// it again; the message says what to write or delete instead.
 type StreamedError struct{ err error }
 
 func (e *StreamedError) Error() string { return e.err.Error() }

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outboxd/outboxd/config"
@@ -107,7 +108,7 @@ func TestTransactionsOnKfake(t *testing.T) {
 
 	// Run 1 commits rows 0-2 with their cursor.
 	a, read := k.instance(t, ctx)
-	r, err := resume(k.state, read)
+	r, err := resume(k.state, read, storeIn("public", "outboxd"))
 	if err != nil || r.fromKafka {
 		t.Fatalf("first run: resume = %+v, %v; want Postgres's (empty) cursor", r, err)
 	}
@@ -148,7 +149,7 @@ func TestTransactionsOnKfake(t *testing.T) {
 	// cursor even though Postgres recorded nothing, and commits rows 3-4;
 	// run 1's producer, fenced, cannot commit rows it holds.
 	b, read := k.instance(t, ctx)
-	r, err = resume(k.state, read)
+	r, err = resume(k.state, read, storeIn("public", "outboxd"))
 	if err != nil || !r.fromKafka || r.Sent != 3 || !slices.Equal(r.Done, []string{"2"}) {
 		t.Fatalf("second run: resume = %+v, %v; want after row 2, 3 rows, from Kafka", r, err)
 	}
@@ -176,7 +177,45 @@ func TestTransactionsOnKfake(t *testing.T) {
 		t.Errorf("read_committed saw %v, want %v: each row once", got, want)
 	}
 	_, read = k.instance(t, ctx)
-	if r, err := resume(k.state, read); err != nil || !r.finished || r.Sent != 5 {
+	if r, err := resume(k.state, read, storeIn("public", "outboxd")); err != nil || !r.finished || r.Sent != 5 {
 		t.Errorf("third run: resume = %+v, %v; want finished, 5 rows", r, err)
+	}
+}
+
+// The first way out of a StreamedError works: a tombstone for the id's
+// key in the positions topic, which the refusal names, makes the next run
+// go on after the rows Postgres recorded, where a restart alone reads the
+// other process's stream position again (review-fix55 Should 1).
+func TestStreamedTombstoneOnKfake(t *testing.T) {
+	k := newKfakeBackfill(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// Another process streamed the slot: a stream position past the
+	// consistent point, 0/1500.
+	other, _ := k.instance(t, ctx)
+	if err := other.p.Begin(); err != nil {
+		t.Fatal(err)
+	}
+	if err := other.p.Commit(ctx, eos.Position{LSN: 0x1600, Slot: k.owner.Slot, System: k.owner.System}.Encode(time.Now())); err != nil {
+		t.Fatal(err)
+	}
+	var se *StreamedError
+	for range 2 { // a restart reads it again
+		_, read := k.instance(t, ctx)
+		if _, err := resume(k.state, read, storeIn("public", "outboxd")); !errors.As(err, &se) {
+			t.Fatalf("resume after another process's stream position = %v, want a *StreamedError", err)
+		}
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(k.c.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if err := cl.ProduceSync(ctx, &kgo.Record{Topic: k.owner.Topic, Key: []byte(k.owner.ID)}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	_, read := k.instance(t, ctx)
+	if r, err := resume(k.state, read, storeIn("public", "outboxd")); err != nil || r.fromKafka {
+		t.Fatalf("resume after the tombstone = %+v, %v; want Postgres's cursor", r, err)
 	}
 }

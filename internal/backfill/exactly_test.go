@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/outboxd/outboxd/internal/eos"
-	"github.com/outboxd/outboxd/wal"
 )
 
 // Where an exactly-once backfill goes on from after a kill: Kafka's cursor,
@@ -54,9 +53,15 @@ func TestResume(t *testing.T) {
 		{name: "an earlier slot's backfill", pg: pg, k: kafka(other, true), want: pg, note: "another backfill's"},
 		{name: "a backfill started again on a slot at the same point", pg: pg, k: kafka(restarted, false), want: pg, note: "another backfill's"},
 		{name: "Kafka behind Postgres", pg: pg, k: kafka(behind, false), want: pg, note: "behind the one Postgres recorded"},
+		// The cluster's position from before a promotion or a restore, past
+		// the new slot's consistent point (review-fix55 Should 2).
+		{name: "a stream position of an earlier timeline", pg: pg, k: Committed{Found: true, Position: eos.Position{LSN: 0x9000, Timeline: 1, Slot: "outboxd"},
+			Server: eos.Server{Timeline: 2, WALEnd: 0x2000}}, want: pg, note: "on timeline 1, an earlier one than the server's (2)"},
+		// What an operator's tombstone reads as (eos.Read): no position.
+		{name: "a tombstone", pg: pg, k: Committed{Found: false, Server: eos.Server{Timeline: 2, WALEnd: 0x2000}}, want: pg, note: "Kafka holds no cursor"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := resume(tt.pg, tt.k)
+			got, err := resume(tt.pg, tt.k, storeIn("public", "outboxd"))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -74,20 +79,44 @@ func TestResume(t *testing.T) {
 	// A stream position of this slot at or past its consistent point was
 	// written by a second process that streamed the slot while the
 	// backfill was not done (review-eosbf S2).
-	for _, lsn := range []wal.LSN{0x1500, 0x1600} {
-		t.Run(fmt.Sprintf("a stream position at %s, past the slot's start", lsn), func(t *testing.T) {
-			k := Committed{Found: true, Owner: eos.Owner{ID: "outboxd-7441-outboxd", Topic: "outboxd-positions"}, Position: eos.Position{LSN: lsn, Slot: "outboxd"}}
-			_, err := resume(pg, k)
+	// On the server's timeline, or with none recorded (an older outboxd's
+	// position), it is refused whatever the timeline; the message gives the
+	// two ways out, not a restart, which reads it again (review-fix55
+	// Should 1, 2).
+	for _, tt := range []struct {
+		pos    eos.Position
+		server eos.Server
+		why    string
+	}{
+		{eos.Position{LSN: 0x1500}, eos.Server{}, "another outboxd process streamed the slot"},
+		{eos.Position{LSN: 0x1600}, eos.Server{Timeline: 2, WALEnd: 0x2000}, "another outboxd process streamed the slot"},
+		{eos.Position{LSN: 0x1600, Timeline: 2}, eos.Server{Timeline: 2, WALEnd: 0x2000}, "another outboxd process streamed the slot"},
+		{eos.Position{LSN: 0x1600, Timeline: 1}, eos.Server{Timeline: 1, WALEnd: 0x2000}, "another outboxd process streamed the slot"},
+		{eos.Position{LSN: 0x3000, Timeline: 2}, eos.Server{Timeline: 2, WALEnd: 0x2000}, "past the server's WAL end at this start (0/2000)"},
+	} {
+		t.Run(fmt.Sprintf("a stream position at %s on timeline %d, past the slot's start, server on %d", tt.pos.LSN, tt.pos.Timeline, tt.server.Timeline), func(t *testing.T) {
+			tt.pos.Slot = "outboxd"
+			k := Committed{Found: true, Owner: eos.Owner{ID: "outboxd-7441-outboxd", Topic: "outboxd-positions"}, Position: tt.pos, Server: tt.server}
+			_, err := resume(pg, k, storeIn("public", "outboxd"))
 			var se *StreamedError
-			if !errors.As(err, &se) || !se.Permanent() || !strings.Contains(err.Error(), "another outboxd process streamed the slot") {
-				t.Errorf("resume = %v; want a permanent *StreamedError saying another process streamed the slot", err)
+			if !errors.As(err, &se) || !se.Permanent() || !strings.Contains(err.Error(), tt.why) {
+				t.Fatalf("resume = %v; want a permanent *StreamedError saying %q", err, tt.why)
+			}
+			for _, want := range []string{
+				`write a tombstone for key "outboxd-7441-outboxd" to outboxd-positions`,
+				`DELETE FROM "public"."outboxd_backfill" WHERE slot = 'outboxd'; DROP TABLE IF EXISTS "public"."outboxd_backfill_outboxd"`,
+				"A restart reads the same position again",
+			} {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("the refusal does not say %q: %v", want, err)
+				}
 			}
 		})
 	}
 	t.Run("a cursor not outboxd's", func(t *testing.T) {
 		k := Committed{Found: true, Owner: eos.Owner{ID: "outboxd-7441-outboxd", Topic: "outboxd-positions"},
 			Position: eos.Position{Slot: "outboxd", Backfill: `"not a cursor"`}}
-		_, err := resume(pg, k)
+		_, err := resume(pg, k, storeIn("public", "outboxd"))
 		var ce *CursorError
 		if !errors.As(err, &ce) || !ce.Permanent() || !strings.Contains(err.Error(), "outboxd-7441-outboxd") {
 			t.Errorf("resume = %v; want a permanent *CursorError naming the transactional id", err)
@@ -104,7 +133,7 @@ func TestCursorThroughThePosition(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := resume(State{LSN: st.LSN, Started: st.Started}, Committed{Found: true, Position: pos})
+	got, err := resume(State{LSN: st.LSN, Started: st.Started}, Committed{Found: true, Position: pos}, storeIn("public", "s"))
 	if err != nil || !got.fromKafka || !got.finished || got.Sent != 7 || !slices.Equal(got.Done, st.Done) {
 		t.Errorf("resume from %s = %+v, %v", raw, got, err)
 	}

@@ -110,7 +110,7 @@ func (bf *Backfill) Run(ctx context.Context, producer *sink.Producer, m *Metrics
 // Kafka transactions, each writing the cursor after its last row.
 func (bf *Backfill) RunExactlyOnce(ctx context.Context, producer *sink.Producer, k Committed, m *Metrics, progress func(sent, total int64)) (err error) {
 	b := bf.b
-	r, err := resume(b.state, k)
+	r, err := resume(b.state, k, b.store)
 	if err != nil {
 		return err
 	}
