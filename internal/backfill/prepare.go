@@ -141,8 +141,19 @@ func create(ctx context.Context, conn *pgx.Conn, openRepl func(context.Context) 
 	// Saved before the slot is made, so that a kill after CREATE_REPLICATION_SLOT
 	// finds it; the slot's consistent point is added as soon as it is known.
 	st := State{Slot: pc.Slot, Table: src.Name, Where: pc.Backfill.Where, Keys: src.Keys, Phase: phaseSnapshot, Started: time.Now().UTC()}
+	// The key table is made, empty, before the state is recorded, and is
+	// there until the transaction that records the backfill done drops it
+	// (the snapshot's transaction replaces it with the rows): a process
+	// without postgres.backfill that may not read the state table sees in
+	// pg_class that a backfill of this slot is unfinished, in every phase
+	// (RefuseUnfinished, review-fix55 Should 3).
+	for _, q := range []string{"DROP TABLE IF EXISTS " + s.keys, "CREATE TABLE " + s.keys + " ()"} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			return fmt.Errorf("creating the backfill's key table %s: %w; the role of postgres.dsn needs CREATE on the outbox table's schema", s.keys, err)
+		}
+	}
 	if err := s.save(ctx, conn, st); err != nil {
-		return err
+		return abandon(ctx, conn, s, pc.Slot, err, log)
 	}
 	repl, err := openRepl(ctx)
 	if err != nil {
@@ -260,9 +271,10 @@ func unorderedDefault(src replay.Source, orderBy string) string {
 }
 
 // abandon clears, best effort, what a creation that failed before its rows
-// were fixed leaves of its backfill, and returns cause: the key table an
-// earlier attempt may have committed (this one's was rolled back; left, it
-// would hold a copy of the rows that nothing points at), then the state
+// were fixed leaves of its backfill, and returns cause: the key table, the
+// empty one this attempt made or one an earlier attempt committed (left,
+// it would hold a copy of the rows that nothing points at, and tell
+// RefuseUnfinished that a backfill is unfinished), then the state
 // (store.forget). The slot, if one was made, is dropped before (review-bf36
 // R4). The state is this attempt's, in phase snapshot, under the lock: no
 // backfill sends from that key table.
@@ -292,21 +304,46 @@ func quoted(cols []string) []string {
 // It reads every state table of the database, in whichever schema: a
 // backfill keeps its state in its one outbox table's schema, which this
 // process's configuration need not name (several tables or a pattern:
-// review-eosbf R2b). A state table it may not read is refused, with the
-// GRANT to run: another process's backfill may be in it (review-eosbf S1).
-func RefuseUnfinished(ctx context.Context, conn *pgx.Conn, cfg config.Config) error {
+// review-eosbf R2b). Temporary tables (another session's pg_temp) are not
+// state tables; a table of the name without outboxd's columns is refused,
+// for outboxd reserves the name. A state table it may not read (another
+// deployment's, in a database two share) refuses the start only when the
+// slot's key table is in the same schema (visible in pg_class to every
+// role): a backfill of this slot makes it before it records its state,
+// and drops it in the transaction that records it done, so it is there
+// in every unfinished phase; otherwise the start goes on with a warning
+// (review-eosbf S1, review-fix55 Should 3, 4).
+func RefuseUnfinished(ctx context.Context, conn *pgx.Conn, cfg config.Config, log *slog.Logger) error {
 	slot := cfg.Postgres.Slot
-	rows, err := conn.Query(ctx, `SELECT n.nspname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-		WHERE c.relname = $1 AND c.relkind IN ('r', 'p') ORDER BY 1`, StateTable)
+	rows, err := conn.Query(ctx, `SELECT n.nspname::text,
+			EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = 'slot' AND NOT a.attisdropped)
+				AND EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = 'state' AND NOT a.attisdropped),
+			EXISTS (SELECT 1 FROM pg_class k WHERE k.relnamespace = c.relnamespace AND k.relname = $2)
+		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE c.relname = $1 AND c.relkind IN ('r', 'p') AND c.relpersistence <> 't' ORDER BY 1`, StateTable, keyTable(slot))
 	if err != nil {
 		return fmt.Errorf("looking for backfill state tables (%s): %w", StateTable, err)
 	}
-	schemas, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
+	type found struct {
+		schema        string
+		ours, hasKeys bool
+	}
+	var tables []found
+	var f found
+	if _, err := pgx.ForEachRow(rows, []any{&f.schema, &f.ours, &f.hasKeys}, func() error {
+		tables = append(tables, f)
+		return nil
+	}); err != nil {
 		return fmt.Errorf("looking for backfill state tables (%s): %w", StateTable, err)
 	}
-	for _, schema := range schemas {
-		if err := storeIn(schema, slot).refuseUnfinished(ctx, conn, slot); err != nil {
+	for _, f := range tables {
+		s := storeIn(f.schema, slot)
+		if !f.ours {
+			return fmt.Errorf("table %s is not a backfill state table of outboxd (it lacks the columns slot and state), but outboxd reserves the name %s in every schema: "+
+				"without postgres.backfill it reads every table of that name, for a backfill of slot %q may keep its state in any schema. Rename it (ALTER TABLE %s RENAME TO …)",
+				s.name, StateTable, slot, s.state)
+		}
+		if err := s.refuseUnfinished(ctx, conn, slot, f.hasKeys, log); err != nil {
 			return err
 		}
 	}
@@ -314,18 +351,24 @@ func RefuseUnfinished(ctx context.Context, conn *pgx.Conn, cfg config.Config) er
 }
 
 // refuseUnfinished refuses slot's backfill recorded in s that is not done.
-func (s store) refuseUnfinished(ctx context.Context, conn *pgx.Conn, slot string) error {
+// hasKeys tells whether the slot's key table is in s's schema: a state
+// table the role may not read is refused only then.
+func (s store) refuseUnfinished(ctx context.Context, conn *pgx.Conn, slot string, hasKeys bool, log *slog.Logger) error {
 	st, found, err := s.load(ctx, conn, slot)
 	if err != nil {
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "42501" {
-			schema, _, _ := strings.Cut(s.name, ".")
-			return fmt.Errorf("postgres.backfill is not set, and outboxd must check that no backfill of slot %q is unfinished before it streams the slot, but it may not read the backfill state table %s: %w; "+
-				"a backfill there of this slot would have its rows sent after newer events of their keys, or never. "+
-				"Let the role of postgres.dsn read it: GRANT USAGE ON SCHEMA %s TO <role>; GRANT SELECT ON %s TO <role>",
-				slot, s.name, err, pgx.Identifier{schema}.Sanitize(), s.state)
+		if !errors.As(err, &pgErr) || pgErr.Code != "42501" {
+			return err
 		}
-		return err
+		if !hasKeys {
+			log.Warn("outboxd may not read a backfill state table, and no backfill of this slot is unfinished there (its key table "+keyTable(slot)+" is not in that schema): going on",
+				"slot", slot, "table", s.name, "err", err)
+			return nil
+		}
+		return fmt.Errorf("postgres.backfill is not set, and outboxd must check that no backfill of slot %q is unfinished before it streams the slot, but it may not read the backfill state table %s: %w; "+
+			"the slot's key table %s is there, as it is while a backfill of the slot is not done, whose rows would be sent after newer events of their keys, or never. "+
+			"Let the role of postgres.dsn read it: GRANT USAGE ON SCHEMA %s TO <role>; GRANT SELECT ON %s TO <role>",
+			slot, s.name, err, s.keys, pgx.Identifier{s.schema}.Sanitize(), s.state)
 	}
 	if !found || st.Phase == phaseDone {
 		return nil

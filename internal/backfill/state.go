@@ -57,9 +57,10 @@ type execer interface {
 // slot. outboxd never writes the outbox table: these two are the only
 // tables a backfill writes.
 type store struct {
-	state string // the state table, quoted
-	keys  string // the key table of the slot, quoted
-	name  string // the state table, unquoted, for messages
+	state  string // the state table, quoted
+	keys   string // the key table of the slot, quoted
+	name   string // the state table, unquoted, for messages
+	schema string // their schema, unquoted
 }
 
 // StateTable is the state table's name in the outbox table's schema.
@@ -73,9 +74,10 @@ func newStore(cfg config.Config) store {
 // storeIn is the store of slot's backfill with its tables in schema.
 func storeIn(schema, slot string) store {
 	return store{
-		state: pgx.Identifier{schema, StateTable}.Sanitize(),
-		keys:  pgx.Identifier{schema, keyTable(slot)}.Sanitize(),
-		name:  schema + "." + StateTable,
+		state:  pgx.Identifier{schema, StateTable}.Sanitize(),
+		keys:   pgx.Identifier{schema, keyTable(slot)}.Sanitize(),
+		name:   schema + "." + StateTable,
+		schema: schema,
 	}
 }
 

@@ -150,4 +150,47 @@ func TestStartRefusesABackfillInAnotherSchema(t *testing.T) {
 	if _, _, err = inspectAtStart(ctx, other, cfg, log, nil, wal.InspectSlot); err == nil || !strings.Contains(err.Error(), "is not done") {
 		t.Errorf("the role granted SELECT: %v; want the refusal of the unfinished backfill", err)
 	}
+
+	// Another deployment's state table that the role may not read, with a
+	// finished backfill of its own slot, does not stop a slot whose key
+	// table is not there; it does once that key table is (review-fix55
+	// Should 3). Another session's temporary table of the name is no state
+	// table; a table of the name without outboxd's columns is refused with
+	// a rename (Should 4).
+	mine := cfg
+	mine.Postgres.Slot = "bfmine_" + testenv.RandomSuffix()
+	if _, err := conn.Exec(ctx, `CREATE SCHEMA theirs; CREATE TABLE theirs.outboxd_backfill (slot text PRIMARY KEY, state jsonb NOT NULL, updated_at timestamptz NOT NULL DEFAULT now());
+		INSERT INTO theirs.outboxd_backfill (slot, state) VALUES ('theirs', '{"slot": "theirs", "phase": "done"}')`); err != nil {
+		t.Fatal(err)
+	}
+	scratch, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer scratch.Close(ctx)
+	if _, err := scratch.Exec(ctx, `CREATE TEMP TABLE outboxd_backfill (slot text, state jsonb)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err = inspectAtStart(ctx, other, mine, log, nil, wal.InspectSlot); err != nil {
+		t.Errorf("another deployment's unreadable state table, without this slot's key table, and another session's temporary table: %v; want the start to go on", err)
+	}
+	if _, _, err = inspectAtStart(ctx, conn, mine, log, nil, wal.InspectSlot); err != nil {
+		t.Errorf("a superuser beside another session's temporary table of the name: %v; want the start to go on", err)
+	}
+	if _, err := conn.Exec(ctx, `CREATE TABLE theirs.outboxd_backfill_`+mine.Postgres.Slot+` ()`); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = inspectAtStart(ctx, other, mine, log, nil, wal.InspectSlot)
+	if err == nil || !strings.Contains(err.Error(), `may not read the backfill state table theirs.outboxd_backfill`) ||
+		!strings.Contains(err.Error(), `the slot's key table "theirs"."outboxd_backfill_`+mine.Postgres.Slot+`" is there`) {
+		t.Errorf("this slot's key table beside an unreadable state table: %v; want the refusal with the GRANT", err)
+	}
+	if _, err := conn.Exec(ctx, `DROP TABLE theirs.outboxd_backfill_`+mine.Postgres.Slot+`; CREATE SCHEMA misc; CREATE TABLE misc.outboxd_backfill (id int)`); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = inspectAtStart(ctx, other, mine, log, nil, wal.InspectSlot)
+	if err == nil || !strings.Contains(err.Error(), "table misc.outboxd_backfill is not a backfill state table of outboxd") ||
+		!strings.Contains(err.Error(), `Rename it (ALTER TABLE "misc"."outboxd_backfill" RENAME TO …)`) {
+		t.Errorf("a table of the name that is not outboxd's: %v; want a refusal saying to rename it", err)
+	}
 }

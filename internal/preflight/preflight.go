@@ -664,7 +664,7 @@ func inspectAtStart(ctx context.Context, conn *pgx.Conn, cfg config.Config, log 
 	if err != nil {
 		return wal.SlotInfo{}, false, err
 	}
-	if err := backfill.RefuseUnfinished(ctx, conn, cfg); err != nil {
+	if err := backfill.RefuseUnfinished(ctx, conn, cfg, log); err != nil {
 		return wal.SlotInfo{}, false, err
 	}
 	return info, ok, nil
