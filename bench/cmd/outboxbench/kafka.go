@@ -27,6 +27,20 @@ func newAdmin(brokers string) (*kgo.Client, *kadm.Client, error) {
 	return cl, kadm.NewClient(cl), nil
 }
 
+// adminAt opens an admin client and reads the end offsets of c's topics
+// before a run; the caller closes cl.
+func adminAt(ctx context.Context, c common) (cl *kgo.Client, adm *kadm.Client, base offsets, err error) {
+	cl, adm, err = newAdmin(c.brokers)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if base, err = endOffsets(ctx, adm, c.topics()); err != nil {
+		cl.Close()
+		return nil, nil, nil, err
+	}
+	return cl, adm, base, nil
+}
+
 func cmdTopics(ctx context.Context, args []string) error {
 	var c common
 	fs := flag.NewFlagSet("topics", flag.ExitOnError)
@@ -264,15 +278,11 @@ func cmdProduce(ctx context.Context, args []string) error {
 	for g := range recs {
 		recs[g] = eventRecord(c, g, pool)
 	}
-	cl, adm, err := newAdmin(c.brokers)
+	cl, adm, base, err := adminAt(ctx, c)
 	if err != nil {
 		return err
 	}
 	defer cl.Close()
-	base, err := endOffsets(ctx, adm, c.topics())
-	if err != nil {
-		return err
-	}
 	p, err := rawProducer(c)
 	if err != nil {
 		return err
@@ -429,15 +439,11 @@ func produceTxnPaced(ctx context.Context, c common, size int, rate float64, dura
 		return err
 	}
 	defer p.Close()
-	cl, adm, err := newAdmin(c.brokers)
+	cl, adm, base, err := adminAt(ctx, c)
 	if err != nil {
 		return err
 	}
 	defer cl.Close()
-	base, err := endOffsets(ctx, adm, c.topics())
-	if err != nil {
-		return err
-	}
 	// Every transaction also writes a position, as an exactly-once relay's
 	// must (outboxd's goes to kafka.positions_topic, compacted, one
 	// partition): one more partition in each transaction and its markers.
