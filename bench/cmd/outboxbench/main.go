@@ -17,6 +17,8 @@
 //	report   render a results directory without running anything: print the targets with
 //	         PASS or FAIL, write report.md, results-<size>.md and gnuplot data, and with -docs
 //	         rewrite the generated sections of BENCHMARKS.md and README.md
+//	merge    assemble the cited run from full-size runs of some sections each (the last part
+//	         naming a section gives it whole), then render it as report does
 //	walread  read a slot to /dev/null, optionally with SO_RCVLOWAT; report the walsender's CPU
 //	shards   read several slots of one fill in parallel, each through a row-filtered publication
 //	copy     time a COPY … TO STDOUT read to nothing: the backfill's limit
@@ -36,7 +38,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: outboxbench setup|slot|topics|fill|catchup|produce|live|idle|plan|report|walread|shards|copy|replay|unavailable [flags]")
+		fmt.Fprintln(os.Stderr, "usage: outboxbench setup|slot|topics|fill|catchup|produce|live|idle|plan|report|merge|walread|shards|copy|replay|unavailable [flags]")
 		os.Exit(2)
 	}
 	ctx := context.Background()
@@ -63,6 +65,8 @@ func main() {
 		err = cmdIdle(ctx, args)
 	case "report":
 		err = cmdReport(args)
+	case "merge":
+		err = cmdMerge(args)
 	case "walread":
 		err = cmdWalread(ctx, args)
 	case "shards":

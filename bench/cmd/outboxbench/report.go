@@ -166,7 +166,11 @@ func (b benchRun) setting() string {
 			parts = append(parts, fmt.Sprintf(format, v))
 		}
 	}
-	add("Run of %s", date)
+	run := "Run of %s"
+	if sec := m["sections"]; sec != "" {
+		run = "Run of %s (" + sec + ")"
+	}
+	add(run, date)
 	add("%s", strings.TrimSpace(host+" "+paren(m["cpu"])))
 	add("load %s at the start", m["load at start"])
 	add("outboxd %s", m["outboxd"])
@@ -177,7 +181,24 @@ func (b benchRun) setting() string {
 	if d, _, _ := strings.Cut(m["debezium"], ";"); d != "" {
 		add("Debezium %s", d)
 	}
-	return fmt.Sprintf("%s. Each figure is the median of %d runs.", strings.Join(parts, "; "), b.repeats())
+	text := strings.Join(parts, "; ") + "."
+	for _, p := range b.parts() {
+		text += " Then " + p + "."
+	}
+	return fmt.Sprintf("%s Each figure is the median of %d runs.", text, b.repeats())
+}
+
+// parts are the later runs a merged run took sections from (bench/run
+// merge), each as "part N: SECTIONS on DATE with outboxd ...", in order.
+func (b benchRun) parts() []string {
+	var ps []string
+	for n := 2; ; n++ {
+		v, ok := b.machine[fmt.Sprintf("part %d", n)]
+		if !ok {
+			return ps
+		}
+		ps = append(ps, v)
+	}
 }
 
 // host describes the machine: "a 2-core, 23.5 GiB VM (AMD EPYC)".
@@ -188,6 +209,15 @@ func (b benchRun) host() string {
 	}
 	cores := strings.TrimSuffix(parts[1], " cores")
 	return strings.TrimSpace(fmt.Sprintf("a %s-core, %s VM %s", cores, parts[2], paren(b.machine["cpu"])))
+}
+
+// dates is the run's date, and with merged parts "DATE and later runs of
+// some sections, as report.md says".
+func (b benchRun) dates(date string) string {
+	if len(b.parts()) == 0 {
+		return date
+	}
+	return date + " and later runs of some sections, as report.md says"
 }
 
 func paren(s string) string {
@@ -418,7 +448,7 @@ func (b benchRun) readme() string {
 	date, _, _ := strings.Cut(b.machine["date"], "T")
 	fmt.Fprintf(&md, "\nMedians of %d runs of `make bench BENCH_SIZE=full` (%s) on %s, shared by Postgres, Kafka, the load generator and the contender; "+
 		"the floor is a bare slot reader's latency plus a bare producer's, measured in the same run. %d of the %d targets pass.\n",
-		b.repeats(), date, b.host(), passed, judged)
+		b.repeats(), b.dates(date), b.host(), passed, judged)
 	return md.String()
 }
 
