@@ -275,7 +275,8 @@ func TestWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	if first["event_id"] != "a" || first["intended_topic"] != "orders-events" || first["source_lsn"] != "0/16B3748" ||
-		first["age_seconds"] != 9000.0 || first["status"] != "pending" || first["key"] != "k-a" {
+		first["age_seconds"] != 9000.0 || first["status"] != "pending" || first["key"] != "k-a" ||
+		first["id_header"] != "id" || first["event_type"] != "Placed" {
 		t.Errorf("JSON: %v", first)
 	}
 }
