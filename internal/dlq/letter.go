@@ -13,7 +13,7 @@ import (
 	"github.com/outboxd/outboxd/router"
 )
 
-// The headers the relay writes on a dead letter (relay.deadLetter).
+// The headers the relay writes on a dead letter (delivery.DeadLetter).
 const (
 	HeaderReason         = "outboxd.error.reason"
 	HeaderSourceLSN      = "outboxd.source.lsn"
