@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"regexp"
+	"slices"
 	"strings"
 
 	"gopkg.in/yaml.v3"
@@ -388,7 +389,10 @@ func (c Config) PerTableOf(names []string, entries []int) ([]Config, error) {
 // validateSeveral refuses what outboxd cannot do yet with postgres.tables
 // of more than one table, or with a pattern, each with what to do instead.
 // Refusing is the safe side: each of these would otherwise guess which
-// table's settings apply, or read only some of the tables.
+// table's settings apply, or read only some of the tables. router.poison,
+// router.id_header and router.event_type_header may differ per table: each
+// dead letter records the id and event type header names it was written
+// with (internal/dlq), and outboxd dlq takes its topic with -topic.
 func (c Config) validateSeveral() []error {
 	p := c.Postgres
 	var errs []error
@@ -411,14 +415,33 @@ func (c Config) validateSeveral() []error {
 			continue // reported by validateTables
 		}
 		if r.Messages != c.Router.Messages {
-			bad(fmt.Sprintf("postgres.tables[%d] (%s)", i, e.Name), "router.messages is the same for every table (a message names its table only once it is read): set it under the top-level router")
-		}
-		if r.Poison != c.Router.Poison {
-			bad(fmt.Sprintf("postgres.tables[%d] (%s)", i, e.Name), "router.poison is the same for every table (outboxd dlq reads one dead-letter topic): set it under the top-level router")
-		}
-		if r.IDHeader != c.Router.IDHeader || r.EventTypeHeader != c.Router.EventTypeHeader {
-			bad(fmt.Sprintf("postgres.tables[%d] (%s)", i, e.Name), "router.id_header and router.event_type_header are the same for every table (dead letters and outboxd dlq read them by these names): set them under the top-level router")
+			bad(fmt.Sprintf("postgres.tables[%d] (%s)", i, e.Name), "router.messages cannot be set per table: outboxd matches a logical message "+
+				"by router.messages.prefix before it knows the message's table (named inside its content, by __outbox_table), so there is no table "+
+				"whose messages settings could apply; set router.messages under the top-level router")
 		}
 	}
 	return errs
+}
+
+// DLQTopics returns the dead-letter topics the configuration writes to: the
+// router.poison.dlq_topic of each entry of postgres.tables whose policy is
+// dlq (the top-level one with postgres.table), sorted, each once. An entry
+// whose router does not decode is left out (Validate reports it).
+func (c Config) DLQTopics() []string {
+	var out []string
+	add := func(r Router) {
+		if r.Poison.Policy == PoisonDLQ && r.Poison.DLQTopic != "" && !slices.Contains(out, r.Poison.DLQTopic) {
+			out = append(out, r.Poison.DLQTopic)
+		}
+	}
+	if len(c.Postgres.Tables) == 0 {
+		add(c.Router)
+	}
+	for i := range c.Postgres.Tables {
+		if r, err := c.TableRouter(i); err == nil {
+			add(r)
+		}
+	}
+	slices.Sort(out)
+	return out
 }

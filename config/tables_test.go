@@ -208,9 +208,9 @@ func TestLoadTablesErrors(t *testing.T) {
 		{"pattern, shards", "postgres:\n  tables: ['t_*.outbox']\n  shards: 2\nrouter:\n  messages: {unowned: ignore}\n", nil, "postgres.shards: 2 with several postgres.tables"},
 		{"several, unowned messages", "postgres:\n  tables: [a.outbox, b.outbox]\n", nil, "router.messages.unowned: deliver with several postgres.tables"},
 		{"several, shards", "postgres:\n  tables: [a.outbox, b.outbox]\n  shards: 2\nrouter:\n  messages: {unowned: ignore}\n", nil, "postgres.shards: 2 with several postgres.tables is not supported yet"},
-		{"several, messages override", "postgres:\n  tables: [a.outbox, {name: b.outbox, router: {messages: {prefix: x}}}]\nrouter:\n  messages: {unowned: ignore}\n", nil, "postgres.tables[1] (b.outbox): router.messages is the same for every table"},
-		{"several, id header override", "postgres:\n  tables: [a.outbox, {name: b.outbox, router: {id_header: eventId}}]\nrouter:\n  messages: {unowned: ignore}\n", nil, "postgres.tables[1] (b.outbox): router.id_header and router.event_type_header are the same for every table"},
-		{"several, poison override", "postgres:\n  tables: [a.outbox, {name: b.outbox, router: {poison: {policy: dlq, dlq_topic: d}}}]\nrouter:\n  messages: {unowned: ignore}\n", nil, "postgres.tables[1] (b.outbox): router.poison is the same for every table"},
+		{"several, messages override", "postgres:\n  tables: [a.outbox, {name: b.outbox, router: {messages: {prefix: x}}}]\nrouter:\n  messages: {unowned: ignore}\n", nil, "postgres.tables[1] (b.outbox): router.messages cannot be set per table: outboxd matches a logical message by router.messages.prefix before it knows the message's table"},
+		{"several, pattern messages override", "postgres:\n  tables: [a.outbox, {name: 't_*.outbox', router: {messages: {default_route_by: x}}}]\nrouter:\n  messages: {unowned: ignore}\n", nil, "postgres.tables[1] (t_*.outbox): router.messages cannot be set per table"},
+		{"several, per-table dlq without its topic", "postgres:\n  tables: [a.outbox, {name: b.outbox, router: {poison: {policy: dlq}}}]\nrouter:\n  messages: {unowned: ignore}\n", nil, "postgres.tables[1] (b.outbox): router.poison.dlq_topic: must name a topic"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg, err := config.Load(writeFile(t, tc.yaml), tc.env)
@@ -221,5 +221,66 @@ func TestLoadTablesErrors(t *testing.T) {
 				t.Errorf("error = %v, want one containing %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// Issue 35 §1 "Settings": router.poison, router.id_header and
+// router.event_type_header may differ per table (each dead letter records
+// the header names it was written with), and DLQTopics lists every
+// dead-letter topic the tables write to, for outboxd dlq.
+func TestSeveralTablesPoisonAndHeadersPerTable(t *testing.T) {
+	cfg, err := config.Load(writeFile(t, `
+postgres:
+  tables:
+    - a.outbox
+    - name: b.outbox
+      router: {id_header: eventId, event_type_header: kind, poison: {policy: dlq, dlq_topic: b-dlq}}
+    - name: c.outbox
+      router: {poison: {dlq_topic: c-dlq}}
+    - name: t_*.outbox
+      router: {poison: {dlq_topic: b-dlq}}
+router:
+  messages: {unowned: ignore}
+  poison: {policy: dlq, dlq_topic: dlq}
+`), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("Validate: %v", err)
+	}
+	per, err := cfg.PerTableOf([]string{"a.outbox", "b.outbox", "c.outbox", "t_1.outbox"}, []int{0, 1, 2, 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []struct{ id, typ, topic string }{
+		{"id", "eventType", "dlq"}, {"eventId", "kind", "b-dlq"}, {"id", "eventType", "c-dlq"}, {"id", "eventType", "b-dlq"},
+	} {
+		r := per[i].Router
+		if r.IDHeader != want.id || r.EventTypeHeader != want.typ || r.Poison.Policy != config.PoisonDLQ || r.Poison.DLQTopic != want.topic {
+			t.Errorf("%s: id_header %q, event_type_header %q, poison %+v; want %q, %q, dlq to %q",
+				per[i].Postgres.Table, r.IDHeader, r.EventTypeHeader, r.Poison, want.id, want.typ, want.topic)
+		}
+	}
+	if got := fmt.Sprint(cfg.DLQTopics()); got != "[b-dlq c-dlq dlq]" {
+		t.Errorf("DLQTopics() = %s, want [b-dlq c-dlq dlq]", got)
+	}
+
+	// A table that halts writes no dead letters; one table alone is the
+	// top-level router.
+	cfg, err = config.Load(writeFile(t, "postgres:\n  tables: [a.outbox, {name: b.outbox, router: {poison: {policy: dlq, dlq_topic: b-dlq}}}]\n"+
+		"router:\n  messages: {unowned: ignore}\n"), nil)
+	if err != nil || cfg.Validate() != nil {
+		t.Fatalf("Load: %v, Validate: %v", err, cfg.Validate())
+	}
+	if got := fmt.Sprint(cfg.DLQTopics()); got != "[b-dlq]" {
+		t.Errorf("DLQTopics() = %s, want [b-dlq]: a.outbox halts", got)
+	}
+	cfg, err = config.Load(writeFile(t, "postgres:\n  tables: [{name: b.outbox, router: {poison: {policy: dlq, dlq_topic: b-dlq}}}]\n"), nil)
+	if err != nil || cfg.Validate() != nil {
+		t.Fatalf("Load: %v, Validate: %v", err, cfg.Validate())
+	}
+	if got := fmt.Sprint(cfg.DLQTopics()); got != "[b-dlq]" {
+		t.Errorf("DLQTopics() of one table = %s, want [b-dlq]", got)
 	}
 }

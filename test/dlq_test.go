@@ -242,6 +242,8 @@ type dlqLetter struct {
 	LSN    string `json:"source_lsn"`
 	Topic  string `json:"intended_topic"`
 	Status string `json:"status"`
+	// IDHeader is the header the event id is in, as the dead letter says.
+	IDHeader string `json:"id_header"`
 
 	NotRedrivable string `json:"not_redrivable"`
 }
@@ -363,15 +365,27 @@ func (c *collector) lostAndRepeated(t *testing.T, all []string) (lost, dups int)
 	t.Helper()
 	c.waitFor(t, all, time.Minute)
 	time.Sleep(2 * time.Second) // for duplicates
+	lost, dups, _ = tally(c.records(), all, func(r *kgo.Record) string { return header(r, "id") })
+	return lost, dups
+}
+
+// tally counts the events of all that recs lack, the extra copies of the
+// others, and the records of no event of all (phantoms), reading each
+// record's event id with idOf.
+func tally(recs []*kgo.Record, all []string, idOf func(*kgo.Record) string) (lost, dups, phantoms int) {
 	seen := map[string]int{}
-	for _, rec := range c.records() {
-		seen[header(rec, "id")]++
+	for _, rec := range recs {
+		seen[idOf(rec)]++
 	}
 	for _, id := range all {
 		if seen[id] == 0 {
 			lost++
 		}
 		dups += max(seen[id]-1, 0)
+		delete(seen, id)
 	}
-	return lost, dups
+	for _, n := range seen {
+		phantoms += n
+	}
+	return lost, dups, phantoms
 }

@@ -24,13 +24,18 @@ const dlqUsage = `Usage:
   outboxd dlq redrive [-config FILE] [-topic T] [-id ID] [-since S] [-batch N] [-dry-run] [-json]
       send pending dead letters to their intended topics, once their cause is fixed
 
-The topic defaults to router.poison.dlq_topic. A redriven record goes to its
+The topic defaults to router.poison.dlq_topic; where the entries of
+postgres.tables dead-letter to topics of their own, pass -topic (each is
+listed and redriven on its own). A redriven record goes to its
 intended topic with its original key, value and headers (without the
 outboxd.error.*, outboxd.source.*, outboxd.intended.topic and outboxd.dlq.*
 headers), partitioned by its key as outboxd partitions (Kafka's murmur2), by
 an idempotent producer with acks=all; in kafka.delivery: exactly_once in Kafka
 transactions. Its id header is the original's, so a consumer that
-deduplicates on it sees an event once however often it is redriven.
+deduplicates on it sees an event once however often it is redriven. Each
+dead letter names its id and event type headers (outboxd.dlq.id.header,
+outboxd.dlq.event.type.header: they may differ per table); one written by
+an outboxd before they were recorded is read with router.id_header.
 
 Redrive marks each dead letter it sent with a marker record in the
 dead-letter topic (header outboxd.dlq.redriven), so a second run does not send
@@ -85,7 +90,7 @@ func parseDLQ(args []string, stderr io.Writer) (string, dlqFlags, error) {
 		fs.PrintDefaults()
 	}
 	fs.StringVar(&f.config, "config", "", "YAML configuration `file` (the daemon's)")
-	fs.StringVar(&f.topic, "topic", "", "the dead-letter `topic` (default router.poison.dlq_topic)")
+	fs.StringVar(&f.topic, "topic", "", "the dead-letter `topic` (default router.poison.dlq_topic, when the tables write to one)")
 	fs.Var(&f.ids, "id", "only the dead letters of this event `id` (repeat, or separate with commas)")
 	fs.StringVar(&f.since, "since", "", "only those dead-lettered since `S`: a duration back from now (24h) or a time (2026-11-26T10:00:00Z)")
 	fs.BoolVar(&f.asJSON, "json", false, "print JSON, one object a line")
@@ -136,19 +141,16 @@ func dlqCommand(args []string, stdout, stderr io.Writer) error {
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("invalid configuration:\n%w", err)
 	}
-	topic := f.topic
-	if topic == "" {
-		topic = cfg.Router.Poison.DLQTopic
-	}
-	if topic == "" {
-		fmt.Fprintf(stderr, "outboxd dlq %s: no dead-letter topic: pass -topic, or set router.poison.dlq_topic\n", cmd)
+	topic, err := dlqTopic(f.topic, cfg)
+	if err != nil {
+		fmt.Fprintf(stderr, "outboxd dlq %s: %v\n", cmd, err)
 		return errUsage
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	filter := dlq.Filter{IDs: dlq.ParseIDs(f.ids), Since: since, All: f.all}
 	if cmd == "list" || f.dryRun {
-		t, err := dlq.Read(ctx, cfg.Kafka, cfg.Router.IDHeader, topic)
+		t, err := dlq.Read(ctx, cfg.Kafka, dlq.NamesOf(cfg.Router), topic)
 		if err != nil {
 			return err
 		}
@@ -180,6 +182,26 @@ func dlqCommand(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("%d dead letters of %s were not redriven; 'outboxd dlq list -topic %s' shows why", n, topic, topic)
 	}
 	return nil
+}
+
+// dlqTopic returns the dead-letter topic of a command: -topic, else the one
+// topic the configuration dead-letters to (config.Config.DLQTopics), else
+// router.poison.dlq_topic. Tables with dead-letter topics of their own
+// leave the choice to -topic.
+func dlqTopic(flagged string, cfg config.Config) (string, error) {
+	if flagged != "" {
+		return flagged, nil
+	}
+	switch topics := cfg.DLQTopics(); {
+	case len(topics) == 1:
+		return topics[0], nil
+	case len(topics) > 1:
+		return "", fmt.Errorf("the outbox tables dead-letter to several topics (%s): pass -topic with one of them", strings.Join(topics, ", "))
+	}
+	if t := cfg.Router.Poison.DLQTopic; t != "" {
+		return t, nil
+	}
+	return "", errors.New("no dead-letter topic: pass -topic, or set router.poison.dlq_topic")
 }
 
 // writeRedrive reports what a redrive did.

@@ -5,6 +5,10 @@ import (
 	"io"
 	"strings"
 	"testing"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/outboxd/outboxd/config"
 )
 
 // "outboxd dlq" takes a command, list or redrive, and that command's flags;
@@ -41,6 +45,34 @@ func TestDLQCommandLine(t *testing.T) {
 			if code != tc.code || !strings.Contains(stderr.String(), tc.want) {
 				t.Fatalf("outboxd %s: exit %d (%v), want %d with %q on stderr; stderr:\n%s",
 					strings.Join(tc.args, " "), code, err, tc.code, tc.want, stderr.String())
+			}
+		})
+	}
+}
+
+// Without -topic, the dead-letter topic is the one the tables write to; where
+// entries of postgres.tables have topics of their own, -topic chooses.
+func TestDLQTopic(t *testing.T) {
+	cfg := config.Default()
+	cfg.Postgres.Table = ""
+	if err := yaml.Unmarshal([]byte(`[a.outbox, {name: b.outbox, router: {poison: {policy: dlq, dlq_topic: b-dlq}}}]`), &cfg.Postgres.Tables); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, flag, top, want, err string
+	}{
+		{name: "one table dead-letters", want: "b-dlq"},
+		{name: "-topic", flag: "x", top: "dlq", want: "x"},
+		{name: "several topics", top: "dlq", err: "several topics (b-dlq, dlq): pass -topic"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := cfg
+			if tc.top != "" {
+				c.Router.Poison = config.Poison{Policy: config.PoisonDLQ, DLQTopic: tc.top}
+			}
+			got, err := dlqTopic(tc.flag, c)
+			if got != tc.want || (err == nil) != (tc.err == "") || (err != nil && !strings.Contains(err.Error(), tc.err)) {
+				t.Errorf("dlqTopic(%q) = %q, %v; want %q, %q", tc.flag, got, err, tc.want, tc.err)
 			}
 		})
 	}

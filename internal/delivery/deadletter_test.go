@@ -1,13 +1,18 @@
 package delivery
 
 import (
+	"errors"
+	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"gopkg.in/yaml.v3"
 
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/internal/dlq"
 	"github.com/outboxd/outboxd/router"
+	"github.com/outboxd/outboxd/wal"
 )
 
 // A row that routing refused after its topic was known (here a NULL key
@@ -26,7 +31,7 @@ func TestRoutingFailureDeadLetterIsNotRedrivable(t *testing.T) {
 		for _, h := range rec.Headers {
 			kr.Headers = append(kr.Headers, kgo.RecordHeader{Key: h.Key, Value: h.Value})
 		}
-		return dlq.Build("dlq", cfg.Router.IDHeader, []*kgo.Record{kr}).Letters[0]
+		return dlq.Build("dlq", dlq.NamesOf(cfg.Router), []*kgo.Record{kr}).Letters[0]
 	}
 	l := letter(&router.RowError{EventID: "e1", Table: "public.outbox", Topic: "orders-events",
 		Reason: "column aggregateid is NULL; a key is required (router.require_key)", Value: []byte(`{"a":1}`), EventType: "Placed"})
@@ -41,5 +46,72 @@ func TestRoutingFailureDeadLetterIsNotRedrivable(t *testing.T) {
 		Key: []byte("k"), Value: []byte(`{"a":2}`), Headers: []router.Header{{Key: cfg.Router.IDHeader, Value: []byte("e2")}}})
 	if l.NotRedrivable != "" {
 		t.Errorf("a built record Kafka refused is not redrivable: %s", l.NotRedrivable)
+	}
+}
+
+// Issue 35 §1: each outbox table takes its own poison policy, dead-letter
+// topic and id and event type headers. A row refused in one table goes to
+// that table's dead-letter topic (or halts, where the table halts), and its
+// dead letter records its table's header names, which internal/dlq reads
+// back whatever the top-level router says.
+func TestPipelinePoisonPerTable(t *testing.T) {
+	var entries []config.TableEntry
+	if err := yaml.Unmarshal([]byte(`
+- public.outbox
+- {name: orders.outbox, router: {id_header: eventId, event_type_header: kind, poison: {dlq_topic: orders-dlq}}}
+- {name: wallet.outbox, router: {poison: {policy: halt}}}
+`), &entries); err != nil {
+		t.Fatal(err)
+	}
+	tp := newTestPipeline(t, func(c *config.Config) {
+		c.Postgres.Table, c.Postgres.Tables = "", entries
+		c.Router.Messages.Unowned = config.UnownedIgnore
+		c.Router.Poison = config.Poison{Policy: config.PoisonDLQ, DLQTopic: "dlq"}
+	})
+	tp.prod.refuse = func(rec *router.Record) error {
+		if strings.HasSuffix(rec.Topic, "dlq") {
+			return nil
+		}
+		return &router.RowError{EventID: rec.EventID, Topic: rec.Topic, Key: rec.Key, Value: rec.Value, Reason: "over kafka.max_message_bytes"}
+	}
+	of := func(schema string, id uint32, lsn wal.LSN, eventID string) *wal.Change {
+		rel := *outboxRel
+		rel.ID, rel.Namespace = id, schema
+		ch := change(wal.Insert, lsn, eventID, "o-1", `{"n": 1}`)
+		ch.Relation = &rel
+		return ch
+	}
+	tp.handle(t, begin(0x200), of("public", 16400, 0x180, id1), of("orders", 16500, 0x188, id2), commit(0x210))
+	want := []struct{ topic, idHeader, typeHeader, id string }{{"dlq", "id", "eventType", id1}, {"orders-dlq", "eventId", "kind", id2}}
+	if len(tp.prod.recs) != len(want) {
+		t.Fatalf("%d records handed over, want the two dead letters", len(tp.prod.recs))
+	}
+	for i, w := range want {
+		rec := tp.prod.recs[i]
+		kr := &kgo.Record{Key: rec.Key, Value: rec.Value}
+		for _, h := range rec.Headers {
+			kr.Headers = append(kr.Headers, kgo.RecordHeader{Key: h.Key, Value: h.Value})
+		}
+		l := dlq.Build(rec.Topic, dlq.NamesOf(config.Default().Router), []*kgo.Record{kr}).Letters[0]
+		if rec.Topic != w.topic || l.EventID != w.id || l.Names != (dlq.Names{ID: w.idHeader, EventType: w.typeHeader}) || l.EventType != "OrderCreated" || l.NotRedrivable != "" {
+			t.Errorf("dead letter %d: topic %s, read back as id %q type %q under %+v (%s); want %s, %s under %s and %s, redrivable",
+				i, rec.Topic, l.EventID, l.EventType, l.Names, l.NotRedrivable, w.topic, w.id, w.idHeader, w.typeHeader)
+		}
+	}
+	for _, table := range []string{"public.outbox", "orders.outbox"} {
+		if got := testutil.ToFloat64(tp.m.deadLettered.WithLabelValues(table)); got != 1 {
+			t.Errorf("outboxd_router_dead_lettered_total{table=%q} = %v, want 1", table, got)
+		}
+	}
+	tp.prod.ackAll(nil)
+	if got := tp.tracker.Confirmed(); got != 0x210 {
+		t.Errorf("confirmed %s after the dead letters' acknowledgements, want 0/210", got)
+	}
+	// wallet.outbox halts, though the top-level policy is dlq.
+	tp.handle(t, begin(0x300))
+	err := tp.Handle(of("wallet", 16600, 0x280, id1))
+	var rowErr *router.RowError
+	if !errors.As(err, &rowErr) || len(tp.prod.recs) != 2 {
+		t.Errorf("a refused row of wallet.outbox (policy halt): Handle = %v, %d records handed over; want the row's error and no dead letter", err, len(tp.prod.recs))
 	}
 }

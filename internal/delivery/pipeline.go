@@ -476,11 +476,15 @@ func (p *Pipeline) deliver(o *table, rec *router.Record, routeErr error, lsn wal
 		}
 		poison.Key, poison.Value = bytes.Clone(poison.Key), bytes.Clone(poison.Value)
 	}
-	if p.cfg.Router.Poison.Policy != config.PoisonDLQ {
+	// The poison policy and dead-letter topic of the row's own table: they
+	// may differ per table (postgres.tables[].router.poison).
+	if o.cfg.Router.Poison.Policy != config.PoisonDLQ {
 		return &hintError{err: fmt.Errorf("%w. outboxd stopped without confirming past it", poison),
-			hint: "to move past it deliberately, set router.poison.policy: dlq (and router.poison.dlq_topic) and restart: the row goes to the dead-letter topic and streaming continues"}
+			hint: "to move past it deliberately, set router.poison.policy: dlq (and router.poison.dlq_topic) and restart, under the top-level router or this table's entry of postgres.tables: " +
+				"the row goes to the dead-letter topic and streaming continues"}
 	}
 	o.deadLettered.Inc()
-	p.log.Warn("outbox row sent to the dead-letter topic", "event_id", poison.EventID, "lsn", lsn.String(), "topic", p.cfg.Router.Poison.DLQTopic, "reason", poison.Reason)
-	return Produce(p.ctx, p.txn, DeadLetter(p.cfg, poison), p.producer, p.done)
+	p.log.Warn("outbox row sent to the dead-letter topic", "event_id", poison.EventID, "lsn", lsn.String(), "topic", o.cfg.Router.Poison.DLQTopic,
+		"table", o.cfg.Postgres.Table, "reason", poison.Reason)
+	return Produce(p.ctx, p.txn, DeadLetter(o.cfg, poison), p.producer, p.done)
 }

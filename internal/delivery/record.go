@@ -7,6 +7,7 @@ import (
 
 	"github.com/outboxd/outboxd/checkpoint"
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/internal/dlq"
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/wal"
 )
@@ -31,9 +32,12 @@ func MessageKey(content []byte, field string) (key []byte, keyed bool) {
 	return fields.Text(field)
 }
 
-// DeadLetter builds the dead-letter record for a poison row: its key and
-// payload as they were (the payload is dropped if it alone is too large),
-// its id and event type headers, and headers saying why and where from.
+// DeadLetter builds the dead-letter record for a poison row of the outbox
+// table whose configuration cfg is (config.Config.PerTable: its
+// router.poison.dlq_topic, router.id_header and router.event_type_header):
+// its key and payload as they were (the payload is dropped if it alone is
+// too large), its id and event type headers, and headers saying why, where
+// from and under which header names (internal/dlq's Header*).
 func DeadLetter(cfg config.Config, p *router.RowError) *router.Record {
 	// A dead letter must fit where the original did not: it keeps the
 	// original's headers and payload within half of max_message_bytes,
@@ -46,11 +50,11 @@ func DeadLetter(cfg config.Config, p *router.RowError) *router.Record {
 	}
 	var dropped []router.Header
 	if headers == nil { // refused by routing: no record was built (dlq refuses to redrive it)
-		dropped = append(dropped, router.Header{Key: "outboxd.record.unbuilt", Value: []byte("the key and value are the row's columns; only the id and event type headers are kept")})
+		dropped = append(dropped, router.Header{Key: dlq.HeaderUnbuilt, Value: []byte("the key and value are the row's columns; only the id and event type headers are kept")})
 	}
 	if headers == nil || size > limit {
 		if headers != nil {
-			dropped = append(dropped, router.Header{Key: "outboxd.headers.dropped", Value: []byte(fmt.Sprintf(
+			dropped = append(dropped, router.Header{Key: dlq.HeaderHeadersDropped, Value: []byte(fmt.Sprintf(
 				"%d headers of %d bytes: a dead letter keeps headers and payload within half of kafka.max_message_bytes (%d); the id and event type are kept",
 				len(headers), size-len(p.Key), limit))})
 		}
@@ -64,16 +68,20 @@ func DeadLetter(cfg config.Config, p *router.RowError) *router.Record {
 	value := p.Value
 	if len(value)+size > limit {
 		value = nil
-		dropped = append(dropped, router.Header{Key: "outboxd.payload.dropped", Value: []byte(fmt.Sprintf(
+		dropped = append(dropped, router.Header{Key: dlq.HeaderPayloadDropped, Value: []byte(fmt.Sprintf(
 			"%d bytes: a dead letter keeps the payload only within half of kafka.max_message_bytes (%d); the outbox row, or the application, has it",
 			len(p.Value), limit))})
 	}
 	rec := &router.Record{Topic: cfg.Router.Poison.DLQTopic, Key: p.Key, Value: value, EventID: p.EventID, Partition: -1}
 	rec.Headers = append(slices.Clip(headers),
-		router.Header{Key: "outboxd.error.reason", Value: []byte(p.Reason)},
-		router.Header{Key: "outboxd.source.lsn", Value: []byte(p.LSN.String())},
-		router.Header{Key: "outboxd.source.table", Value: []byte(p.Table)},
-		router.Header{Key: "outboxd.intended.topic", Value: []byte(p.Topic)},
+		router.Header{Key: dlq.HeaderReason, Value: []byte(p.Reason)},
+		router.Header{Key: dlq.HeaderSourceLSN, Value: []byte(p.LSN.String())},
+		router.Header{Key: dlq.HeaderSourceTable, Value: []byte(p.Table)},
+		router.Header{Key: dlq.HeaderIntendedTopic, Value: []byte(p.Topic)},
+		// The header names of the row's table: they may differ per table,
+		// and outboxd dlq reads the event id by the one recorded here.
+		router.Header{Key: dlq.HeaderIDHeader, Value: []byte(cfg.Router.IDHeader)},
+		router.Header{Key: dlq.HeaderEventTypeHeader, Value: []byte(cfg.Router.EventTypeHeader)},
 	)
 	rec.Headers = append(rec.Headers, dropped...)
 	return rec

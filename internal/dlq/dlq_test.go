@@ -18,7 +18,11 @@ func hdrs(kv ...string) []kgo.RecordHeader {
 	return hs
 }
 
-// deadLetter is a record as relay.deadLetter writes it.
+// defaults are the default router.id_header and router.event_type_header.
+var defaults = Names{ID: "id", EventType: "eventType"}
+
+// deadLetter is a record as relay.deadLetter writes it (without the header
+// names, as before outboxd recorded them).
 func deadLetter(p int32, off int64, id, topic string, extra ...string) *kgo.Record {
 	return &kgo.Record{Partition: p, Offset: off, Key: []byte("k-" + id), Value: []byte(`{"id":"` + id + `"}`),
 		Timestamp: time.Date(2026, 11, 26, 10, 0, int(off), 0, time.UTC),
@@ -44,7 +48,7 @@ func TestBuild(t *testing.T) {
 		deadLetter(1, 4, "", "orders-events"),
 		deadLetter(1, 5, "g", "orders-events", HeaderUnbuilt, "the key and value are the row's columns"),
 	}
-	top := Build("dlq", "id", recs)
+	top := Build("dlq", defaults, recs)
 	type want struct {
 		status Status
 		reason string
@@ -112,13 +116,67 @@ func TestBuildClaimsMustMatch(t *testing.T) {
 		{"rewritten of another event", again(0, 5, "zzz", "0/3"), Pending},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			top := Build("dlq", "id", []*kgo.Record{deadLetter(0, 3, "a", "orders-events"), tc.claim})
+			top := Build("dlq", defaults, []*kgo.Record{deadLetter(0, 3, "a", "orders-events"), tc.claim})
 			for _, l := range top.Letters {
 				if l.Ref() == "0/3" && l.Status != tc.want {
 					t.Errorf("letter a at 0/3 is %s, want %s", l.Status, tc.want)
 				}
 			}
 		})
+	}
+}
+
+// A dead letter records the names of its id and event type headers (they
+// may differ per table): list and redrive read its id by that name whatever
+// the configuration says, a marker and a dead letter written again record
+// them too, and a redriven record goes out without them. A dead letter
+// from before outboxd recorded them is read with the configured names, and
+// records them once written again.
+func TestLetterHeaderNames(t *testing.T) {
+	own := Names{ID: "eventId", EventType: "kind"}
+	letter := &kgo.Record{Partition: 0, Offset: 0, Key: []byte("k"), Value: []byte("{}"), Headers: hdrs(
+		"eventId", "e1", "kind", "Placed", "id", "not-the-id",
+		HeaderReason, "too large", HeaderSourceLSN, "0/10", HeaderSourceTable, "b.outbox", HeaderIntendedTopic, "b-events",
+		HeaderIDHeader, "eventId", HeaderEventTypeHeader, "kind")}
+	l := Build("dlq", defaults, []*kgo.Record{letter}).Letters[0]
+	if l.EventID != "e1" || l.EventType != "Placed" || l.Names != own || l.NotRedrivable != "" {
+		t.Fatalf("letter: id %q, type %q, names %+v, not redrivable %q; want e1, Placed, %+v, redrivable", l.EventID, l.EventType, l.Names, l.NotRedrivable, own)
+	}
+	var got []string
+	for _, h := range l.record().Headers {
+		got = append(got, h.Key+"="+string(h.Value))
+	}
+	if want := "eventId=e1 kind=Placed id=not-the-id"; strings.Join(got, " ") != want {
+		t.Errorf("redriven record's headers %v, want %s (the original's, without outboxd's)", got, want)
+	}
+	m := l.marker("dlq")
+	if v, _ := header(kgoHeaders(m.Headers), "eventId"); v != "e1" {
+		t.Errorf("marker headers %v: want the event id under eventId", m.Headers)
+	}
+	top := Build("dlq", defaults, []*kgo.Record{letter, {Partition: 0, Offset: 1, Headers: kgoHeaders(m.Headers)}})
+	if len(top.Letters) != 1 || top.Letters[0].Status != Redriven {
+		t.Errorf("letter and its marker: %d letters, status %s; want one, redriven", len(top.Letters), top.Letters[0].Status)
+	}
+
+	// Written before the names were recorded: the configured ones.
+	old := deadLetter(0, 0, "a", "orders-events")
+	l = Build("dlq", defaults, []*kgo.Record{old}).Letters[0]
+	if l.EventID != "a" || l.EventType != "Placed" || l.Names != defaults {
+		t.Errorf("old letter: id %q, type %q, names %+v; want a, Placed, the configured %+v", l.EventID, l.EventType, l.Names, defaults)
+	}
+	l = Build("dlq", Names{ID: "eventId"}, []*kgo.Record{old}).Letters[0]
+	if l.EventID != "" || !strings.Contains(l.NotRedrivable, `no event id in header "eventId"`) {
+		t.Errorf("old letter under another configured id header: id %q, not redrivable %q", l.EventID, l.NotRedrivable)
+	}
+	// Written again, it records them, and no longer depends on them.
+	l = Build("dlq", defaults, []*kgo.Record{old}).Letters[0]
+	a := l.again("dlq", "redrive: refused")
+	b := Build("dlq", Names{ID: "eventId"}, []*kgo.Record{old, {Partition: 0, Offset: 1, Key: a.Key, Value: a.Value, Headers: kgoHeaders(a.Headers)}})
+	if len(b.Letters) != 2 || b.Letters[1].EventID != "a" || b.Letters[1].Names != defaults || b.Letters[1].NotRedrivable != "" {
+		t.Fatalf("written again, read under another configured id header: %+v", b.Letters[len(b.Letters)-1])
+	}
+	if b.Letters[0].Status != Pending {
+		t.Errorf("the old letter read under another id header is %s: its event id is unknown, so it stays pending (at worst sent twice, never skipped)", b.Letters[0].Status)
 	}
 }
 
@@ -134,7 +192,7 @@ func refs(ls []*Letter) []string {
 // dead-letter topic's own; the marker and the rewritten dead letter go to
 // the dead letter's partition.
 func TestRecords(t *testing.T) {
-	l := Build("dlq", "id", []*kgo.Record{deadLetter(2, 7, "a", "orders-events", HeaderSupersedes, "2/1")}).Letters[0]
+	l := Build("dlq", defaults, []*kgo.Record{deadLetter(2, 7, "a", "orders-events", HeaderSupersedes, "2/1")}).Letters[0]
 	rec := l.record()
 	var got []string
 	for _, h := range rec.Headers {
@@ -144,12 +202,12 @@ func TestRecords(t *testing.T) {
 		string(rec.Key) != "k-a" || string(rec.Value) != `{"id":"a"}` || rec.EventID != "a" {
 		t.Errorf("redriven record: topic %s partition %d key %q value %q headers %v", rec.Topic, rec.Partition, rec.Key, rec.Value, got)
 	}
-	m := l.marker("dlq", "id")
+	m := l.marker("dlq")
 	if m.Topic != "dlq" || m.Partition != 2 || m.Value != nil || m.Headers[0].Key != HeaderRedriven || string(m.Headers[0].Value) != "2/7" {
 		t.Errorf("marker: topic %s partition %d value %q headers %v", m.Topic, m.Partition, m.Value, m.Headers)
 	}
 	a := l.again("dlq", "redrive: refused")
-	b := Build("dlq", "id", []*kgo.Record{{Partition: a.Partition, Offset: 9, Timestamp: time.Now(), Key: a.Key, Value: a.Value, Headers: kgoHeaders(a.Headers)}}).Letters[0]
+	b := Build("dlq", defaults, []*kgo.Record{{Partition: a.Partition, Offset: 9, Timestamp: time.Now(), Key: a.Key, Value: a.Value, Headers: kgoHeaders(a.Headers)}}).Letters[0]
 	if b.Reason != "redrive: refused" || b.Topic != "orders-events" || b.SourceLSN != "0/16B3748" || b.EventID != "a" || a.Partition != 2 {
 		t.Errorf("written again: reason %q topic %q lsn %q id %q partition %d", b.Reason, b.Topic, b.SourceLSN, b.EventID, a.Partition)
 	}
@@ -158,7 +216,7 @@ func TestRecords(t *testing.T) {
 	}
 	// Its age counts from the first dead-lettering, however often it is
 	// written again.
-	c := Build("dlq", "id", []*kgo.Record{{Partition: 2, Offset: 12, Timestamp: time.Now(), Headers: kgoHeaders(b.again("dlq", "x").Headers)}}).Letters[0]
+	c := Build("dlq", defaults, []*kgo.Record{{Partition: 2, Offset: 12, Timestamp: time.Now(), Headers: kgoHeaders(b.again("dlq", "x").Headers)}}).Letters[0]
 	if !b.Time.Equal(l.Time) || !c.Time.Equal(l.Time) {
 		t.Errorf("written again at %v and %v, first dead-lettered at %v: want the first time", b.Time, c.Time, l.Time)
 	}
@@ -195,7 +253,7 @@ func TestParseSince(t *testing.T) {
 }
 
 func TestWrite(t *testing.T) {
-	top := Build("dlq", "id", []*kgo.Record{deadLetter(0, 0, "a", "orders-events"), deadLetter(0, 1, "b", "")})
+	top := Build("dlq", defaults, []*kgo.Record{deadLetter(0, 0, "a", "orders-events"), deadLetter(0, 1, "b", "")})
 	now := time.Date(2026, 11, 26, 12, 30, 0, 0, time.UTC)
 	var buf bytes.Buffer
 	if err := WriteTable(&buf, top.Letters, now, false); err != nil {
@@ -217,7 +275,8 @@ func TestWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	if first["event_id"] != "a" || first["intended_topic"] != "orders-events" || first["source_lsn"] != "0/16B3748" ||
-		first["age_seconds"] != 9000.0 || first["status"] != "pending" || first["key"] != "k-a" {
+		first["age_seconds"] != 9000.0 || first["status"] != "pending" || first["key"] != "k-a" ||
+		first["id_header"] != "id" || first["event_type"] != "Placed" {
 		t.Errorf("JSON: %v", first)
 	}
 }

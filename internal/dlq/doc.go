@@ -5,8 +5,11 @@
 // A dead letter is the record the relay wrote for a poison row: the row's
 // key, payload and headers (the id header among them) plus the headers
 // outboxd.error.reason, outboxd.source.lsn, outboxd.source.table and
-// outboxd.intended.topic (and outboxd.payload.dropped or
-// outboxd.headers.dropped when it had to leave something out). A row that
+// outboxd.intended.topic, the names of its id and event type headers in
+// outboxd.dlq.id.header and outboxd.dlq.event.type.header (they may differ
+// per outbox table; a dead letter written before outboxd recorded them is
+// read with the configured router.id_header), and outboxd.payload.dropped or
+// outboxd.headers.dropped when it had to leave something out. A row that
 // routing refused has no record: its dead letter holds the row's key and
 // payload columns, the id and event type headers, and
 // outboxd.record.unbuilt, and redrive leaves it to outboxd replay.
@@ -34,7 +37,8 @@
 // The caller's duties:
 //
 //  1. Pass the daemon's configuration: the Kafka settings (brokers, TLS,
-//     SASL, delivery) and router.id_header.
+//     SASL, delivery), and the top-level router.id_header and
+//     router.event_type_header for dead letters that do not name theirs.
 //  2. Run one redrive of a topic at a time (in exactly_once a second run
 //     fences the first, which ends with a *sink.FencedError; in
 //     at_least_once two runs may both send a record).

@@ -9,10 +9,11 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/router"
 )
 
-// The headers the relay writes on a dead letter (relay.deadLetter).
+// The headers the relay writes on a dead letter (delivery.DeadLetter).
 const (
 	HeaderReason         = "outboxd.error.reason"
 	HeaderSourceLSN      = "outboxd.source.lsn"
@@ -24,6 +25,14 @@ const (
 	// no record was built, the key and value are the row's key and payload
 	// columns, and only the id and event type headers are kept.
 	HeaderUnbuilt = "outboxd.record.unbuilt"
+	// HeaderIDHeader and HeaderEventTypeHeader hold the names of the
+	// headers that carry this dead letter's event id and event type: the
+	// router.id_header and router.event_type_header of its table when it
+	// was written (they may differ per table). A dead letter written before
+	// outboxd recorded them lacks them: list and redrive then read the
+	// configured top-level names (Names).
+	HeaderIDHeader        = "outboxd.dlq.id.header"
+	HeaderEventTypeHeader = "outboxd.dlq.event.type.header"
 )
 
 // The headers redrive writes.
@@ -44,7 +53,33 @@ const (
 // ownHeaders are the dead-letter topic's own headers: a redriven record
 // goes out without them.
 var ownHeaders = []string{HeaderReason, HeaderSourceLSN, HeaderSourceTable, HeaderIntendedTopic,
-	HeaderPayloadDropped, HeaderHeadersDropped, HeaderUnbuilt, HeaderRedriven, HeaderSupersedes, HeaderFirstTime}
+	HeaderPayloadDropped, HeaderHeadersDropped, HeaderUnbuilt, HeaderIDHeader, HeaderEventTypeHeader,
+	HeaderRedriven, HeaderSupersedes, HeaderFirstTime}
+
+// Names are the names of the headers that carry the event id and the event
+// type.
+type Names struct{ ID, EventType string }
+
+// NamesOf returns r's router.id_header and router.event_type_header: the
+// names Build falls back to for a record that does not record its own.
+func NamesOf(r config.Router) Names { return Names{ID: r.IDHeader, EventType: r.EventTypeHeader} }
+
+// of returns the names a record of the dead-letter topic was written with:
+// those it records (HeaderIDHeader, HeaderEventTypeHeader), else n.
+func (n Names) of(hs []kgo.RecordHeader) Names {
+	if v, ok := header(hs, HeaderIDHeader); ok && v != "" {
+		n.ID = v
+	}
+	if v, ok := header(hs, HeaderEventTypeHeader); ok {
+		n.EventType = v
+	}
+	return n
+}
+
+// headers returns n as the headers that record it.
+func (n Names) headers() []router.Header {
+	return []router.Header{{Key: HeaderIDHeader, Value: []byte(n.ID)}, {Key: HeaderEventTypeHeader, Value: []byte(n.EventType)}}
+}
 
 // Status is where a dead letter stands.
 type Status string
@@ -65,7 +100,11 @@ type Letter struct {
 	SourceLSN string    `json:"source_lsn"`
 	Table     string    `json:"source_table"`
 	Topic     string    `json:"intended_topic"`
+	EventType string    `json:"event_type,omitempty"`
 	Status    Status    `json:"status"`
+	// Names are the headers its event id and event type are in: those
+	// the dead letter records, else the configured ones.
+	Names Names `json:"-"`
 	// NotRedrivable says why redrive leaves the letter alone ("" when it
 	// can be redriven).
 	NotRedrivable string `json:"not_redrivable,omitempty"`
@@ -101,12 +140,16 @@ type Topic struct {
 
 // Build reads the records of a dead-letter topic (markers, dead letters
 // and rewritten dead letters, in offset order within each partition) into
-// its dead letters and their status. idHeader is router.id_header.
-func Build(name, idHeader string, recs []*kgo.Record) *Topic {
+// its dead letters and their status. Each record's event id is read from
+// the header its HeaderIDHeader names; fallback names the headers of a
+// record without it (written before outboxd recorded the names): the
+// configured top-level router.id_header and router.event_type_header.
+func Build(name string, fallback Names, recs []*kgo.Record) *Topic {
 	t := &Topic{Name: name}
 	done := map[string][]claim{} // by the ref of the letter they name
 	for _, r := range recs {
-		id, _ := header(r.Headers, idHeader)
+		names := fallback.of(r.Headers)
+		id, _ := header(r.Headers, names.ID)
 		if to, ok := header(r.Headers, HeaderRedriven); ok {
 			done[to] = append(done[to], claim{Redriven, r.Partition, r.Offset, id})
 			continue
@@ -120,12 +163,15 @@ func Build(name, idHeader string, recs []*kgo.Record) *Topic {
 				l.Time = ft
 			}
 		}
-		l.EventID, _ = header(r.Headers, idHeader)
+		l.Names, l.EventID = names, id
+		if names.EventType != "" {
+			l.EventType, _ = header(r.Headers, names.EventType)
+		}
 		l.Reason, _ = header(r.Headers, HeaderReason)
 		l.SourceLSN, _ = header(r.Headers, HeaderSourceLSN)
 		l.Table, _ = header(r.Headers, HeaderSourceTable)
 		l.Topic, _ = header(r.Headers, HeaderIntendedTopic)
-		l.NotRedrivable = notRedrivable(l, idHeader)
+		l.NotRedrivable = notRedrivable(l)
 		t.Letters = append(t.Letters, l)
 	}
 	for _, l := range t.Letters {
@@ -165,7 +211,7 @@ func (c claim) of(l *Letter) bool {
 
 // notRedrivable says why l cannot be sent to its intended topic as it is,
 // or "".
-func notRedrivable(l *Letter, idHeader string) string {
+func notRedrivable(l *Letter) string {
 	_, dropped := header(l.Headers, HeaderPayloadDropped)
 	_, hdropped := header(l.Headers, HeaderHeadersDropped)
 	_, unbuilt := header(l.Headers, HeaderUnbuilt)
@@ -183,7 +229,7 @@ func notRedrivable(l *Letter, idHeader string) string {
 	case hdropped:
 		return "the dead letter lacks the original headers (" + HeaderHeadersDropped + "); send the event again from the outbox table (outboxd replay)"
 	case l.EventID == "":
-		return fmt.Sprintf("no event id in header %q: consumers could not tell a second copy; send the event again from the outbox table (outboxd replay)", idHeader)
+		return fmt.Sprintf("no event id in header %q: consumers could not tell a second copy; send the event again from the outbox table (outboxd replay)", l.Names.ID)
 	}
 	return ""
 }
@@ -223,26 +269,29 @@ func (l *Letter) record() *router.Record {
 	return rec
 }
 
-// marker returns the record that says l was redriven. It goes to l's
-// partition: retention, which removes a partition's oldest records first,
-// never removes a marker before its dead letter.
-func (l *Letter) marker(dlq, idHeader string) *router.Record {
-	return &router.Record{Topic: dlq, Key: l.Key, EventID: l.EventID, Partition: l.Partition, Headers: []router.Header{
+// marker returns the record that says l was redriven: its event id under
+// l's id header, whose name it records. It goes to l's partition:
+// retention, which removes a partition's oldest records first, never
+// removes a marker before its dead letter.
+func (l *Letter) marker(dlq string) *router.Record {
+	return &router.Record{Topic: dlq, Key: l.Key, EventID: l.EventID, Partition: l.Partition, Headers: append([]router.Header{
 		{Key: HeaderRedriven, Value: []byte(l.Ref())},
-		{Key: idHeader, Value: []byte(l.EventID)},
+		{Key: l.Names.ID, Value: []byte(l.EventID)},
 		{Key: HeaderIntendedTopic, Value: []byte(l.Topic)},
-	}}
+	}, l.Names.headers()...)}
 }
 
-// again returns l written again with reason, replacing l.
+// again returns l written again with reason, replacing l. It records the
+// header names l was read with, so that a dead letter from before outboxd
+// recorded them no longer depends on the configuration.
 func (l *Letter) again(dlq, reason string) *router.Record {
 	rec := &router.Record{Topic: dlq, Key: l.Key, Value: l.Value, EventID: l.EventID, Partition: l.Partition}
 	for _, h := range l.Headers {
-		if h.Key != HeaderReason && h.Key != HeaderSupersedes && h.Key != HeaderFirstTime {
+		if !slices.Contains([]string{HeaderReason, HeaderSupersedes, HeaderFirstTime, HeaderIDHeader, HeaderEventTypeHeader}, h.Key) {
 			rec.Headers = append(rec.Headers, router.Header{Key: h.Key, Value: h.Value})
 		}
 	}
-	rec.Headers = append(rec.Headers,
+	rec.Headers = append(append(rec.Headers, l.Names.headers()...),
 		router.Header{Key: HeaderReason, Value: []byte(reason)},
 		router.Header{Key: HeaderSupersedes, Value: []byte(l.Ref())},
 		router.Header{Key: HeaderFirstTime, Value: []byte(l.Time.UTC().Format(time.RFC3339Nano))})

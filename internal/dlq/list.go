@@ -37,6 +37,7 @@ type jsonLetter struct {
 	*Letter
 	AgeSeconds float64 `json:"age_seconds"`
 	Key        string  `json:"key"`
+	IDHeader   string  `json:"id_header"` // the header its event id is in
 }
 
 // WriteJSON writes letters as a stream of JSON objects, one a line (as
@@ -44,7 +45,7 @@ type jsonLetter struct {
 func WriteJSON(w io.Writer, letters []*Letter, now time.Time) error {
 	enc := json.NewEncoder(w)
 	for _, l := range letters {
-		if err := enc.Encode(jsonLetter{Letter: l, AgeSeconds: now.Sub(l.Time).Seconds(), Key: string(l.Key)}); err != nil {
+		if err := enc.Encode(jsonLetter{Letter: l, AgeSeconds: now.Sub(l.Time).Seconds(), Key: string(l.Key), IDHeader: l.Names.ID}); err != nil {
 			return err
 		}
 	}

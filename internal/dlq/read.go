@@ -22,8 +22,8 @@ import (
 // open Kafka transactions are not dead letters yet), and returns its dead
 // letters. The end is the high watermark: a Kafka transaction open in the
 // topic is waited for. A read that makes no progress for
-// kafka.delivery_timeout fails.
-func Read(ctx context.Context, cfg config.Kafka, idHeader, name string) (*Topic, error) {
+// kafka.delivery_timeout fails. fallback is as for Build.
+func Read(ctx context.Context, cfg config.Kafka, fallback Names, name string) (*Topic, error) {
 	opts, err := sink.ClientOptions(cfg)
 	if err != nil {
 		return nil, err
@@ -70,7 +70,7 @@ func Read(ctx context.Context, cfg config.Kafka, idHeader, name string) (*Topic,
 		}
 	})
 	if len(from) == 0 {
-		return Build(name, idHeader, nil), nil
+		return Build(name, fallback, nil), nil
 	}
 	cl, err := kgo.NewClient(append(opts,
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
@@ -117,7 +117,7 @@ func Read(ctx context.Context, cfg config.Kafka, idHeader, name string) (*Topic,
 			return nil, stalled(ctx, adm, cfg, name, end)
 		}
 	}
-	return Build(name, idHeader, recs), nil
+	return Build(name, fallback, recs), nil
 }
 
 // notCompacted refuses a topic whose cleanup.policy includes compact:
