@@ -2,7 +2,9 @@ package test
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"regexp"
 	"strconv"
@@ -12,7 +14,9 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // Dead letters sent back (issue 35 item 4). Rows whose partition column
@@ -103,20 +107,7 @@ func testDLQRedrive(t *testing.T, eos bool) {
 	}
 
 	// Still failing: the topic refuses them; they stay, with the new reason.
-	adm := kadm.NewClient(kafkaClient(t))
-	setMax := func(v string) {
-		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		rs, err := adm.AlterTopicConfigs(ctx, []kadm.AlterConfig{{Name: "max.message.bytes", Value: &v}}, topic)
-		if err == nil {
-			_, err = rs.On(topic, nil)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	setMax("100")
+	setMaxMessageBytes(t, topic, 100)
 	out, code := dlqRun(t, env, "redrive", "-topic", dlq)
 	if code != 1 || !strings.Contains(out, "redriven: 0, failed again: 5, not redrivable: 1") {
 		t.Fatalf("redrive into a topic that refuses the records: exit %d, want 1 and 5 failed again:\n%s", code, out)
@@ -128,7 +119,7 @@ func testDLQRedrive(t *testing.T, eos bool) {
 	}
 
 	// Fixed: they go; twice sends nothing again.
-	setMax("1048588")
+	setMaxMessageBytes(t, topic, 1048588)
 	// Exit 1 each time: the keyless row's dead letter is not redriven.
 	if out, code := dlqRun(t, env, "redrive", "-topic", dlq); code != 1 || !strings.Contains(out, "redriven: 5, failed again: 0, not redrivable: 1") {
 		t.Fatalf("redrive after the fix: exit %d:\n%s", code, out)
@@ -388,4 +379,134 @@ func tally(recs []*kgo.Record, all []string, idOf func(*kgo.Record) string) (los
 		phantoms += n
 	}
 	return lost, dups, phantoms
+}
+
+// setMaxMessageBytes sets topic's max.message.bytes to v and returns once
+// the leader of each of its partitions enforces it. AlterConfigs returns
+// when the controller has committed the change; a broker applies it to its
+// logs later, when it replays the metadata, and DescribeConfigs can read the
+// new value from the broker's metadata image before its logs use it (a
+// redrive right after met MESSAGE_TOO_LARGE once). So it polls
+// DescribeConfigs until the value reads back, then probes every partition
+// with two record batches whose CRC is wrong, v+1 and v bytes long: a
+// leader checks a batch's size against its log's max.message.bytes before
+// the CRC, so the first must be refused as MESSAGE_TOO_LARGE and the second
+// as CORRUPT_MESSAGE once the log has the new value. Neither is appended:
+// the topic's consumers see nothing of the probes.
+func setMaxMessageBytes(t *testing.T, topic string, v int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(svc.brokers...), kgo.MetadataMinAge(250*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	val := strconv.Itoa(v)
+	rs, err := adm.AlterTopicConfigs(ctx, []kadm.AlterConfig{{Name: "max.message.bytes", Value: &val}}, topic)
+	if err == nil {
+		_, err = rs.On(topic, nil)
+	}
+	if err != nil {
+		t.Fatalf("setting max.message.bytes of %s to %d: %v", topic, v, err)
+	}
+	md, err := adm.Metadata(ctx, topic)
+	if err == nil {
+		err = md.Topics.Error()
+	}
+	if err != nil {
+		t.Fatalf("metadata of %s: %v", topic, err)
+	}
+	td := md.Topics[topic]
+	probes := []struct {
+		size int
+		want error
+	}{{v + 1, kerr.MessageTooLarge}, {v, kerr.CorruptMessage}}
+	start, rounds := time.Now(), 0
+	var last string
+	for rounds = 1; ; rounds++ {
+		last = ""
+		rcs, err := adm.DescribeTopicConfigs(ctx, topic)
+		if err != nil {
+			last = err.Error()
+		} else if c, err := rcs.On(topic, nil); err != nil {
+			last = err.Error()
+		} else if got := configValue(c.Configs, "max.message.bytes"); got != val {
+			last = fmt.Sprintf("DescribeConfigs reads %s", got)
+		}
+		for _, p := range td.Partitions.Sorted() {
+			for _, pr := range probes {
+				if last != "" {
+					break
+				}
+				if err := produceCorrupt(ctx, cl, td, p, pr.size); !errors.Is(err, pr.want) {
+					last = fmt.Sprintf("partition %d refuses a %d-byte batch with %v, want %v", p.Partition, pr.size, err, pr.want)
+				}
+			}
+		}
+		if last == "" {
+			t.Logf("max.message.bytes of %s is %d on every partition after %s (%d rounds)", topic, v, time.Since(start).Round(time.Millisecond), rounds)
+			return
+		}
+		if rounds == 1 || ctx.Err() != nil {
+			t.Logf("max.message.bytes of %s not yet %d: %s", topic, v, last)
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("max.message.bytes of %s set to %d is not in force after 30s: %s", topic, v, last)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func configValue(cs []kadm.Config, name string) string {
+	for _, c := range cs {
+		if c.Key == name && c.Value != nil {
+			return *c.Value
+		}
+	}
+	return ""
+}
+
+// produceCorrupt sends partition p's leader a record batch of size bytes
+// whose CRC is wrong, and returns the partition's error.
+func produceCorrupt(ctx context.Context, cl *kgo.Client, td kadm.TopicDetail, p kadm.PartitionDetail, size int) error {
+	const batchHeader = 61 // RecordBatch v2 before its records
+	varintLen := func(x int) int { return len(binary.AppendVarint(nil, int64(x))) }
+	bodyLen := func(n int) int { return 4 + varintLen(n) + n + 1 }
+	n := size - batchHeader
+	for n > 0 && batchHeader+varintLen(bodyLen(n))+bodyLen(n) > size {
+		n-- // the value's length, so that the batch is size bytes
+	}
+	if n <= 0 || batchHeader+varintLen(bodyLen(n))+bodyLen(n) != size {
+		return fmt.Errorf("no batch of %d bytes", size)
+	}
+	rec := binary.AppendVarint(nil, int64(bodyLen(n)))
+	rec = append(rec, 0, 0, 0, 1) // attributes, timestamp delta, offset delta, key length -1
+	rec = binary.AppendVarint(rec, int64(n))
+	rec = append(rec, make([]byte, n)...)
+	rec = append(rec, 0) // no headers
+	batch := kmsg.RecordBatch{
+		Length: int32(size - 12), Magic: 2, CRC: 1, // wrong
+		ProducerID: -1, ProducerEpoch: -1, FirstSequence: -1, NumRecords: 1, Records: rec,
+	}
+	req := kmsg.NewPtrProduceRequest()
+	req.Acks, req.TimeoutMillis = -1, 10000
+	rt := kmsg.NewProduceRequestTopic()
+	rt.Topic, rt.TopicID = td.Topic, td.ID
+	rp := kmsg.NewProduceRequestTopicPartition()
+	rp.Partition, rp.Records = p.Partition, batch.AppendTo(nil)
+	rt.Partitions = append(rt.Partitions, rp)
+	req.Topics = append(req.Topics, rt)
+	resp, err := req.RequestWith(ctx, cl.Broker(int(p.Leader)))
+	if err != nil {
+		return err
+	}
+	for _, t := range resp.Topics {
+		for _, rp := range t.Partitions {
+			return kerr.ErrorForCode(rp.ErrorCode)
+		}
+	}
+	return fmt.Errorf("no partition in the produce response")
 }
