@@ -98,7 +98,10 @@ func resume(st State, k Committed, s store) (resumed, error) {
 		// the slot does not; review-fix55 Should 2).
 		start, err := wal.ParseLSN(st.LSN)
 		if err != nil {
-			return resumed{}, fmt.Errorf("reading the consistent point %q of the backfill of slot %q in %s: %w", st.LSN, st.Slot, s.name, err)
+			return resumed{}, &StateError{fmt.Errorf("the backfill of slot %q recorded in %s has a consistent point %q that is not an LSN (%w): "+
+				"outboxd did not write it, and a restart reads it again. Write the slot's consistent point back into the state (the lsn key of the state column), "+
+				"or give the backfill up: DELETE FROM %[5]s WHERE slot = '%[1]s'; DROP TABLE IF EXISTS %[6]s; remove postgres.backfill, and send the rows not sent with outboxd replay",
+				st.Slot, s.name, st.LSN, err, s.state, s.keys)}
 		}
 		older := pos.Timeline != 0 && k.Server.Timeline != 0 && pos.Timeline < k.Server.Timeline
 		switch {
@@ -178,6 +181,16 @@ func (e *CursorError) Unwrap() error { return e.err }
 
 // Permanent reports that a restart cannot fix it.
 func (e *CursorError) Permanent() bool { return true }
+
+// StateError is a backfill state row in Postgres that outboxd did not
+// write (review-fix55 N6): a restart would read it again.
+type StateError struct{ err error }
+
+func (e *StateError) Error() string { return e.err.Error() }
+func (e *StateError) Unwrap() error { return e.err }
+
+// Permanent reports that a restart cannot fix it.
+func (e *StateError) Permanent() bool { return true }
 
 // split reports whether an open Kafka transaction of records records and
 // bytes bytes, open for age, commits before the next row, as the stream's

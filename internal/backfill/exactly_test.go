@@ -122,6 +122,21 @@ func TestResume(t *testing.T) {
 			t.Errorf("resume = %v; want a permanent *CursorError naming the transactional id", err)
 		}
 	})
+	// review-fix55 N6: a restart would read the same state row again.
+	t.Run("a consistent point in Postgres that is not an LSN", func(t *testing.T) {
+		k := Committed{Found: true, Owner: eos.Owner{ID: "outboxd-7441-outboxd", Topic: "outboxd-positions"},
+			Position: eos.Position{Slot: "outboxd", LSN: 0x3000}}
+		_, err := resume(State{Slot: "outboxd", LSN: "not an lsn"}, k, storeIn("public", "outboxd"))
+		var se *StateError
+		if !errors.As(err, &se) || !se.Permanent() {
+			t.Fatalf("resume = %v; want a permanent *StateError", err)
+		}
+		for _, want := range []string{`"not an lsn"`, `DELETE FROM "public"."outboxd_backfill" WHERE slot = 'outboxd'; DROP TABLE IF EXISTS "public"."outboxd_backfill_outboxd"`} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("the refusal does not say %q: %v", want, err)
+			}
+		}
+	})
 }
 
 // A cursor survives the position record's encoding (eos.Position.Encode)

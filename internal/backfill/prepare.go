@@ -365,10 +365,7 @@ func (s store) refuseUnfinished(ctx context.Context, conn *pgx.Conn, slot string
 				"slot", slot, "table", s.name, "err", err)
 			return nil
 		}
-		return fmt.Errorf("postgres.backfill is not set, and outboxd must check that no backfill of slot %q is unfinished before it streams the slot, but it may not read the backfill state table %s: %w; "+
-			"the slot's key table %s is there, as it is while a backfill of the slot is not done, whose rows would be sent after newer events of their keys, or never. "+
-			"Let the role of postgres.dsn read it: GRANT USAGE ON SCHEMA %s TO <role>; GRANT SELECT ON %s TO <role>",
-			slot, s.name, err, s.keys, pgx.Identifier{s.schema}.Sanitize(), s.state)
+		return s.unreadable(slot, err)
 	}
 	if !found || st.Phase == phaseDone {
 		return nil
@@ -384,6 +381,15 @@ func (s store) refuseUnfinished(ctx context.Context, conn *pgx.Conn, slot string
 		"streaming the slot now would confirm it past the rows not sent, and they would never be. Set postgres.backfill back as it was to finish it "+
 		"(it resumes after the last page Kafka acknowledged), then remove it; or, to give those rows up, DELETE FROM %s WHERE slot = '%s'; DROP TABLE IF EXISTS %s",
 		slot, s.name, st.Phase, st.Sent, st.Total, s.state, slot, s.keys)
+}
+
+// unreadable refuses a start because the role may not read s, beside the
+// key table of slot (err).
+func (s store) unreadable(slot string, err error) error {
+	return fmt.Errorf("postgres.backfill is not set, and outboxd must check that no backfill of slot %q is unfinished before it streams the slot, but it may not read the backfill state table %s: %w; "+
+		"the slot's key table %s is there, as it is while a backfill of the slot is not done, whose rows would be sent after newer events of their keys, or never. "+
+		"Let the role of postgres.dsn read it: GRANT USAGE ON SCHEMA %s TO <role>; GRANT SELECT ON %s TO <role>",
+		slot, s.name, err, s.keys, pgx.Identifier{s.schema}.Sanitize(), s.state)
 }
 
 func currentDatabase(ctx context.Context, conn *pgx.Conn) (string, error) {

@@ -1,6 +1,8 @@
 package backfill
 
 import (
+	"errors"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgtype"
@@ -38,5 +40,21 @@ func TestUnorderedDefault(t *testing.T) {
 				t.Errorf("unorderedDefault = %q, want %q", got, tc.want)
 			}
 		})
+	}
+}
+
+// The GRANT that lets the role read another schema's state table names
+// that schema, a dot in its name included (review-fix55 N6: it was cut out
+// of the dotted table name).
+func TestUnreadableStateNamesTheSchema(t *testing.T) {
+	err := storeIn("app.eu", "outboxd").unreadable("outboxd", errors.New("permission denied"))
+	for _, want := range []string{
+		`GRANT USAGE ON SCHEMA "app.eu" TO <role>`,
+		`GRANT SELECT ON "app.eu"."outboxd_backfill" TO <role>`,
+		`key table "app.eu"."outboxd_backfill_outboxd"`,
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the refusal does not say %s: %v", want, err)
+		}
 	}
 }
