@@ -31,3 +31,21 @@ func TestStartRefusesUnloggedPartition(t *testing.T) {
 	}
 	p.waitLog(`outbox table public\.pout has the UNLOGGED partition public\.pout_u`, time.Second)
 }
+
+// An UNLOGGED outbox table named exactly, in a configuration without a
+// pattern, is refused by outboxd at start-up with SET LOGGED for remedy,
+// before the slot is made; it used to meet Postgres's own refusal of the
+// publication, without outboxd's remedy (review-fix55 N1).
+func TestStartRefusesUnloggedTable(t *testing.T) {
+	d := newDB(t)
+	d.exec(t, `CREATE UNLOGGED TABLE public.uout (LIKE public.outbox INCLUDING ALL)`)
+	env := d.env("OUTBOXD_POSTGRES_TABLE=public.uout")
+	expectStartupError(t, env, `outbox table public\.uout is UNLOGGED: Postgres writes no WAL for its rows.*`+
+		`make it logged: ALTER TABLE public\.uout SET LOGGED; send the rows it holds now.*outboxd replay -table public\.uout -where`)
+	if slot := d.confirmedFlush(t); slot != 0 {
+		t.Fatalf("the start-up check let outboxd make the slot (confirmed to %X) before it refused the unlogged table", slot)
+	}
+	d.exec(t, `ALTER TABLE public.uout SET LOGGED`)
+	p := start(t, env)
+	p.waitStreaming()
+}

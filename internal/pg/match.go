@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -56,23 +57,30 @@ func MatchTables(ctx context.Context, conn *pgx.Conn, entries []config.TableEntr
 		var ms []Match
 		var s, t string
 		var unlogged bool
+		var ue *UnloggedError
 		_, err = pgx.ForEachRow(rows, []any{&s, &t, &unlogged}, func() error {
 			// LIKE compares by the database's collation; Matches exactly.
-			if j, ok := all.EntryOf(s, t); !e.Matches(s, t) || !ok || j != i {
+			if j, ok := all.EntryOf(s, t); !e.Matches(s, t) || !ok || j != i || ue != nil {
 				return nil
 			}
 			if unlogged {
-				return unloggedError(Match{Schema: s, Table: t, Entry: i}, e)
+				ue = &UnloggedError{Match: Match{Schema: s, Table: t, Entry: i}}
+				if e.Pattern() {
+					ue.Pattern = e.Name
+				}
+				return nil
 			}
 			ms = append(ms, Match{Schema: s, Table: t, Entry: i})
 			return nil
 		})
-		var ue *UnloggedError
-		if errors.As(err, &ue) {
-			return nil, err
-		}
 		if err != nil {
 			return nil, fmt.Errorf("listing the tables postgres.tables[%d] (%s) names: %w", i, e.Name, err)
+		}
+		if ue != nil {
+			if ue.Recorded, err = RecordedFor(ctx, conn, ue.Schema, ue.Table); err != nil {
+				return nil, fmt.Errorf("outbox table %s (postgres.tables[%d]) is UNLOGGED, and reading the patterns recorded for the event trigger failed: %w", ue.Name(), i, err)
+			}
+			return nil, ue
 		}
 		if len(ms) == 0 && !e.Pattern() {
 			return nil, fmt.Errorf("outbox table %s (postgres.tables[%d]) does not exist; run 'outboxd migrate' to create it, or correct the name (it is compared exactly: no quotes, case as in the catalogue)", e.Name, i)
@@ -87,28 +95,78 @@ func MatchTables(ctx context.Context, conn *pgx.Conn, entries []config.TableEntr
 // publish it and they would never be delivered.
 type UnloggedError struct {
 	Match
-	Pattern string // the entry's pattern, "" for an exact name
-}
-
-func unloggedError(m Match, e config.TableEntry) *UnloggedError {
-	ue := &UnloggedError{Match: m}
-	if e.Pattern() {
-		ue.Pattern = e.Name
-	}
-	return ue
+	Pattern  string     // the entry's pattern, "" for an exact name
+	Recorded []Recorded // the recorded patterns that match it
 }
 
 func (e *UnloggedError) Error() string {
 	name := pgx.Identifier{e.Schema, e.Table}.Sanitize()
-	if e.Pattern == "" {
-		return fmt.Sprintf("outbox table %s (postgres.tables[%d]) is UNLOGGED: Postgres writes no WAL for its rows, so no publication can publish it and they would never be delivered. "+
-			"Make it a logged table: ALTER TABLE %s SET LOGGED (the rows it holds now were never in the WAL: send them with outboxd replay)", e.Name(), e.Entry, name)
+	entry, other := fmt.Sprintf("postgres.tables[%d]", e.Entry), ""
+	if e.Pattern != "" {
+		entry += ", pattern " + e.Pattern
+		other = ". Or drop it, or rename it to a name the pattern does not match"
 	}
-	return fmt.Sprintf("outbox table %s (postgres.tables[%d], pattern %s) is UNLOGGED: Postgres writes no WAL for its rows, so no publication can publish it and they would never be delivered. "+
-		"Make it a logged table and publish it, in one transaction as a superuser, with the event trigger %[4]s (which refuses any change of a matching table the publication lacks) disabled for that transaction only: "+
-		"BEGIN; ALTER EVENT TRIGGER %[4]s DISABLE; ALTER TABLE %[5]s SET LOGGED; ALTER PUBLICATION <postgres.publication> ADD TABLE %[5]s; ALTER EVENT TRIGGER %[4]s ENABLE ALWAYS; COMMIT; "+
-		"(leave out ADD TABLE while the publication does not exist yet); the rows it holds now were never in the WAL: send them with outboxd replay. Or drop it, or rename it to a name the pattern does not match",
-		e.Name(), e.Entry, e.Pattern, TriggerName, name)
+	return fmt.Sprintf("outbox table %s (%s) is UNLOGGED: Postgres writes no WAL for its rows, so no publication can publish it and they would never be delivered. "+
+		"Make it a logged table: %s; the rows it holds now were never in the WAL: send them with outboxd replay%s",
+		e.Name(), entry, loggedRemedy(name, e.Recorded), other)
+}
+
+// Recorded is a pattern that outboxd migrate recorded for the event
+// trigger (PatternTable) and that matches a table, of a publication that
+// exists: while the trigger is enabled it refuses any change of the table
+// that leaves it logged and not published by Publication, whichever
+// outboxd's publication that is (a SET LOGGED, since an UNLOGGED table
+// cannot be published first).
+type Recorded struct {
+	Publication, Pattern string
+}
+
+// RecordedFor returns the patterns recorded in PatternTable that match
+// schema.table, as the event trigger matches them, and whose publication
+// exists, when the trigger is installed and not disabled; else none, for
+// nothing refuses a change.
+func RecordedFor(ctx context.Context, q querier, schema, table string) ([]Recorded, error) {
+	var armed bool
+	if err := q.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL AND EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = $2 AND evtenabled <> 'D')`,
+		PatternTable, TriggerName).Scan(&armed); err != nil || !armed {
+		return nil, err
+	}
+	rows, err := q.Query(ctx, `SELECT p.publication, p.pattern FROM `+PatternTable+` p
+		WHERE $1::text LIKE p.schema_like AND $2::text LIKE p.table_like AND EXISTS (SELECT 1 FROM pg_publication b WHERE b.pubname = p.publication)
+		ORDER BY 1, 2`, schema, table)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowToStructByPos[Recorded])
+}
+
+// loggedRemedy is what makes the UNLOGGED table name (quoted) a logged
+// one: ALTER TABLE … SET LOGGED alone, unless recorded patterns match it
+// (rec). Then the event trigger refuses that statement, for it leaves a
+// matching table their publications do not publish, and an UNLOGGED table
+// cannot be published first; so it runs in one transaction with the
+// trigger disabled for that transaction only, followed by ADD TABLE to
+// each of those publications (review-fix55 N1).
+func loggedRemedy(name string, rec []Recorded) string {
+	if len(rec) == 0 {
+		return "ALTER TABLE " + name + " SET LOGGED"
+	}
+	var which []string
+	stmts := []string{"BEGIN", "ALTER EVENT TRIGGER " + TriggerName + " DISABLE", "ALTER TABLE " + name + " SET LOGGED"}
+	for _, r := range rec {
+		which = append(which, fmt.Sprintf("%s of publication %s", r.Pattern, r.Publication))
+		if add := addTable(r.Publication, name); !slices.Contains(stmts, add) {
+			stmts = append(stmts, add)
+		}
+	}
+	stmts = append(stmts, "ALTER EVENT TRIGGER "+TriggerName+" ENABLE ALWAYS", "COMMIT")
+	return fmt.Sprintf("the event trigger %s refuses SET LOGGED alone, for the recorded outbox table pattern %s matches it; "+
+		"as a superuser, in one transaction with the trigger disabled for that transaction only, make it logged and publish it: %s",
+		TriggerName, strings.Join(which, " and "), strings.Join(stmts, "; "))
+}
+
+func addTable(publication, name string) string {
+	return "ALTER PUBLICATION " + pgx.Identifier{publication}.Sanitize() + " ADD TABLE " + name
 }
 
 // MatchNames returns the names of ms, comma-separated, for a log line.
@@ -122,11 +180,13 @@ func MatchNames(ms []Match) string {
 
 // unloggedTreeQuery finds, for the outbox tables by their quoted names
 // ($1), the first table or partition, at any depth, that is UNLOGGED: the
-// entry's place (from 1), its name quoted, whether it is partitioned, and
-// whether it is the outbox table itself.
-const unloggedTreeQuery = `SELECT u.i::int, format('%I.%I', n.nspname, q.relname), q.relkind = 'p', t.level = 0
+// entry's place (from 1), its name quoted, its schema and name, whether
+// it is partitioned, and whether it is the outbox table itself. The table
+// itself is added to its tree: pg_partition_tree lists nothing for a
+// table that is neither partitioned nor a partition (review-fix55 N1).
+const unloggedTreeQuery = `SELECT u.i::int, format('%I.%I', n.nspname, q.relname), n.nspname::text, q.relname::text, q.relkind = 'p', t.level = 0
 	FROM unnest($1::text[]) WITH ORDINALITY AS u(name, i)
-	CROSS JOIN LATERAL pg_partition_tree(to_regclass(u.name)) t
+	CROSS JOIN LATERAL (SELECT relid, level FROM pg_partition_tree(to_regclass(u.name)) UNION SELECT to_regclass(u.name), 0) t
 	JOIN pg_class q ON q.oid = t.relid JOIN pg_namespace n ON n.oid = q.relnamespace
 	WHERE q.relpersistence = 'u' ORDER BY u.i, t.level, 2 LIMIT 1`
 
@@ -143,11 +203,11 @@ const unloggedTreeQuery = `SELECT u.i::int, format('%I.%I', n.nspname, q.relname
 // (tables.Watch).
 func RefuseUnlogged(ctx context.Context, q querier, quoted, shown []string) error {
 	var (
-		i                  int
-		name               string
-		partitioned, table bool
+		i                     int
+		name, schema, relname string
+		partitioned, table    bool
 	)
-	err := q.QueryRow(ctx, unloggedTreeQuery, quoted).Scan(&i, &name, &partitioned, &table)
+	err := q.QueryRow(ctx, unloggedTreeQuery, quoted).Scan(&i, &name, &schema, &relname, &partitioned, &table)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil
 	}
@@ -157,7 +217,13 @@ func RefuseUnlogged(ctx context.Context, q querier, quoted, shown []string) erro
 	if i < 1 || i > len(shown) {
 		return fmt.Errorf("reading whether the outbox tables or their partitions are UNLOGGED: table %d of %d", i, len(shown))
 	}
-	return &UnloggedPartitionError{Table: shown[i-1], Partition: name, Partitioned: partitioned, Self: table}
+	ue := &UnloggedPartitionError{Table: shown[i-1], Partition: name, Partitioned: partitioned, Self: table}
+	if table && !partitioned {
+		if ue.Recorded, err = RecordedFor(ctx, q, schema, relname); err != nil {
+			return fmt.Errorf("outbox table %s is UNLOGGED, and reading the patterns recorded for the event trigger failed: %w", ue.Table, err)
+		}
+	}
+	return ue
 }
 
 // UnloggedPartitionError is an outbox table, or one of its partitions,
@@ -167,6 +233,9 @@ type UnloggedPartitionError struct {
 	Partition   string // the unlogged table, quoted: Table itself or one of its partitions
 	Partitioned bool   // the unlogged table is partitioned (no storage of its own)
 	Self        bool   // the unlogged table is the outbox table itself
+	// Recorded are the recorded patterns that match the outbox table,
+	// when it is the unlogged one (Self) and not partitioned.
+	Recorded []Recorded
 }
 
 func (e *UnloggedPartitionError) Error() string {
@@ -174,13 +243,13 @@ func (e *UnloggedPartitionError) Error() string {
 	if e.Self {
 		what = fmt.Sprintf("outbox table %s is UNLOGGED", e.Table)
 	}
-	fix := fmt.Sprintf("make it logged: ALTER TABLE %s SET LOGGED", e.Partition)
+	fix := "make it logged: " + loggedRemedy(e.Partition, e.Recorded)
 	if e.Partitioned {
 		// SET LOGGED of a partitioned table changes nothing: it has no
 		// storage of its own (Postgres 14 to 17).
 		fix = fmt.Sprintf("re-create %s without UNLOGGED (SET LOGGED does not change a partitioned table) and move its partitions to it", e.Partition)
 	}
 	return fmt.Sprintf("%s: Postgres writes no WAL for its rows, so the publication publishes none of them and they would never be delivered. "+
-		"Stop the application's writes to it, %s, and send the rows it holds now, which were never in the WAL, with outboxd replay -table %s -where … (a condition selecting them); "+
+		"Stop the application's writes to it; %s; send the rows it holds now, which were never in the WAL, with outboxd replay -table %s -where … (a condition selecting them); "+
 		"then start outboxd", what, fix, e.Table)
 }

@@ -147,8 +147,7 @@ func TestTriggerSkipsTemporaryRefusesUnlogged(t *testing.T) {
 	if !errors.As(err, &ue) || ue.Name() != "tenant_old.outbox" {
 		t.Fatalf("MatchTables with tenant_old.outbox unlogged: %v; want an *UnloggedError naming it", err)
 	}
-	fix := err.Error()[strings.Index(err.Error(), "BEGIN;"):]
-	fix = strings.ReplaceAll(fix[:strings.Index(fix, "COMMIT;")+len("COMMIT;")], "<postgres.publication>", "pub")
+	fix := remedyOf(t, err)
 	if _, err := conn.Exec(context.Background(), fix); err != nil {
 		t.Fatalf("the statements the refusal gives (%s): %v", fix, err)
 	}
@@ -394,4 +393,85 @@ func TestWatchPatterns(t *testing.T) {
 		t.Fatal(err)
 	}
 	want("dropped with its schema", "", "the table outboxd_trigger.patterns, which it reads, is missing")
+}
+
+// remedyOf returns the BEGIN … COMMIT statements that err gives.
+func remedyOf(t *testing.T, err error) string {
+	t.Helper()
+	msg := err.Error()
+	i, j := strings.Index(msg, "BEGIN;"), strings.Index(msg, "; COMMIT")
+	if i < 0 || j < i {
+		t.Fatalf("%v: want statements from BEGIN to COMMIT", err)
+	}
+	return msg[i : j+len("; COMMIT")]
+}
+
+// The statements that make an UNLOGGED outbox table logged depend on
+// whether a pattern recorded for the event trigger matches it, not on the
+// kind of the entry that names it (review-fix55 N1). Where one of an
+// existing publication does, the trigger refuses SET LOGGED alone (the
+// table would be a matching one the publication lacks, and an unlogged
+// table cannot be published first): an exact name, in a configuration
+// without a pattern (RefuseUnlogged) or beside one (MatchTables), gets the
+// transaction with the trigger disabled and ADD TABLE, and it goes
+// through. Where none does, SET LOGGED alone is given, and goes through.
+func TestUnloggedRemedyByRecordedPattern(t *testing.T) {
+	ctx := context.Background()
+	conn := triggerDB(t, "*.outbox")
+	if err := execs(conn, `ALTER EVENT TRIGGER `+TriggerName+` DISABLE`, `CREATE SCHEMA shop`, `CREATE SCHEMA shop2`, `CREATE SCHEMA plain`,
+		`CREATE UNLOGGED TABLE shop.outbox (id int)`, `CREATE UNLOGGED TABLE shop2.outbox (id int)`, `CREATE UNLOGGED TABLE plain.events (id int)`,
+		`ALTER EVENT TRIGGER `+TriggerName+` ENABLE ALWAYS`); err != nil {
+		t.Fatal(err)
+	}
+	const trigger = `the event trigger outboxd_add_tables refuses SET LOGGED alone, for the recorded outbox table pattern *.outbox of publication pub matches it`
+	if err := execs(conn, `ALTER TABLE shop.outbox SET LOGGED`); err == nil || !strings.Contains(err.Error(), "which does not publish it") {
+		t.Fatalf("SET LOGGED alone of a table a recorded pattern matches: %v; want the trigger's refusal", err)
+	}
+
+	// An exact name, no pattern in the configuration: the start-up check.
+	err := RefuseUnlogged(ctx, conn, []string{`"shop"."outbox"`}, []string{"shop.outbox"})
+	var pe *UnloggedPartitionError
+	if !errors.As(err, &pe) || !pe.Self || !strings.Contains(err.Error(), trigger) ||
+		!strings.Contains(err.Error(), `ALTER TABLE shop.outbox SET LOGGED; ALTER PUBLICATION "pub" ADD TABLE shop.outbox; ALTER EVENT TRIGGER outboxd_add_tables ENABLE ALWAYS; COMMIT`) {
+		t.Fatalf("RefuseUnlogged of shop.outbox: %v; want the transaction with the trigger disabled", err)
+	}
+	if _, err := conn.Exec(ctx, remedyOf(t, err)); err != nil {
+		t.Fatalf("the statements RefuseUnlogged gives: %v", err)
+	}
+	if err := RefuseUnlogged(ctx, conn, []string{`"shop"."outbox"`}, []string{"shop.outbox"}); err != nil {
+		t.Fatalf("RefuseUnlogged after its statements: %v", err)
+	}
+
+	// An exact name beside a pattern that matches it too (the exact entry
+	// wins): the match at start-up.
+	_, err = MatchTables(ctx, conn, triggerConfig("shop2.outbox", "*.outbox").Tables)
+	var ue *UnloggedError
+	if !errors.As(err, &ue) || ue.Pattern != "" || ue.Name() != "shop2.outbox" || !strings.Contains(err.Error(), trigger) {
+		t.Fatalf("MatchTables with shop2.outbox unlogged: %v; want an *UnloggedError of the exact entry with the transaction", err)
+	}
+	if _, err := conn.Exec(ctx, remedyOf(t, err)); err != nil {
+		t.Fatalf("the statements MatchTables gives: %v", err)
+	}
+	if got := published(t, conn); got != "shop.outbox,shop2.outbox" {
+		t.Fatalf("published: %q, want shop.outbox,shop2.outbox", got)
+	}
+
+	// No recorded pattern matches: SET LOGGED alone.
+	err = RefuseUnlogged(ctx, conn, []string{`"plain"."events"`}, []string{"plain.events"})
+	if err == nil || strings.Contains(err.Error(), "BEGIN") || !strings.Contains(err.Error(), "make it logged: ALTER TABLE plain.events SET LOGGED;") {
+		t.Fatalf("RefuseUnlogged of plain.events: %v; want SET LOGGED alone", err)
+	}
+	// Nor where the recorded pattern's publication does not exist: the trigger lets SET LOGGED
+	// through.
+	if err := execs(conn, `ALTER EVENT TRIGGER `+TriggerName+` DISABLE`, `CREATE SCHEMA shop3`, `CREATE UNLOGGED TABLE shop3.outbox (id int)`,
+		`ALTER EVENT TRIGGER `+TriggerName+` ENABLE ALWAYS`, `DROP PUBLICATION pub`); err != nil {
+		t.Fatal(err)
+	}
+	_, err = MatchTables(ctx, conn, triggerConfig("shop3.outbox").Tables)
+	if !errors.As(err, &ue) || strings.Contains(err.Error(), "BEGIN") || !strings.Contains(err.Error(), `Make it a logged table: ALTER TABLE "shop3"."outbox" SET LOGGED;`) {
+		t.Fatalf("MatchTables of shop3.outbox, publication pub dropped: %v; want SET LOGGED alone", err)
+	}
+	if err := execs(conn, `ALTER TABLE shop3.outbox SET LOGGED`, `ALTER TABLE plain.events SET LOGGED`); err != nil {
+		t.Fatalf("SET LOGGED alone: %v", err)
+	}
 }
