@@ -21,7 +21,10 @@ import (
 // With several postgres.tables it does so for each table, with the
 // column names of its entry's router. With a pattern it installs the event
 // trigger that adds the tables the pattern matches to the publication as
-// they are created (pg.InstallTrigger), which needs a superuser.
+// they are created (pg.InstallTrigger), which needs a superuser, and adds
+// those that exist and the publication lacks. Without a pattern it deletes
+// the patterns recorded for the publication by an earlier run
+// (pg.ForgetPatterns).
 func Migrate(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	per, err := cfg.PerTable()
 	if err != nil {
@@ -40,20 +43,37 @@ func Migrate(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 			return err
 		}
 	}
-	if cfg.Postgres.Patterns() {
-		// Tables a pattern matches are the application's to create; the
-		// trigger adds each to the publication as it is created.
-		if err := pg.InstallTrigger(ctx, conn, cfg.Postgres); err != nil {
+	if !cfg.Postgres.Patterns() {
+		// Patterns recorded by an earlier run with patterns would have the
+		// trigger go on adding their tables (review-patterns35 S2).
+		forgot, err := pg.ForgetPatterns(ctx, conn, cfg.Postgres.Publication)
+		if err != nil {
 			return err
 		}
-		log.Info("installed the event trigger that adds a table a pattern of postgres.tables matches to the publication as it is created",
-			"trigger", pg.TriggerName, "publication", cfg.Postgres.Publication)
-		for _, o := range cfg.Postgres.Overlaps() {
-			log.Warn("two patterns of postgres.tables can match the same table, which takes the router settings of the first: "+
-				"if that is not what you mean, narrow them, or list such a table by its exact name (an exact name comes before every pattern)",
-				"first", fmt.Sprintf("postgres.tables[%d] (%s)", o[0], cfg.Postgres.Tables[o[0]].Name),
-				"second", fmt.Sprintf("postgres.tables[%d] (%s)", o[1], cfg.Postgres.Tables[o[1]].Name))
+		if len(forgot) > 0 {
+			log.Info("deleted the patterns recorded for the publication, which postgres.tables no longer has: the event trigger no longer adds the tables they match to it",
+				"publication", cfg.Postgres.Publication, "patterns", strings.Join(forgot, ","))
 		}
+		return nil
+	}
+	// Tables a pattern matches are the application's to create; the
+	// trigger adds each to the publication as it is created.
+	added, err := pg.InstallTrigger(ctx, conn, cfg.Postgres)
+	if err != nil {
+		return err
+	}
+	log.Info("installed the event trigger that adds a table a pattern of postgres.tables matches to the publication as it is created",
+		"trigger", pg.TriggerName, "publication", cfg.Postgres.Publication)
+	if len(added) > 0 {
+		log.Warn("added to the publication the tables that a pattern of postgres.tables matches and that it did not publish: their rows written before now are not delivered; "+
+			"send those still pending with outboxd replay -table <table> -where … (postgres.backfill delivers a table's pending rows only with a single outbox table and a new slot)",
+			"publication", cfg.Postgres.Publication, "tables", strings.Join(added, ","))
+	}
+	for _, o := range cfg.Postgres.Overlaps() {
+		log.Warn("two patterns of postgres.tables can match the same table, which takes the router settings of the first: "+
+			"if that is not what you mean, narrow them, or list such a table by its exact name (an exact name comes before every pattern)",
+			"first", fmt.Sprintf("postgres.tables[%d] (%s)", o[0], cfg.Postgres.Tables[o[0]].Name),
+			"second", fmt.Sprintf("postgres.tables[%d] (%s)", o[1], cfg.Postgres.Tables[o[1]].Name))
 	}
 	return nil
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/internal/quote"
 )
 
 // The event trigger that adds a table a pattern of postgres.tables matches
@@ -71,10 +72,18 @@ BEGIN
 						HINT = 'create it without UNLOGGED, or give it a name the pattern does not match';
 			ELSIF cmd.command_tag = 'CREATE TABLE' THEN
 				EXECUTE format('ALTER PUBLICATION %I ADD TABLE %I.%I', m.publication, m.nspname, m.relname);
+			ELSIF cmd.command_tag = 'ALTER TABLE' THEN
+				-- Any ALTER TABLE, ADD COLUMN included: of a table that
+				-- matched before its pattern was recorded, or was removed
+				-- from the publication, as of one renamed or moved into a
+				-- matching name (review-patterns35 S3).
+				RAISE EXCEPTION 'outboxd: %.% matches the outbox table pattern % of publication %, which does not publish it', m.nspname, m.relname, m.pattern, m.publication
+					USING DETAIL = 'the event trigger refuses any ALTER TABLE of a table a pattern matches while the publication does not publish it (a table that matched before the pattern was recorded, one removed from the publication, or one renamed or moved into a matching name): its rows written so far were never published and are not delivered',
+						HINT = format('run ALTER PUBLICATION %I ADD TABLE %I.%I first (its rows written before are not delivered: send them with outboxd replay), or remove the pattern from postgres.tables and run outboxd migrate, or give the table a name the pattern does not match', m.publication, m.nspname, m.relname);
 			ELSE
 				RAISE EXCEPTION 'outboxd: %.% matches the outbox table pattern % of publication %, which does not publish it', m.nspname, m.relname, m.pattern, m.publication
-					USING DETAIL = cmd.command_tag || ' made or changed it while the publication does not publish it: rows written to it before would never be delivered (CREATE TABLE AS and SELECT INTO write rows before the table can be published; a table renamed or moved into a matching name, itself or by its schema, was not published when its rows were written)',
-						HINT = format('create a table with CREATE TABLE and then INSERT; for an existing table, run ALTER PUBLICATION %I ADD TABLE first (its rows written before are not delivered: send them with outboxd replay), or give it a name the pattern does not match', m.publication);
+					USING DETAIL = cmd.command_tag || ' made it, or brought it into a matching name, while the publication does not publish it: rows written to it before would never be delivered (CREATE TABLE AS and SELECT INTO write rows before the table can be published; a table whose schema is renamed into a matching name was not published when its rows were written)',
+						HINT = format('create a table with CREATE TABLE and then INSERT; for an existing table, run ALTER PUBLICATION %I ADD TABLE %I.%I first (its rows written before are not delivered: send them with outboxd replay), or give it a name the pattern does not match', m.publication, m.nspname, m.relname);
 			END IF;
 		END LOOP;
 		-- A partition, at any depth, of a matching table that is UNLOGGED:
@@ -153,11 +162,18 @@ var triggerSQL = []string{
 // before, in one transaction. It needs a superuser (CREATE EVENT TRIGGER).
 // It refuses TriggerSchema, or anything in it, that belongs to a role
 // other than a superuser and the one that runs it (checkOwners), and
-// checks what it installed as CheckTrigger does.
-func InstallTrigger(ctx context.Context, conn *pgx.Conn, pc config.Postgres) error {
+// checks what it installed as CheckTrigger does. When the publication
+// exists it adds to it, in the same transaction, the tables the patterns
+// match that it does not publish (a pattern added to a deployment that
+// runs), and returns their names, quoted: else the trigger would refuse
+// any ALTER TABLE of them and the check while outboxd streams would stop
+// it. Their rows written before are not delivered (review-patterns35 S3).
+// An UNLOGGED one is left to the start-up check, which refuses it with
+// the statements that make it logged.
+func InstallTrigger(ctx context.Context, conn *pgx.Conn, pc config.Postgres) (added []string, err error) {
 	tx, err := conn.Begin(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
 	failed := func(err error) error {
@@ -169,20 +185,20 @@ func InstallTrigger(ctx context.Context, conn *pgx.Conn, pc config.Postgres) err
 		return fmt.Errorf("installing the event trigger %s: %w", TriggerName, err)
 	}
 	if _, err := tx.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+TriggerSchema); err != nil {
-		return failed(err)
+		return nil, failed(err)
 	}
 	// Before anything is written into it: a function another role made
 	// first keeps its owner through CREATE OR REPLACE.
 	if err := checkOwners(ctx, tx, "(SELECT oid FROM pg_roles WHERE rolname = current_user)"); err != nil {
-		return err
+		return nil, err
 	}
 	for _, q := range triggerSQL {
 		if _, err := tx.Exec(ctx, q); err != nil {
-			return failed(err)
+			return nil, failed(err)
 		}
 	}
 	if _, err := tx.Exec(ctx, `DELETE FROM `+PatternTable+` WHERE publication = $1`, pc.Publication); err != nil {
-		return fmt.Errorf("recording the patterns of postgres.tables: %w", err)
+		return nil, fmt.Errorf("recording the patterns of postgres.tables: %w", err)
 	}
 	for _, e := range pc.Tables {
 		if !e.Pattern() {
@@ -191,13 +207,81 @@ func InstallTrigger(ctx context.Context, conn *pgx.Conn, pc config.Postgres) err
 		schema, table := e.Split()
 		if _, err := tx.Exec(ctx, `INSERT INTO `+PatternTable+` VALUES ($1, $2, $3, $4)`,
 			pc.Publication, e.Name, config.LikePattern(schema), config.LikePattern(table)); err != nil {
-			return fmt.Errorf("recording the pattern %s of postgres.tables: %w", e.Name, err)
+			return nil, fmt.Errorf("recording the pattern %s of postgres.tables: %w", e.Name, err)
 		}
 	}
-	if err := CheckTrigger(ctx, tx, pc); err != nil {
-		return fmt.Errorf("checking the event trigger just installed: %w", err)
+	if added, err = publishMatching(ctx, tx, pc.Publication); err != nil {
+		return nil, err
 	}
-	return tx.Commit(ctx)
+	if err := CheckTrigger(ctx, tx, pc); err != nil {
+		return nil, fmt.Errorf("checking the event trigger just installed: %w", err)
+	}
+	return added, tx.Commit(ctx)
+}
+
+// unpublishedQuery lists, quoted, the tables that the patterns recorded
+// for publication $1 match, as the trigger matches them, and that the
+// publication, which exists, does not publish. UNLOGGED ones are left
+// out: no publication can publish them.
+const unpublishedQuery = `SELECT DISTINCT format('%I.%I', n.nspname, c.relname)
+	FROM ` + PatternTable + ` p, pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+	WHERE p.publication = $1 AND ` + outboxKinds + ` AND c.relpersistence <> 'u'
+		AND n.nspname LIKE p.schema_like AND c.relname LIKE p.table_like
+		AND EXISTS (SELECT 1 FROM pg_publication b WHERE b.pubname = $1)
+		AND NOT EXISTS (SELECT 1 FROM pg_publication_rel r JOIN pg_publication b ON b.oid = r.prpubid WHERE b.pubname = $1 AND r.prrelid = c.oid)
+	ORDER BY 1`
+
+// publishMatching adds to publication the tables its recorded patterns
+// match that it does not publish (unpublishedQuery), and returns their
+// names, quoted.
+func publishMatching(ctx context.Context, tx pgx.Tx, publication string) ([]string, error) {
+	rows, err := tx.Query(ctx, unpublishedQuery, publication)
+	if err != nil {
+		return nil, fmt.Errorf("listing the tables the patterns of postgres.tables match that publication %q does not publish: %w", publication, err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil || len(names) == 0 {
+		return nil, err
+	}
+	if _, err := tx.Exec(ctx, "ALTER PUBLICATION "+pgx.Identifier{publication}.Sanitize()+" ADD TABLE "+strings.Join(names, ", ")); err != nil {
+		return nil, fmt.Errorf("adding %s, which the patterns of postgres.tables match, to publication %q: %w", strings.Join(names, ", "), publication, err)
+	}
+	return names, nil
+}
+
+// ForgetPatterns deletes the patterns recorded for publication, for a
+// configuration without a pattern (outboxd migrate), and returns them.
+// Left there, the event trigger would go on adding the tables they match
+// to the publication, and outboxd, which no longer lists them, would stop
+// at their first row (review-patterns35 S2). Deleting needs a superuser
+// (or the trigger's owner); it is refused, with what to run, only when
+// there is something to delete.
+func ForgetPatterns(ctx context.Context, conn *pgx.Conn, publication string) ([]string, error) {
+	patterns, err := RecordedPatterns(ctx, conn, publication)
+	if err != nil || len(patterns) == 0 {
+		return nil, err
+	}
+	if _, err := conn.Exec(ctx, `DELETE FROM `+PatternTable+` WHERE publication = $1`, publication); err != nil {
+		return nil, fmt.Errorf("deleting the patterns %s recorded in %s for publication %q, which postgres.tables no longer has (the event trigger %s would go on adding the tables they match to the publication, "+
+			"and outboxd would stop at their first row): %w; run outboxd migrate with a superuser's postgres.dsn, or, as a superuser, DELETE FROM %s WHERE publication = %s",
+			strings.Join(patterns, ", "), PatternTable, publication, TriggerName, err, PatternTable, quote.Literal(publication))
+	}
+	return patterns, nil
+}
+
+// RecordedPatterns returns the patterns recorded for publication in
+// PatternTable; none when outboxd migrate never installed the trigger.
+func RecordedPatterns(ctx context.Context, q querier, publication string) ([]string, error) {
+	var there bool
+	if err := q.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, PatternTable).Scan(&there); err != nil || !there {
+		return nil, err
+	}
+	var patterns []string
+	if err := q.QueryRow(ctx, `SELECT coalesce(array_agg(pattern ORDER BY pattern), '{}') FROM `+PatternTable+` WHERE publication = $1`,
+		publication).Scan(&patterns); err != nil {
+		return nil, fmt.Errorf("reading the patterns recorded in %s for publication %q: %w", PatternTable, publication, err)
+	}
+	return patterns, nil
 }
 
 // querier is a connection or a transaction.

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/internal/testenv"
@@ -22,7 +23,7 @@ func triggerDB(t *testing.T, names ...string) *pgx.Conn {
 	if _, err := conn.Exec(ctx, `CREATE PUBLICATION pub`); err != nil {
 		t.Fatal(err)
 	}
-	if err := InstallTrigger(ctx, conn, triggerConfig(names...)); err != nil {
+	if _, err := InstallTrigger(ctx, conn, triggerConfig(names...)); err != nil {
 		t.Fatalf("InstallTrigger: %v", err)
 	}
 	return conn
@@ -252,7 +253,7 @@ func TestTriggerOwners(t *testing.T) {
 		`ALTER FUNCTION `+triggerFunc+`() OWNER TO `+squat); err != nil {
 		t.Fatal(err)
 	}
-	err := InstallTrigger(ctx, conn, pc)
+	_, err := InstallTrigger(ctx, conn, pc)
 	if err == nil || !strings.Contains(err.Error(), "function outboxd_trigger.add_tables() belongs to role "+squat+", schema outboxd_trigger belongs to role "+squat) {
 		t.Fatalf("InstallTrigger over a squatted schema: %v, want a refusal naming the squatter's objects", err)
 	}
@@ -263,7 +264,7 @@ func TestTriggerOwners(t *testing.T) {
 	if err := execs(conn, `DROP SCHEMA `+TriggerSchema+` CASCADE`); err != nil {
 		t.Fatal(err)
 	}
-	if err := InstallTrigger(ctx, conn, pc); err != nil {
+	if _, err := InstallTrigger(ctx, conn, pc); err != nil {
 		t.Fatalf("InstallTrigger: %v", err)
 	}
 	if err := CheckTrigger(ctx, conn, pc); err != nil {
@@ -296,7 +297,7 @@ func TestTriggerOwners(t *testing.T) {
 			t.Errorf("%s: CheckTrigger: %v, want %q", tc.name, err, tc.want)
 		}
 		// migrate puts it right, or refuses what another role holds.
-		err := InstallTrigger(ctx, conn, pc)
+		_, err := InstallTrigger(ctx, conn, pc)
 		if strings.Contains(tc.name, "given away") {
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("%s: InstallTrigger: %v, want %q", tc.name, err, tc.want)
@@ -304,7 +305,7 @@ func TestTriggerOwners(t *testing.T) {
 			if err := execs(conn, `DROP EVENT TRIGGER IF EXISTS `+TriggerName, `DROP SCHEMA `+TriggerSchema+` CASCADE`); err != nil {
 				t.Fatal(err)
 			}
-			err = InstallTrigger(ctx, conn, pc)
+			_, err = InstallTrigger(ctx, conn, pc)
 		}
 		if err != nil {
 			t.Fatalf("%s: InstallTrigger: %v", tc.name, err)
@@ -473,5 +474,40 @@ func TestUnloggedRemedyByRecordedPattern(t *testing.T) {
 	}
 	if err := execs(conn, `ALTER TABLE shop3.outbox SET LOGGED`, `ALTER TABLE plain.events SET LOGGED`); err != nil {
 		t.Fatalf("SET LOGGED alone: %v", err)
+	}
+}
+
+// ALTER TABLE of a matching table the publication does not publish (here
+// removed from it), ADD COLUMN included, is refused with a DETAIL and a
+// HINT that fit it: ADD TABLE first, or remove the pattern, not "create
+// it, then INSERT" (review-patterns35 S3).
+func TestTriggerRefusesAlterTableOfUnpublished(t *testing.T) {
+	conn := triggerDB(t, "tenant_*.events")
+	if err := execs(conn, `CREATE SCHEMA tenant_a`, `CREATE TABLE tenant_a.events (id int)`, `ALTER PUBLICATION pub DROP TABLE tenant_a.events`); err != nil {
+		t.Fatal(err)
+	}
+	err := execs(conn, `ALTER TABLE tenant_a.events ADD COLUMN note text`)
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || !strings.Contains(pgErr.Message, "tenant_a.events matches the outbox table pattern tenant_*.events of publication pub, which does not publish it") {
+		t.Fatalf("ADD COLUMN of a matching table the publication lacks: %v; want the trigger's refusal", err)
+	}
+	for _, want := range []string{
+		"the event trigger refuses any ALTER TABLE of a table a pattern matches while the publication does not publish it",
+		"its rows written so far were never published",
+	} {
+		if !strings.Contains(pgErr.Detail, want) {
+			t.Errorf("DETAIL %q does not say %q", pgErr.Detail, want)
+		}
+	}
+	for _, want := range []string{"run ALTER PUBLICATION pub ADD TABLE tenant_a.events first", "or remove the pattern from postgres.tables and run outboxd migrate"} {
+		if !strings.Contains(pgErr.Hint, want) {
+			t.Errorf("HINT %q does not say %q", pgErr.Hint, want)
+		}
+	}
+	if strings.Contains(pgErr.Hint, "CREATE TABLE and then INSERT") {
+		t.Errorf("HINT %q speaks of creating the table", pgErr.Hint)
+	}
+	if err := execs(conn, `ALTER PUBLICATION pub ADD TABLE tenant_a.events`, `ALTER TABLE tenant_a.events ADD COLUMN note text`); err != nil {
+		t.Fatalf("the HINT's remedy: %v", err)
 	}
 }

@@ -1,7 +1,9 @@
 package preflight
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
 	"strings"
 	"testing"
 
@@ -10,6 +12,7 @@ import (
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/internal/pg"
 	"github.com/outboxd/outboxd/internal/testenv"
+	"github.com/outboxd/outboxd/shard"
 	"github.com/outboxd/outboxd/wal"
 )
 
@@ -29,7 +32,7 @@ func TestPublicationRefusesATableCreatedBeforeIt(t *testing.T) {
 	}
 	t.Cleanup(func() { conn.Close(context.Background()) })
 	pc := config.Postgres{Publication: "outboxd", CreatePublication: true, Tables: []config.TableEntry{{Name: "tenant_*.events"}}}
-	if err := pg.InstallTrigger(ctx, conn, pc); err != nil {
+	if _, err := pg.InstallTrigger(ctx, conn, pc); err != nil {
 		t.Fatal(err)
 	}
 	const table = ` (event_id uuid PRIMARY KEY, body jsonb NOT NULL)`
@@ -66,5 +69,43 @@ func TestPublicationRefusesATableCreatedBeforeIt(t *testing.T) {
 	tables = match()
 	if _, err := ensurePublication(ctx, conn, pc, tables); err != nil || len(tables) != 2 {
 		t.Fatalf("after the ADD TABLE: %v, tables %v", err, tables)
+	}
+}
+
+// A start with postgres.tables without a pattern warns of patterns still
+// recorded for its publication by an earlier outboxd migrate with
+// patterns: the trigger goes on adding the tables they match, and outboxd
+// would stop at their first row (review-patterns35 S2). With none
+// recorded, it says nothing.
+func TestStartWarnsOfRecordedPatterns(t *testing.T) {
+	_, dsn := testenv.NewDatabase(t, "recorded")
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	cfg := config.Default()
+	cfg.Postgres.Table = "public.outbox"
+	resolve := func() string {
+		t.Helper()
+		var buf bytes.Buffer
+		c := New(cfg, shard.Shard{Count: 1}, slog.New(slog.NewTextHandler(&buf, nil)), nil, nil)
+		if _, err := c.resolvePatterns(ctx, conn); err != nil {
+			t.Fatal(err)
+		}
+		return buf.String()
+	}
+	if log := resolve(); log != "" {
+		t.Errorf("without the trigger: logged %q, want nothing", log)
+	}
+	pc := config.Postgres{Publication: cfg.Postgres.Publication, Tables: []config.TableEntry{{Name: "tenant_*.events"}}}
+	if _, err := pg.InstallTrigger(ctx, conn, pc); err != nil {
+		t.Fatal(err)
+	}
+	log := resolve()
+	if !strings.Contains(log, `level=WARN msg="patterns are recorded for the event trigger for this publication, but postgres.tables has none`) ||
+		!strings.Contains(log, `patterns=tenant_*.events`) || !strings.Contains(log, "run outboxd migrate with this configuration") {
+		t.Errorf("with tenant_*.events recorded: logged %q, want the warning", log)
 	}
 }

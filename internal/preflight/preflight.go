@@ -260,6 +260,25 @@ func (c *Checker) checkOn(ctx context.Context, conn *pgx.Conn, h *History) (foun
 	return found{schemas: schemas, per: c.per, slotHeld: slotHeld}, err
 }
 
+// warnRecordedPatterns warns, for postgres.tables without a pattern, of
+// patterns still recorded for the publication (an earlier outboxd migrate
+// with patterns): the event trigger adds every new table they match to the
+// publication, and outboxd, which does not list it, stops at its first row
+// (review-patterns35 S2). A failed read is left to the checks that follow.
+func (c *Checker) warnRecordedPatterns(ctx context.Context, conn *pgx.Conn) {
+	pub := c.cfg.Postgres.Publication
+	patterns, err := pg.RecordedPatterns(ctx, conn, pub)
+	if err != nil {
+		c.log.Debug("could not read the patterns recorded for the event trigger", "err", err)
+		return
+	}
+	if len(patterns) > 0 {
+		c.log.Warn("patterns are recorded for the event trigger for this publication, but postgres.tables has none: the trigger adds every new table they match to the publication, "+
+			"and outboxd stops at its first row; run outboxd migrate with this configuration, as a superuser, to delete them",
+			"publication", pub, "patterns", strings.Join(patterns, ","), "trigger", pg.TriggerName)
+	}
+}
+
 // resolvePatterns reads the tables of postgres.tables from the catalogue
 // when an entry is a pattern (pg.MatchTables), making them c.per, and
 // refuses a pattern without the event trigger that adds the tables it
@@ -275,6 +294,7 @@ func (c *Checker) resolvePatterns(ctx context.Context, conn *pgx.Conn) ([]string
 				fields[i] = fmt.Sprintf("postgres.tables[%d]", i)
 			}
 		}
+		c.warnRecordedPatterns(ctx, conn)
 		return fields, nil
 	}
 	if err := pg.CheckTrigger(ctx, conn, pc); err != nil {

@@ -1,0 +1,104 @@
+package admin
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/internal/pg"
+	"github.com/outboxd/outboxd/internal/testenv"
+)
+
+// migrateConfig is a configuration of the database at dsn with
+// postgres.tables names.
+func migrateConfig(dsn string, names ...string) config.Config {
+	cfg := config.Default()
+	cfg.Postgres.DSN, cfg.Postgres.Table, cfg.Postgres.Tables = dsn, "", nil
+	for _, n := range names {
+		cfg.Postgres.Tables = append(cfg.Postgres.Tables, config.TableEntry{Name: n})
+	}
+	if len(names) == 1 && !cfg.Postgres.Patterns() {
+		cfg.Postgres.Table, cfg.Postgres.Tables = names[0], nil
+	}
+	return cfg
+}
+
+// migrateLogged runs Migrate with cfg and returns what it logged.
+func migrateLogged(t *testing.T, cfg config.Config) string {
+	t.Helper()
+	var buf bytes.Buffer
+	if err := Migrate(context.Background(), cfg, slog.New(slog.NewTextHandler(&buf, nil))); err != nil {
+		t.Fatalf("Migrate: %v\n%s", err, buf.String())
+	}
+	return buf.String()
+}
+
+// Review-patterns35 S2 and S3: outboxd migrate with a pattern, run where
+// the publication exists, adds to it the tables the pattern already
+// matches (an UNLOGGED one left to the start-up check), and says that
+// their rows written before are not delivered; ALTER TABLE of such a table
+// then goes through the trigger. Run again with a configuration without a
+// pattern, it deletes the patterns recorded for its publication, so that
+// the trigger no longer adds new tables to it. It needs the test bed's
+// Postgres (OUTBOXD_TEST_PG_DSN) and its superuser.
+func TestMigratePatternsAddedAndRemoved(t *testing.T) {
+	ctx := context.Background()
+	_, dsn := testenv.NewDatabase(t, "migpat")
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	migrateLogged(t, migrateConfig(dsn, "public.outbox"))
+	const events = ` (id uuid PRIMARY KEY, aggregate_type text NOT NULL, aggregate_id text NOT NULL, event_type text NOT NULL, payload jsonb NOT NULL)`
+	for _, q := range []string{`CREATE PUBLICATION outboxd FOR TABLE public.outbox`,
+		`CREATE SCHEMA tenant_a`, `CREATE TABLE tenant_a.events` + events,
+		`CREATE SCHEMA tenant_u`, `CREATE UNLOGGED TABLE tenant_u.events` + events} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	published := func() string {
+		t.Helper()
+		var names []string
+		if err := conn.QueryRow(ctx, `SELECT array_agg(schemaname || '.' || tablename ORDER BY 1) FROM pg_publication_tables WHERE pubname = 'outboxd'`).Scan(&names); err != nil {
+			t.Fatal(err)
+		}
+		return strings.Join(names, ",")
+	}
+
+	patterned := migrateConfig(dsn, "public.outbox", "tenant_*.events")
+	log := migrateLogged(t, patterned)
+	if got := published(); got != "public.outbox,tenant_a.events" {
+		t.Errorf("published after migrate with the pattern: %s, want public.outbox,tenant_a.events", got)
+	}
+	if !strings.Contains(log, `level=WARN msg="added to the publication the tables that a pattern of postgres.tables matches and that it did not publish: their rows written before now are not delivered; send those still pending with outboxd replay`) ||
+		!strings.Contains(log, `tables=tenant_a.events`) {
+		t.Errorf("migrate with the pattern logged:\n%s\nwant the warning naming tenant_a.events", log)
+	}
+	if _, err := conn.Exec(ctx, `ALTER TABLE tenant_a.events ADD COLUMN note text`); err != nil {
+		t.Errorf("ALTER TABLE of the table migrate published: %v", err)
+	}
+	if log := migrateLogged(t, patterned); strings.Contains(log, "added to the publication") {
+		t.Errorf("a second migrate with the pattern logged:\n%s\nwant nothing added", log)
+	}
+
+	log = migrateLogged(t, migrateConfig(dsn, "public.outbox"))
+	if p, err := pg.RecordedPatterns(ctx, conn, "outboxd"); err != nil || len(p) != 0 {
+		t.Fatalf("patterns recorded for outboxd after migrate without a pattern: %v, %v; want none", p, err)
+	}
+	if !strings.Contains(log, `msg="deleted the patterns recorded for the publication, which postgres.tables no longer has`) || !strings.Contains(log, `patterns=tenant_*.events`) {
+		t.Errorf("migrate without a pattern logged:\n%s\nwant the patterns it deleted", log)
+	}
+	if _, err := conn.Exec(ctx, `CREATE SCHEMA tenant_b; CREATE TABLE tenant_b.events`+events); err != nil {
+		t.Fatal(err)
+	}
+	if got := published(); got != "public.outbox,tenant_a.events" {
+		t.Errorf("published after a new tenant: %s; want tenant_b.events left out, the patterns deleted", got)
+	}
+}
