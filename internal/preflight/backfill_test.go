@@ -25,13 +25,8 @@ import (
 // its older rows still to send (review-bf36 R2). It needs the test bed's
 // Postgres (OUTBOXD_TEST_PG_DSN).
 func TestStartRefusesASlotABackfillFills(t *testing.T) {
-	_, dsn := testenv.NewDatabase(t, "bfrace")
+	dsn, conn := newConn(t, "bfrace")
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close(context.Background()) })
 	if _, err := conn.Exec(ctx, `CREATE TABLE public.outbox (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregate_type text NOT NULL,
 			aggregate_id text NOT NULL, event_type text NOT NULL, payload jsonb, created_at timestamptz NOT NULL DEFAULT now());
 		INSERT INTO public.outbox (aggregate_type, aggregate_id, event_type, payload) SELECT 'order', i::text, 'Placed', '{}' FROM generate_series(1, 20) AS i`); err != nil {

@@ -24,13 +24,8 @@ import (
 // streaming without it (review-patterns35 S4). It needs the test bed's
 // Postgres (OUTBOXD_TEST_PG_DSN).
 func TestPublicationRefusesATableCreatedBeforeIt(t *testing.T) {
-	_, dsn := testenv.NewDatabase(t, "pubrace")
+	_, conn := newConn(t, "pubrace")
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close(context.Background()) })
 	pc := config.Postgres{Publication: "outboxd", CreatePublication: true, Tables: []config.TableEntry{{Name: "tenant_*.events"}}}
 	if _, err := pg.InstallTrigger(ctx, conn, pc); err != nil {
 		t.Fatal(err)
@@ -57,7 +52,7 @@ func TestPublicationRefusesATableCreatedBeforeIt(t *testing.T) {
 	if _, err := conn.Exec(ctx, `CREATE SCHEMA tenant_b; CREATE TABLE tenant_b.events`+table); err != nil {
 		t.Fatal(err)
 	}
-	_, err = ensurePublication(ctx, conn, pc, tables)
+	_, err := ensurePublication(ctx, conn, pc, tables)
 	want := `tenant_b.events, which postgres.tables matches, was created after outboxd listed the tables it matches and before it created publication "outboxd"`
 	if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), `ALTER PUBLICATION "outboxd" ADD TABLE "tenant_b"."events"`) {
 		t.Fatalf("creating the publication with tenant_b.events left out: %v; want %q and the ADD TABLE", err, want)
@@ -78,13 +73,8 @@ func TestPublicationRefusesATableCreatedBeforeIt(t *testing.T) {
 // would stop at their first row (review-patterns35 S2). With none
 // recorded, it says nothing.
 func TestStartWarnsOfRecordedPatterns(t *testing.T) {
-	_, dsn := testenv.NewDatabase(t, "recorded")
+	_, conn := newConn(t, "recorded")
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close(context.Background()) })
 	cfg := config.Default()
 	cfg.Postgres.Table = "public.outbox"
 	resolve := func() string {
@@ -108,4 +98,17 @@ func TestStartWarnsOfRecordedPatterns(t *testing.T) {
 		!strings.Contains(log, `patterns=tenant_*.events`) || !strings.Contains(log, "run outboxd migrate with this configuration") {
 		t.Errorf("with tenant_*.events recorded: logged %q, want the warning", log)
 	}
+}
+
+// newConn connects to a new database of the test bed's Postgres
+// (OUTBOXD_TEST_PG_DSN), dropped after the test.
+func newConn(t *testing.T, prefix string) (dsn string, conn *pgx.Conn) {
+	t.Helper()
+	_, dsn = testenv.NewDatabase(t, prefix)
+	conn, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return dsn, conn
 }
