@@ -100,8 +100,9 @@ type Backfill struct {
 	// OrderBy is the column whose order the rows are sent in, the primary
 	// key breaking ties; "" is the primary key.
 	OrderBy string `yaml:"order_by"`
-	// Batch is the number of rows sent and acknowledged at a time: a kill
-	// sends again at most that many.
+	// Batch is the number of rows in a page. at_least_once hands pages to
+	// Kafka up to kafka.max_buffered_records rows in flight (at least a
+	// page), and a kill sends again at most those.
 	Batch int `yaml:"batch"`
 	// Rate caps the rows sent per second; 0 is no cap.
 	Rate int `yaml:"rate"`

@@ -15,10 +15,11 @@
 //  2. Before each START_REPLICATION on the slot, call Open, and when it
 //     returns a Backfill (the backfill is not done), its Run, then Close;
 //     start replication only when Open returned nil or Run returned nil.
-//     Run sends the rows not yet acknowledged, page by page, each page
-//     acknowledged by Kafka before its last key is recorded, and marks the
-//     backfill done. An error is retried as the pipeline's are: a kill or
-//     a failure repeats at most the page in flight.
+//     Run sends the rows not yet acknowledged, page by page, pages in
+//     flight up to kafka.max_buffered_records rows, each page acknowledged
+//     by Kafka, with every page before it, before its last key is recorded
+//     (window.go), and marks the backfill done. An error is retried as the pipeline's are: a kill or
+//     a failure repeats at most the pages in flight.
 //     In exactly-once mode call RunExactlyOnce instead, after Open, with
 //     the slot's transactional producer initialised after Open returned
 //     (never before: only the lock's holder fences) and the position its

@@ -89,6 +89,8 @@ func Open(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Backfill
 	}
 	b := &sender{cfg: cfg, log: log, conn: conn, store: s, state: st, src: src}
 	b.page = b.pageSQL()
+	b.read = b.readPage
+	b.save = func(ctx context.Context, st State) error { return s.save(ctx, b.conn, st) }
 	bf := &Backfill{conn: conn, b: b}
 	conn = nil // the Backfill's now
 	return bf, nil
@@ -97,7 +99,7 @@ func Open(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Backfill
 // Run sends the rows Kafka has not acknowledged yet through producer, and
 // records the backfill done. When ctx ends it returns ctx's error; what
 // Kafka acknowledged stays recorded. progress is called with the rows sent
-// and the rows to send, at the start and after each page.
+// and the rows to send, at the start and each time pages are recorded.
 func (bf *Backfill) Run(ctx context.Context, producer *sink.Producer, m *Metrics, progress func(sent, total int64)) error {
 	return bf.run(ctx, producer, m, progress)
 }
@@ -159,8 +161,12 @@ type sender struct {
 	m        *Metrics
 	page     string // the SQL of a page after a key
 	first    string // the SQL of the first page
-	sentHere int64  // rows acknowledged in this process
+	sentHere int64  // rows handed to Kafka by this process, for the rate
 	progress func(sent, total int64)
+	// read reads the page after a key (readPage); save saves the state
+	// (store.save on conn). Tests give their own.
+	read func(ctx context.Context, after []string) ([]row, error)
+	save func(ctx context.Context, st State) error
 	// Exactly-once only: the Kafka side, when the state was last saved
 	// (every saveEvery at most: Kafka's cursor is the one that counts),
 	// and whether Kafka holds every row already (resume).
@@ -207,85 +213,211 @@ func (b *sender) send(ctx context.Context) error {
 	b.progress(st.Sent, st.Total)
 	b.log.Info("backfill started", "slot", st.Slot, "table", st.Table, "where", st.Where, "order", st.Keys, "rows", st.Total,
 		"rows_done", st.Sent, "rows_left", max(st.Total-st.Sent, 0), "resumed", st.Sent > 0 || st.Done != nil)
-	acks := make(chan error, b.cfg.Postgres.Backfill.Batch)
-	var rec router.Record
-	began, logged := time.Now(), time.Now()
-	for !b.finished {
-		page, err := b.readPage(ctx)
-		if err != nil {
+	began := time.Now()
+	if !b.finished {
+		if err := b.pipe(ctx, began); err != nil {
 			return err
 		}
-		if len(page) == 0 {
-			break
+	}
+	return b.finish(ctx, began)
+}
+
+// pipe sends the rows after the state's cursor, page by page, reading the
+// next page while Kafka works on those handed over (window.go says why
+// that keeps the ack rule), and records them as Kafka acknowledges them.
+func (b *sender) pipe(ctx context.Context, began time.Time) error {
+	st := &b.state
+	batch, grace := b.cfg.Postgres.Backfill.Batch, b.cfg.ShutdownTimeout
+	w := newWindow(b.cfg.Kafka.MaxBufferedRecords, b.cfg.Kafka.MaxBufferedBytes, batch)
+	logged := time.Now()
+	next, err := b.read(ctx, st.Done)
+	if err != nil {
+		return err
+	}
+	for len(next) > 0 {
+		page := next
+		next = nil
+		last := len(page) < batch
+		f, recorded, sendErr, err := b.hand(ctx, w, page)
+		if err != nil {
+			return err // exactly-once: a commit or a Begin failed; txns.end aborts
 		}
-		last := len(page) < b.cfg.Postgres.Backfill.Batch
-		handed, recorded := 0, 0 // rows handed to Kafka, and of them recorded
-		var sendErr error
-		for i := range page {
-			c := wal.Change{Op: wal.Insert, Relation: b.src.Relation, Tuple: page[i].tuple}
-			if sendErr = b.src.Router.RouteInto(&c, &rec); sendErr != nil {
-				break
+		if b.txn != nil {
+			// Exactly-once: the page's transaction commits, with the cursor
+			// after its last row handed, before the next page is handed;
+			// the next page is read while Kafka sends this one.
+			var readErr error
+			if sendErr == nil && !last && w.err() == nil {
+				next, readErr = b.read(ctx, page[len(page)-1].key)
 			}
-			if b.txn != nil {
-				now := time.Now()
-				if b.txn.due(now) {
-					if err := b.record(ctx, page[recorded:handed], false); err != nil {
-						return err
-					}
-					recorded = handed
-				}
-				if err := b.txn.add(now, rec.Size()); err != nil {
+			if err := w.drain(ctx, grace); err != nil {
+				return err
+			}
+			if err := w.err(); err != nil {
+				return err
+			}
+			n, key := w.settled()
+			if n -= recorded; n > 0 {
+				if err := b.record(ctx, n, key, last && f.handed == len(page)); err != nil {
 					return err
 				}
 			}
-			if sendErr = b.producer.Produce(ctx, &rec, func(err error) { acks <- err }); sendErr != nil {
-				break
+			if sendErr != nil {
+				return b.rowError(f, sendErr)
 			}
-			handed++
-		}
-		if err := replay.AwaitAcks(ctx, acks, handed, b.cfg.ShutdownTimeout); err != nil {
-			return err
-		}
-		if handed > recorded {
-			if err := b.record(ctx, page[recorded:handed], last && handed == len(page)); err != nil {
-				return err
+			if readErr != nil {
+				return readErr
 			}
-		}
-		if sendErr != nil {
-			var poison *router.RowError
-			if errors.As(sendErr, &poison) {
-				return fmt.Errorf("backfill: row %[1]v of %[2]s (in the order of %[3]v) cannot be sent: %[5]w; the backfill sends every row it fixed or stops. "+
-					"It sends the row as copied into %[4]s when the slot was made: fix it there (UPDATE %[4]s SET … WHERE …) and restart outboxd",
-					page[handed].key, st.Table, st.Keys, b.store.keys, poison)
+		} else {
+			// At-least-once: record the pages Kafka acknowledged with all
+			// before them; at the window's bound, wait for its first page
+			// to settle; then read the next page while Kafka works on the
+			// window.
+			if sendErr != nil {
+				return b.halt(ctx, w, f, sendErr, nil)
 			}
-			return sendErr
+			if err := b.recordSettled(ctx, w); err != nil {
+				return b.halt(ctx, w, nil, err, nil)
+			}
+			for w.full() && w.err() == nil {
+				if err := w.wait(ctx); err != nil {
+					return b.halt(ctx, w, nil, err, nil)
+				}
+				if err := b.recordSettled(ctx, w); err != nil {
+					return b.halt(ctx, w, nil, err, nil)
+				}
+			}
+			if w.err() != nil {
+				return b.halt(ctx, w, nil, nil, nil)
+			}
+			if !last {
+				var readErr error
+				if next, readErr = b.read(ctx, page[len(page)-1].key); readErr != nil {
+					return b.halt(ctx, w, nil, nil, readErr)
+				}
+			}
 		}
 		if now := time.Now(); now.Sub(logged) >= progressEvery {
 			b.log.Info("backfill progress", "slot", st.Slot, "rows_done", st.Sent, "rows_left", max(st.Total-st.Sent, 0))
 			logged = now
 		}
-		if err := b.pace(ctx, began, handed); err != nil {
+		if err := b.pace(ctx, began, f.handed); err != nil {
+			if b.txn == nil {
+				return b.halt(ctx, w, nil, err, nil)
+			}
 			return err
 		}
 		if last {
 			break
 		}
 	}
-	return b.finish(ctx, began)
+	if b.txn == nil { // the window's pages are still in flight
+		if err := b.halt(ctx, w, nil, nil, nil); err != nil {
+			return err
+		}
+		if !w.empty() {
+			return fmt.Errorf("backfill of slot %q: pages handed to Kafka did not settle although every record was answered", st.Slot)
+		}
+	}
+	return nil
 }
 
-// record records rows, the next ones after the state's cursor, as in
-// Kafka: in exactly-once mode it first commits the open Kafka transaction,
-// which holds them, with the cursor after them (done: they are the last
-// ones). It saves the state in Postgres, after each page in at-least-once
-// mode, at most every saveEvery in exactly-once mode, and shows the
-// progress.
-func (b *sender) record(ctx context.Context, rows []row, done bool) error {
-	if len(rows) == 0 {
+// hand routes page's rows and hands their records to Kafka, as a flight of
+// w. It stops at the first row it cannot route or hand over (sendErr). In
+// exactly-once mode it commits the open Kafka transaction where it is due
+// (split), before a row: recorded is how many of the page's rows those
+// commits hold. err is a failure of that, which ends the run at once.
+func (b *sender) hand(ctx context.Context, w *window, page []row) (f *flight, recorded int, sendErr, err error) {
+	f = w.open(page)
+	handed := 0
+	defer func() { w.close(f, handed) }()
+	var rec router.Record
+	for i := range page {
+		c := wal.Change{Op: wal.Insert, Relation: b.src.Relation, Tuple: page[i].tuple}
+		if sendErr = b.src.Router.RouteInto(&c, &rec); sendErr != nil {
+			return f, recorded, sendErr, nil
+		}
+		if b.txn != nil {
+			now := time.Now()
+			if b.txn.due(now) && handed > recorded {
+				// Commit flushes: every record handed is answered when it returns nil.
+				if err := b.record(ctx, handed-recorded, page[handed-1].key, false); err != nil {
+					return f, recorded, nil, err
+				}
+				recorded = handed
+			}
+			if err := b.txn.add(now, rec.Size()); err != nil {
+				return f, recorded, nil, err
+			}
+		}
+		w.handing(f)
+		if sendErr = b.producer.Produce(ctx, &rec, f.answer); sendErr != nil {
+			w.unhanded(f)
+			return f, recorded, sendErr, nil
+		}
+		handed++
+	}
+	return f, recorded, nil, nil
+}
+
+// halt ends an at-least-once run, at its end or early with cause (a row of
+// cut, a flight cut short, that cannot be sent; a page not read; a save;
+// ctx): it hands nothing more, waits for every record handed
+// (shutdown_timeout at most once ctx ended), records what settled, and
+// returns the first of: a record's failure, the wait's, cause, readErr, the
+// save's (nil when all is well).
+func (b *sender) halt(ctx context.Context, w *window, cut *flight, cause, readErr error) error {
+	waitErr := w.drain(ctx, b.cfg.ShutdownTimeout)
+	saveErr := b.recordSettled(ctx, w)
+	switch {
+	case w.err() != nil:
+		return w.err()
+	case waitErr != nil:
+		return waitErr
+	case cause != nil && cut != nil:
+		return b.rowError(cut, cause)
+	case cause != nil:
+		return cause
+	case readErr != nil:
+		return readErr
+	}
+	return saveErr
+}
+
+// rowError is sendErr, the failure to send the row of f after those
+// handed, with the row named when the router cannot route it.
+func (b *sender) rowError(f *flight, sendErr error) error {
+	var poison *router.RowError
+	if !errors.As(sendErr, &poison) || f.handed >= len(f.rows) {
+		return sendErr
+	}
+	st := &b.state
+	return fmt.Errorf("backfill: row %[1]v of %[2]s (in the order of %[3]v) cannot be sent: %[5]w; the backfill sends every row it fixed or stops. "+
+		"It sends the row as copied into %[4]s when the slot was made: fix it there (UPDATE %[4]s SET … WHERE …) and restart outboxd",
+		f.rows[f.handed].key, st.Table, st.Keys, b.store.keys, poison)
+}
+
+// recordSettled records the pages of w that settled.
+func (b *sender) recordSettled(ctx context.Context, w *window) error {
+	n, key := w.settled()
+	if n == 0 {
+		return nil
+	}
+	return b.record(ctx, n, key, false)
+}
+
+// record records n rows, the next ones after the state's cursor, the last
+// of them keyed last, as in Kafka: in exactly-once mode it first commits
+// the open Kafka transaction, which holds them, with the cursor after them
+// (done: they are the last ones). It saves the state in Postgres, each
+// time pages settle in at-least-once mode, at most every saveEvery in
+// exactly-once mode, and shows the progress.
+func (b *sender) record(ctx context.Context, n int, last []string, done bool) error {
+	if n == 0 {
 		return nil
 	}
 	st := &b.state
-	st.Done, st.Sent = rows[len(rows)-1].key, st.Sent+int64(len(rows))
+	st.Done, st.Sent = last, st.Sent+int64(n)
 	if b.txn != nil {
 		if err := b.txn.commit(ctx, cursorOf(*st, done)); err != nil {
 			return err
@@ -293,14 +425,14 @@ func (b *sender) record(ctx context.Context, rows []row, done bool) error {
 	}
 	if now := time.Now(); b.txn == nil || now.Sub(b.saved) >= saveEvery {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		err := b.store.save(sctx, b.conn, *st)
+		err := b.save(sctx, *st)
 		cancel()
 		if err != nil {
 			return err
 		}
 		b.saved = now
 	}
-	b.m.rows.Add(float64(len(rows)))
+	b.m.rows.Add(float64(n))
 	b.m.remaining.Set(float64(max(st.Total-st.Sent, 0)))
 	b.progress(st.Sent, st.Total)
 	return nil
@@ -346,16 +478,17 @@ func (b *sender) finish(ctx context.Context, began time.Time) error {
 	return nil
 }
 
-// readPage reads the rows after the last one done. Each row's bytes are
-// copied: the records alias them until Kafka acknowledges.
-func (b *sender) readPage(ctx context.Context) ([]row, error) {
+// readPage reads the rows after the key after (the first page when nil).
+// Each row's bytes are copied: the records alias them until Kafka
+// acknowledges.
+func (b *sender) readPage(ctx context.Context, after []string) ([]row, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	sql, params := b.first, [][]byte(nil)
-	if b.state.Done != nil {
+	if after != nil {
 		sql = b.page
-		for _, k := range b.state.Done {
+		for _, k := range after {
 			params = append(params, []byte(k))
 		}
 	}
@@ -382,7 +515,7 @@ func (b *sender) readPage(ctx context.Context) ([]row, error) {
 		page = append(page, w)
 	}
 	if _, err := res.Close(); err != nil {
-		return nil, fmt.Errorf("reading rows of %s to backfill after %v: %w", b.state.Table, b.state.Done, err)
+		return nil, fmt.Errorf("reading rows of %s to backfill after %v: %w", b.state.Table, after, err)
 	}
 	return page, nil
 }
