@@ -48,6 +48,7 @@ func cmdTopics(ctx context.Context, args []string) error {
 	partitions := fs.Int("partitions", 6, "partitions per topic")
 	del := fs.Bool("delete", false, "delete the prefix's topics instead of creating them")
 	maxMessage := fs.Int("max-message-bytes", 0, "the topics' max.message.bytes (0: the broker's default)")
+	warm := fs.Bool("warm", false, "write past index.interval.bytes into every new partition, so that the broker writes its first index entries now, not in the run")
 	_ = fs.Parse(args)
 	cl, adm, err := newAdmin(c.brokers)
 	if err != nil {
@@ -104,13 +105,47 @@ func cmdTopics(ctx context.Context, args []string) error {
 			}
 		}
 		if ok {
-			return nil
+			break
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("topics have no leaders after %s", wait)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	if *warm {
+		return warmPartitions(ctx, c.brokers, c.topics(), int32(*partitions))
+	}
+	return nil
+}
+
+// warmPartitions writes 5 KB and then one small record into every
+// partition of topics. The broker writes a partition's first offset and
+// time index entries with the first batch after its log passed
+// index.interval.bytes (4 KB; it checks before it appends): in fresh
+// topics that was a live run's first produce past 4 KB, and the 60 new
+// partitions' first entries stalled its appends for 0.5–3 s, about 0.5 s
+// after the writers started, a tail reaching past the run's 3 s warm-up.
+// Written here, before the run, it is outside it. The records carry no
+// event id, and every reader of a run starts at the end offsets taken
+// after them.
+func warmPartitions(ctx context.Context, brokers string, topics []string, partitions int32) error {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers), kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.RequiredAcks(kgo.AllISRAcks()))
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	for _, value := range [][]byte{make([]byte, 5<<10), []byte("warm")} { // two batches: past 4 KB, then the one that writes the entries
+		var recs []*kgo.Record
+		for _, t := range topics {
+			for p := range partitions {
+				recs = append(recs, &kgo.Record{Topic: t, Partition: p, Value: value})
+			}
+		}
+		if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+			return fmt.Errorf("warming the partitions of %s…: %w", topics[0], err)
+		}
+	}
+	return nil
 }
 
 // offsets are end offsets of the run's topics.

@@ -977,7 +977,7 @@ func (p *plan) liveRunWith(ctx context.Context, c string, rate float64, rep stri
 	}
 	prefix, slot := "live_"+c+"_"+r, "bench_live_"+c+"_"+r
 	p.log("live %s at %s ev/s", c, rateLabel(rate))
-	p.topics(ctx, prefix)
+	p.topics(ctx, prefix, "-warm")
 	if err := p.sql(ctx, "TRUNCATE public.outbox"); err != nil { // every run starts from the same table size
 		p.log("  %v", err)
 	}
@@ -1048,7 +1048,7 @@ func (p *plan) rawLatency(ctx context.Context, label string, rate float64) {
 		what, args = "send → commit, transactions back to back", []string{"-txn"}
 	}
 	p.log("live %s (%s) at %s ev/s", label, what, r)
-	p.topics(ctx, prefix)
+	p.topics(ctx, prefix, "-warm")
 	p.result(ctx, label, "", append([]string{"produce", "-prefix", prefix, "-label", label, "-workload", live250, "-rate", r,
 		"-duration", fmt.Sprintf("%ds", p.liveS)}, args...)...)
 	p.untopics(ctx, prefix)
