@@ -8,11 +8,13 @@
 //
 //	setup    create the outbox table, a side table and the publication; drop stale bench slots
 //	slot     (re)create a pgoutput slot
-//	topics   create the run's topics (LogAppendTime, so Kafka stamps the append time)
+//	topics   create the run's topics (LogAppendTime, so Kafka stamps the append time); -warm
+//	         writes past index.interval.bytes into each partition, so its first index entries come before the run
 //	fill     write events into the outbox in one transaction or in T-row transactions
 //	catchup  start a contender and time it until the expected records are in Kafka
 //	produce  the raw Kafka limit: produce the same records with franz-go (acks=all, idempotent)
-//	live     start a contender, write 1-row transactions at a fixed rate, measure commit → Kafka latency
+//	live     start a contender, write 1-row transactions at a fixed rate, measure commit → Kafka latency;
+//	         -beside-rate runs produce -rate beside it and reports its latency (beside.go)
 //	idle     start a contender, write only to another table, report slot lag
 //	report   render a results directory without running anything: print the targets with
 //	         PASS or FAIL, write report.md, results-<size>.md and gnuplot data, and with -docs

@@ -60,6 +60,7 @@ type plan struct {
 	n, liveS, idleS, shardN   int
 	backfillN                 int // rows in the table before the backfill section's slot exists
 	rates                     []float64
+	besideRate                float64 // records/s of the bare producer beside each live run (OUTBOXD_BENCH_BESIDE_RATE; 0: none)
 	liveRepeat, catchupRepeat int
 	warmupS                   int
 	dir, results, raw, root   string
@@ -163,6 +164,11 @@ func cmdPlan(ctx context.Context, args []string) error {
 			return fmt.Errorf("OUTBOXD_BENCH_RATES: %q is not a rate in events/s (0: the writers' maximum)", r)
 		}
 		p.rates = append(p.rates, v)
+	}
+	if b := os.Getenv("OUTBOXD_BENCH_BESIDE_RATE"); b == "" {
+		p.besideRate = 100
+	} else if p.besideRate, err = strconv.ParseFloat(b, 64); err != nil || p.besideRate < 0 {
+		return fmt.Errorf("OUTBOXD_BENCH_BESIDE_RATE: %q is not a rate in records/s (0: no producer beside the live runs)", b)
 	}
 	p.costCurves = strings.Fields(os.Getenv("OUTBOXD_BENCH_COST_CURVES"))
 	for _, c := range p.costCurves {
@@ -398,6 +404,7 @@ func (p *plan) machine(ctx context.Context, catchupAll []string) error {
 		}
 	}
 	fmt.Fprintf(&b, "repeats: catch-up %d, live %d\n", p.catchupRepeat, p.liveRepeat)
+	fmt.Fprintf(&b, "live floor beside each run: %g records/s\n", p.besideRate)
 	v, err := p.query(ctx, "SHOW server_version")
 	if err != nil {
 		return err
@@ -951,20 +958,28 @@ func (p *plan) liveSection(ctx context.Context) {
 	}
 }
 
-// liveRun is one live run of c at rate; an unrecorded one writes no result.
+// liveRun is one live run of c at rate; an unrecorded one writes no
+// result. A recorded run of a contender has a bare producer beside it (the
+// floor in its own seconds; beside.go).
 func (p *plan) liveRun(ctx context.Context, c string, rate float64, rep string, unrecorded bool) {
-	p.liveRunWith(ctx, c, rate, rep, unrecorded, liveAround{})
+	var around liveAround
+	if !unrecorded && slices.Contains(liveContenders, c) {
+		around.probe = p.besideRate
+	}
+	p.liveRunWith(ctx, c, rate, rep, unrecorded, around)
 }
 
 // liveAround is what a live run of another section adds: its workload name
 // (default live-250B), what is done after the table is emptied and before
 // the slot is made (a fill the slot must not see), and a process run
 // beside the contender (started with the run; the function it returns
-// waits for it to end).
+// waits for it to end); and the rate of the bare producer the live command
+// runs beside the contender (0: none).
 type liveAround struct {
 	workload string
 	before   func(ctx context.Context)
 	beside   func(ctx context.Context) (wait func())
+	probe    float64
 }
 
 // liveRunWith is liveRun with what another section adds around it.
@@ -1005,6 +1020,14 @@ func (p *plan) liveRunWith(ctx context.Context, c string, rate float64, rep stri
 		args := []string{"live", "-slot", slot, "-prefix", prefix, "-label", c, "-workload", workload, "-rate", r,
 			"-writers", strconv.Itoa(writers)}
 		args = append(args, extra...)
+		if around.probe > 0 {
+			p.topics(ctx, besidePrefix(prefix), "-types", "1", "-warm")
+			defer p.untopics(ctx, besidePrefix(prefix), "-types", "1")
+			args = append(args, "-beside-rate", strconv.FormatFloat(around.probe, 'f', -1, 64))
+			if exactlyOnce(argv) {
+				args = append(args, "-beside-txn")
+			}
+		}
 		args = append(args, "-broker-pid-file", filepath.Join(p.dir, "kafka", "kafka.pid"), "-duration", fmt.Sprintf("%ds", p.liveS),
 			"-log", logPath, "-rss", filepath.Join(p.dir, "runs", slot+".rss"),
 			"-latencies", filepath.Join(p.dir, "runs", slot+"-"+rep+".lat"), "--")

@@ -59,6 +59,17 @@ type result struct {
 	// BrokerCPUSec is the broker's CPU time during a live run: what the
 	// contender's produce requests (and the measuring consumer) cost Kafka.
 	BrokerCPUSec *float64 `json:"broker_cpu_s,omitempty"`
+	// BesideP50ms, BesideP99ms and BesideMaxms are the floor measured beside
+	// a live run (OUTBOXD_BENCH_BESIDE_RATE): a bare producer sending
+	// BesideRate records/s to a topic of its own in the same seconds, on the
+	// same broker and cores, timed as kafka_raw is (send → ack), or beside
+	// an exactly-once contender as kafka_raw_eos is (send → commit marker).
+	// Results from before the probe have none.
+	BesideRate  float64 `json:"beside_rate,omitempty"`
+	BesideTxn   bool    `json:"beside_txn,omitempty"`
+	BesideP50ms float64 `json:"beside_p50_ms,omitempty"`
+	BesideP99ms float64 `json:"beside_p99_ms,omitempty"`
+	BesideMaxms float64 `json:"beside_max_ms,omitempty"`
 	// Slots, Share and Rows describe a shards run: how many slots were read
 	// in parallel, the share of the keys each one's row filter takes, and
 	// the rows they sent together.

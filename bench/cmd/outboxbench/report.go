@@ -279,9 +279,21 @@ func (b benchRun) body() string {
 	md.WriteString("\n### Live\n\nOne-row transactions from 8 writers (16 at 20k and at the writers' maximum), " +
 		"latency from the writer's commit to the event's visibility to a read_committed consumer: Kafka's LogAppendTime of the record, " +
 		"or of its transaction's commit marker for outboxd_eos (exactly_once). kafka_raw: a bare franz-go producer, send to ack; " +
-		"pg_walread: commit to a bare slot reader's receipt; \"p99 in Postgres\": outboxd's commit-to-walsender-send histogram.\n\n")
-	md.WriteString("| rate | contender | written ev/s | p50 | p99 | p99.9 | p99 in Postgres | CPU-s per 100k | steady RSS | peak RSS | last event after the writers stopped |\n" +
-		"|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+		"pg_walread: commit to a bare slot reader's receipt; \"p99 in Postgres\": outboxd's commit-to-walsender-send histogram.")
+	probed := slices.ContainsFunc(b.rs, func(r result) bool { return r.BesideRate > 0 })
+	if probed {
+		md.WriteString(" \"Beside it\": a bare producer run beside the contender at a low rate, kafka_raw's (beside exactly_once: kafka_raw_eos's), p50 / p99: " +
+			"the floor in the contender's own seconds, on the same broker and cores.")
+	}
+	md.WriteString("\n\n| rate | contender | written ev/s | p50 | p99 | p99.9 | p99 in Postgres | CPU-s per 100k | steady RSS | peak RSS | last event after the writers stopped |")
+	if probed {
+		md.WriteString(" beside it |")
+	}
+	md.WriteString("\n|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+	if probed {
+		md.WriteString("--:|")
+	}
+	md.WriteString("\n")
 	for _, rate := range rates {
 		for _, c := range liveOrder {
 			rs := t[runKey("live", live250, c, rate)]
@@ -312,9 +324,18 @@ func (b benchRun) body() string {
 				return "–"
 			}
 			name := rateName(rate)
-			fmt.Fprintf(&md, "| %s | %s | %s | %s | %s | %s | %s | %.2f | %s | %s | %s |\n",
+			fmt.Fprintf(&md, "| %s | %s | %s | %s | %s | %s | %s | %.2f | %s | %s | %s |",
 				name, c, kilo(median(col(func(r result) float64 { return r.WriteRate }))), ms(median(col(p50))), spread(col(p99), ms),
 				ms(median(col(func(r result) float64 { return r.P999ms }))), pgSend, median(col(cpu)), rss(steadyRSS), rss(peakRSS), drained)
+			if probed {
+				cell := "–"
+				if b50, ok := t.beside(c, rate, besideP50); ok {
+					b99, _ := t.beside(c, rate, besideP99)
+					cell = ms(b50) + " / " + ms(b99)
+				}
+				md.WriteString(" " + cell + " |")
+			}
+			md.WriteString("\n")
 		}
 	}
 	md.WriteString(b.rest())
@@ -583,7 +604,7 @@ func perRun(rs []result) string {
 		}
 		fmt.Fprintf(&md, "| %s | %s | %s | %.0f | %d | %.1f | %.1f | %.1f | %.1f | %s | %.3f | %s | %.0f | %.0f | %d | %s | %s | %s |\n",
 			r.Workload, r.Label, target, r.WriteRate, r.Events, r.P50ms, r.P99ms, r.P999ms, r.Maxms, pgSend,
-			r.CPUPer100k, broker, r.SteadyRSSMB, r.PeakRSSMB, r.SlotLagBytes, r.Load, steal(r.StealPct), r.Note)
+			r.CPUPer100k, broker, r.SteadyRSSMB, r.PeakRSSMB, r.SlotLagBytes, r.Load, steal(r.StealPct), r.Note+besideNote(r))
 	}
 	md.WriteString("\n### Idle outbox, writes to another table\n\n")
 	md.WriteString("| contender | slot lag after the run B | CPU s | steady RSS MB | load avg | steal % | note |\n|---|--:|--:|--:|---|--:|---|\n")

@@ -192,6 +192,8 @@ func cmdLive(ctx context.Context, args []string) error {
 	var writers int
 	var duration, warmup, warm time.Duration
 	var latFile, received, metricsURL, brokerPIDFile string
+	var besideRate float64
+	var besideTxn bool
 	argv := f.parse("live", args, func(fs *flag.FlagSet) {
 		fs.Float64Var(&rate, "rate", 1000, "events/s over all writers; 0 = as fast as possible")
 		fs.IntVar(&writers, "writers", 8, "concurrent writer connections")
@@ -202,6 +204,9 @@ func cmdLive(ctx context.Context, args []string) error {
 		fs.StringVar(&metricsURL, "metrics", "", "the contender's Prometheus endpoint: report the p99 of outboxd_wal_commit_to_send_seconds over the run")
 		fs.StringVar(&brokerPIDFile, "broker-pid-file", "", "the broker's pid file: report its CPU time during the run")
 		fs.StringVar(&received, "received", "", "the contender is walread -received FILE: measure commit → receipt from FILE instead of Kafka")
+		fs.Float64Var(&besideRate, "beside-rate", 0, "run a bare producer (produce -rate) beside the contender at this many records/s to the topic "+
+			besidePrefix("<prefix>")+"_t0-events, which must exist, and report its latency (0: none)")
+		fs.BoolVar(&besideTxn, "beside-txn", false, "with -beside-rate: the producer beside commits transactions back to back (produce -rate -txn)")
 	})
 	conn, err := connect(ctx, f.dsn)
 	if err != nil {
@@ -257,6 +262,14 @@ func cmdLive(ctx context.Context, args []string) error {
 		stopAt   = start.Add(duration)
 		warmedAt = start.Add(warmup)
 	)
+	var probe *besideProbe
+	if besideRate > 0 {
+		pctx, cancelProbe := context.WithCancel(ctx) // ends the probe if the run fails
+		defer cancelProbe()
+		if probe, err = startBeside(pctx, f.common, besideRate, besideTxn, duration, warmup); err != nil {
+			return err
+		}
+	}
 	for range writers {
 		wc, err := connect(ctx, f.dsn)
 		if err != nil {
@@ -386,6 +399,11 @@ func cmdLive(ctx context.Context, args []string) error {
 		writers, len(lat), warmup, drain)
 	if received != "" {
 		res.Note += "; commit → receipt of the commit message by a bare slot reader (no Kafka)"
+	}
+	if probe != nil {
+		if err := probe.wait(res); err != nil {
+			logf("%v; the run is reported without its floor", err)
+		}
 	}
 	res.Missing, res.Repeated = missing, int(repeated.Load())
 	res.Verified = received == "" // a bare slot reader writes no Kafka records

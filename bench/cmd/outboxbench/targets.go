@@ -50,6 +50,12 @@ type verdict struct {
 	figure string // the absolute figures beside it
 }
 
+// with returns v with more added to its figures.
+func (v verdict) with(more string) verdict {
+	v.figure += more
+	return v
+}
+
 func (v verdict) outcome() string {
 	switch {
 	case v.info:
@@ -195,12 +201,13 @@ func judge(rs []result) []verdict {
 	vs = append(vs,
 		t.atMost("live peak RSS ≤ 1/10 of Debezium tuned's", "live", live250, liveRate, "debezium_tuned", peakRSS, costShare, mb, ""),
 		t.p50OverFloor(),
-		t.atMost("live p99 ≤ 1/20 of Debezium tuned's", "live", live250, liveRate, "debezium_tuned", p99, p99Share, ms, ""),
+		t.atMost("live p99 ≤ 1/20 of Debezium tuned's", "live", live250, liveRate, "debezium_tuned", p99, p99Share, ms, "").
+			with(t.besideFigure("outboxd", liveRate, besideP99, "p99")),
 		t.startup(),
 		t.exactlyOnce(),
-		t.eosLive("outboxd_eos live p50 ≤ outboxd's + 5 ms (read_committed)", p50, func(e, a float64) float64 { return e - a }, eosP50Above,
+		t.eosLive("outboxd_eos live p50 ≤ outboxd's + 5 ms (read_committed)", p50, besideP50, func(e, a float64) float64 { return e - a }, eosP50Above,
 			func(d float64) string { return fmt.Sprintf("%+.1f ms", d) }),
-		t.eosLive("outboxd_eos live p99 ≤ 2× outboxd's (read_committed)", p99, func(e, a float64) float64 { return e / a }, eosP99Factor,
+		t.eosLive("outboxd_eos live p99 ≤ 2× outboxd's (read_committed)", p99, besideP99, func(e, a float64) float64 { return e / a }, eosP99Factor,
 			func(r float64) string { return fmt.Sprintf("%.2f×", r) }),
 		t.shardsTarget(),
 	)
@@ -209,7 +216,8 @@ func judge(rs []result) []verdict {
 		t.vsPeers("catch-up ≥ 2× the best peer", "catchup", catchup100, 0, throughput, true, peerFactor, kilo, " ev/s", u),
 		t.vsPeers("catch-up CPU per event ≤ 1/2 of the best peer's", "catchup", catchup100, 0, cpu, false, peerShare,
 			func(v float64) string { return fmt.Sprintf("%.2f", v) }, " CPU-s per 100k", u),
-		t.vsPeers("live p99 ≤ 1/2 of the best peer's", "live", live250, liveRate, p99, false, peerShare, ms, "", u),
+		t.vsPeers("live p99 ≤ 1/2 of the best peer's", "live", live250, liveRate, p99, false, peerShare, ms, "", u).
+			with(t.besideFigure("outboxd", liveRate, besideP99, "p99")),
 		delivery(rs),
 	)
 	for _, w := range []string{catchup100, catchup1} {
@@ -298,8 +306,9 @@ func (t runs) exactlyOnce() verdict {
 // eosLive judges outboxd_eos's live latency m (as a read_committed consumer
 // sees it) against outboxd's at every rate of eosRates: by(eos, outboxd) ≤
 // limit at each. The value is the worst rate's; the target is not run
-// unless both contenders ran at every rate.
-func (t runs) eosLive(target string, m metric, by func(e, a float64) float64, limit float64, f func(float64) string) verdict {
+// unless both contenders ran at every rate. bm is m of the transactional
+// producer beside outboxd_eos, shown where it ran.
+func (t runs) eosLive(target string, m, bm metric, by func(e, a float64) float64, limit float64, f func(float64) string) verdict {
 	var on []string
 	for _, r := range eosRates {
 		on = append(on, rateName(r))
@@ -327,6 +336,9 @@ func (t runs) eosLive(target string, m metric, by func(e, a float64) float64, li
 			// Kafka's own floor for a transaction's commit: what no
 			// exactly-once relay on this broker can beat.
 			fig += fmt.Sprintf(", kafka_raw_eos (Kafka's transaction floor) %s", ms(k))
+		}
+		if b, ok := t.beside("outboxd_eos", r, bm); ok {
+			fig += fmt.Sprintf(", the same floor beside outboxd_eos %s", ms(b))
 		}
 		figures = append(figures, fig)
 	}
@@ -403,6 +415,10 @@ func (t runs) p50OverFloor() verdict {
 	pg99, _ := t.median("live", live250, "pg_walread", liveRate, p99)
 	k99, _ := t.median("live", live250, "kafka_raw", liveRate, p99)
 	v.figure += fmt.Sprintf("; p99 %s, %s above its floor of %s", ms(o99), ms(o99-pg99-k99), ms(pg99+k99))
+	if b50, ok := t.beside("outboxd", liveRate, besideP50); ok {
+		b99, _ := t.beside("outboxd", liveRate, besideP99)
+		v.figure += fmt.Sprintf("; a bare producer beside outboxd: p50 %s, p99 %s", ms(b50), ms(b99))
+	}
 	return v
 }
 
