@@ -248,7 +248,7 @@ func (b *sender) pipe(ctx context.Context, began time.Time) error {
 			// the next page is read while Kafka sends this one.
 			var readErr error
 			if sendErr == nil && !last && w.err() == nil {
-				next, readErr = b.read(ctx, page[len(page)-1].key)
+				next, readErr = b.readNext(ctx, page[len(page)-1].key)
 			}
 			if err := w.drain(ctx, grace); err != nil {
 				return err
@@ -292,7 +292,7 @@ func (b *sender) pipe(ctx context.Context, began time.Time) error {
 			}
 			if !last {
 				var readErr error
-				if next, readErr = b.read(ctx, page[len(page)-1].key); readErr != nil {
+				if next, readErr = b.readNext(ctx, page[len(page)-1].key); readErr != nil {
 					return b.halt(ctx, w, nil, nil, readErr)
 				}
 			}
@@ -320,6 +320,24 @@ func (b *sender) pipe(ctx context.Context, began time.Time) error {
 		}
 	}
 	return nil
+}
+
+// readNextTimeout bounds the read of a page while pages are in flight.
+const readNextTimeout = time.Minute
+
+// readNext reads the page after key while pages are in flight, and then
+// reports ctx's end. The read itself is not under ctx: pgx closes a
+// connection whose query's context ends, and with it the backfill's lock
+// (a second outboxd would send the same rows while these are in flight),
+// and the saves of what settles while the run drains would fail.
+func (b *sender) readNext(ctx context.Context, key []string) ([]row, error) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), readNextTimeout)
+	defer cancel()
+	page, err := b.read(rctx, key)
+	if err == nil {
+		err = ctx.Err()
+	}
+	return page, err
 }
 
 // hand routes page's rows and hands their records to Kafka, as a flight of
