@@ -35,12 +35,16 @@ import (
 //     run hands nothing more, waits for every record handed (at most
 //     shutdown_timeout once ctx ended), saves what settled and returns the
 //     failure. No record of this run is in flight when the next run starts
-//     but for one unanswered after that wait, which Kafka then delivers or
-//     fails; per key, the next run's records follow it. The sink's fence
-//     fails every record handed after a failed one, so a later page of a
-//     key is not acknowledged after the failed one was refused; where it
-//     was acknowledged before (another partition), the next run sends it
-//     again after the failed one: per key, the order of last copies holds.
+//     but for those still unanswered after that wait (possibly the whole
+//     window), which Kafka then delivers or fails; per key, the next run's
+//     records follow them. A key's order is kept because all of a key's
+//     records go to one partition, where franz-go fails every record not
+//     yet sent behind a failed one (records already sent are answered in
+//     order): a later page of the key is never acknowledged once an
+//     earlier one of it failed. A page acknowledged on another partition
+//     before the failure is sent again by the next run, after the failed
+//     one: per key, the first copies stay in order (what a consumer
+//     deduplicating on the id header keeps), and so do the last.
 //   - One writer: the window and the cursor are the sender goroutine's;
 //     the records' callbacks only count answers under the window's mutex
 //     and wake the sender, never block (franz-go calls them in order, and
@@ -49,7 +53,8 @@ import (
 //     holds fewer than kafka.max_buffered_bytes of rows and room for a
 //     page within kafka.max_buffered_records rows (the stream's budget of
 //     records in flight), or nothing: a backfill holds at most those bytes
-//     plus a page, and a kill sends again at most the window's rows, what
+//     of rows and keys plus a page (the records' headers and franz-go's
+//     envelopes come on top), and a kill sends again at most the window's rows, what
 //     was in flight, as the stream does (kafka.max_buffered_records rows,
 //     or one page when postgres.backfill.batch is larger).
 //
