@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/outboxd/outboxd/shard"
 )
 
 // TableEntry is one entry of postgres.tables: a schema-qualified table name
@@ -386,6 +388,39 @@ func (c Config) PerTableOf(names []string, entries []int) ([]Config, error) {
 	return out, nil
 }
 
+// ShardTables returns the outbox tables of postgres.table or of
+// postgres.tables' exact names, each with its router.key_column, which the
+// shard publications' row filters hash (postgres.shards above 1 takes no
+// pattern: validateSeveral).
+func (c Config) ShardTables() ([]shard.Table, error) {
+	per, err := c.PerTable()
+	if err != nil {
+		return nil, err
+	}
+	return ShardTablesOf(per), nil
+}
+
+// ShardTablesOf returns the tables of per (PerTable's configurations),
+// each with its router.key_column.
+func ShardTablesOf(per []Config) []shard.Table {
+	out := make([]shard.Table, len(per))
+	for i, t := range per {
+		schema, table := t.Postgres.TableName()
+		out[i] = shard.Table{Schema: schema, Name: table, KeyColumn: t.Router.KeyColumn}
+	}
+	return out
+}
+
+// EntryNames are the names of postgres.tables' entries, comma-separated,
+// for messages.
+func (p Postgres) EntryNames() string {
+	names := make([]string, len(p.Tables))
+	for i, e := range p.Tables {
+		names[i] = e.Name
+	}
+	return strings.Join(names, ", ")
+}
+
 // validateSeveral refuses what outboxd cannot do yet with postgres.tables
 // of more than one table, or with a pattern, each with what to do instead.
 // Refusing is the safe side: each of these would otherwise guess which
@@ -402,8 +437,14 @@ func (c Config) validateSeveral() []error {
 	if !p.Several() {
 		return errs
 	}
-	if p.Shards > 1 {
-		bad("postgres.shards", "%d with several postgres.tables is not supported yet: set postgres.shards: 1, or run one outboxd per table", p.Shards)
+	if p.Shards > 1 && p.Patterns() {
+		// Each shard's publication lists every outbox table with a row
+		// filter on the table's key column; the event trigger adds a table
+		// a pattern matches to a publication without one, so the new
+		// table's rows would reach every shard.
+		bad("postgres.shards", "%d with a pattern in postgres.tables (%s) is not supported yet: each shard's publication filters every table on its key column, "+
+			"and a table created while outboxd runs would join the publications without its filter (the event trigger adds it unfiltered); "+
+			"list the tables by name, or set postgres.shards: 1", p.Shards, p.EntryNames())
 	}
 	if c.Router.Messages.Prefix != "" && c.Router.Messages.Unowned == UnownedDeliver {
 		bad("router.messages.unowned", "deliver with several postgres.tables: a logical message that names no table (no __outbox_table) has no table whose router settings apply; "+

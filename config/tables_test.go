@@ -2,10 +2,12 @@ package config_test
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/shard"
 )
 
 func TestTableEntryMatches(t *testing.T) {
@@ -190,6 +192,24 @@ func TestPatternTables(t *testing.T) {
 	}
 }
 
+// TestShardTables: several tables by name take postgres.shards, each keyed
+// by its own key column (issue 35 §1).
+func TestShardTables(t *testing.T) {
+	yaml := "postgres:\n  shards: 2\n  tables: [a.outbox, {name: b.events, router: {key_column: tenant_key}}]\nrouter:\n  messages: {unowned: ignore}\n"
+	cfg, err := config.Load(writeFile(t, yaml), nil)
+	if err == nil {
+		err = cfg.Validate()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := cfg.ShardTables()
+	want := []shard.Table{{Schema: "a", Name: "outbox", KeyColumn: "aggregate_id"}, {Schema: "b", Name: "events", KeyColumn: "tenant_key"}}
+	if err != nil || !slices.Equal(got, want) {
+		t.Errorf("ShardTables = %v, %v; want %v", got, err, want)
+	}
+}
+
 func TestLoadTablesErrors(t *testing.T) {
 	for _, tc := range []struct {
 		name, yaml string
@@ -205,9 +225,8 @@ func TestLoadTablesErrors(t *testing.T) {
 		{"anchors", "postgres:\n  tables:\n    - name: a.outbox\n      router: &r {key_column: k}\n    - name: b.outbox\n      router: {<<: *r, key_encoding: base64}\n", nil, "postgres.tables[1] (b.outbox): router.key_encoding"},
 		{"twice", "postgres:\n  tables: [a.outbox, a.outbox]\n", nil, `postgres.tables[1]: "a.outbox" is also postgres.tables[0]`},
 		{"one pattern counts as several", "postgres:\n  tables: ['*.outbox']\n", nil, "router.messages.unowned: deliver with several postgres.tables"},
-		{"pattern, shards", "postgres:\n  tables: ['t_*.outbox']\n  shards: 2\nrouter:\n  messages: {unowned: ignore}\n", nil, "postgres.shards: 2 with several postgres.tables"},
+		{"pattern, shards", "postgres:\n  tables: ['t_*.outbox']\n  shards: 2\nrouter:\n  messages: {unowned: ignore}\n", nil, "postgres.shards: 2 with a pattern in postgres.tables (t_*.outbox) is not supported yet"},
 		{"several, unowned messages", "postgres:\n  tables: [a.outbox, b.outbox]\n", nil, "router.messages.unowned: deliver with several postgres.tables"},
-		{"several, shards", "postgres:\n  tables: [a.outbox, b.outbox]\n  shards: 2\nrouter:\n  messages: {unowned: ignore}\n", nil, "postgres.shards: 2 with several postgres.tables is not supported yet"},
 		{"several, messages override", "postgres:\n  tables: [a.outbox, {name: b.outbox, router: {messages: {prefix: x}}}]\nrouter:\n  messages: {unowned: ignore}\n", nil, "postgres.tables[1] (b.outbox): router.messages cannot be set per table: outboxd matches a logical message by router.messages.prefix before it knows the message's table"},
 		{"several, pattern messages override", "postgres:\n  tables: [a.outbox, {name: 't_*.outbox', router: {messages: {default_route_by: x}}}]\nrouter:\n  messages: {unowned: ignore}\n", nil, "postgres.tables[1] (t_*.outbox): router.messages cannot be set per table"},
 		{"several, per-table dlq without its topic", "postgres:\n  tables: [a.outbox, {name: b.outbox, router: {poison: {policy: dlq}}}]\nrouter:\n  messages: {unowned: ignore}\n", nil, "postgres.tables[1] (b.outbox): router.poison.dlq_topic: must name a topic"},

@@ -102,7 +102,7 @@ func TestPublicationDroppedSaysWhatToDo(t *testing.T) {
 		err := preflight.New(cfg, sh, nil, nil, nil).PublicationDropped(pubGone)
 		want := wal.PublicationSQL("outboxd", "public", "outbox")
 		if sh.Count > 1 {
-			want = shard.PublicationSQL("outboxd", "public", "outbox", "aggregate_id", sh.Index, sh.Count)
+			want = shard.PublicationSQL("outboxd", []shard.Table{{Schema: "public", Name: "outbox", KeyColumn: "aggregate_id"}}, sh.Index, sh.Count)
 		}
 		if !errors.Is(err, wal.ErrPublicationMissing) || !strings.Contains(Hint(err), want) || strings.Contains(err.Error(), want) {
 			t.Errorf("shard %d of %d: %v (hint %q), want wal.ErrPublicationMissing with %s in the hint alone", sh.Index, sh.Count, err, Hint(err), want)

@@ -274,7 +274,11 @@ func (s *Shards) reshard(ctx context.Context, strict bool) error {
 				n, shard.MinVersion, version)
 		}
 	}
-	db := &reshard.PG{Conn: conn, Cfg: pc, KeyColumn: s.cfg.Router.KeyColumn, Log: s.log}
+	tables, err := s.cfg.ShardTables()
+	if err != nil {
+		return err
+	}
+	db := &reshard.PG{Conn: conn, Cfg: pc, Tables: tables, Log: s.log}
 	o, err := db.Observe(ctx)
 	if err != nil {
 		if n <= 1 && !strict {
@@ -285,6 +289,12 @@ func (s *Shards) reshard(ctx context.Context, strict bool) error {
 	a, err := shard.Next(shard.View{Slot: pc.Slot, Publication: pc.Publication, Want: n, Plan: o.Plan, Slots: o.Slots, Publications: o.Publications})
 	if err != nil {
 		return err
+	}
+	if a.Kind != shard.Stream && pc.Patterns() {
+		// The reshard's publications would list only the tables named
+		// exactly (config.Config.ShardTables), not those of patterns.
+		return fmt.Errorf("the slots of %q in the database are not those of postgres.shards: %d, or a reshard is recorded, and resharding with a pattern in postgres.tables (%s) is not supported: "+
+			"set postgres.shards back to the count of the slots in the database (outboxd status lists them), or list the tables by name", pc.Slot, n, pc.EntryNames())
 	}
 	if a.Kind != shard.Stream {
 		if err := s.lockedReshard(ctx, db); err != nil {

@@ -3,6 +3,7 @@ package shard
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/outboxd/outboxd/internal/quote"
 )
@@ -20,20 +21,60 @@ const MinVersion = 15
 // sees an UPDATE of the outbox table, so router.on_update cannot warn.
 const Publish = "insert"
 
-// PublicationSQL returns the statement that creates the publication of shard
-// i of n: name (from Name) for schema.table, publishing inserts only, with
-// the row filter Filter(column, i, n). publish_via_partition_root is set as
-// for outboxd's unsharded publication, so a partitioned outbox table is
-// published, and filtered, under its own name. For n = 1 the statement has
-// no filter. It panics if i is not in [0, n) or n not in [1, Max].
-func PublicationSQL(name, schema, table, column string, i, n int) string {
-	checkShard(i, n)
-	where := ""
-	if n > 1 {
-		where = " WHERE (" + Filter(column, i, n) + ")"
+// Table is an outbox table of a shard publication, with the key column its
+// row filter hashes (its own router.key_column): each table of a shard's
+// publication is filtered on its own key, so that every row of every table
+// is published to exactly one shard.
+type Table struct {
+	Schema, Name, KeyColumn string
+}
+
+// String returns the table's quoted, schema-qualified name.
+func (t Table) String() string { return quote.Ident(t.Schema) + "." + quote.Ident(t.Name) }
+
+// clause returns the table as a publication lists it: its name and, for n
+// above 1, Filter's row filter on its key column.
+func (t Table) clause(i, n int) string {
+	if n == 1 {
+		return t.String()
 	}
-	return fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s.%s%s WITH (publish = '%s', publish_via_partition_root = true)",
-		quote.Ident(name), quote.Ident(schema), quote.Ident(table), where, Publish)
+	return t.String() + " WHERE (" + Filter(t.KeyColumn, i, n) + ")"
+}
+
+// tableList returns the tables as a publication lists them (clause).
+func tableList(tables []Table, i, n int) string {
+	parts := make([]string, len(tables))
+	for j, t := range tables {
+		parts[j] = t.clause(i, n)
+	}
+	return strings.Join(parts, ", ")
+}
+
+// PublicationSQL returns the statement that creates the publication of shard
+// i of n: name (from Name) for the tables, publishing inserts only, each
+// table with the row filter Filter(its key column, i, n).
+// publish_via_partition_root is set as for outboxd's unsharded publication,
+// so a partitioned outbox table is published, and filtered, under its own
+// name. For n = 1 the statement has no filter. It panics if tables is
+// empty, or if i is not in [0, n) or n not in [1, Max].
+func PublicationSQL(name string, tables []Table, i, n int) string {
+	checkShard(i, n)
+	checkTables(tables)
+	return fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = '%s', publish_via_partition_root = true)",
+		quote.Ident(name), tableList(tables, i, n), Publish)
+}
+
+// AddTableSQL returns the statement that adds table t, with its row filter,
+// to the existing publication name of shard i of n.
+func AddTableSQL(name string, t Table, i, n int) string {
+	checkShard(i, n)
+	return fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s", quote.Ident(name), t.clause(i, n))
+}
+
+func checkTables(tables []Table) {
+	if len(tables) == 0 {
+		panic("shard: a publication of no table")
+	}
 }
 
 // KeyColumnSQL reads what the shard filters need of the key column. Its
@@ -179,14 +220,18 @@ func isASCII(s string) bool {
 // sqlStater is implemented by *pgconn.PgError.
 type sqlStater interface{ SQLState() string }
 
-// PublicationError explains an error from running PublicationSQL for a
-// publication on schema.table with key column column, or returns nil when
-// err is nil. It recognises what an old server or a wrong key column makes
-// Postgres say; other errors are only wrapped with the publication's name.
-func PublicationError(err error, name, schema, table, column string) error {
+// PublicationError explains an error from running PublicationSQL for
+// publication name of the tables, or returns nil when err is nil. It
+// recognises what an old server or a wrong key column makes Postgres say;
+// other errors are only wrapped with the publication's name.
+func PublicationError(err error, name string, tables []Table) error {
 	if err == nil {
 		return nil
 	}
+	if len(tables) != 1 {
+		return publicationsError(err, name, tables)
+	}
+	schema, table, column := tables[0].Schema, tables[0].Name, tables[0].KeyColumn
 	var s sqlStater
 	code := ""
 	if errors.As(err, &s) {
@@ -201,6 +246,29 @@ func PublicationError(err error, name, schema, table, column string) error {
 		return fmt.Errorf("creating publication %q: %w; Postgres refused the shard row filter on %s.%s's key column %q, which must be text or varchar", name, err, schema, table, column)
 	case "42703": // undefined_column
 		return fmt.Errorf("creating publication %q: %w; the key column %q is not a column of %s.%s", name, err, column, schema, table)
+	}
+	return fmt.Errorf("creating publication %q: %w", name, err)
+}
+
+// publicationsError is PublicationError for several tables: Postgres' error
+// names the column or function, not the table, so the hint lists each
+// table's key column.
+func publicationsError(err error, name string, tables []Table) error {
+	keys := make([]string, len(tables))
+	for j, t := range tables {
+		keys[j] = fmt.Sprintf("%s (%q)", t, t.KeyColumn)
+	}
+	var s sqlStater
+	code := ""
+	if errors.As(err, &s) {
+		code = s.SQLState()
+	}
+	switch code {
+	case "42601":
+		return fmt.Errorf("creating publication %q: %w; sharding needs publication row filters, which came in Postgres %d: upgrade, or set postgres.shards: 1", name, err, MinVersion)
+	case "42883", "0A000", "42703":
+		return fmt.Errorf("creating publication %q: %w; the shard filters hash each table's key column with hashtext(text), so each must be a text or varchar column of its table: %s",
+			name, err, strings.Join(keys, ", "))
 	}
 	return fmt.Errorf("creating publication %q: %w", name, err)
 }
@@ -239,10 +307,15 @@ type FilterCheck struct {
 // Fields returns pointers to c's fields in FilterCheckSQL's column order.
 func (c *FilterCheck) Fields() []any { return []any{&c.NullDiffers, &c.KeysDiffer, &c.Example} }
 
-// AlterFilterSQL returns the statement that gives the publication name of
-// shard i of n Filter's row filter, keeping its other settings.
-func AlterFilterSQL(name, schema, table, column string, i, n int) string {
-	return fmt.Sprintf("ALTER PUBLICATION %s SET TABLE %s.%s WHERE (%s)", quote.Ident(name), quote.Ident(schema), quote.Ident(table), Filter(column, i, n))
+// AlterFilterSQL returns the statement that gives each table of the
+// publication name of shard i of n its row filter (Filter on the table's key
+// column), keeping the publication's other settings. SET TABLE replaces the
+// publication's whole list, so it names every outbox table: naming only the
+// one to fix would drop the others from the publication.
+func AlterFilterSQL(name string, tables []Table, i, n int) string {
+	checkShard(i, n)
+	checkTables(tables)
+	return fmt.Sprintf("ALTER PUBLICATION %s SET TABLE %s", quote.Ident(name), tableList(tables, i, n))
 }
 
 // ErrStaleFilter is returned by FilterCheckError for a publication of shard
@@ -251,29 +324,29 @@ func AlterFilterSQL(name, schema, table, column string, i, n int) string {
 var ErrStaleFilter = errors.New("the shard row filter publishes rows with a NULL key to no shard")
 
 // FilterCheckError says what the outcome of FilterCheckSQL (c, or err from
-// running it) means for publication name of shard i of n on schema.table,
-// keyed by column: nil when its row filter selects exactly shard i's rows,
-// an error wrapping ErrStaleFilter when it differs only on a NULL key (the
-// caller fixes it with AlterFilterSQL, or asks for it), and otherwise an
-// error naming the statement that fixes it.
-func FilterCheckError(c FilterCheck, err error, name, schema, table, column string, i, n int) error {
-	alter := AlterFilterSQL(name, schema, table, column, i, n)
+// running it) means for table t of publication name of shard i of n: nil
+// when its row filter selects exactly shard i's rows of t, an error wrapping
+// ErrStaleFilter when it differs only on a NULL key (the caller fixes it
+// with alter, AlterFilterSQL of the publication's tables, or asks for it),
+// and otherwise an error naming alter, the statement that fixes it.
+func FilterCheckError(c FilterCheck, err error, name string, t Table, alter string, i, n int) error {
+	column := t.KeyColumn
 	switch {
 	case err != nil:
-		return fmt.Errorf("checking the row filter of publication %q of shard %d of %d: %w; a shard publication's filter may use only the key column %q: give it outboxd's with %s",
-			name, i, n, err, column, alter)
+		return fmt.Errorf("checking the row filter of %s in publication %q of shard %d of %d: %w; a shard publication's filter may use only the table's key column %q: give it outboxd's with %s",
+			t, name, i, n, err, column, alter)
 	case c.KeysDiffer > 0:
-		return fmt.Errorf("the row filter of publication %q does not select the rows of shard %d of %d: it disagrees with outboxd's on %d of 1000 test keys (%q), so rows would reach another shard's slot, or none; give it outboxd's filter with %s. Rows it published to the wrong slot before that must be checked by hand",
-			name, i, n, c.KeysDiffer, c.Example, alter)
+		return fmt.Errorf("the row filter of %s in publication %q does not select the rows of shard %d of %d: it disagrees with outboxd's on %d of 1000 test keys (%q), so rows would reach another shard's slot, or none; give it outboxd's filter with %s. Rows it published to the wrong slot before that must be checked by hand",
+			t, name, i, n, c.KeysDiffer, c.Example, alter)
 	case c.NullDiffers:
-		return fmt.Errorf("publication %q of shard %d of %d: %w (column %q is NULL), so outboxd never sees such a row: %s fixes it",
-			name, i, n, ErrStaleFilter, column, alter)
+		return fmt.Errorf("publication %q of shard %d of %d: %w (column %q of %s is NULL), so outboxd never sees such a row: %s fixes it",
+			name, i, n, ErrStaleFilter, column, t, alter)
 	}
 	return nil
 }
 
-// NullKeysSQL returns the query that finds the outbox rows with a NULL key,
-// for the operator to check against what reached Kafka.
-func NullKeysSQL(schema, table, column string) string {
-	return fmt.Sprintf("SELECT * FROM %s.%s WHERE %s IS NULL", quote.Ident(schema), quote.Ident(table), quote.Ident(column))
+// NullKeysSQL returns the query that finds the rows of outbox table t with
+// a NULL key, for the operator to check against what reached Kafka.
+func NullKeysSQL(t Table) string {
+	return fmt.Sprintf("SELECT * FROM %s WHERE %s IS NULL", t, quote.Ident(t.KeyColumn))
 }

@@ -1,11 +1,13 @@
-// Package shard splits one outbox table's stream over several replication
+// Package shard splits the outbox tables' stream over several replication
 // slots, so that several walsenders decode it in parallel, and changes the
 // number of slots without losing or reordering an event. It is pure logic:
 // no I/O, no logging, no clock. The caller (the pipeline) owns connections.
 //
 // A shard is a slot and a publication. Shard i of n publishes only the
-// outbox rows whose key column hashes to i (a Postgres 15 row filter), so
-// every key belongs to exactly one shard and its events keep their order.
+// outbox rows whose key column hashes to i (a Postgres 15 row filter); with
+// several outbox tables the publication lists each (Table) with a filter on
+// its own key column. So every row belongs to exactly one shard, and every
+// key's events keep their order.
 //
 // The hash is Postgres' hashtext(key), read as an unsigned 32-bit integer,
 // modulo n: Expr in SQL, Of in Go. Postgres computes every row's shard
@@ -33,10 +35,13 @@
 //     publication names (63-byte identifiers) and refuse n > 1 before
 //     Postgres 15 (MinVersion).
 //  2. Before using more than one shard, check the hash: run KeyColumnSQL
-//     for the key column and refuse what KeyColumnError returns; run
-//     ProbeCollatedSQL with the column's collation (its error through
+//     for each table's key column and refuse what KeyColumnError returns;
+//     run ProbeCollatedSQL with each column's collation (its error through
 //     ProbeError) and refuse what VerifyProbe returns. Then run
-//     PublicationSQL for each missing publication (PublicationError).
+//     PublicationSQL of every table for each missing publication
+//     (PublicationError). Check each table's filter of an existing one
+//     (FilterCheckSQL, FilterCheckError); fix a stale one only with
+//     AlterFilterSQL of every table, which replaces the publication's list.
 //     Shard publications publish inserts only (Publish explains why).
 //  3. Route logical-decoding messages, which no publication filters, with
 //     MessageOwner: each shard delivers only its own.

@@ -98,11 +98,12 @@ func TestExpr(t *testing.T) {
 // which the caller fixes, from a wrong one, which it refuses.
 func TestFilterCheckError(t *testing.T) {
 	const alter = `ALTER PUBLICATION "p_0of2" SET TABLE "public"."outbox" WHERE ("aggregate_id" IS NULL OR mod(hashtext("aggregate_id")::bigint & 4294967295, 2) = 0)`
-	if got := AlterFilterSQL("p_0of2", "public", "outbox", "aggregate_id", 0, 2); got != alter {
+	outbox := Table{"public", "outbox", "aggregate_id"}
+	if got := AlterFilterSQL("p_0of2", []Table{outbox}, 0, 2); got != alter {
 		t.Errorf("AlterFilterSQL = %s", got)
 	}
 	check := func(c FilterCheck, err error) error {
-		return FilterCheckError(c, err, "p_0of2", "public", "outbox", "aggregate_id", 0, 2)
+		return FilterCheckError(c, err, "p_0of2", outbox, alter, 0, 2)
 	}
 	if err := check(FilterCheck{}, nil); err != nil {
 		t.Errorf("a right filter: %v", err)
@@ -189,13 +190,32 @@ func TestPanicsOnBadCounts(t *testing.T) {
 }
 
 func TestPublicationSQL(t *testing.T) {
-	got := PublicationSQL("outboxd_1of2", "public", "outbox", "aggregate_id", 1, 2)
+	got := PublicationSQL("outboxd_1of2", []Table{{"public", "outbox", "aggregate_id"}}, 1, 2)
 	want := `CREATE PUBLICATION "outboxd_1of2" FOR TABLE "public"."outbox" WHERE (mod(hashtext("aggregate_id")::bigint & 4294967295, 2) = 1) WITH (publish = 'insert', publish_via_partition_root = true)`
 	if got != want {
 		t.Errorf("got\n%s\nwant\n%s", got, want)
 	}
-	got = PublicationSQL("p", "my schema", "Out", "k", 0, 1)
+	got = PublicationSQL("p", []Table{{"my schema", "Out", "k"}}, 0, 1)
 	want = `CREATE PUBLICATION "p" FOR TABLE "my schema"."Out" WITH (publish = 'insert', publish_via_partition_root = true)`
+	if got != want {
+		t.Errorf("got\n%s\nwant\n%s", got, want)
+	}
+	// Several tables: each filtered on its own key column (issue 35 §1).
+	several := []Table{{"a", "outbox", "aggregate_id"}, {"b", "events", "Key"}}
+	got = PublicationSQL("outboxd_0of2", several, 0, 2)
+	want = `CREATE PUBLICATION "outboxd_0of2" FOR TABLE "a"."outbox" WHERE ("aggregate_id" IS NULL OR mod(hashtext("aggregate_id")::bigint & 4294967295, 2) = 0), ` +
+		`"b"."events" WHERE ("Key" IS NULL OR mod(hashtext("Key")::bigint & 4294967295, 2) = 0) WITH (publish = 'insert', publish_via_partition_root = true)`
+	if got != want {
+		t.Errorf("got\n%s\nwant\n%s", got, want)
+	}
+	got = AlterFilterSQL("outboxd_1of2", several, 1, 2)
+	want = `ALTER PUBLICATION "outboxd_1of2" SET TABLE "a"."outbox" WHERE (mod(hashtext("aggregate_id")::bigint & 4294967295, 2) = 1), ` +
+		`"b"."events" WHERE (mod(hashtext("Key")::bigint & 4294967295, 2) = 1)`
+	if got != want {
+		t.Errorf("got\n%s\nwant\n%s", got, want)
+	}
+	got = AddTableSQL("outboxd_1of2", several[1], 1, 2)
+	want = `ALTER PUBLICATION "outboxd_1of2" ADD TABLE "b"."events" WHERE (mod(hashtext("Key")::bigint & 4294967295, 2) = 1)`
 	if got != want {
 		t.Errorf("got\n%s\nwant\n%s", got, want)
 	}
@@ -207,7 +227,7 @@ func (e *pgErr) Error() string    { return e.msg }
 func (e *pgErr) SQLState() string { return e.code }
 
 func TestPublicationError(t *testing.T) {
-	if PublicationError(nil, "p", "public", "outbox", "k") != nil {
+	if PublicationError(nil, "p", []Table{{"public", "outbox", "k"}}) != nil {
 		t.Error("nil error explained")
 	}
 	for _, tc := range []struct {
@@ -220,7 +240,7 @@ func TestPublicationError(t *testing.T) {
 		{"XX000", `creating publication "p": exec: boom`},
 	} {
 		cause := &pgErr{tc.code, "boom"}
-		err := PublicationError(fmt.Errorf("exec: %w", cause), "p", "public", "outbox", "k")
+		err := PublicationError(fmt.Errorf("exec: %w", cause), "p", []Table{{"public", "outbox", "k"}})
 		if !strings.Contains(err.Error(), tc.want) || !errors.Is(err, cause) {
 			t.Errorf("%s: %v", tc.code, err)
 		}

@@ -16,10 +16,8 @@ import (
 	"golang.org/x/sync/errgroup"
 )
 
-// The three outbox tables of TestSeveralTablesOnOneSlot, each of its own
-// shape: column names, key type, payload type and topic template differ.
-// The first is outboxd's own table (newDB makes it).
-var severalShapes = []struct {
+// outboxShape is an outbox table of a test, with how to write to it.
+type outboxShape struct {
 	table  string
 	create string // "" for the table newDB makes
 	router string // the entry's router overrides, YAML flow mapping
@@ -30,7 +28,12 @@ var severalShapes = []struct {
 	// message is e as a logical message's content that names the table,
 	// with its fields named like the table's columns (tables 1 and 2).
 	message func(e event) string
-}{
+}
+
+// The three outbox tables of TestSeveralTablesOnOneSlot, each of its own
+// shape: column names, key type, payload type and topic template differ.
+// The first is outboxd's own table (newDB makes it).
+var severalShapes = []outboxShape{
 	{table: "public.outbox",
 		insert: `INSERT INTO public.outbox (id, aggregate_type, aggregate_id, event_type, payload) VALUES ($1, $2, $3, $4, $5)`,
 		del:    `DELETE FROM public.outbox WHERE id = $1`,
@@ -68,8 +71,15 @@ const severalTypes = 3
 // severalTablesConfig writes the configuration of the three tables.
 func severalTablesConfig(t *testing.T) string {
 	t.Helper()
+	return tablesConfig(t, severalShapes)
+}
+
+// tablesConfig writes the configuration of postgres.tables over shapes, in
+// their order.
+func tablesConfig(t *testing.T, shapes []outboxShape) string {
+	t.Helper()
 	yaml := "postgres:\n  tables:\n"
-	for _, s := range severalShapes {
+	for _, s := range shapes {
 		if s.router == "" {
 			yaml += "    - " + s.table + "\n"
 			continue
@@ -147,7 +157,7 @@ func severalTablesRun(t *testing.T, d *db, env []string, kills int) (*ledger, <-
 	l := newLedger()
 	const writers, events = 2, 9000
 	loadDone := make(chan error, 1)
-	go func() { loadDone <- severalTablesLoad(context.Background(), d, writers, events, l) }()
+	go func() { loadDone <- severalTablesLoad(context.Background(), d, severalShapes, writers, events, l) }()
 	for i := range kills {
 		waitCommitted(t, l, (i+1)*events/(kills+2))
 		p.stop(syscall.SIGKILL, 10*time.Second)
@@ -158,12 +168,12 @@ func severalTablesRun(t *testing.T, d *db, env []string, kills int) (*ledger, <-
 	return l, loadDone, p
 }
 
-// severalTablesLoad writes events events over the three tables from
+// severalTablesLoad writes events events over the tables of shapes from
 // writers writers, in transactions of 1 to 30 rows that mix the tables, 5 %
 // of them rolled back, a tenth of the rows deleted again in their
 // transaction, and records the outcome in l. Each key belongs to
 // one writer, so its commit order is that writer's.
-func severalTablesLoad(ctx context.Context, d *db, writers, events int, l *ledger) error {
+func severalTablesLoad(ctx context.Context, d *db, shapes []outboxShape, writers, events int, l *ledger) error {
 	const keys = 20
 	var g errgroup.Group
 	for w := range writers {
@@ -176,9 +186,9 @@ func severalTablesLoad(ctx context.Context, d *db, writers, events int, l *ledge
 				b := &pgx.Batch{}
 				var evs []event
 				for range size {
-					si, ti := rng.IntN(len(severalShapes)), rng.IntN(severalTypes)
+					si, ti := rng.IntN(len(shapes)), rng.IntN(severalTypes)
 					ki := w + writers*rng.IntN(keys) // this writer's keys
-					s := severalShapes[si]
+					s := shapes[si]
 					k := [3]int{si, ti, ki}
 					seq[k]++
 					typ := fmt.Sprintf("%s_s%d_t%d", d.name, si, ti)

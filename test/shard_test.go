@@ -177,8 +177,8 @@ func shardSet(t *testing.T, d *db, n int) (slots, pubs []string) {
 		t.Fatal(err)
 	}
 	for i := range n {
-		if _, err := d.pool.Exec(ctx, shard.PublicationSQL(pubs[i], "public", "outbox", "aggregate_id", i, n)); err != nil {
-			t.Fatal(shard.PublicationError(err, pubs[i], "public", "outbox", "aggregate_id"))
+		if _, err := d.pool.Exec(ctx, shard.PublicationSQL(pubs[i], outboxTable("aggregate_id"), i, n)); err != nil {
+			t.Fatal(shard.PublicationError(err, pubs[i], outboxTable("aggregate_id")))
 		}
 	}
 	for _, s := range slots {
@@ -257,7 +257,7 @@ func TestShardPublicationsRouteEachRowToOneSlot(t *testing.T) {
 	for _, n := range []int{2, 4} {
 		t.Run(fmt.Sprintf("%d shards", n), func(t *testing.T) {
 			d := newDB(t)
-			if refusedBefore(t, d, shard.MinVersion, shard.PublicationSQL("outboxd_0of2", "public", "outbox", "aggregate_id", 0, 2)) {
+			if refusedBefore(t, d, shard.MinVersion, shard.PublicationSQL("outboxd_0of2", outboxTable("aggregate_id"), 0, 2)) {
 				return
 			}
 			slots, pubs := shardSet(t, d, n)
@@ -349,7 +349,7 @@ func TestShardPublicationsRouteEachRowToOneSlot(t *testing.T) {
 // refuse them, which is why shard publications publish inserts only.
 func TestShardPublicationsKeepApplicationWritesWorking(t *testing.T) {
 	d := newDB(t)
-	if refusedBefore(t, d, shard.MinVersion, shard.PublicationSQL("outboxd_0of2", "public", "outbox", "aggregate_id", 0, 2)) {
+	if refusedBefore(t, d, shard.MinVersion, shard.PublicationSQL("outboxd_0of2", outboxTable("aggregate_id"), 0, 2)) {
 		return
 	}
 	shardSet(t, d, 2)
@@ -370,7 +370,7 @@ func TestShardPublicationsKeepApplicationWritesWorking(t *testing.T) {
 		t.Fatalf("with insert-only shard publications: %v", err)
 	}
 	for _, publish := range []string{"update", "delete"} {
-		stmt := strings.Replace(shard.PublicationSQL("filtered_"+publish, "public", "outbox", "aggregate_id", 0, 2),
+		stmt := strings.Replace(shard.PublicationSQL("filtered_"+publish, outboxTable("aggregate_id"), 0, 2),
 			"publish = 'insert'", "publish = 'insert, "+publish+"'", 1)
 		d.exec(t, stmt)
 		err := write()
@@ -396,10 +396,10 @@ func TestShardPublicationErrors(t *testing.T) {
 	if err := probeShards(t, d, "public", "outbox", "aggregate_id"); err != nil {
 		t.Fatal(err)
 	}
-	stmt := shard.PublicationSQL("outboxd_0of2", "public", "outbox", "aggregate_id", 0, 2)
+	stmt := shard.PublicationSQL("outboxd_0of2", outboxTable("aggregate_id"), 0, 2)
 	if refusedBefore(t, d, shard.MinVersion, stmt) {
 		_, err := d.pool.Exec(ctx, stmt)
-		if err := shard.PublicationError(err, "outboxd_0of2", "public", "outbox", "aggregate_id"); err == nil || !strings.Contains(err.Error(), "came in Postgres 15: upgrade, or set postgres.shards: 1") {
+		if err := shard.PublicationError(err, "outboxd_0of2", outboxTable("aggregate_id")); err == nil || !strings.Contains(err.Error(), "came in Postgres 15: upgrade, or set postgres.shards: 1") {
 			t.Errorf("Postgres %d's refusal explained as %v", serverMajor(t), err)
 		}
 		return
@@ -412,13 +412,13 @@ func TestShardPublicationErrors(t *testing.T) {
 		{"nosuch", `the key column "nosuch" is not a column of public.outbox`},
 	} {
 		name := "bad_" + tc.column
-		_, err := d.pool.Exec(ctx, shard.PublicationSQL(name, "public", "outbox", tc.column, 1, 3))
-		if err := shard.PublicationError(err, name, "public", "outbox", tc.column); err == nil || !strings.Contains(err.Error(), tc.want) {
+		_, err := d.pool.Exec(ctx, shard.PublicationSQL(name, outboxTable(tc.column), 1, 3))
+		if err := shard.PublicationError(err, name, outboxTable(tc.column)); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("key column %s: %v; want %q", tc.column, err, tc.want)
 		}
 	}
 	// A varchar key column is fine.
-	d.exec(t, shard.PublicationSQL("vc_1of3", "public", "outbox", "vc", 1, 3))
+	d.exec(t, shard.PublicationSQL("vc_1of3", outboxTable("vc"), 1, 3))
 }
 
 // What resharding relies on, checked on Postgres itself while writers
@@ -431,7 +431,7 @@ func TestShardCutoverSplitsTheStreamAtX(t *testing.T) {
 	for _, r := range [][2]int{{1, 2}, {4, 2}} {
 		t.Run(fmt.Sprintf("%d to %d", r[0], r[1]), func(t *testing.T) {
 			d := newDB(t)
-			if refusedBefore(t, d, shard.MinVersion, shard.PublicationSQL("outboxd_0of2", "public", "outbox", "aggregate_id", 0, 2)) {
+			if refusedBefore(t, d, shard.MinVersion, shard.PublicationSQL("outboxd_0of2", outboxTable("aggregate_id"), 0, 2)) {
 				return
 			}
 			ctx := context.Background()
@@ -564,7 +564,7 @@ func TestShardCutoverSplitsTheStreamAtX(t *testing.T) {
 // lag, the worst first, and reports the worst shard's slot as the slot.
 func TestShardStatus(t *testing.T) {
 	d := newDB(t)
-	if refusedBefore(t, d, shard.MinVersion, shard.PublicationSQL("outboxd_0of2", "public", "outbox", "aggregate_id", 0, 2)) {
+	if refusedBefore(t, d, shard.MinVersion, shard.PublicationSQL("outboxd_0of2", outboxTable("aggregate_id"), 0, 2)) {
 		return
 	}
 	slots, _ := shardSet(t, d, 2)

@@ -553,17 +553,17 @@ func TestShardsStaleNullFilter(t *testing.T) {
 	d.exec(t, `ALTER TABLE outbox ALTER COLUMN aggregate_id DROP NOT NULL`)
 	pubs, _ := shard.Names("outboxd", n)
 	for i, pub := range pubs {
-		stmt := strings.Replace(shard.PublicationSQL(pub, "public", "outbox", "aggregate_id", i, n), `"aggregate_id" IS NULL OR `, "", 1)
+		stmt := strings.Replace(shard.PublicationSQL(pub, outboxTable("aggregate_id"), i, n), `"aggregate_id" IS NULL OR `, "", 1)
 		d.exec(t, stmt)
 	}
 	// In the log the statement is inside a quoted value: its quotes are escaped.
-	alter := strings.ReplaceAll(regexp.QuoteMeta(shard.AlterFilterSQL(pubs[0], "public", "outbox", "aggregate_id", 0, n)), `"`, `\\"`)
+	alter := strings.ReplaceAll(regexp.QuoteMeta(shard.AlterFilterSQL(pubs[0], outboxTable("aggregate_id"), 0, n)), `"`, `\\"`)
 	p := start(t, shardEnv(d, n, "OUTBOXD_POSTGRES_CREATE_PUBLICATION=false"))
 	if code := p.waitExit(30 * time.Second); code != 1 {
 		t.Fatalf("outboxd exited %d with a stale shard filter and create_publication false, want 1", code)
 	}
-	p.waitLog(`publishes rows with a NULL key to no shard \(column \\"aggregate_id\\" is NULL\), so outboxd never sees such a row: `+alter+` fixes it`, time.Second)
-	p.waitLog(`rows with a NULL aggregate_id committed before then were published to no shard's slot and are lost to outboxd`, time.Second)
+	p.waitLog(`publishes rows with a NULL key to no shard \(column \\"aggregate_id\\" of \\"public\\".\\"outbox\\" is NULL\), so outboxd never sees such a row: `+alter+` fixes it`, time.Second)
+	p.waitLog(`rows with a NULL key committed before then were published to no shard's slot and are lost to outboxd`, time.Second)
 
 	p = start(t, shardEnv(d, n, "OUTBOXD_ROUTER_REQUIRE_KEY=false"))
 	p.waitShardsStreaming(n)

@@ -334,8 +334,9 @@ func (p *Pipeline) Handle(item wal.Item) error {
 		}
 		if sh := p.shard; sh.Count > 1 {
 			// Every shard's slot receives every message: deliver only
-			// this shard's.
-			key, keyed := fields.Text(rcfg.KeyColumn)
+			// this shard's, hashed on its table's key column as that
+			// table's row filter hashes its rows.
+			key, keyed := fields.Text(o.cfg.Router.KeyColumn)
 			if shard.MessageOwner(key, keyed, sh.Count) != sh.Index {
 				return nil
 			}

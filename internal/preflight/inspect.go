@@ -140,10 +140,9 @@ func (c *Checker) InspectOn(ctx context.Context, conn *pgx.Conn, h *History) (Sl
 // used it (pgErr is what the server said).
 func (c *Checker) PublicationDropped(pgErr *pgconn.PgError) error {
 	pg := c.cfg.Postgres
-	schema, table := pg.TableName()
 	create := wal.PublicationOfSQL(pg.Publication, c.tables())
 	if c.shard.Count > 1 {
-		create = shard.PublicationSQL(pg.Publication, schema, table, c.cfg.Router.KeyColumn, c.shard.Index, c.shard.Count)
+		create = shard.PublicationSQL(pg.Publication, c.shardTables(), c.shard.Index, c.shard.Count)
 	}
 	return &wal.Error{Kind: wal.ErrPublicationMissing,
 		Msg: fmt.Sprintf("publication %q was dropped while outboxd used it (%s): Postgres can no longer decode the slot, "+

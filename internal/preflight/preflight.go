@@ -307,7 +307,7 @@ func (c *Checker) resolvePatterns(ctx context.Context, conn *pgx.Conn) ([]string
 	if len(ms) == 0 {
 		return nil, fmt.Errorf("postgres.tables matches no table yet (%s), and outboxd creates its publication FOR TABLE the tables it matches: "+
 			"create one of them first (outboxd migrate creates the exact names), or create the publication yourself (CREATE PUBLICATION %s WITH (publish = '%s', publish_via_partition_root = true))",
-			entryNames(pc.Tables), pgx.Identifier{pc.Publication}.Sanitize(), wal.PublishActions)
+			pc.EntryNames(), pgx.Identifier{pc.Publication}.Sanitize(), wal.PublishActions)
 	}
 	names, entries := make([]string, len(ms)), make([]int, len(ms))
 	fields = make([]string, len(ms))
@@ -331,14 +331,6 @@ func EntryField(pc config.Postgres, i int) string {
 		return fmt.Sprintf("postgres.tables[%d] (pattern %s)", i, e.Name)
 	}
 	return fmt.Sprintf("postgres.tables[%d]", i)
-}
-
-func entryNames(es []config.TableEntry) string {
-	names := make([]string, len(es))
-	for i, e := range es {
-		names[i] = e.Name
-	}
-	return strings.Join(names, ", ")
 }
 
 // CheckOutbox checks, on conn, the outbox table of cfg as the start-up
@@ -525,9 +517,9 @@ func checkColumnTypes(ctx context.Context, conn *pgx.Conn, cfg config.Config) (r
 // streaming from.
 func (c *Checker) ensureSlot(ctx context.Context, conn *pgx.Conn, h *History) (slotHeld bool, err error) {
 	pc := c.cfg.Postgres
-	pubs := []wal.Publication{{}}
-	if c.shard.Count > 1 { // one table (config.Config.Validate)
-		pubs[0], err = c.checkShardPublication(ctx, conn)
+	var pubs []wal.Publication
+	if c.shard.Count > 1 { // no pattern (config.Config.Validate)
+		pubs, err = c.checkShardPublication(ctx, conn)
 	} else {
 		pubs, err = ensurePublication(ctx, conn, pc, c.tables())
 	}
@@ -691,30 +683,45 @@ func inspectAtStart(ctx context.Context, conn *pgx.Conn, cfg config.Config, log 
 }
 
 // checkShardPublication checks that a shard's publication, made before the
-// shards start (Shards.Start), publishes the outbox table with a row filter,
-// and returns its column list.
-func (c *Checker) checkShardPublication(ctx context.Context, conn *pgx.Conn) (wal.Publication, error) {
+// shards start (Shards.Start, which also checks each row filter's
+// meaning), publishes every outbox table with a row filter, and returns
+// each table's column list, in the order of c.per. A table missing from
+// it, or published without a filter, is refused with the statement that
+// fixes it: rows of it committed before the fix reached no shard, or
+// every shard.
+func (c *Checker) checkShardPublication(ctx context.Context, conn *pgx.Conn) ([]wal.Publication, error) {
 	pc := c.cfg.Postgres
-	schema, table := pc.TableName()
-	create := shard.PublicationSQL(pc.Publication, schema, table, c.cfg.Router.KeyColumn, c.shard.Index, c.shard.Count)
-	var filter *string
-	var columns []string
-	err := conn.QueryRow(ctx, `SELECT to_jsonb(pt) ->> 'rowfilter', coalesce(to_jsonb(pt) -> 'attnames', 'null')
-		FROM pg_publication_tables pt WHERE pt.pubname = $1 AND pt.schemaname = $2 AND pt.tablename = $3`,
-		pc.Publication, schema, table).Scan(&filter, &columns)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return wal.Publication{}, wal.Errorf(wal.ErrPublicationMissing, "publication %q of shard %d of %d does not exist or does not include %s.%s; drop it if it exists and create it with %s",
-			pc.Publication, c.shard.Index, c.shard.Count, schema, table, create)
+	tables := c.shardTables()
+	pubs := make([]wal.Publication, len(tables))
+	for i, t := range tables {
+		var filter *string
+		var columns []string
+		err := conn.QueryRow(ctx, `SELECT to_jsonb(pt) ->> 'rowfilter', coalesce(to_jsonb(pt) -> 'attnames', 'null')
+			FROM pg_publication_tables pt WHERE pt.pubname = $1 AND pt.schemaname = $2 AND pt.tablename = $3`,
+			pc.Publication, t.Schema, t.Name).Scan(&filter, &columns)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows) && len(tables) == 1:
+			return nil, wal.Errorf(wal.ErrPublicationMissing, "publication %q of shard %d of %d does not exist or does not include %s; drop it if it exists and create it with %s",
+				pc.Publication, c.shard.Index, c.shard.Count, t, shard.PublicationSQL(pc.Publication, tables, c.shard.Index, c.shard.Count))
+		case errors.Is(err, pgx.ErrNoRows):
+			return nil, wal.Errorf(wal.ErrPublicationMissing, "publication %q of shard %d of %d does not exist or does not include %s, so none of its rows whose key hashes to shard %d reach outboxd; "+
+				"add it with %s (rows of it written before are not delivered: send them with outboxd replay), or, if the publication does not exist, create it with %s",
+				pc.Publication, c.shard.Index, c.shard.Count, t, c.shard.Index,
+				shard.AddTableSQL(pc.Publication, t, c.shard.Index, c.shard.Count), shard.PublicationSQL(pc.Publication, tables, c.shard.Index, c.shard.Count))
+		case err != nil:
+			return nil, fmt.Errorf("reading tables of publication %q: %w", pc.Publication, err)
+		case filter == nil:
+			return nil, fmt.Errorf("publication %q of shard %d of %d publishes every row of %s, so every shard would deliver every event of it; give each table its filter with %s",
+				pc.Publication, c.shard.Index, c.shard.Count, t, shard.AlterFilterSQL(pc.Publication, tables, c.shard.Index, c.shard.Count))
+		}
+		pubs[i] = wal.Publication{Columns: columns}
 	}
-	if err != nil {
-		return wal.Publication{}, fmt.Errorf("reading tables of publication %q: %w", pc.Publication, err)
-	}
-	if filter == nil {
-		return wal.Publication{}, fmt.Errorf("publication %q of shard %d of %d publishes every row of %s.%s, so every shard would deliver every event; drop it and create it with %s",
-			pc.Publication, c.shard.Index, c.shard.Count, schema, table, create)
-	}
-	return wal.Publication{Columns: columns}, nil
+	return pubs, nil
 }
+
+// shardTables are the outbox tables with their key columns, as the shard
+// publications list them.
+func (c *Checker) shardTables() []shard.Table { return config.ShardTablesOf(c.per) }
 
 // tables are the outbox tables.
 func (c *Checker) tables() []wal.Table {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/outboxd/outboxd/internal/pause"
@@ -18,14 +19,16 @@ import (
 	"github.com/outboxd/outboxd/wal"
 )
 
-// PG is the DB on a Postgres connection of its own, for the outbox table
+// PG is the DB on a Postgres connection of its own, for the outbox tables
 // and settings of cfg.
 type PG struct {
-	Conn      *pgx.Conn
-	Cfg       config.Postgres
-	KeyColumn string // router.key_column: what the shard filters hash
-	Log       *slog.Logger
-	probed    bool
+	Conn *pgx.Conn
+	Cfg  config.Postgres
+	// Tables are the outbox tables, each with its router.key_column, which
+	// its row filter hashes (config.Config.ShardTables).
+	Tables []shard.Table
+	Log    *slog.Logger
+	probed bool
 }
 
 // lockKey is the key of the reshard loop's advisory lock, for slot $1.
@@ -61,8 +64,20 @@ func ReadGate(ctx context.Context, conn *pgx.Conn, cfg config.Postgres) (locked 
 }
 
 func stateTable(cfg config.Postgres) string {
+	return pgx.Identifier{stateSchema(cfg), "outboxd_reshard"}.Sanitize()
+}
+
+// stateSchema is the schema of the reshard state table: the outbox
+// table's, or with several postgres.tables the first entry's (a reshard
+// takes no pattern: relay.Shards refuses it). Every instance reads the
+// same row only while the first entry stays the same.
+func stateSchema(cfg config.Postgres) string {
+	if cfg.Table == "" && len(cfg.Tables) > 0 {
+		schema, _ := cfg.Tables[0].Split()
+		return schema
+	}
 	schema, _ := cfg.TableName()
-	return pgx.Identifier{schema, "outboxd_reshard"}.Sanitize()
+	return schema
 }
 
 func (p *PG) table() string { return stateTable(p.Cfg) }
@@ -138,7 +153,7 @@ func (p *PG) Observe(ctx context.Context) (Observed, error) {
 
 // Begin creates the state table and inserts the plan.
 func (p *PG) Begin(ctx context.Context, pl shard.Plan) error {
-	schema, _ := p.Cfg.TableName()
+	schema := stateSchema(p.Cfg)
 	if _, err := p.Conn.Exec(ctx, shard.StateTableSQL(schema)); err != nil {
 		return &PermanentError{fmt.Errorf("creating the reshard state table %s: %w; the role needs CREATE on schema %s, or create it with: %s",
 			p.table(), err, schema, shard.StateTableSQL(schema))}
@@ -155,7 +170,6 @@ func (p *PG) Begin(ctx context.Context, pl shard.Plan) error {
 // probe. A single shard's publication is the configured one, made as an
 // unsharded outboxd makes it.
 func (p *PG) CreatePublications(ctx context.Context, names []string) error {
-	schema, table := p.Cfg.TableName()
 	for _, name := range names {
 		i, n, ok := shard.Parse(p.Cfg.Publication, name)
 		if !ok {
@@ -165,7 +179,7 @@ func (p *PG) CreatePublications(ctx context.Context, names []string) error {
 			// Its own refusals (a missing publication with
 			// create_publication false) carry no SQLSTATE: only a server
 			// error is judged by transient here.
-			if _, err := wal.EnsurePublication(ctx, p.Conn, name, schema, table, p.Cfg.CreatePublication); err != nil && sqlState(err) != "" && transient(err) {
+			if _, err := wal.EnsurePublicationOf(ctx, p.Conn, name, p.walTables(), p.Cfg.CreatePublication); err != nil && sqlState(err) != "" && transient(err) {
 				return err
 			} else if err != nil {
 				return &PermanentError{err}
@@ -179,39 +193,35 @@ func (p *PG) CreatePublications(ctx context.Context, names []string) error {
 	return nil
 }
 
-// EnsureShardPublication creates publication name of shard i of n when it
-// does not exist (running the probe first), or says which statement to run
-// when postgres.create_publication is false.
+// walTables are the outbox tables as package wal names them.
+func (p *PG) walTables() []wal.Table {
+	out := make([]wal.Table, len(p.Tables))
+	for i, t := range p.Tables {
+		out[i] = wal.Table{Schema: t.Schema, Name: t.Name}
+	}
+	return out
+}
+
+// EnsureShardPublication creates publication name of shard i of n, of
+// every outbox table, when it does not exist (running the probe first), or
+// says which statement to run when postgres.create_publication is false.
+// An existing one has each table's row filter checked (checkFilters).
 func (p *PG) EnsureShardPublication(ctx context.Context, name string, i, n int) error {
-	schema, table := p.Cfg.TableName()
 	var exists bool
 	if err := p.Conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_publication WHERE pubname = $1)`, name).Scan(&exists); err != nil {
 		return fmt.Errorf("reading publication %q: %w", name, err)
 	}
 	if exists {
-		return p.checkFilter(ctx, name, i, n)
+		return p.checkFilters(ctx, name, i, n)
 	}
-	stmt := shard.PublicationSQL(name, schema, table, p.KeyColumn, i, n)
+	stmt := shard.PublicationSQL(name, p.Tables, i, n)
 	if !p.Cfg.CreatePublication {
 		return &PermanentError{wal.Errorf(wal.ErrPublicationMissing, "publication %q of shard %d of %d does not exist and postgres.create_publication is false; create it with %s",
 			name, i, n, stmt)}
 	}
 	if !p.probed {
-		var k shard.KeyColumn
-		if err := p.Conn.QueryRow(ctx, shard.KeyColumnSQL, schema, table, p.KeyColumn).Scan(k.Fields()...); err != nil {
-			return fmt.Errorf("reading the key column %q of %s.%s: %w", p.KeyColumn, schema, table, err)
-		}
-		if err := shard.KeyColumnError(k, schema, table, p.KeyColumn); err != nil {
-			return &PermanentError{err}
-		}
-		var hashes []int32
-		if err := p.Conn.QueryRow(ctx, shard.ProbeCollatedSQL(k.Collation)).Scan(&hashes); err != nil && transient(err) {
-			return fmt.Errorf("probing the shard hash: %w", err)
-		} else if err != nil {
-			return &PermanentError{shard.ProbeError(err)}
-		}
-		if err := shard.VerifyProbe(hashes); err != nil {
-			return &PermanentError{err}
+		if err := p.probe(ctx); err != nil {
+			return err
 		}
 		p.probed = true
 	}
@@ -224,44 +234,104 @@ func (p *PG) EnsureShardPublication(ctx context.Context, name string, i, n int) 
 	if transient(err) {
 		return fmt.Errorf("creating publication %q: %w", name, err)
 	}
-	return &PermanentError{shard.PublicationError(err, name, schema, table, p.KeyColumn)}
+	return &PermanentError{shard.PublicationError(err, name, p.Tables)}
 }
 
-// checkFilter checks the row filter of the existing publication name of
-// shard i of n (shard.FilterCheckSQL). A filter from before NULL keys had a
-// shard is fixed when postgres.create_publication is true, and refused
-// otherwise: either way the rows with a NULL key committed before the fix
-// were published to no slot, and the log says so. A publication without
-// the outbox table or without a filter is left to the start-up checks,
-// which explain it.
-func (p *PG) checkFilter(ctx context.Context, name string, i, n int) error {
-	schema, table := p.Cfg.TableName()
-	var actual *string
-	err := p.Conn.QueryRow(ctx, `SELECT to_jsonb(pt) ->> 'rowfilter' FROM pg_publication_tables pt WHERE pt.pubname = $1 AND pt.schemaname = $2 AND pt.tablename = $3`,
-		name, schema, table).Scan(&actual)
-	if errors.Is(err, pgx.ErrNoRows) || err == nil && actual == nil {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("reading the row filter of publication %q: %w", name, err)
-	}
-	var c shard.FilterCheck
-	err = p.Conn.QueryRow(ctx, shard.FilterCheckSQL(*actual, p.KeyColumn, i, n)).Scan(c.Fields()...)
-	if err != nil && transient(err) {
-		return fmt.Errorf("checking the row filter of publication %q: %w", name, err)
-	}
-	err = shard.FilterCheckError(c, err, name, schema, table, p.KeyColumn, i, n)
-	if !errors.Is(err, shard.ErrStaleFilter) {
-		if err != nil {
+// probe checks each table's key column (shard.KeyColumnError) and
+// Postgres' hashtext() under each key column's collation
+// (shard.VerifyProbe).
+func (p *PG) probe(ctx context.Context) error {
+	probed := map[string]bool{}
+	for _, t := range p.Tables {
+		var k shard.KeyColumn
+		if err := p.Conn.QueryRow(ctx, shard.KeyColumnSQL, t.Schema, t.Name, t.KeyColumn).Scan(k.Fields()...); err != nil {
+			return fmt.Errorf("reading the key column %q of %s: %w", t.KeyColumn, t, err)
+		}
+		if err := shard.KeyColumnError(k, t.Schema, t.Name, t.KeyColumn); err != nil {
 			return &PermanentError{err}
 		}
+		if probed[k.Collation] {
+			continue
+		}
+		var hashes []int32
+		if err := p.Conn.QueryRow(ctx, shard.ProbeCollatedSQL(k.Collation)).Scan(&hashes); err != nil && transient(err) {
+			return fmt.Errorf("probing the shard hash: %w", err)
+		} else if err != nil {
+			return &PermanentError{shard.ProbeError(err)}
+		}
+		if err := shard.VerifyProbe(hashes); err != nil {
+			return &PermanentError{err}
+		}
+		probed[k.Collation] = true
+	}
+	return nil
+}
+
+// checkFilters checks the row filter of each outbox table in the existing
+// publication name of shard i of n (shard.FilterCheckSQL). A filter from
+// before NULL keys had a shard is fixed when postgres.create_publication is
+// true, and refused otherwise: either way the rows with a NULL key
+// committed before the fix were published to no slot, and the log says so.
+// A publication that lacks a table, or a table's filter, is left to the
+// start-up checks, which explain it (preflight): nothing is fixed then, for
+// the fix (shard.AlterFilterSQL) would add the table silently.
+func (p *PG) checkFilters(ctx context.Context, name string, i, n int) error {
+	rows, err := p.Conn.Query(ctx, `SELECT schemaname::text, tablename::text, to_jsonb(pt) ->> 'rowfilter' FROM pg_publication_tables pt WHERE pt.pubname = $1`, name)
+	if err != nil {
+		return fmt.Errorf("reading the row filters of publication %q: %w", name, err)
+	}
+	filters := map[shard.Table]*string{}
+	var schema, table string
+	var filter *string
+	_, err = pgx.ForEachRow(rows, []any{&schema, &table, &filter}, func() error {
+		filters[shard.Table{Schema: schema, Name: table}] = filter
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("reading the row filters of publication %q: %w", name, err)
+	}
+	alter := shard.AlterFilterSQL(name, p.Tables, i, n)
+	var stale []shard.Table
+	for _, t := range p.Tables {
+		actual := filters[shard.Table{Schema: t.Schema, Name: t.Name}]
+		if actual == nil {
+			return nil // no such table, or no filter: the start-up checks refuse it
+		}
+		var c shard.FilterCheck
+		err := p.Conn.QueryRow(ctx, shard.FilterCheckSQL(*actual, t.KeyColumn, i, n)).Scan(c.Fields()...)
+		if err != nil && transient(err) {
+			return fmt.Errorf("checking the row filter of %s in publication %q: %w", t, name, err)
+		}
+		err = shard.FilterCheckError(c, err, name, t, alter, i, n)
+		switch {
+		case errors.Is(err, shard.ErrStaleFilter):
+			stale = append(stale, t)
+		case err != nil:
+			return &PermanentError{err}
+		}
+	}
+	if len(stale) == 0 {
 		return nil
 	}
-	lost := fmt.Sprintf("rows with a NULL %s committed before then were published to no shard's slot and are lost to outboxd: find them with %s (while the table keeps them) and deliver them by hand",
-		p.KeyColumn, shard.NullKeysSQL(schema, table, p.KeyColumn))
-	alter := shard.AlterFilterSQL(name, schema, table, p.KeyColumn, i, n)
+	queries := make([]string, len(stale))
+	for j, t := range stale {
+		queries[j] = shard.NullKeysSQL(t)
+	}
+	lost := fmt.Sprintf("rows with a NULL key committed before then were published to no shard's slot and are lost to outboxd: find them with %s (while the table keeps them) and deliver them by hand",
+		strings.Join(queries, "; "))
+	nulls := make([]string, len(stale))
+	for j, t := range stale {
+		nulls[j] = fmt.Sprintf("column %q of %s is NULL", t.KeyColumn, t)
+	}
+	what := fmt.Errorf("publication %q of shard %d of %d: %w (%s), so outboxd never sees such a row: %s fixes it", name, i, n, shard.ErrStaleFilter, strings.Join(nulls, "; "), alter)
 	if !p.Cfg.CreatePublication {
-		return &PermanentError{fmt.Errorf("%w; postgres.create_publication is false, so run it yourself and restart outboxd. The %s", err, lost)}
+		return &PermanentError{fmt.Errorf("%w; postgres.create_publication is false, so run it yourself and restart outboxd. The %s", what, lost)}
+	}
+	if others := len(filters) - len(p.Tables); others > 0 {
+		// SET TABLE replaces the list: the fix would drop them unasked.
+		return &PermanentError{fmt.Errorf("%w, but the publication also publishes %d table(s) outboxd's settings do not list, which that statement would remove from it: "+
+			"remove them yourself (ALTER PUBLICATION %s DROP TABLE ...) if no one needs them there, or run the statement with them added, and restart outboxd. The %s",
+			what, others, pgx.Identifier{name}.Sanitize(), lost)}
 	}
 	if _, err := p.Conn.Exec(ctx, alter); err != nil && transient(err) {
 		return fmt.Errorf("fixing the row filter of publication %q with %s: %w", name, alter, err)

@@ -1,0 +1,269 @@
+package test
+
+import (
+	"context"
+	"fmt"
+	mrand "math/rand/v2"
+	"regexp"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/outboxd/outboxd/shard"
+)
+
+// The three outbox tables of TestShardsSeveralTables: each is keyed by a
+// column of its own name and type (text, varchar(64), text COLLATE "C"),
+// which its shard row filters hash. The first is outboxd's own table
+// (newDB makes it).
+var shardShapes = []outboxShape{
+	severalShapes[0],
+	{table: "orders.events",
+		create: `CREATE SCHEMA orders; CREATE TABLE orders.events (event_id uuid PRIMARY KEY, stream text NOT NULL, stream_key varchar(64) NOT NULL,
+			kind text NOT NULL, body jsonb NOT NULL)`,
+		router: `{id_column: event_id, route_by_column: stream, key_column: stream_key, event_type_column: kind, payload_column: body, topic_template: 'orders.${routedByValue}'}`,
+		insert: `INSERT INTO orders.events (event_id, stream, stream_key, kind, body) VALUES ($1, $2, $3, $4, $5)`,
+		del:    `DELETE FROM orders.events WHERE event_id = $1`,
+		key:    func(i int) string { return fmt.Sprintf("order-%d", 1000+i) },
+		topic:  func(typ string) string { return "orders." + typ },
+		message: func(e event) string {
+			return fmt.Sprintf(`{"__outbox_table": "orders.events", "event_id": %q, "stream": %q, "stream_key": %q, "kind": %q, "body": %s}`,
+				e.ID, e.Type, e.Key, e.EventType, e.Payload)
+		}},
+	{table: "wallet.outbox_events",
+		create: `CREATE SCHEMA wallet; CREATE TABLE wallet.outbox_events (seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, uid text NOT NULL UNIQUE,
+			destination text NOT NULL, partition_key text COLLATE "C" NOT NULL, type text NOT NULL, data text NOT NULL)`,
+		router: `{id_column: uid, route_by_column: destination, key_column: partition_key, event_type_column: type, payload_column: data, topic_template: '${routedByValue}'}`,
+		insert: `INSERT INTO wallet.outbox_events (uid, destination, partition_key, type, data) VALUES ($1, $2, $3, $4, $5)`,
+		del:    `DELETE FROM wallet.outbox_events WHERE uid = $1`,
+		key:    func(i int) string { return fmt.Sprintf("wallet/%d", i) },
+		topic:  func(typ string) string { return typ },
+		message: func(e event) string {
+			return fmt.Sprintf(`{"__outbox_table": "wallet.outbox_events", "uid": %q, "destination": %q, "partition_key": %q, "type": %q, "data": %q}`,
+				e.ID, e.Type, e.Key, e.EventType, e.Payload)
+		}},
+}
+
+// shardTablesDB makes the three tables of shardShapes in a database of its
+// own and returns it with the configuration file of postgres.tables over
+// them, or nil before Postgres 15 (shardDB).
+func shardTablesDB(t *testing.T) (*db, string) {
+	t.Helper()
+	d := shardDB(t)
+	if d == nil {
+		return nil, ""
+	}
+	for _, s := range shardShapes {
+		if s.create != "" {
+			d.exec(t, s.create)
+		}
+	}
+	return d, tablesConfig(t, shardShapes)
+}
+
+// shardTables are the tables of shardShapes as the shard publications list
+// them.
+func shardTables() []shard.Table {
+	keys := []string{"aggregate_id", "stream_key", "partition_key"}
+	out := make([]shard.Table, len(shardShapes))
+	for i, s := range shardShapes {
+		schema, table, _ := strings.Cut(s.table, ".")
+		out[i] = shard.Table{Schema: schema, Name: table, KeyColumn: keys[i]}
+	}
+	return out
+}
+
+// outboxTable is newDB's outbox table keyed by column, as a shard
+// publication lists it.
+func outboxTable(column string) []shard.Table {
+	return []shard.Table{{Schema: "public", Name: "outbox", KeyColumn: column}}
+}
+
+// Issue 35 §1: sharding with several tables, each hashed on its own key
+// column. Three tables of different key columns and types over 2 shards:
+// first a fixed set of rows, each counted by the shard that delivered it
+// (the insert counter of its slot and table), which must be the shard its
+// key hashes to and no other; then writers mixing the tables in one
+// transaction, with logical messages, rollbacks and insert-then-delete,
+// and one SIGKILL: nothing lost, nothing phantom, per-key order kept.
+func TestShardsSeveralTables(t *testing.T) {
+	d, cfg := shardTablesDB(t)
+	if d == nil {
+		return
+	}
+	const n = 2
+	env := shardEnv(d, n)
+	p := start(t, env, "-config", cfg)
+	p.waitShardsStreaming(n)
+
+	// Each row counted once, by its key's shard.
+	want := map[[2]string]int{} // slot, table: rows
+	var ids []string
+	var topics []string
+	for si, s := range shardShapes {
+		typ := fmt.Sprintf("%s_r%d", d.name, si)
+		topics = append(topics, s.topic(typ))
+		for k := range 60 {
+			id, key := uuid(), s.key(k)
+			d.exec(t, s.insert, id, typ, key, "Happened", `{"n": 1}`)
+			ids = append(ids, id)
+			slot, _ := shard.Name(d.slot, shard.Of([]byte(key), n), n)
+			want[[2]string{slot, s.table}]++
+		}
+	}
+	recs := readUntil(t, topics, time.Minute, 2*time.Second, waitIDs(ids...))
+	if len(recs) != len(ids) {
+		t.Errorf("read %d records of the %d rows, want each once", len(recs), len(ids))
+	}
+	mfs, ok := p.scrape()
+	if !ok {
+		t.Fatal("no /metrics")
+	}
+	misrouted := 0
+	for i := range n {
+		slot, _ := shard.Name(d.slot, i, n)
+		for _, s := range shardShapes {
+			got, _ := seriesValue(mfs, "outboxd_wal_changes_total", map[string]string{"slot": slot, "op": "insert", "table": s.table})
+			if w := want[[2]string{slot, s.table}]; int(got) != w {
+				misrouted += max(int(got)-w, w-int(got))
+				t.Errorf("slot %s delivered %v rows of %s, want %d (the rows whose key hashes to it)", slot, got, s.table, w)
+			} else if w == 0 {
+				t.Errorf("no row of %s hashes to slot %s: the test's keys do not spread", s.table, slot)
+			}
+		}
+	}
+	t.Logf("misrouted rows: %d", misrouted)
+
+	// Writers mixing the tables, and one SIGKILL.
+	l := newLedger()
+	const writers, events = 2, 10000
+	loadDone := make(chan error, 1)
+	go func() { loadDone <- severalTablesLoad(context.Background(), d, shardShapes, writers, events, l) }()
+	waitCommitted(t, l, events/4)
+	p.stop(syscall.SIGKILL, 10*time.Second)
+	t.Logf("killed at %d committed events", l.committedCount())
+	p = start(t, env, "-config", cfg)
+	p.waitShardsStreaming(n)
+	r := verifyLoad(t, l, loadDone)
+	if limit := n * (10000 + 2000); r.Duplicates > limit {
+		t.Errorf("%d duplicates after one kill, more than the unacknowledged windows allow (%d)", r.Duplicates, limit)
+	}
+}
+
+// Issue 35 §1: each table's row filter in a shard publication is checked
+// at start-up. A table published without a filter (every shard would
+// deliver its rows) or missing from one shard's publication (its rows of
+// that shard would reach no slot) is refused with the statement that fixes
+// it; shard 0's filter from before NULL keys had a shard, on one table, is
+// fixed with a statement that keeps every table and its filter.
+func TestShardsSeveralTablesFilterChecked(t *testing.T) {
+	d, cfg := shardTablesDB(t)
+	if d == nil {
+		return
+	}
+	const n = 2
+	env := shardEnv(d, n)
+	tables := shardTables()
+	pubs, _ := shard.Names("outboxd", n)
+	create := func(i int, stmt string) {
+		d.exec(t, `DROP PUBLICATION IF EXISTS `+pubs[i])
+		d.exec(t, stmt)
+	}
+	create(0, shard.PublicationSQL(pubs[0], tables, 0, n))
+
+	// orders.events without a filter in shard 1's publication.
+	create(1, strings.Replace(shard.PublicationSQL(pubs[1], tables, 1, n),
+		` WHERE (mod(hashtext("stream_key")::bigint & 4294967295, 2) = 1)`, "", 1))
+	expectStartupError(t, env, `publication \\"outboxd_1of2\\" of shard 1 of 2 publishes every row of \\"orders\\".\\"events\\", so every shard would deliver every event of it; give each table its filter with `+
+		strings.ReplaceAll(regexp.QuoteMeta(shard.AlterFilterSQL(pubs[1], tables, 1, n)), `"`, `\\"`), "-config", cfg)
+
+	// wallet.outbox_events missing from shard 1's publication.
+	create(1, shard.PublicationSQL(pubs[1], tables[:2], 1, n))
+	expectStartupError(t, env, `publication \\"outboxd_1of2\\" of shard 1 of 2 does not exist or does not include \\"wallet\\".\\"outbox_events\\", so none of its rows whose key hashes to shard 1 reach outboxd; add it with `+
+		strings.ReplaceAll(regexp.QuoteMeta(shard.AddTableSQL(pubs[1], tables[2], 1, n)), `"`, `\\"`), "-config", cfg)
+
+	// Shard 0's filter on wallet.outbox_events from before NULL keys had
+	// a shard: fixed, every table keeping its filter.
+	create(1, shard.PublicationSQL(pubs[1], tables, 1, n))
+	d.exec(t, `ALTER TABLE wallet.outbox_events ALTER COLUMN partition_key DROP NOT NULL`)
+	stale := func(tables []shard.Table) string {
+		return strings.Replace(shard.PublicationSQL(pubs[0], tables, 0, n), `"partition_key" IS NULL OR `, "", 1)
+	}
+	// With a table outboxd does not list beside them, which the fix would
+	// drop: refused.
+	d.exec(t, `CREATE TABLE public.other (k text)`)
+	create(0, stale(append(slices.Clone(tables), shard.Table{Schema: "public", Name: "other", KeyColumn: "k"})))
+	expectStartupError(t, env, `but the publication also publishes 1 table\(s\) outboxd's settings do not list, which that statement would remove from it`, "-config", cfg)
+	create(0, stale(tables))
+	p := start(t, env, "-config", cfg)
+	p.waitShardsStreaming(n)
+	p.waitLog(`msg="fixed the row filter of the shard publication, which published rows with a NULL key to no shard;.*`+
+		regexp.QuoteMeta(`SELECT * FROM \"wallet\".\"outbox_events\" WHERE \"partition_key\" IS NULL`), time.Second)
+	for i, pub := range pubs {
+		for _, tb := range tables {
+			var filter *string
+			if err := d.pool.QueryRow(context.Background(), `SELECT rowfilter FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3`,
+				pub, tb.Schema, tb.Name).Scan(&filter); err != nil {
+				t.Errorf("%s of %s: %v", tb, pub, err)
+				continue
+			}
+			if filter == nil || !strings.Contains(*filter, tb.KeyColumn) || (i == 0) != strings.Contains(*filter, "IS NULL") {
+				t.Errorf("%s of %s has the filter %v", tb, pub, filter)
+			}
+		}
+	}
+}
+
+// Issue 35 §1: changing postgres.shards with several tables, by restart,
+// while writers mix the tables: from 1 to 2 shards, SIGKILLed at a random
+// step of the reshard and started again, then from 2 to 3. Every committed
+// event arrives, per-key order holds, and the state table is in the schema
+// of the first entry of postgres.tables.
+func TestShardsSeveralTablesReshard(t *testing.T) {
+	d, _ := shardTablesDB(t)
+	if d == nil {
+		return
+	}
+	cfg := tablesConfig(t, []outboxShape{shardShapes[1], shardShapes[2], shardShapes[0]}) // orders.events first
+	env := func(n int) []string {
+		return shardEnv(d, n, "OUTBOXD_KAFKA_MAX_BUFFERED_RECORDS=2000", "OUTBOXD_POSTGRES_STATUS_INTERVAL=100ms")
+	}
+	p := start(t, env(1), "-config", cfg)
+	p.waitStreaming()
+	l := newLedger()
+	const writers, events = 2, 40000
+	loadDone := make(chan error, 1)
+	go func() { loadDone <- severalTablesLoad(context.Background(), d, shardShapes, writers, events, l) }()
+	waitCommitted(t, l, events/8)
+	if code := p.stop(syscall.SIGTERM, 60*time.Second); code != 0 {
+		t.Fatalf("outboxd exited %d after SIGTERM", code)
+	}
+	steps := []string{"begin", "create", "cutover", "drain", "switch", "drop_old", "advance"}
+	p = start(t, env(2), "-config", cfg)
+	p.waitLog(`msg=resharding step=`+steps[mrand.IntN(len(steps))]+`|msg=streaming`, 30*time.Second)
+	p.stop(syscall.SIGKILL, 10*time.Second)
+	t.Logf("killed after the reshard steps %v at %d committed events", reshardSteps(p), l.committedCount())
+	p = start(t, env(2), "-config", cfg)
+	p.waitShardsStreaming(2)
+	if code := p.stop(syscall.SIGTERM, 60*time.Second); code != 0 {
+		t.Fatalf("outboxd exited %d after SIGTERM", code)
+	}
+	p = start(t, env(3), "-config", cfg)
+	p.waitShardsStreaming(3)
+	p.waitLog(`msg=resharded`, time.Second)
+	t.Logf("resharded to 3 at %d committed events", l.committedCount())
+	verifyLoad(t, l, loadDone)
+	var slots []string
+	if err := d.pool.QueryRow(context.Background(), `SELECT array_agg(slot_name::text ORDER BY slot_name) FROM pg_replication_slots WHERE database = current_database()`).Scan(&slots); err != nil {
+		t.Fatal(err)
+	}
+	if want, _ := shard.Names(d.slot, 3); fmt.Sprint(slots) != fmt.Sprint(want) {
+		t.Errorf("slots after the reshards: %v, want %v", slots, want)
+	}
+	var state string
+	if err := d.pool.QueryRow(context.Background(), `SELECT string_agg(n.nspname, ',') FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.relname = 'outboxd_reshard'`).Scan(&state); err != nil || state != "orders" {
+		t.Errorf("the state table outboxd_reshard is in the schemas %q (%v), want orders: the first entry's", state, err)
+	}
+}
