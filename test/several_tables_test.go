@@ -123,8 +123,16 @@ func TestSeveralTablesExactlyOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.waitLog(`exactly-once: resuming after the position committed in Kafka`, 30*time.Second)
+	verifyExactlyOnce(t, d, severalShapes, l)
+}
+
+// verifyExactlyOnce checks that a read_committed consumer of the topics of
+// severalTablesLoad over shapes sees every committed event of l once, in
+// order per key, and nothing else.
+func verifyExactlyOnce(t *testing.T, d *db, shapes []outboxShape, l *ledger) {
+	t.Helper()
 	var topics []string
-	for si, s := range severalShapes {
+	for si, s := range shapes {
 		for ti := range severalTypes {
 			topics = append(topics, s.topic(fmt.Sprintf("%s_s%d_t%d", d.name, si, ti)))
 		}

@@ -137,15 +137,7 @@ func TestShardsSeveralTables(t *testing.T) {
 	t.Logf("misrouted rows: %d", misrouted)
 
 	// Writers mixing the tables, and one SIGKILL.
-	l := newLedger()
-	const writers, events = 2, 10000
-	loadDone := make(chan error, 1)
-	go func() { loadDone <- severalTablesLoad(context.Background(), d, shardShapes, writers, events, l) }()
-	waitCommitted(t, l, events/4)
-	p.stop(syscall.SIGKILL, 10*time.Second)
-	t.Logf("killed at %d committed events", l.committedCount())
-	p = start(t, env, "-config", cfg)
-	p.waitShardsStreaming(n)
+	l, loadDone, _ := shardTablesKilledOnce(t, d, p, env, cfg, n)
 	r := verifyLoad(t, l, loadDone)
 	if limit := n * (10000 + 2000); r.Duplicates > limit {
 		t.Errorf("%d duplicates after one kill, more than the unacknowledged windows allow (%d)", r.Duplicates, limit)
@@ -266,4 +258,43 @@ func TestShardsSeveralTablesReshard(t *testing.T) {
 	if err := d.pool.QueryRow(context.Background(), `SELECT string_agg(n.nspname, ',') FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.relname = 'outboxd_reshard'`).Scan(&state); err != nil || state != "orders" {
 		t.Errorf("the state table outboxd_reshard is in the schemas %q (%v), want orders: the first entry's", state, err)
 	}
+}
+
+// Issue 35 §1, exactly-once: the three tables over 2 shards, each shard
+// with its own transactional id and position, SIGKILLed once under
+// writers mixing the tables: a read_committed consumer sees every
+// committed event once, in order per key.
+func TestShardsSeveralTablesExactlyOnce(t *testing.T) {
+	d, cfg := shardTablesDB(t)
+	if d == nil {
+		return
+	}
+	const n = 2
+	env := eosEnv(d, "OUTBOXD_POSTGRES_SHARDS=2")
+	p := start(t, env, "-config", cfg)
+	p.waitShardsStreaming(n)
+	l, loadDone, _ := shardTablesKilledOnce(t, d, p, env, cfg, n)
+	if err := <-loadDone; err != nil {
+		t.Fatal(err)
+	}
+	verifyExactlyOnce(t, d, shardShapes, l)
+}
+
+// shardTablesKilledOnce starts 2 writers mixing the tables of shardShapes
+// (severalTablesLoad, 10,000 events), SIGKILLs p, running with env and
+// cfg, once a quarter of them have committed, and starts outboxd again,
+// waiting for its n shards to stream. It returns the load's ledger and
+// outcome, and the new outboxd.
+func shardTablesKilledOnce(t *testing.T, d *db, p *proc, env []string, cfg string, n int) (*ledger, <-chan error, *proc) {
+	t.Helper()
+	l := newLedger()
+	const writers, events = 2, 10000
+	loadDone := make(chan error, 1)
+	go func() { loadDone <- severalTablesLoad(context.Background(), d, shardShapes, writers, events, l) }()
+	waitCommitted(t, l, events/4)
+	p.stop(syscall.SIGKILL, 10*time.Second)
+	t.Logf("killed at %d committed events", l.committedCount())
+	p = start(t, env, "-config", cfg)
+	p.waitShardsStreaming(n)
+	return l, loadDone, p
 }
