@@ -176,6 +176,13 @@ func TestShardsSeveralTablesFilterChecked(t *testing.T) {
 	expectStartupError(t, env, `publication \\"outboxd_1of2\\" of shard 1 of 2 does not exist or does not include \\"wallet\\".\\"outbox_events\\", so none of its rows whose key hashes to shard 1 reach outboxd; add it with `+
 		strings.ReplaceAll(regexp.QuoteMeta(shard.AddTableSQL(pubs[1], tables[2], 1, n)), `"`, `\\"`), "-config", cfg)
 
+	// A table added to postgres.tables whose key column the filters
+	// cannot hash: refused, naming the table and the type.
+	create(1, shard.PublicationSQL(pubs[1], tables, 1, n))
+	d.exec(t, `CREATE TABLE public.uuid_keyed (id uuid PRIMARY KEY, aggregate_type text, aggregate_id uuid, event_type text, payload jsonb)`)
+	withUUID := tablesConfig(t, append(slices.Clone(shardShapes), outboxShape{table: "public.uuid_keyed"}))
+	expectStartupError(t, env, `the key column \\"aggregate_id\\" of \\"public\\".\\"uuid_keyed\\" is uuid; the shard filters hash it with hashtext\(\), which outboxd computes only for text and varchar`, "-config", withUUID)
+
 	// Shard 0's filter on wallet.outbox_events from before NULL keys had
 	// a shard: fixed, every table keeping its filter.
 	create(1, shard.PublicationSQL(pubs[1], tables, 1, n))

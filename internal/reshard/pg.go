@@ -243,12 +243,9 @@ func (p *PG) EnsureShardPublication(ctx context.Context, name string, i, n int) 
 func (p *PG) probe(ctx context.Context) error {
 	probed := map[string]bool{}
 	for _, t := range p.Tables {
-		var k shard.KeyColumn
-		if err := p.Conn.QueryRow(ctx, shard.KeyColumnSQL, t.Schema, t.Name, t.KeyColumn).Scan(k.Fields()...); err != nil {
-			return fmt.Errorf("reading the key column %q of %s: %w", t.KeyColumn, t, err)
-		}
-		if err := shard.KeyColumnError(k, t.Schema, t.Name, t.KeyColumn); err != nil {
-			return &PermanentError{err}
+		k, err := p.keyColumn(ctx, t)
+		if err != nil {
+			return err
 		}
 		if probed[k.Collation] {
 			continue
@@ -267,14 +264,28 @@ func (p *PG) probe(ctx context.Context) error {
 	return nil
 }
 
+// keyColumn reads table t's key column and refuses one the shard filters
+// cannot hash (shard.KeyColumnError).
+func (p *PG) keyColumn(ctx context.Context, t shard.Table) (shard.KeyColumn, error) {
+	var k shard.KeyColumn
+	if err := p.Conn.QueryRow(ctx, shard.KeyColumnSQL, t.Schema, t.Name, t.KeyColumn).Scan(k.Fields()...); err != nil {
+		return k, fmt.Errorf("reading the key column %q of %s: %w", t.KeyColumn, t, err)
+	}
+	if err := shard.KeyColumnError(k, t.Schema, t.Name, t.KeyColumn); err != nil {
+		return k, &PermanentError{err}
+	}
+	return k, nil
+}
+
 // checkFilters checks the row filter of each outbox table in the existing
 // publication name of shard i of n (shard.FilterCheckSQL). A filter from
 // before NULL keys had a shard is fixed when postgres.create_publication is
 // true, and refused otherwise: either way the rows with a NULL key
 // committed before the fix were published to no slot, and the log says so.
-// A publication that lacks a table, or a table's filter, is left to the
-// start-up checks, which explain it (preflight): nothing is fixed then, for
-// the fix (shard.AlterFilterSQL) would add the table silently.
+// A publication that lacks a table (whose key column is checked), or a
+// table's filter, is left to the start-up checks, which explain it
+// (preflight): nothing is fixed then, for the fix (shard.AlterFilterSQL)
+// would add the table silently.
 func (p *PG) checkFilters(ctx context.Context, name string, i, n int) error {
 	rows, err := p.Conn.Query(ctx, `SELECT schemaname::text, tablename::text, to_jsonb(pt) ->> 'rowfilter' FROM pg_publication_tables pt WHERE pt.pubname = $1`, name)
 	if err != nil {
@@ -293,9 +304,16 @@ func (p *PG) checkFilters(ctx context.Context, name string, i, n int) error {
 	alter := shard.AlterFilterSQL(name, p.Tables, i, n)
 	var stale []shard.Table
 	for _, t := range p.Tables {
-		actual := filters[shard.Table{Schema: t.Schema, Name: t.Name}]
+		actual, listed := filters[shard.Table{Schema: t.Schema, Name: t.Name}]
+		if !listed {
+			// A table new to postgres.tables: the start-up checks refuse
+			// it with the ADD TABLE that gives it its filter, which needs
+			// a key column the filters can hash.
+			_, err := p.keyColumn(ctx, t)
+			return err
+		}
 		if actual == nil {
-			return nil // no such table, or no filter: the start-up checks refuse it
+			return nil // no filter: the start-up checks refuse it
 		}
 		var c shard.FilterCheck
 		err := p.Conn.QueryRow(ctx, shard.FilterCheckSQL(*actual, t.KeyColumn, i, n)).Scan(c.Fields()...)
