@@ -3,6 +3,7 @@ package shard
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/outboxd/outboxd/internal/quote"
@@ -318,6 +319,42 @@ func AlterFilterSQL(name string, tables []Table, i, n int) string {
 	return fmt.Sprintf("ALTER PUBLICATION %s SET TABLE %s", quote.Ident(name), tableList(tables, i, n))
 }
 
+// RefilterStatements returns the statements that give the tables of the
+// publication name of shard i of n their row filter (Filter on each table's
+// key column): each of listed, which the publication lists already, is
+// dropped from it and added back with its filter; each of missing is added.
+// Run them in one transaction: a transaction of the application commits
+// before or after it, so every row is published by the old list or the new
+// one. No other table of the publication is touched. It panics if i is not
+// in [0, n), n not in [2, Max], or both lists are empty.
+func RefilterStatements(name string, listed, missing []Table, i, n int) []string {
+	checkShard(i, n)
+	if n < 2 {
+		panic("shard: a single shard has no row filter")
+	}
+	checkTables(append(slices.Clone(listed), missing...))
+	pub := quote.Ident(name)
+	var out []string
+	if len(listed) > 0 {
+		names := make([]string, len(listed))
+		for j, t := range listed {
+			names[j] = t.String()
+		}
+		out = append(out, fmt.Sprintf("ALTER PUBLICATION %s DROP TABLE %s", pub, strings.Join(names, ", ")))
+	}
+	return append(out, fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s", pub, tableList(append(slices.Clone(listed), missing...), i, n)))
+}
+
+// RefilterSQL is RefilterStatements as the operator runs them: in one
+// transaction (BEGIN; ...; COMMIT;) when there are two.
+func RefilterSQL(name string, listed, missing []Table, i, n int) string {
+	stmts := RefilterStatements(name, listed, missing, i, n)
+	if len(stmts) == 1 {
+		return stmts[0]
+	}
+	return "BEGIN; " + strings.Join(stmts, "; ") + "; COMMIT;"
+}
+
 // ErrStaleFilter is returned by FilterCheckError for a publication of shard
 // 0 whose row filter is outboxd's from before NULL keys had a shard: it
 // selects the right keys but publishes a row with a NULL key to no shard.
@@ -326,21 +363,21 @@ var ErrStaleFilter = errors.New("the shard row filter publishes rows with a NULL
 // FilterCheckError says what the outcome of FilterCheckSQL (c, or err from
 // running it) means for table t of publication name of shard i of n: nil
 // when its row filter selects exactly shard i's rows of t, an error wrapping
-// ErrStaleFilter when it differs only on a NULL key (the caller fixes it
-// with alter, AlterFilterSQL of the publication's tables, or asks for it),
-// and otherwise an error naming alter, the statement that fixes it.
-func FilterCheckError(c FilterCheck, err error, name string, t Table, alter string, i, n int) error {
+// ErrStaleFilter when it differs only on a NULL key (the caller runs fix,
+// the statement that fixes it, or asks for it), and otherwise an error
+// naming fix.
+func FilterCheckError(c FilterCheck, err error, name string, t Table, fix string, i, n int) error {
 	column := t.KeyColumn
 	switch {
 	case err != nil:
 		return fmt.Errorf("checking the row filter of %s in publication %q of shard %d of %d: %w; a shard publication's filter may use only the table's key column %q: give it outboxd's with %s",
-			t, name, i, n, err, column, alter)
+			t, name, i, n, err, column, fix)
 	case c.KeysDiffer > 0:
 		return fmt.Errorf("the row filter of %s in publication %q does not select the rows of shard %d of %d: it disagrees with outboxd's on %d of 1000 test keys (%q), so rows would reach another shard's slot, or none; give it outboxd's filter with %s. Rows it published to the wrong slot before that must be checked by hand",
-			t, name, i, n, c.KeysDiffer, c.Example, alter)
+			t, name, i, n, c.KeysDiffer, c.Example, fix)
 	case c.NullDiffers:
 		return fmt.Errorf("publication %q of shard %d of %d: %w (column %q of %s is NULL), so outboxd never sees such a row: %s fixes it",
-			name, i, n, ErrStaleFilter, column, t, alter)
+			name, i, n, ErrStaleFilter, column, t, fix)
 	}
 	return nil
 }

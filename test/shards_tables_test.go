@@ -305,3 +305,83 @@ func shardTablesKilledOnce(t *testing.T, d *db, p *proc, env []string, cfg strin
 	p.waitShardsStreaming(n)
 	return l, loadDone, p
 }
+
+// Review of issue 35 §1, M1: a reshard checks every publication of the new
+// layout before the cutover, those that exist already too. Two tables at 2
+// shards, under writers on both: the configured publication outboxd, kept
+// from an earlier outboxd at 1 shard of the first table only, lacks
+// orders.events, so going to 1 shard is refused while the reshard is
+// still creating (the old slots hold every event, no new slot is made);
+// rows of orders.events written then, before the operator adds the table,
+// arrive once the reshard finishes (without the check they were committed
+// after the cutover to a publication without the table: lost). Then going to 3
+// shards, outboxd_1of3, made earlier from the first table only, is put
+// right before the new slots are made. Every committed event arrives.
+func TestShardsSeveralTablesReshardStalePublication(t *testing.T) {
+	d, _ := shardTablesDB(t)
+	if d == nil {
+		return
+	}
+	shapes := shardShapes[:2]
+	tables := shardTables()[:2]
+	cfg := tablesConfig(t, shapes)
+	env := func(n int) []string { return shardEnv(d, n, "OUTBOXD_POSTGRES_STATUS_INTERVAL=100ms") }
+	d.exec(t, `CREATE PUBLICATION outboxd FOR TABLE public.outbox`)
+	p := start(t, env(2), "-config", cfg)
+	p.waitShardsStreaming(2)
+	l := newLedger()
+	const writers, events = 2, 4000
+	loadDone := make(chan error, 1)
+	go func() { loadDone <- severalTablesLoad(context.Background(), d, shapes, writers, events, l) }()
+	waitCommitted(t, l, events/4)
+	if code := p.stop(syscall.SIGTERM, 60*time.Second); code != 0 {
+		t.Fatalf("outboxd exited %d after SIGTERM", code)
+	}
+
+	expectStartupError(t, env(1), `checking the publications of the 1 new shards before the cutover: publication \\"outboxd\\" does not include orders\.events.*The reshard from 2 to 1 shards is still creating`, "-config", cfg)
+	var phase string
+	if err := d.pool.QueryRow(context.Background(), `SELECT phase FROM public.outboxd_reshard WHERE slot = $1`, d.slot).Scan(&phase); err != nil || phase != "creating" {
+		t.Errorf("after the refusal the reshard's phase is %q (%v), want creating", phase, err)
+	}
+	slots := func() string {
+		var s []string
+		if err := d.pool.QueryRow(context.Background(), `SELECT array_agg(slot_name::text ORDER BY slot_name) FROM pg_replication_slots WHERE database = current_database()`).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Sprint(s)
+	}
+	if got, want := slots(), fmt.Sprint([]string{d.slot + "_0of2", d.slot + "_1of2"}); got != want {
+		t.Errorf("after the refusal the slots are %s, want the old ones alone: %s", got, want)
+	}
+	typ := d.name + "_late"
+	var ids []string
+	for k := range 40 {
+		id := uuid()
+		d.exec(t, shapes[1].insert, id, typ, shapes[1].key(k), "Happened", `{"n": 1}`)
+		ids = append(ids, id)
+	}
+	d.exec(t, `ALTER PUBLICATION outboxd ADD TABLE orders.events`)
+	p = start(t, env(1), "-config", cfg)
+	p.waitStreaming()
+	if recs := readUntil(t, []string{shapes[1].topic(typ)}, 30*time.Second, 2*time.Second, waitIDs(ids...)); len(recs) != len(ids) {
+		t.Errorf("read %d records of the %d rows of orders.events written while the reshard was refused, want each once", len(recs), len(ids))
+	}
+	t.Logf("resharded to 1 at %d committed events", l.committedCount())
+	if code := p.stop(syscall.SIGTERM, 60*time.Second); code != 0 {
+		t.Fatalf("outboxd exited %d after SIGTERM", code)
+	}
+
+	pub, _ := shard.Name("outboxd", 1, 3)
+	d.exec(t, shard.PublicationSQL(pub, tables[:1], 1, 3))
+	p = start(t, env(3), "-config", cfg)
+	p.waitShardsStreaming(3)
+	p.waitLog(`msg="put a new shard's publication right before the reshard's cutover" publication=outboxd_1of3`, time.Second)
+	p.waitLog(`msg=resharded`, 30*time.Second)
+	t.Logf("resharded to 3 at %d committed events", l.committedCount())
+	verifyLoad(t, l, loadDone)
+	var filter *string
+	if err := d.pool.QueryRow(context.Background(), `SELECT rowfilter FROM pg_publication_tables WHERE pubname = $1 AND schemaname = 'orders' AND tablename = 'events'`, pub).Scan(&filter); err != nil ||
+		filter == nil || !strings.Contains(*filter, "stream_key") {
+		t.Errorf("orders.events in %s: filter %v (%v), want the shard filter", pub, filter, err)
+	}
+}

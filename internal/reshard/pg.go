@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -166,10 +167,17 @@ func (p *PG) Begin(ctx context.Context, pl shard.Plan) error {
 	return nil
 }
 
-// CreatePublications creates the shard publications named, after the
-// probe. A single shard's publication is the configured one, made as an
-// unsharded outboxd makes it.
-func (p *PG) CreatePublications(ctx context.Context, names []string) error {
+// CreatePublications creates the new shards' publications named that do
+// not exist and checks each one that does, before the cutover: every
+// outbox table listed, with its shard filter (one shard: listed, made as an
+// unsharded outboxd makes it). fix says that a new shard's slot is still to
+// be made after this call (Run): a publication put right now is right for
+// every row after the cutover, which is taken at or past that slot's
+// start. Then an existing publication that is wrong is put right when
+// postgres.create_publication is true (a new shard's, not the configured
+// one of a single shard, which may be the user's), and refused otherwise.
+// Without fix every wrong one is refused.
+func (p *PG) CreatePublications(ctx context.Context, names []string, fix bool) error {
 	for _, name := range names {
 		i, n, ok := shard.Parse(p.Cfg.Publication, name)
 		if !ok {
@@ -177,8 +185,8 @@ func (p *PG) CreatePublications(ctx context.Context, names []string) error {
 		}
 		if n == 1 {
 			// Its own refusals (a missing publication with
-			// create_publication false) carry no SQLSTATE: only a server
-			// error is judged by transient here.
+			// create_publication false, a table it lacks) carry no
+			// SQLSTATE: only a server error is judged by transient here.
 			if _, err := wal.EnsurePublicationOf(ctx, p.Conn, name, p.walTables(), p.Cfg.CreatePublication); err != nil && sqlState(err) != "" && transient(err) {
 				return err
 			} else if err != nil {
@@ -186,7 +194,21 @@ func (p *PG) CreatePublications(ctx context.Context, names []string) error {
 			}
 			continue
 		}
-		if err := p.EnsureShardPublication(ctx, name, i, n); err != nil {
+		exists, err := p.publicationExists(ctx, name)
+		if err != nil {
+			return err
+		}
+		switch {
+		case !exists && !fix:
+			// Made now, after the new shards' slots, it would publish
+			// nothing committed between the two.
+			return &PermanentError{fmt.Errorf("publication %q of new shard %d of %d does not exist", name, i, n)}
+		case !exists:
+			err = p.createShardPublication(ctx, name, i, n)
+		default:
+			err = p.checkNewPublication(ctx, name, i, n, fix)
+		}
+		if err != nil {
 			return err
 		}
 	}
@@ -207,23 +229,35 @@ func (p *PG) walTables() []wal.Table {
 // says which statement to run when postgres.create_publication is false.
 // An existing one has each table's row filter checked (checkFilters).
 func (p *PG) EnsureShardPublication(ctx context.Context, name string, i, n int) error {
-	var exists bool
-	if err := p.Conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_publication WHERE pubname = $1)`, name).Scan(&exists); err != nil {
-		return fmt.Errorf("reading publication %q: %w", name, err)
+	exists, err := p.publicationExists(ctx, name)
+	if err != nil {
+		return err
 	}
 	if exists {
 		return p.checkFilters(ctx, name, i, n)
 	}
+	return p.createShardPublication(ctx, name, i, n)
+}
+
+func (p *PG) publicationExists(ctx context.Context, name string) (bool, error) {
+	var exists bool
+	if err := p.Conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_publication WHERE pubname = $1)`, name).Scan(&exists); err != nil {
+		return false, fmt.Errorf("reading publication %q: %w", name, err)
+	}
+	return exists, nil
+}
+
+// createShardPublication creates the missing publication name of shard i
+// of n, running the probe first, or says which statement to run when
+// postgres.create_publication is false.
+func (p *PG) createShardPublication(ctx context.Context, name string, i, n int) error {
 	stmt := shard.PublicationSQL(name, p.Tables, i, n)
 	if !p.Cfg.CreatePublication {
 		return &PermanentError{wal.Errorf(wal.ErrPublicationMissing, "publication %q of shard %d of %d does not exist and postgres.create_publication is false; create it with %s",
 			name, i, n, stmt)}
 	}
-	if !p.probed {
-		if err := p.probe(ctx); err != nil {
-			return err
-		}
-		p.probed = true
+	if err := p.probeOnce(ctx); err != nil {
+		return err
 	}
 	_, err := p.Conn.Exec(ctx, stmt)
 	// duplicate_object, or the unique index of publication names when two
@@ -235,6 +269,18 @@ func (p *PG) EnsureShardPublication(ctx context.Context, name string, i, n int) 
 		return fmt.Errorf("creating publication %q: %w", name, err)
 	}
 	return &PermanentError{shard.PublicationError(err, name, p.Tables)}
+}
+
+// probeOnce runs the probe once per PG.
+func (p *PG) probeOnce(ctx context.Context) error {
+	if p.probed {
+		return nil
+	}
+	if err := p.probe(ctx); err != nil {
+		return err
+	}
+	p.probed = true
+	return nil
 }
 
 // probe checks each table's key column (shard.KeyColumnError) and
@@ -277,60 +323,172 @@ func (p *PG) keyColumn(ctx context.Context, t shard.Table) (shard.KeyColumn, err
 	return k, nil
 }
 
-// checkFilters checks the row filter of each outbox table in the existing
-// publication name of shard i of n (shard.FilterCheckSQL). A filter from
-// before NULL keys had a shard is fixed when postgres.create_publication is
-// true, and refused otherwise: either way the rows with a NULL key
-// committed before the fix were published to no slot, and the log says so.
-// A publication that lacks a table (whose key column is checked), or a
-// table's filter, is left to the start-up checks, which explain it
-// (preflight): nothing is fixed then, for the fix (shard.AlterFilterSQL)
-// would add the table silently.
-func (p *PG) checkFilters(ctx context.Context, name string, i, n int) error {
+// filters is what readFilters finds of the outbox tables in a shard
+// publication: every table is looked at before anything is decided.
+type filters struct {
+	others     int           // tables listed that are not outbox tables
+	missing    []shard.Table // not listed
+	unfiltered []shard.Table // listed without a row filter
+	stale      []shard.Table // outboxd's filter from before NULL keys had a shard
+	wrong      []shard.Table // a filter that selects other rows
+	why        []error       // why each of wrong is
+}
+
+func (f filters) ok() bool {
+	return len(f.missing)+len(f.unfiltered)+len(f.stale)+len(f.wrong) == 0
+}
+
+// listed are the outbox tables the publication lists with a filter to
+// replace.
+func (f filters) listed() []shard.Table {
+	return slices.Concat(f.unfiltered, f.stale, f.wrong)
+}
+
+// String says what is wrong with the publication's outbox tables.
+func (f filters) String() string {
+	var parts []string
+	if len(f.missing) > 0 {
+		parts = append(parts, "it does not include "+tableNames(f.missing))
+	}
+	if len(f.unfiltered) > 0 {
+		parts = append(parts, "it publishes every row of "+tableNames(f.unfiltered)+" (no row filter), so every shard would deliver them")
+	}
+	if len(f.stale) > 0 {
+		parts = append(parts, "its row filter of "+tableNames(f.stale)+" publishes rows with a NULL key to no shard")
+	}
+	for _, err := range f.why {
+		parts = append(parts, err.Error())
+	}
+	return strings.Join(parts, "; ")
+}
+
+func tableNames(tables []shard.Table) string {
+	names := make([]string, len(tables))
+	for j, t := range tables {
+		names[j] = t.String()
+	}
+	return strings.Join(names, ", ")
+}
+
+// readFilters reads the outbox tables of the existing publication name of
+// shard i of n and checks each one's row filter (shard.FilterCheckSQL);
+// fix(t) is the statement a refusal of t's filter names.
+func (p *PG) readFilters(ctx context.Context, name string, i, n int, fix func(shard.Table) string) (filters, error) {
+	var f filters
 	rows, err := p.Conn.Query(ctx, `SELECT schemaname::text, tablename::text, to_jsonb(pt) ->> 'rowfilter' FROM pg_publication_tables pt WHERE pt.pubname = $1`, name)
 	if err != nil {
-		return fmt.Errorf("reading the row filters of publication %q: %w", name, err)
+		return f, fmt.Errorf("reading the row filters of publication %q: %w", name, err)
 	}
-	filters := map[shard.Table]*string{}
+	listed := map[shard.Table]*string{}
 	var schema, table string
 	var filter *string
 	_, err = pgx.ForEachRow(rows, []any{&schema, &table, &filter}, func() error {
-		filters[shard.Table{Schema: schema, Name: table}] = filter
+		listed[shard.Table{Schema: schema, Name: table}] = filter
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("reading the row filters of publication %q: %w", name, err)
+		return f, fmt.Errorf("reading the row filters of publication %q: %w", name, err)
 	}
-	alter := shard.AlterFilterSQL(name, p.Tables, i, n)
-	var stale []shard.Table
+	f.others = len(listed)
 	for _, t := range p.Tables {
-		actual, listed := filters[shard.Table{Schema: t.Schema, Name: t.Name}]
-		if !listed {
-			// A table new to postgres.tables: the start-up checks refuse
-			// it with the ADD TABLE that gives it its filter, which needs
-			// a key column the filters can hash.
-			_, err := p.keyColumn(ctx, t)
-			return err
+		actual, ok := listed[shard.Table{Schema: t.Schema, Name: t.Name}]
+		switch {
+		case !ok:
+			f.missing = append(f.missing, t)
+			continue
+		case actual == nil:
+			f.others--
+			f.unfiltered = append(f.unfiltered, t)
+			continue
 		}
-		if actual == nil {
-			return nil // no filter: the start-up checks refuse it
-		}
+		f.others--
 		var c shard.FilterCheck
 		err := p.Conn.QueryRow(ctx, shard.FilterCheckSQL(*actual, t.KeyColumn, i, n)).Scan(c.Fields()...)
 		if err != nil && transient(err) {
-			return fmt.Errorf("checking the row filter of %s in publication %q: %w", t, name, err)
+			return f, fmt.Errorf("checking the row filter of %s in publication %q: %w", t, name, err)
 		}
-		err = shard.FilterCheckError(c, err, name, t, alter, i, n)
+		err = shard.FilterCheckError(c, err, name, t, fix(t), i, n)
 		switch {
 		case errors.Is(err, shard.ErrStaleFilter):
-			stale = append(stale, t)
+			f.stale = append(f.stale, t)
 		case err != nil:
-			return &PermanentError{err}
+			f.wrong = append(f.wrong, t)
+			f.why = append(f.why, err)
 		}
 	}
-	if len(stale) == 0 {
+	return f, nil
+}
+
+// checkNewPublication checks the existing publication name of new shard i
+// of n before the cutover (CreatePublications): every outbox table listed
+// with its filter. With fix and postgres.create_publication, a wrong one is
+// put right in one transaction that touches only the outbox tables it
+// names (shard.RefilterStatements); otherwise it is refused.
+func (p *PG) checkNewPublication(ctx context.Context, name string, i, n int, fix bool) error {
+	f, err := p.readFilters(ctx, name, i, n, func(t shard.Table) string { return shard.RefilterSQL(name, []shard.Table{t}, nil, i, n) })
+	if err != nil || f.ok() {
+		return err
+	}
+	stmt := shard.RefilterSQL(name, f.listed(), f.missing, i, n)
+	what := fmt.Sprintf("publication %q of new shard %d of %d: %s", name, i, n, f)
+	switch {
+	case !fix:
+		return &PermanentError{fmt.Errorf("%s; %s puts it right", what, stmt)}
+	case !p.Cfg.CreatePublication:
+		return &PermanentError{fmt.Errorf("%s, and postgres.create_publication is false: run %s and start outboxd again", what, stmt)}
+	}
+	if err := p.probeOnce(ctx); err != nil {
+		return err
+	}
+	err = pgx.BeginFunc(ctx, p.Conn, func(tx pgx.Tx) error {
+		for _, s := range shard.RefilterStatements(name, f.listed(), f.missing, i, n) {
+			if _, err := tx.Exec(ctx, s); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil && transient(err) {
+		return fmt.Errorf("putting publication %q right with %s: %w", name, stmt, err)
+	} else if err != nil {
+		return &PermanentError{fmt.Errorf("%s; putting it right with %s: %w", what, stmt, err)}
+	}
+	if p.Log != nil {
+		p.Log.Info("put a new shard's publication right before the reshard's cutover", "publication", name, "statement", stmt)
+	}
+	return nil
+}
+
+// checkFilters checks the row filter of each outbox table in the existing
+// publication name of shard i of n, a shard that streams or drains. A
+// filter from before NULL keys had a shard is fixed when
+// postgres.create_publication is true, and refused otherwise: either way
+// the rows with a NULL key committed before the fix were published to no
+// slot, and the log says so. A publication that lacks a table (whose key
+// column is checked), or a table's filter, is left to the start-up checks,
+// which explain it (preflight): nothing is fixed then, for the fix
+// (shard.AlterFilterSQL) would add the table silently.
+func (p *PG) checkFilters(ctx context.Context, name string, i, n int) error {
+	alter := shard.AlterFilterSQL(name, p.Tables, i, n)
+	f, err := p.readFilters(ctx, name, i, n, func(shard.Table) string { return alter })
+	if err != nil {
+		return err
+	}
+	if len(f.why) > 0 {
+		return &PermanentError{f.why[0]}
+	}
+	for _, t := range f.missing {
+		// A table new to postgres.tables: the start-up checks refuse
+		// it with the ADD TABLE that gives it its filter, which needs
+		// a key column the filters can hash.
+		if _, err := p.keyColumn(ctx, t); err != nil {
+			return err
+		}
+	}
+	if len(f.missing)+len(f.unfiltered) > 0 || len(f.stale) == 0 {
 		return nil
 	}
+	stale := f.stale
 	queries := make([]string, len(stale))
 	for j, t := range stale {
 		queries[j] = shard.NullKeysSQL(t)
@@ -345,7 +503,7 @@ func (p *PG) checkFilters(ctx context.Context, name string, i, n int) error {
 	if !p.Cfg.CreatePublication {
 		return &PermanentError{fmt.Errorf("%w; postgres.create_publication is false, so run it yourself and restart outboxd. The %s", what, lost)}
 	}
-	if others := len(filters) - len(p.Tables); others > 0 {
+	if others := f.others; others > 0 {
 		// SET TABLE replaces the list: the fix would drop them unasked.
 		return &PermanentError{fmt.Errorf("%w, but the publication also publishes %d table(s) outboxd's settings do not list, which that statement would remove from it: "+
 			"remove them yourself (ALTER PUBLICATION %s DROP TABLE ...) if no one needs them there, or run the statement with them added, and restart outboxd. The %s",

@@ -37,7 +37,12 @@ type DB interface {
 	// Begin creates the state table if needed and inserts p unless a row
 	// for the slot exists.
 	Begin(ctx context.Context, p shard.Plan) error
-	CreatePublications(ctx context.Context, names []string) error
+	// CreatePublications creates the new shards' publications named that
+	// do not exist and checks every one that does (each outbox table
+	// listed with its shard filter). fix says that a new shard's slot is
+	// made after it: an existing publication may then be put right, and
+	// is refused otherwise (a *PermanentError).
+	CreatePublications(ctx context.Context, names []string, fix bool) error
 	CreateSlots(ctx context.Context, names []string) error
 	// SetPhase moves the row from the observed plan to phase (with cutover
 	// when not zero).
@@ -138,12 +143,21 @@ func Run(ctx context.Context, db DB, cfg Config, drain Drain, log *slog.Logger) 
 			err = db.Begin(ctx, a.Plan)
 		case shard.Create:
 			progress("resharding from %d to %d shards: creating the new shards' publications and slots", a.Plan.From, a.Plan.To)
-			if err = db.CreatePublications(ctx, a.Publications); err == nil {
+			// Every publication of the new layout, the existing ones too:
+			// a table one lacks would lose its rows after the cutover.
+			// A slot is made after this, and the cutover is taken at or
+			// past its start, so a publication put right here is right
+			// for every row the new shards deliver.
+			if err = checkPublications(ctx, db, cfg, a.Plan, len(a.Slots) > 0); err == nil {
 				err = db.CreateSlots(ctx, a.Slots)
 			}
 		case shard.Cutover:
 			progress("resharding from %d to %d shards: recording the cutover", a.Plan.From, a.Plan.To)
-			moved, err = db.SetPhase(ctx, a.Plan, shard.Draining, a.Cutover)
+			// Checked again (a publication changed, or a table added to
+			// postgres.tables, since the slots were made), refusing only.
+			if err = checkPublications(ctx, db, cfg, a.Plan, false); err == nil {
+				moved, err = db.SetPhase(ctx, a.Plan, shard.Draining, a.Cutover)
+			}
 		case shard.Drain:
 			progress("resharding from %d to %d shards: the old shards deliver up to the cutover at %s", a.Plan.From, a.Plan.To, a.Window.Upto)
 			err = drain(ctx, a.Shards, a.Window)
@@ -200,6 +214,27 @@ func Run(ctx context.Context, db DB, cfg Config, drain Drain, log *slog.Logger) 
 			return nil, w, ctx.Err()
 		}
 	}
+}
+
+// checkPublications runs db.CreatePublications on every publication of the
+// new layout of p while the reshard is creating, and says what a refusal
+// means for the reshard.
+func checkPublications(ctx context.Context, db DB, cfg Config, p shard.Plan, fix bool) error {
+	names, err := shard.Names(cfg.Publication, p.To)
+	if err != nil {
+		return &PermanentError{fmt.Errorf("postgres.publication: %w", err)}
+	}
+	err = db.CreatePublications(ctx, names, fix)
+	var perm *PermanentError
+	switch {
+	case !errors.As(err, &perm):
+		return err
+	case fix:
+		return &PermanentError{fmt.Errorf("checking the publications of the %d new shards before the cutover: %w. The reshard from %d to %d shards is still creating: "+
+			"the old shards' slots hold every event, and the new shards' slots are made once their publications are right, so no event is lost", p.To, err, p.From, p.To)}
+	}
+	return &PermanentError{fmt.Errorf("checking the publications of the %d new shards before the cutover: %w. The new shards' slots were made before, so rows written before the fix would reach no new shard: "+
+		"set postgres.shards: %d to roll the reshard back (no cutover is recorded yet, so no event is lost; it drops the new shards' slots), then set postgres.shards: %d again", p.To, err, p.From, p.To)}
 }
 
 // PermanentError is a step's failure that observing again cannot fix (a

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -70,8 +71,12 @@ func (f *fakeDB) Begin(_ context.Context, p shard.Plan) error {
 	return nil
 }
 
-func (f *fakeDB) CreatePublications(_ context.Context, names []string) error {
-	if err := f.step("create_publications"); err != nil {
+func (f *fakeDB) CreatePublications(_ context.Context, names []string, fix bool) error {
+	step := "check_publications"
+	if fix {
+		step = "create_publications"
+	}
+	if err := f.step(step + " " + strings.Join(names, ",")); err != nil {
 		return err
 	}
 	for _, n := range names {
@@ -273,7 +278,51 @@ type permDB struct {
 	err error
 }
 
-func (p permDB) CreatePublications(context.Context, []string) error { return p.err }
+func (p permDB) CreatePublications(context.Context, []string, bool) error { return p.err }
+
+// Review of issue 35 §1, M1: every publication of the new layout, an
+// existing one too, is checked before the new slots are made (where it may
+// be put right) and again before the cutover is recorded (where it can only
+// be refused): a table one lacks would lose its rows after the cutover. A
+// refusal there leaves the reshard creating, with the old slots.
+func TestRunChecksEveryNewPublication(t *testing.T) {
+	f := newFake("outboxd_0of2", "outboxd_1of2")
+	f.pubs["outboxd"] = true // made earlier: not created, but checked
+	if _, err := run(t, f, 1); err != nil {
+		t.Fatalf("Run: %v (steps %v)", err, f.log)
+	}
+	create := slices.Index(f.log, "create_publications outboxd")
+	check := slices.Index(f.log, "check_publications outboxd")
+	slots := slices.Index(f.log, "create_slots")
+	cutover := slices.Index(f.log, "phase draining")
+	if create < 0 || check < 0 || !(create < slots && slots < check && check < cutover) {
+		t.Errorf("steps %v, want the new publication checked (may fix) before create_slots and checked (refusing) before phase draining", f.log)
+	}
+
+	f = newFake("outboxd_0of2", "outboxd_1of2")
+	refused := &PermanentError{Err: errors.New(`publication "outboxd" does not include "orders"."events"`)}
+	_, _, err := Run(context.Background(), refuseCheck{f, refused}, Config{Slot: "outboxd", Publication: "outboxd", Want: 1, Poll: time.Millisecond}, f.drain,
+		slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if !errors.Is(err, refused) || !strings.Contains(err.Error(), "set postgres.shards: 2 to roll the reshard back") {
+		t.Fatalf("Run = %v, want the refusal with the way back", err)
+	}
+	if f.plan == nil || f.plan.Phase != shard.Creating || f.slots["outboxd_0of2"] == nil || f.slots["outboxd_1of2"] == nil || slices.Contains(f.log, "phase draining") {
+		t.Errorf("after the refusal: row %+v, slots %v (steps %v), want the reshard creating with the old slots", f.plan, slotNames(f), f.log)
+	}
+}
+
+// refuseCheck refuses the check before the cutover.
+type refuseCheck struct {
+	*fakeDB
+	err error
+}
+
+func (r refuseCheck) CreatePublications(ctx context.Context, names []string, fix bool) error {
+	if !fix {
+		return r.err
+	}
+	return r.fakeDB.CreatePublications(ctx, names, fix)
+}
 
 // Issue 32 item 6: Run returns the window to stream the new shards with:
 // after the cutover it advanced them to; none when it resharded nothing.
