@@ -308,17 +308,6 @@ type FilterCheck struct {
 // Fields returns pointers to c's fields in FilterCheckSQL's column order.
 func (c *FilterCheck) Fields() []any { return []any{&c.NullDiffers, &c.KeysDiffer, &c.Example} }
 
-// AlterFilterSQL returns the statement that gives each table of the
-// publication name of shard i of n its row filter (Filter on the table's key
-// column), keeping the publication's other settings. SET TABLE replaces the
-// publication's whole list, so it names every outbox table: naming only the
-// one to fix would drop the others from the publication.
-func AlterFilterSQL(name string, tables []Table, i, n int) string {
-	checkShard(i, n)
-	checkTables(tables)
-	return fmt.Sprintf("ALTER PUBLICATION %s SET TABLE %s", quote.Ident(name), tableList(tables, i, n))
-}
-
 // RefilterStatements returns the statements that give the tables of the
 // publication name of shard i of n their row filter (Filter on each table's
 // key column): each of listed, which the publication lists already, is

@@ -40,8 +40,9 @@
 //     ProbeError) and refuse what VerifyProbe returns. Then run
 //     PublicationSQL of every table for each missing publication
 //     (PublicationError). Check each table's filter of an existing one
-//     (FilterCheckSQL, FilterCheckError); fix a stale one only with
-//     AlterFilterSQL of every table, which replaces the publication's list.
+//     (FilterCheckSQL, FilterCheckError); fix one only with
+//     RefilterStatements of the tables to fix, in one transaction, which
+//     touches no other table of the publication.
 //     Shard publications publish inserts only (Publish explains why).
 //  3. Route logical-decoding messages, which no publication filters, with
 //     MessageOwner: each shard delivers only its own.

@@ -97,10 +97,11 @@ func TestExpr(t *testing.T) {
 // FilterCheckError tells a stale shard 0 filter (NULL keys go nowhere),
 // which the caller fixes, from a wrong one, which it refuses.
 func TestFilterCheckError(t *testing.T) {
-	const alter = `ALTER PUBLICATION "p_0of2" SET TABLE "public"."outbox" WHERE ("aggregate_id" IS NULL OR mod(hashtext("aggregate_id")::bigint & 4294967295, 2) = 0)`
+	const alter = `BEGIN; ALTER PUBLICATION "p_0of2" DROP TABLE "public"."outbox"; ` +
+		`ALTER PUBLICATION "p_0of2" ADD TABLE "public"."outbox" WHERE ("aggregate_id" IS NULL OR mod(hashtext("aggregate_id")::bigint & 4294967295, 2) = 0); COMMIT;`
 	outbox := Table{"public", "outbox", "aggregate_id"}
-	if got := AlterFilterSQL("p_0of2", []Table{outbox}, 0, 2); got != alter {
-		t.Errorf("AlterFilterSQL = %s", got)
+	if got := RefilterSQL("p_0of2", []Table{outbox}, nil, 0, 2); got != alter {
+		t.Errorf("RefilterSQL = %s", got)
 	}
 	check := func(c FilterCheck, err error) error {
 		return FilterCheckError(c, err, "p_0of2", outbox, alter, 0, 2)
@@ -208,9 +209,16 @@ func TestPublicationSQL(t *testing.T) {
 	if got != want {
 		t.Errorf("got\n%s\nwant\n%s", got, want)
 	}
-	got = AlterFilterSQL("outboxd_1of2", several, 1, 2)
-	want = `ALTER PUBLICATION "outboxd_1of2" SET TABLE "a"."outbox" WHERE (mod(hashtext("aggregate_id")::bigint & 4294967295, 2) = 1), ` +
-		`"b"."events" WHERE (mod(hashtext("Key")::bigint & 4294967295, 2) = 1)`
+	// Only the tables named: the listed one dropped and added back, the
+	// missing one added, in one transaction (review of issue 35 §1, S2).
+	got = RefilterSQL("outboxd_1of2", several[:1], several[1:], 1, 2)
+	want = `BEGIN; ALTER PUBLICATION "outboxd_1of2" DROP TABLE "a"."outbox"; ALTER PUBLICATION "outboxd_1of2" ADD TABLE "a"."outbox" WHERE (mod(hashtext("aggregate_id")::bigint & 4294967295, 2) = 1), ` +
+		`"b"."events" WHERE (mod(hashtext("Key")::bigint & 4294967295, 2) = 1); COMMIT;`
+	if got != want {
+		t.Errorf("got\n%s\nwant\n%s", got, want)
+	}
+	got = RefilterSQL("outboxd_1of2", nil, several[1:], 1, 2)
+	want = AddTableSQL("outboxd_1of2", several[1], 1, 2)
 	if got != want {
 		t.Errorf("got\n%s\nwant\n%s", got, want)
 	}

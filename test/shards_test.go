@@ -543,7 +543,9 @@ func TestShardsNullKeys(t *testing.T) {
 // the filter from before NULL keys had a shard is refused when
 // postgres.create_publication is false, with the statement that fixes it,
 // and fixed when it is true, with a warning that the rows with a NULL key
-// committed before were published to no slot.
+// committed before were published to no slot. The fix drops and adds back
+// the outbox table alone: another table the user put in shard 0's
+// publication stays there (review of issue 35 §1, S2).
 func TestShardsStaleNullFilter(t *testing.T) {
 	d := shardDB(t)
 	if d == nil {
@@ -551,13 +553,17 @@ func TestShardsStaleNullFilter(t *testing.T) {
 	}
 	const n = 2
 	d.exec(t, `ALTER TABLE outbox ALTER COLUMN aggregate_id DROP NOT NULL`)
+	d.exec(t, `CREATE TABLE public.other (k text)`)
 	pubs, _ := shard.Names("outboxd", n)
 	for i, pub := range pubs {
 		stmt := strings.Replace(shard.PublicationSQL(pub, outboxTable("aggregate_id"), i, n), `"aggregate_id" IS NULL OR `, "", 1)
+		if i == 0 {
+			stmt = strings.Replace(stmt, " WITH (", `, "public"."other" WITH (`, 1)
+		}
 		d.exec(t, stmt)
 	}
 	// In the log the statement is inside a quoted value: its quotes are escaped.
-	alter := strings.ReplaceAll(regexp.QuoteMeta(shard.AlterFilterSQL(pubs[0], outboxTable("aggregate_id"), 0, n)), `"`, `\\"`)
+	alter := strings.ReplaceAll(regexp.QuoteMeta(shard.RefilterSQL(pubs[0], outboxTable("aggregate_id"), nil, 0, n)), `"`, `\\"`)
 	p := start(t, shardEnv(d, n, "OUTBOXD_POSTGRES_CREATE_PUBLICATION=false"))
 	if code := p.waitExit(30 * time.Second); code != 1 {
 		t.Fatalf("outboxd exited %d with a stale shard filter and create_publication false, want 1", code)
@@ -573,6 +579,11 @@ func TestShardsStaleNullFilter(t *testing.T) {
 	recs := readUntil(t, []string{typ + "-events"}, time.Minute, 2*time.Second, waitIDs(ids...))
 	if len(recs) != len(ids) {
 		t.Errorf("read %d records, want %d", len(recs), len(ids))
+	}
+	var listed []string
+	if err := d.pool.QueryRow(context.Background(), `SELECT array_agg(tablename::text ORDER BY tablename) FROM pg_publication_tables WHERE pubname = $1`, pubs[0]).Scan(&listed); err != nil ||
+		fmt.Sprint(listed) != "[other outbox]" {
+		t.Errorf("after the fix %s lists %v (%v), want other and outbox", pubs[0], listed, err)
 	}
 	// Started again, it finds the filter right and changes nothing.
 	p.stop(syscall.SIGTERM, 30*time.Second)

@@ -711,8 +711,8 @@ func (c *Checker) checkShardPublication(ctx context.Context, conn *pgx.Conn) ([]
 		case err != nil:
 			return nil, fmt.Errorf("reading tables of publication %q: %w", pc.Publication, err)
 		case filter == nil:
-			return nil, fmt.Errorf("publication %q of shard %d of %d publishes every row of %s, so every shard would deliver every event of it; give each table its filter with %s",
-				pc.Publication, c.shard.Index, c.shard.Count, t, shard.AlterFilterSQL(pc.Publication, tables, c.shard.Index, c.shard.Count))
+			return nil, fmt.Errorf("publication %q of shard %d of %d publishes every row of %s, so every shard would deliver every event of it; give it its filter with %s",
+				pc.Publication, c.shard.Index, c.shard.Count, t, shard.RefilterSQL(pc.Publication, []shard.Table{t}, nil, c.shard.Index, c.shard.Count))
 		}
 		pubs[i] = wal.Publication{Columns: columns}
 	}

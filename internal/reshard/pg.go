@@ -440,14 +440,7 @@ func (p *PG) checkNewPublication(ctx context.Context, name string, i, n int, fix
 	if err := p.probeOnce(ctx); err != nil {
 		return err
 	}
-	err = pgx.BeginFunc(ctx, p.Conn, func(tx pgx.Tx) error {
-		for _, s := range shard.RefilterStatements(name, f.listed(), f.missing, i, n) {
-			if _, err := tx.Exec(ctx, s); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	err = p.refilter(ctx, name, f.listed(), f.missing, i, n)
 	if err != nil && transient(err) {
 		return fmt.Errorf("putting publication %q right with %s: %w", name, stmt, err)
 	} else if err != nil {
@@ -459,23 +452,55 @@ func (p *PG) checkNewPublication(ctx context.Context, name string, i, n int, fix
 	return nil
 }
 
+// refilter runs shard.RefilterStatements in one transaction.
+func (p *PG) refilter(ctx context.Context, name string, listed, missing []shard.Table, i, n int) error {
+	return pgx.BeginFunc(ctx, p.Conn, func(tx pgx.Tx) error {
+		for _, s := range shard.RefilterStatements(name, listed, missing, i, n) {
+			if _, err := tx.Exec(ctx, s); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
 // checkFilters checks the row filter of each outbox table in the existing
-// publication name of shard i of n, a shard that streams or drains. A
-// filter from before NULL keys had a shard is fixed when
-// postgres.create_publication is true, and refused otherwise: either way
-// the rows with a NULL key committed before the fix were published to no
-// slot, and the log says so. A publication that lacks a table (whose key
-// column is checked), or a table's filter, is left to the start-up checks,
-// which explain it (preflight): nothing is fixed then, for the fix
-// (shard.AlterFilterSQL) would add the table silently.
+// publication name of shard i of n, a shard that streams or drains, every
+// table before it decides. A filter from before NULL keys had a shard is
+// fixed when postgres.create_publication is true, and refused otherwise:
+// either way the rows with a NULL key committed before the fix were
+// published to no slot, and the log or the refusal says so with the query
+// that finds them. The fix drops and adds back, in one transaction, only
+// the tables whose filter is stale (shard.RefilterStatements): no other
+// table of the publication is touched. A publication that lacks a table
+// (whose key column is checked), or a table's filter, is left to the
+// start-up checks, which explain it (preflight): the rows committed before
+// a fix reached no shard, or every shard.
 func (p *PG) checkFilters(ctx context.Context, name string, i, n int) error {
-	alter := shard.AlterFilterSQL(name, p.Tables, i, n)
-	f, err := p.readFilters(ctx, name, i, n, func(shard.Table) string { return alter })
+	f, err := p.readFilters(ctx, name, i, n, func(t shard.Table) string { return shard.RefilterSQL(name, []shard.Table{t}, nil, i, n) })
 	if err != nil {
 		return err
 	}
+	var stale error
+	var lost string
+	if len(f.stale) > 0 {
+		queries := make([]string, len(f.stale))
+		nulls := make([]string, len(f.stale))
+		for j, t := range f.stale {
+			queries[j] = shard.NullKeysSQL(t)
+			nulls[j] = fmt.Sprintf("column %q of %s is NULL", t.KeyColumn, t)
+		}
+		lost = fmt.Sprintf("The rows with a NULL key committed before then were published to no shard's slot and are lost to outboxd: find them with %s (while the table keeps them) and deliver them by hand",
+			strings.Join(queries, "; "))
+		stale = fmt.Errorf("publication %q of shard %d of %d: %w (%s), so outboxd never sees such a row: %s fixes it",
+			name, i, n, shard.ErrStaleFilter, strings.Join(nulls, "; "), shard.RefilterSQL(name, f.stale, nil, i, n))
+	}
 	if len(f.why) > 0 {
-		return &PermanentError{f.why[0]}
+		// Refused; a stale filter beside it is named, not fixed.
+		if stale != nil {
+			return &PermanentError{errors.Join(append(f.why, fmt.Errorf("%w. %s", stale, lost))...)}
+		}
+		return &PermanentError{errors.Join(f.why...)}
 	}
 	for _, t := range f.missing {
 		// A table new to postgres.tables: the start-up checks refuse
@@ -485,38 +510,21 @@ func (p *PG) checkFilters(ctx context.Context, name string, i, n int) error {
 			return err
 		}
 	}
-	if len(f.missing)+len(f.unfiltered) > 0 || len(f.stale) == 0 {
+	if stale == nil {
 		return nil
 	}
-	stale := f.stale
-	queries := make([]string, len(stale))
-	for j, t := range stale {
-		queries[j] = shard.NullKeysSQL(t)
-	}
-	lost := fmt.Sprintf("rows with a NULL key committed before then were published to no shard's slot and are lost to outboxd: find them with %s (while the table keeps them) and deliver them by hand",
-		strings.Join(queries, "; "))
-	nulls := make([]string, len(stale))
-	for j, t := range stale {
-		nulls[j] = fmt.Sprintf("column %q of %s is NULL", t.KeyColumn, t)
-	}
-	what := fmt.Errorf("publication %q of shard %d of %d: %w (%s), so outboxd never sees such a row: %s fixes it", name, i, n, shard.ErrStaleFilter, strings.Join(nulls, "; "), alter)
 	if !p.Cfg.CreatePublication {
-		return &PermanentError{fmt.Errorf("%w; postgres.create_publication is false, so run it yourself and restart outboxd. The %s", what, lost)}
+		return &PermanentError{fmt.Errorf("%w; postgres.create_publication is false, so run it yourself and restart outboxd. %s", stale, lost)}
 	}
-	if others := f.others; others > 0 {
-		// SET TABLE replaces the list: the fix would drop them unasked.
-		return &PermanentError{fmt.Errorf("%w, but the publication also publishes %d table(s) outboxd's settings do not list, which that statement would remove from it: "+
-			"remove them yourself (ALTER PUBLICATION %s DROP TABLE ...) if no one needs them there, or run the statement with them added, and restart outboxd. The %s",
-			what, others, pgx.Identifier{name}.Sanitize(), lost)}
-	}
-	if _, err := p.Conn.Exec(ctx, alter); err != nil && transient(err) {
-		return fmt.Errorf("fixing the row filter of publication %q with %s: %w", name, alter, err)
+	stmt := shard.RefilterSQL(name, f.stale, nil, i, n)
+	if err := p.refilter(ctx, name, f.stale, nil, i, n); err != nil && transient(err) {
+		return fmt.Errorf("fixing the row filter of publication %q with %s: %w", name, stmt, err)
 	} else if err != nil {
-		return &PermanentError{fmt.Errorf("fixing the row filter of publication %q, which publishes rows with a NULL key to no shard, with %s: %w", name, alter, err)}
+		return &PermanentError{fmt.Errorf("fixing the row filter of publication %q, which publishes rows with a NULL key to no shard, with %s: %w", name, stmt, err)}
 	}
 	if p.Log != nil {
-		p.Log.Warn("fixed the row filter of the shard publication, which published rows with a NULL key to no shard; shard 0 delivers them from here on (router.require_key applies). The "+lost,
-			"publication", name, "statement", alter)
+		p.Log.Warn("fixed the row filter of the shard publication, which published rows with a NULL key to no shard; shard 0 delivers them from here on (router.require_key applies). "+lost,
+			"publication", name, "statement", stmt)
 	}
 	return nil
 }
