@@ -412,3 +412,25 @@ func TestShardsSeveralTablesReshardStalePublication(t *testing.T) {
 		t.Errorf("orders.events in %s: filter %v (%v), want the shard filter", pub, filter, err)
 	}
 }
+
+// Review of issue 35 §1, S4: with one outbox table, the pipeline passes
+// over another table's rows in a shared publication. Two tables at 2
+// shards, then outboxd started with the first alone (a rolled-back
+// deploy): the shard publications still list orders.events with outboxd's
+// filter, whose rows would be passed over and confirmed. Refused at
+// start-up, naming the table and the DROP TABLE.
+func TestShardsSeveralTablesThenOneRefused(t *testing.T) {
+	d, _ := shardTablesDB(t)
+	if d == nil {
+		return
+	}
+	const n = 2
+	env := shardEnv(d, n)
+	p := start(t, env, "-config", tablesConfig(t, shardShapes[:2]))
+	p.waitShardsStreaming(n)
+	if code := p.stop(syscall.SIGTERM, 30*time.Second); code != 0 {
+		t.Fatalf("outboxd exited %d after SIGTERM", code)
+	}
+	expectStartupError(t, env, `publication \\"outboxd_[01]of2\\" of shard [01] of 2 also publishes \\"orders\\".\\"events\\" with outboxd's shard filter on its column \\"stream_key\\", but postgres.tables does not list it: `+
+		`.*ALTER PUBLICATION \\"outboxd_[01]of2\\" DROP TABLE \\"orders\\".\\"events\\"`)
+}

@@ -716,7 +716,68 @@ func (c *Checker) checkShardPublication(ctx context.Context, conn *pgx.Conn) ([]
 		}
 		pubs[i] = wal.Publication{Columns: columns}
 	}
+	if !pc.Several() {
+		if err := c.refuseShardedOthers(ctx, conn); err != nil {
+			return nil, err
+		}
+	}
 	return pubs, nil
+}
+
+// refuseShardedOthers refuses, with one outbox table, another table in the
+// shard publication that carries outboxd's row filter of this shard on one
+// of its text or varchar columns (shard.FilterCheckSQL agrees on every
+// test key; shard 0's from before NULL keys had a shard counts too): an
+// outbox table of a deployment with several postgres.tables, such as one
+// rolled back to postgres.table. With one table the pipeline passes over
+// the rows of another table in a shared publication, and the slot confirms
+// past them: they would never be delivered. Another table without that
+// filter is the user's business and passes (review of issue 35 §1, S4).
+func (c *Checker) refuseShardedOthers(ctx context.Context, conn *pgx.Conn) error {
+	pc := c.cfg.Postgres
+	schema, table := pc.TableName()
+	rows, err := conn.Query(ctx, `SELECT pt.schemaname::text, pt.tablename::text, to_jsonb(pt) ->> 'rowfilter',
+			array(SELECT a.attname::text FROM pg_attribute a
+				WHERE a.attrelid = format('%I.%I', pt.schemaname, pt.tablename)::regclass AND a.attnum > 0 AND NOT a.attisdropped
+					AND a.atttypid IN ('text'::regtype, 'varchar'::regtype) ORDER BY a.attnum)
+		FROM pg_publication_tables pt WHERE pt.pubname = $1 AND to_jsonb(pt) ->> 'rowfilter' IS NOT NULL AND (pt.schemaname, pt.tablename) <> ($2, $3)`,
+		pc.Publication, schema, table)
+	if err != nil {
+		return fmt.Errorf("reading tables of publication %q: %w", pc.Publication, err)
+	}
+	type other struct {
+		table   shard.Table
+		filter  string
+		columns []string
+	}
+	var others []other
+	var o other
+	_, err = pgx.ForEachRow(rows, []any{&o.table.Schema, &o.table.Name, &o.filter, &o.columns}, func() error {
+		others = append(others, o)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("reading tables of publication %q: %w", pc.Publication, err)
+	}
+	for _, o := range others {
+		for _, col := range o.columns {
+			var fc shard.FilterCheck
+			// A filter on another column fails (undefined_column): not this one.
+			err := conn.QueryRow(ctx, shard.FilterCheckSQL(o.filter, col, c.shard.Index, c.shard.Count)).Scan(fc.Fields()...)
+			var pgErr *pgconn.PgError
+			switch {
+			case err != nil && !errors.As(err, &pgErr):
+				return fmt.Errorf("checking the row filter of %s in publication %q: %w", o.table, pc.Publication, err)
+			case err != nil || fc.KeysDiffer > 0:
+				continue
+			}
+			return fmt.Errorf("publication %q of shard %d of %d also publishes %s with outboxd's shard filter on its column %q, but postgres.tables does not list it: "+
+				"its rows reach this shard's slot, and with one outbox table outboxd passes over them, so they would never be delivered. "+
+				"If it is an outbox table, list it in postgres.tables; if not, remove it from the shard publications with ALTER PUBLICATION %s DROP TABLE %s (and from the other shards' ones)",
+				pc.Publication, c.shard.Index, c.shard.Count, o.table, col, pgx.Identifier{pc.Publication}.Sanitize(), o.table)
+		}
+	}
+	return nil
 }
 
 // shardTables are the outbox tables with their key columns, as the shard
