@@ -72,6 +72,31 @@ func AddTableSQL(name string, t Table, i, n int) string {
 	return fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s", quote.Ident(name), t.clause(i, n))
 }
 
+// AddTablesSQL returns the transaction that adds, to the publication
+// pubs[i] of each shard i of len(pubs), the tables missing[i] with their
+// row filters: BEGIN; ALTER PUBLICATION ... ADD TABLE ...; ...; COMMIT;
+// (one statement alone when only one is needed). Run in one transaction,
+// every shard publishes the tables from the same commit on, so a row of
+// them is published to exactly one shard, or (written before) to none,
+// never to some shards only. It returns "" when nothing is missing.
+func AddTablesSQL(pubs []string, missing [][]Table) string {
+	n := len(pubs)
+	var stmts []string
+	for i, pub := range pubs {
+		if i < len(missing) && len(missing[i]) > 0 {
+			checkShard(i, n)
+			stmts = append(stmts, fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s", quote.Ident(pub), tableList(missing[i], i, n)))
+		}
+	}
+	switch len(stmts) {
+	case 0:
+		return ""
+	case 1:
+		return stmts[0]
+	}
+	return "BEGIN; " + strings.Join(stmts, "; ") + "; COMMIT;"
+}
+
 func checkTables(tables []Table) {
 	if len(tables) == 0 {
 		panic("shard: a publication of no table")

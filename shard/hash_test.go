@@ -217,6 +217,19 @@ func TestPublicationSQL(t *testing.T) {
 	if got != want {
 		t.Errorf("got\n%s\nwant\n%s", got, want)
 	}
+	// One transaction for every shard (review of issue 35 §1, S1).
+	got = AddTablesSQL([]string{"outboxd_0of2", "outboxd_1of2"}, [][]Table{several[1:], several[1:]})
+	want = `BEGIN; ALTER PUBLICATION "outboxd_0of2" ADD TABLE "b"."events" WHERE ("Key" IS NULL OR mod(hashtext("Key")::bigint & 4294967295, 2) = 0); ` +
+		`ALTER PUBLICATION "outboxd_1of2" ADD TABLE "b"."events" WHERE (mod(hashtext("Key")::bigint & 4294967295, 2) = 1); COMMIT;`
+	if got != want {
+		t.Errorf("got\n%s\nwant\n%s", got, want)
+	}
+	if got := AddTablesSQL([]string{"outboxd_0of2", "outboxd_1of2"}, [][]Table{nil, several[1:]}); got != AddTableSQL("outboxd_1of2", several[1], 1, 2) {
+		t.Errorf("one publication lacking: %s", got)
+	}
+	if got := AddTablesSQL([]string{"outboxd_0of2", "outboxd_1of2"}, make([][]Table, 2)); got != "" {
+		t.Errorf("none lacking: %q", got)
+	}
 	got = RefilterSQL("outboxd_1of2", nil, several[1:], 1, 2)
 	want = AddTableSQL("outboxd_1of2", several[1], 1, 2)
 	if got != want {

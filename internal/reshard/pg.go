@@ -473,9 +473,10 @@ func (p *PG) refilter(ctx context.Context, name string, listed, missing []shard.
 // that finds them. The fix drops and adds back, in one transaction, only
 // the tables whose filter is stale (shard.RefilterStatements): no other
 // table of the publication is touched. A publication that lacks a table
-// (whose key column is checked), or a table's filter, is left to the
-// start-up checks, which explain it (preflight): the rows committed before
-// a fix reached no shard, or every shard.
+// is refused with the transaction that adds it to every shard publication
+// (refuseMissing); a table without a filter is left to the start-up
+// checks, which explain it (preflight). outboxd fixes neither itself: the
+// rows committed before reached no shard, or every shard.
 func (p *PG) checkFilters(ctx context.Context, name string, i, n int) error {
 	f, err := p.readFilters(ctx, name, i, n, func(t shard.Table) string { return shard.RefilterSQL(name, []shard.Table{t}, nil, i, n) })
 	if err != nil {
@@ -502,22 +503,76 @@ func (p *PG) checkFilters(ctx context.Context, name string, i, n int) error {
 		}
 		return &PermanentError{errors.Join(f.why...)}
 	}
-	for _, t := range f.missing {
-		// A table new to postgres.tables: the start-up checks refuse
-		// it with the ADD TABLE that gives it its filter, which needs
-		// a key column the filters can hash.
+	if stale != nil {
+		if err := p.fixStale(ctx, name, f.stale, stale, lost, i, n); err != nil {
+			return err
+		}
+	}
+	if len(f.missing) > 0 {
+		return p.refuseMissing(ctx, name, f.missing, i, n)
+	}
+	return nil
+}
+
+// refuseMissing refuses the publication name of shard i of n, which lacks
+// the outbox tables missing (new to postgres.tables), with the one
+// transaction that adds each table to every shard publication that lacks
+// it (shard.AddTablesSQL): added one publication at a time, each shard
+// would miss its rows written before its own ADD, at another position
+// for each (review of issue 35 §1, S1). The filters need a key column
+// they can hash: that is checked first.
+func (p *PG) refuseMissing(ctx context.Context, name string, missing []shard.Table, i, n int) error {
+	for _, t := range missing {
 		if _, err := p.keyColumn(ctx, t); err != nil {
 			return err
 		}
 	}
-	if stale == nil {
-		return nil
+	pubs, err := shard.Names(p.Cfg.Publication, n)
+	if err != nil {
+		return &PermanentError{fmt.Errorf("postgres.publication: %w", err)}
 	}
+	lacks := make([][]shard.Table, n)
+	for j, pub := range pubs {
+		exists, err := p.publicationExists(ctx, pub)
+		if err != nil {
+			return err
+		}
+		if !exists {
+			continue // made with every table
+		}
+		rows, err := p.Conn.Query(ctx, `SELECT schemaname::text, tablename::text FROM pg_publication_tables WHERE pubname = $1`, pub)
+		if err != nil {
+			return fmt.Errorf("reading the tables of publication %q: %w", pub, err)
+		}
+		listed := map[shard.Table]bool{}
+		var t shard.Table
+		if _, err := pgx.ForEachRow(rows, []any{&t.Schema, &t.Name}, func() error {
+			listed[t] = true
+			return nil
+		}); err != nil {
+			return fmt.Errorf("reading the tables of publication %q: %w", pub, err)
+		}
+		for _, t := range p.Tables {
+			if !listed[shard.Table{Schema: t.Schema, Name: t.Name}] {
+				lacks[j] = append(lacks[j], t)
+			}
+		}
+	}
+	return &PermanentError{wal.Errorf(wal.ErrPublicationMissing, "publication %q of shard %d of %d does not include %s, so none of its rows whose key hashes to shard %d reach outboxd. "+
+		"Add the tables to every shard's publication at once, with outboxd stopped and before the application first writes them: %s. "+
+		"Rows of them written before that transaction are published to no shard: send them with outboxd replay",
+		name, i, n, tableNames(missing), i, shard.AddTablesSQL(pubs, lacks))}
+}
+
+// fixStale fixes the stale filters of the tables stale in publication name
+// of shard i of n (checkFilters), or refuses when
+// postgres.create_publication is false.
+func (p *PG) fixStale(ctx context.Context, name string, tables []shard.Table, stale error, lost string, i, n int) error {
 	if !p.Cfg.CreatePublication {
 		return &PermanentError{fmt.Errorf("%w; postgres.create_publication is false, so run it yourself and restart outboxd. %s", stale, lost)}
 	}
-	stmt := shard.RefilterSQL(name, f.stale, nil, i, n)
-	if err := p.refilter(ctx, name, f.stale, nil, i, n); err != nil && transient(err) {
+	stmt := shard.RefilterSQL(name, tables, nil, i, n)
+	if err := p.refilter(ctx, name, tables, nil, i, n); err != nil && transient(err) {
 		return fmt.Errorf("fixing the row filter of publication %q with %s: %w", name, stmt, err)
 	} else if err != nil {
 		return &PermanentError{fmt.Errorf("fixing the row filter of publication %q, which publishes rows with a NULL key to no shard, with %s: %w", name, stmt, err)}
