@@ -481,3 +481,19 @@ func TestShardsSeveralTablesAddTable(t *testing.T) {
 		t.Errorf("read %d records of the %d rows of the added table, want each once", len(recs), len(ids))
 	}
 }
+
+// Review of issue 35 §1, S5: the reshard state table is in the schema of
+// the first entry of postgres.tables. A reshard recorded in another
+// entry's schema (postgres.tables reordered while it was in progress; the
+// row is written here as the loop writes it, in phase switched) is
+// refused, naming that state table, instead of being taken for none.
+func TestShardsSeveralTablesReshardStateReordered(t *testing.T) {
+	d, cfg := shardTablesDB(t) // public.outbox first
+	if d == nil {
+		return
+	}
+	d.exec(t, shard.StateTableSQL("orders"))
+	d.exec(t, `INSERT INTO orders.outboxd_reshard (slot, from_shards, to_shards, phase, cutover) VALUES ($1, 1, 2, 'switched', '0/1')`, d.slot)
+	expectStartupError(t, shardEnv(d, 2), `a reshard of slot \\"`+d.slot+`\\" from 1 to 2 shards \(phase switched\) is recorded in \\"orders\\".\\"outboxd_reshard\\", `+
+		`but outboxd keeps the reshard state in the schema of the first entry of postgres.tables, \\"public\\".\\"outboxd_reshard\\"`, "-config", cfg)
+}

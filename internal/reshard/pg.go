@@ -65,7 +65,30 @@ func ReadGate(ctx context.Context, conn *pgx.Conn, cfg config.Postgres) (locked 
 }
 
 func stateTable(cfg config.Postgres) string {
-	return pgx.Identifier{stateSchema(cfg), "outboxd_reshard"}.Sanitize()
+	return stateTableIn(stateSchema(cfg))
+}
+
+func stateTableIn(schema string) string {
+	return pgx.Identifier{schema, "outboxd_reshard"}.Sanitize()
+}
+
+// otherSchemas are the schemas of the entries of postgres.tables named
+// exactly but the state table's (stateSchema), each once.
+func otherSchemas(cfg config.Postgres) []string {
+	if cfg.Table != "" {
+		return nil
+	}
+	seen := map[string]bool{stateSchema(cfg): true}
+	var out []string
+	for _, e := range cfg.Tables {
+		schema, _ := e.Split()
+		if e.Pattern() || seen[schema] {
+			continue
+		}
+		seen[schema] = true
+		out = append(out, schema)
+	}
+	return out
 }
 
 // stateSchema is the schema of the reshard state table: the outbox
@@ -84,10 +107,30 @@ func stateSchema(cfg config.Postgres) string {
 func (p *PG) table() string { return stateTable(p.Cfg) }
 
 // readPlan reads the state table's row for the configured slot: nil when
-// there is none, or no state table.
+// there is none, or no state table. A row for the slot in the state table
+// of another entry's schema is refused: it is a reshard recorded while
+// that entry was first in postgres.tables, and reading none here would
+// take the reshard for none (review of issue 35 §1, S5).
 func readPlan(ctx context.Context, conn *pgx.Conn, cfg config.Postgres) (*shard.Plan, error) {
+	for _, schema := range otherSchemas(cfg) {
+		pl, err := readPlanIn(ctx, conn, cfg, schema)
+		if err != nil {
+			return nil, err
+		}
+		if pl != nil {
+			return nil, &PermanentError{fmt.Errorf("a reshard of slot %q from %d to %d shards (phase %s) is recorded in %s, but outboxd keeps the reshard state in the schema of the first entry of postgres.tables, %s: "+
+				"postgres.tables was reordered while the reshard was in progress. Put an entry of schema %s first again until the reshard is done (outboxd status shows it), then reorder",
+				cfg.Slot, pl.From, pl.To, pl.Phase, stateTableIn(schema), stateTable(cfg), pgx.Identifier{schema}.Sanitize())}
+		}
+	}
+	return readPlanIn(ctx, conn, cfg, stateSchema(cfg))
+}
+
+// readPlanIn is readPlan of the state table in schema.
+func readPlanIn(ctx context.Context, conn *pgx.Conn, cfg config.Postgres, schema string) (*shard.Plan, error) {
+	table := stateTableIn(schema)
 	var exists bool
-	if err := conn.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, stateTable(cfg)).Scan(&exists); err != nil {
+	if err := conn.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, table).Scan(&exists); err != nil {
 		return nil, fmt.Errorf("reading the reshard state table: %w", err)
 	}
 	if !exists {
@@ -96,7 +139,7 @@ func readPlan(ctx context.Context, conn *pgx.Conn, cfg config.Postgres) (*shard.
 	var pl shard.Plan
 	var phase string
 	var cutover *string
-	err := conn.QueryRow(ctx, `SELECT from_shards, to_shards, phase, cutover::text FROM `+stateTable(cfg)+` WHERE slot = $1`, cfg.Slot).
+	err := conn.QueryRow(ctx, `SELECT from_shards, to_shards, phase, cutover::text FROM `+table+` WHERE slot = $1`, cfg.Slot).
 		Scan(&pl.From, &pl.To, &phase, &cutover)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
