@@ -420,16 +420,9 @@ func TestShardsSeveralTablesReshardStalePublication(t *testing.T) {
 // filter, whose rows would be passed over and confirmed. Refused at
 // start-up, naming the table and the DROP TABLE.
 func TestShardsSeveralTablesThenOneRefused(t *testing.T) {
-	d, _ := shardTablesDB(t)
+	d, env := twoTablesRan(t)
 	if d == nil {
 		return
-	}
-	const n = 2
-	env := shardEnv(d, n)
-	p := start(t, env, "-config", tablesConfig(t, shardShapes[:2]))
-	p.waitShardsStreaming(n)
-	if code := p.stop(syscall.SIGTERM, 30*time.Second); code != 0 {
-		t.Fatalf("outboxd exited %d after SIGTERM", code)
 	}
 	expectStartupError(t, env, `publication \\"outboxd_[01]of2\\" of shard [01] of 2 also publishes \\"orders\\".\\"events\\" with outboxd's shard filter on its column \\"stream_key\\", but postgres.tables does not list it: `+
 		`.*ALTER PUBLICATION \\"outboxd_[01]of2\\" DROP TABLE \\"orders\\".\\"events\\"`)
@@ -441,16 +434,10 @@ func TestShardsSeveralTablesThenOneRefused(t *testing.T) {
 // written before its own ADD). Run as printed, outboxd starts and each
 // shard delivers its rows of the table.
 func TestShardsSeveralTablesAddTable(t *testing.T) {
-	d, _ := shardTablesDB(t)
+	const n = 2
+	d, env := twoTablesRan(t)
 	if d == nil {
 		return
-	}
-	const n = 2
-	env := shardEnv(d, n)
-	p := start(t, env, "-config", tablesConfig(t, shardShapes[:2]))
-	p.waitShardsStreaming(n)
-	if code := p.stop(syscall.SIGTERM, 30*time.Second); code != 0 {
-		t.Fatalf("outboxd exited %d after SIGTERM", code)
 	}
 	cfg := tablesConfig(t, shardShapes)
 	pubs, _ := shard.Names("outboxd", n)
@@ -462,7 +449,7 @@ func TestShardsSeveralTablesAddTable(t *testing.T) {
 	}
 	q.waitLog(`does not include \\"wallet\\".\\"outbox_events\\".*Add the tables to every shard's publication at once.*: `+strings.ReplaceAll(regexp.QuoteMeta(stmt), `"`, `\\"`), time.Second)
 	d.exec(t, stmt)
-	p = start(t, env, "-config", cfg)
+	p := start(t, env, "-config", cfg)
 	p.waitShardsStreaming(n)
 	s := shardShapes[2]
 	typ := d.name + "_added"
@@ -496,4 +483,23 @@ func TestShardsSeveralTablesReshardStateReordered(t *testing.T) {
 	d.exec(t, `INSERT INTO orders.outboxd_reshard (slot, from_shards, to_shards, phase, cutover) VALUES ($1, 1, 2, 'switched', '0/1')`, d.slot)
 	expectStartupError(t, shardEnv(d, 2), `a reshard of slot \\"`+d.slot+`\\" from 1 to 2 shards \(phase switched\) is recorded in \\"orders\\".\\"outboxd_reshard\\", `+
 		`but outboxd keeps the reshard state in the schema of the first entry of postgres.tables, \\"public\\".\\"outboxd_reshard\\"`, "-config", cfg)
+}
+
+// twoTablesRan makes the tables of shardShapes, runs outboxd on the first
+// two at 2 shards until they stream, and stops it: the shard publications
+// list those two. It returns the database and the environment of 2 shards,
+// or nil before Postgres 15.
+func twoTablesRan(t *testing.T) (*db, []string) {
+	t.Helper()
+	d, _ := shardTablesDB(t)
+	if d == nil {
+		return nil, nil
+	}
+	env := shardEnv(d, 2)
+	p := start(t, env, "-config", tablesConfig(t, shardShapes[:2]))
+	p.waitShardsStreaming(2)
+	if code := p.stop(syscall.SIGTERM, 30*time.Second); code != 0 {
+		t.Fatalf("outboxd exited %d after SIGTERM", code)
+	}
+	return d, env
 }
