@@ -80,12 +80,33 @@ func AddTableSQL(name string, t Table, i, n int) string {
 // them is published to exactly one shard, or (written before) to none,
 // never to some shards only. It returns "" when nothing is missing.
 func AddTablesSQL(pubs []string, missing [][]Table) string {
-	n := len(pubs)
-	var stmts []string
+	lacks := make([]Lack, 0, len(pubs))
 	for i, pub := range pubs {
-		if i < len(missing) && len(missing[i]) > 0 {
-			checkShard(i, n)
-			stmts = append(stmts, fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s", quote.Ident(pub), tableList(missing[i], i, n)))
+		if i < len(missing) {
+			lacks = append(lacks, Lack{Publication: pub, I: i, N: len(pubs), Tables: missing[i]})
+		}
+	}
+	return AddLacksSQL(lacks)
+}
+
+// Lack is what the publication Publication of shard I of N lacks: Tables.
+type Lack struct {
+	Publication string
+	I, N        int
+	Tables      []Table
+}
+
+// AddLacksSQL is AddTablesSQL for publications of any layouts: while a
+// reshard is recorded, those of the old shard count and of the new one
+// (each table with its row filter for its publication's shard, none for a
+// single shard). It panics if a Lack's I is not in [0, N) or N not in
+// [1, Max].
+func AddLacksSQL(lacks []Lack) string {
+	var stmts []string
+	for _, l := range lacks {
+		if len(l.Tables) > 0 {
+			checkShard(l.I, l.N)
+			stmts = append(stmts, fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s", quote.Ident(l.Publication), tableList(l.Tables, l.I, l.N)))
 		}
 	}
 	switch len(stmts) {

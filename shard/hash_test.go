@@ -230,6 +230,14 @@ func TestPublicationSQL(t *testing.T) {
 	if got := AddTablesSQL([]string{"outboxd_0of2", "outboxd_1of2"}, make([][]Table, 2)); got != "" {
 		t.Errorf("none lacking: %q", got)
 	}
+	// The publications of both shard counts of a reshard (second review
+	// of issue 35 §1, M1), a single shard's without a filter.
+	got = AddLacksSQL([]Lack{{"outboxd_1of2", 1, 2, several[1:]}, {"outboxd", 0, 1, several[1:]}})
+	want = `BEGIN; ALTER PUBLICATION "outboxd_1of2" ADD TABLE "b"."events" WHERE (mod(hashtext("Key")::bigint & 4294967295, 2) = 1); ` +
+		`ALTER PUBLICATION "outboxd" ADD TABLE "b"."events"; COMMIT;`
+	if got != want {
+		t.Errorf("got\n%s\nwant\n%s", got, want)
+	}
 	got = RefilterSQL("outboxd_1of2", nil, several[1:], 1, 2)
 	want = AddTableSQL("outboxd_1of2", several[1], 1, 2)
 	if got != want {

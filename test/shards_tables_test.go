@@ -469,6 +469,62 @@ func TestShardsSeveralTablesAddTable(t *testing.T) {
 	}
 }
 
+// Second review of issue 35 §1, M1: a table added to postgres.tables while
+// a reshard from 2 to 3 shards is draining (the draining row, the new
+// slots and their publications of the first two tables made as the loop
+// makes them). The drain refuses the old publications' lack of the table
+// with one transaction that adds it to the publications of both shard
+// counts; the operator runs what was printed, then the application writes
+// the table. Every row written after that is delivered (printed for the
+// old shards alone, the rows after the cutover reached no new shard).
+func TestShardsSeveralTablesDrainAddTable(t *testing.T) {
+	d, _ := twoTablesRan(t)
+	if d == nil {
+		return
+	}
+	tables := shardTables()
+	for i := range 3 {
+		pub, _ := shard.Name("outboxd", i, 3)
+		d.exec(t, shard.PublicationSQL(pub, tables[:2], i, 3))
+		slot, _ := shard.Name(d.slot, i, 3)
+		d.exec(t, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, slot)
+	}
+	d.exec(t, shard.StateTableSQL("public"))
+	d.exec(t, `INSERT INTO public.outboxd_reshard (slot, from_shards, to_shards, phase, cutover) VALUES ($1, 2, 3, 'draining', pg_current_wal_lsn())`, d.slot)
+	// Rows of the first table after the cutover, so the old slots move past it.
+	for k := range 5 {
+		d.exec(t, shardShapes[0].insert, uuid(), d.name+"_a", shardShapes[0].key(k), "Happened", `{"n": 1}`)
+	}
+	cfg := tablesConfig(t, shardShapes)
+	env := shardEnv(d, 3)
+	q := start(t, env, "-config", cfg)
+	if code := q.waitExit(60 * time.Second); code == 0 {
+		t.Fatal("outboxd started with wallet.outbox_events in no shard publication")
+	}
+	m := q.waitLog(`does not include .*`, time.Second)
+	if !strings.Contains(m, "outboxd_0of3") {
+		t.Errorf("the refusal during the drain does not name the new shards' publications (outboxd_*of3), which lack the table too: %s", m)
+	}
+	stmt := strings.ReplaceAll(regexp.MustCompile(`BEGIN; .*?COMMIT;`).FindString(m), `\"`, `"`)
+	if stmt == "" {
+		t.Fatalf("the refusal prints no transaction: %s", m)
+	}
+	d.exec(t, stmt)
+	s := shardShapes[2]
+	typ := d.name + "_added"
+	var ids []string
+	for k := range 30 {
+		id := uuid()
+		d.exec(t, s.insert, id, typ, s.key(k), "Happened", `{"n": 1}`)
+		ids = append(ids, id)
+	}
+	p := start(t, env, "-config", cfg)
+	p.waitShardsStreaming(3)
+	if recs := readUntil(t, []string{s.topic(typ)}, 30*time.Second, 3*time.Second, waitIDs(ids...)); len(recs) != len(ids) {
+		t.Errorf("read %d records of the %d rows of the added table written after the printed statement ran, want each once", len(recs), len(ids))
+	}
+}
+
 // Review of issue 35 §1, S5: the reshard state table is in the schema of
 // the first entry of postgres.tables. A reshard recorded in another
 // entry's schema (postgres.tables reordered while it was in progress; the

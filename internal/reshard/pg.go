@@ -560,51 +560,81 @@ func (p *PG) checkFilters(ctx context.Context, name string, i, n int) error {
 // refuseMissing refuses the publication name of shard i of n, which lacks
 // the outbox tables missing (new to postgres.tables), with the one
 // transaction that adds each table to every shard publication that lacks
-// it (shard.AddTablesSQL): added one publication at a time, each shard
+// it (shard.AddLacksSQL): added one publication at a time, each shard
 // would miss its rows written before its own ADD, at another position
-// for each (review of issue 35 §1, S1). The filters need a key column
-// they can hash: that is checked first.
+// for each (review of issue 35 §1, S1). While a reshard is recorded, that
+// is every existing publication of both shard counts: the old shards
+// deliver the rows up to the cutover, the new ones those after it, and a
+// transaction naming only the draining shards' publications would let the
+// application write rows after the cutover that no new shard publishes
+// (second review of issue 35 §1, M1). The filters need a key column they
+// can hash: that is checked first.
 func (p *PG) refuseMissing(ctx context.Context, name string, missing []shard.Table, i, n int) error {
 	for _, t := range missing {
 		if _, err := p.keyColumn(ctx, t); err != nil {
 			return err
 		}
 	}
-	pubs, err := shard.Names(p.Cfg.Publication, n)
+	counts := []int{n}
+	plan, err := readPlan(ctx, p.Conn, p.Cfg)
 	if err != nil {
-		return &PermanentError{fmt.Errorf("postgres.publication: %w", err)}
+		return err
 	}
-	lacks := make([][]shard.Table, n)
-	for j, pub := range pubs {
-		exists, err := p.publicationExists(ctx, pub)
+	if plan != nil {
+		counts = []int{plan.From, plan.To}
+	}
+	var lacks []shard.Lack
+	for _, count := range counts {
+		pubs, err := shard.Names(p.Cfg.Publication, count)
 		if err != nil {
-			return err
+			return &PermanentError{fmt.Errorf("postgres.publication: %w", err)}
 		}
-		if !exists {
-			continue // made with every table
-		}
-		rows, err := p.Conn.Query(ctx, `SELECT schemaname::text, tablename::text FROM pg_publication_tables WHERE pubname = $1`, pub)
-		if err != nil {
-			return fmt.Errorf("reading the tables of publication %q: %w", pub, err)
-		}
-		listed := map[shard.Table]bool{}
-		var t shard.Table
-		if _, err := pgx.ForEachRow(rows, []any{&t.Schema, &t.Name}, func() error {
-			listed[t] = true
-			return nil
-		}); err != nil {
-			return fmt.Errorf("reading the tables of publication %q: %w", pub, err)
-		}
-		for _, t := range p.Tables {
-			if !listed[shard.Table{Schema: t.Schema, Name: t.Name}] {
-				lacks[j] = append(lacks[j], t)
+		for j, pub := range pubs {
+			exists, err := p.publicationExists(ctx, pub)
+			if err != nil {
+				return err
 			}
+			if !exists {
+				continue // made with every table
+			}
+			listed, err := p.listedTables(ctx, pub)
+			if err != nil {
+				return err
+			}
+			l := shard.Lack{Publication: pub, I: j, N: count}
+			for _, t := range p.Tables {
+				if !listed[shard.Table{Schema: t.Schema, Name: t.Name}] {
+					l.Tables = append(l.Tables, t)
+				}
+			}
+			lacks = append(lacks, l)
 		}
+	}
+	every := "every shard's publication"
+	if plan != nil {
+		every = fmt.Sprintf("every shard's publication, of the %d old shards and of the %d new ones of the reshard in progress,", plan.From, plan.To)
 	}
 	return &PermanentError{wal.Errorf(wal.ErrPublicationMissing, "publication %q of shard %d of %d does not include %s, so none of its rows whose key hashes to shard %d reach outboxd. "+
-		"Add the tables to every shard's publication at once, with outboxd stopped and before the application first writes them: %s. "+
+		"Add the tables to %s at once, with outboxd stopped and before the application first writes them: %s. "+
 		"Rows of them written before that transaction are published to no shard: send them with outboxd replay",
-		name, i, n, tableNames(missing), i, shard.AddTablesSQL(pubs, lacks))}
+		name, i, n, tableNames(missing), i, every, shard.AddLacksSQL(lacks))}
+}
+
+// listedTables reads the tables of publication pub.
+func (p *PG) listedTables(ctx context.Context, pub string) (map[shard.Table]bool, error) {
+	rows, err := p.Conn.Query(ctx, `SELECT schemaname::text, tablename::text FROM pg_publication_tables WHERE pubname = $1`, pub)
+	if err != nil {
+		return nil, fmt.Errorf("reading the tables of publication %q: %w", pub, err)
+	}
+	listed := map[shard.Table]bool{}
+	var t shard.Table
+	if _, err := pgx.ForEachRow(rows, []any{&t.Schema, &t.Name}, func() error {
+		listed[t] = true
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("reading the tables of publication %q: %w", pub, err)
+	}
+	return listed, nil
 }
 
 // fixStale fixes the stale filters of the tables stale in publication name
