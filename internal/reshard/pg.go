@@ -219,43 +219,73 @@ func (p *PG) Begin(ctx context.Context, pl shard.Plan) error {
 // start. Then an existing publication that is wrong is put right when
 // postgres.create_publication is true (a new shard's, not the configured
 // one of a single shard, which may be the user's), and refused otherwise.
-// Without fix every wrong one is refused.
+// Without fix every wrong one is refused, all in one error, each with the
+// statement that puts it right: Run takes the cutover past the check's
+// passing, so a fix by hand then loses nothing.
 func (p *PG) CreatePublications(ctx context.Context, names []string, fix bool) error {
+	var refused []error
 	for _, name := range names {
-		i, n, ok := shard.Parse(p.Cfg.Publication, name)
-		if !ok {
-			return &PermanentError{fmt.Errorf("publication %q is not a shard of %q", name, p.Cfg.Publication)}
-		}
-		if n == 1 {
-			// Its own refusals (a missing publication with
-			// create_publication false, a table it lacks) carry no
-			// SQLSTATE: only a server error is judged by transient here.
-			if _, err := wal.EnsurePublicationOf(ctx, p.Conn, name, p.walTables(), p.Cfg.CreatePublication); err != nil && sqlState(err) != "" && transient(err) {
-				return err
-			} else if err != nil {
-				return &PermanentError{err}
-			}
+		err := p.createPublication(ctx, name, fix)
+		var perm *PermanentError
+		if !fix && errors.As(err, &perm) {
+			// Every wrong one named at once: put right one per restart,
+			// each would be found only at the next.
+			refused = append(refused, perm.Err)
 			continue
-		}
-		exists, err := p.publicationExists(ctx, name)
-		if err != nil {
-			return err
-		}
-		switch {
-		case !exists && !fix:
-			// Made now, after the new shards' slots, it would publish
-			// nothing committed between the two.
-			return &PermanentError{fmt.Errorf("publication %q of new shard %d of %d does not exist", name, i, n)}
-		case !exists:
-			err = p.createShardPublication(ctx, name, i, n)
-		default:
-			err = p.checkNewPublication(ctx, name, i, n, fix)
 		}
 		if err != nil {
 			return err
 		}
 	}
+	if len(refused) > 0 {
+		return &PermanentError{errors.Join(refused...)}
+	}
 	return nil
+}
+
+// createPublication is CreatePublications of the publication name.
+func (p *PG) createPublication(ctx context.Context, name string, fix bool) error {
+	i, n, ok := shard.Parse(p.Cfg.Publication, name)
+	if !ok {
+		return &PermanentError{fmt.Errorf("publication %q is not a shard of %q", name, p.Cfg.Publication)}
+	}
+	if n == 1 {
+		// Its own refusals (a missing publication with
+		// create_publication false, a table it lacks) carry no
+		// SQLSTATE: only a server error is judged by transient here.
+		if _, err := wal.EnsurePublicationOf(ctx, p.Conn, name, p.walTables(), p.Cfg.CreatePublication); err != nil && sqlState(err) != "" && transient(err) {
+			return err
+		} else if err != nil {
+			return &PermanentError{err}
+		}
+		return nil
+	}
+	exists, err := p.publicationExists(ctx, name)
+	if err != nil {
+		return err
+	}
+	switch {
+	case !exists && !fix:
+		// Made now, after the new shards' slots, it would publish
+		// nothing committed between the two.
+		return &PermanentError{fmt.Errorf("publication %q of new shard %d of %d does not exist", name, i, n)}
+	case !exists:
+		return p.createShardPublication(ctx, name, i, n)
+	}
+	return p.checkNewPublication(ctx, name, i, n, fix)
+}
+
+// CurrentLSN reads the WAL write position (pg_current_wal_lsn): every
+// commit that has returned ends at or before it (but for
+// synchronous_commit = off, within wal_writer_delay). Not the insert
+// position: at a page boundary it points past the page header, where the
+// old shards, on a database idle from then on, would never confirm it.
+func (p *PG) CurrentLSN(ctx context.Context) (wal.LSN, error) {
+	var s string
+	if err := p.Conn.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&s); err != nil {
+		return 0, fmt.Errorf("reading the WAL write position: %w", err)
+	}
+	return wal.ParseLSN(s)
 }
 
 // walTables are the outbox tables as package wal names them.

@@ -97,6 +97,13 @@ func (f *fakeDB) CreateSlots(_ context.Context, names []string) error {
 	return nil
 }
 
+func (f *fakeDB) CurrentLSN(context.Context) (wal.LSN, error) {
+	if err := f.step("current_lsn"); err != nil {
+		return 0, err
+	}
+	return f.wal, nil
+}
+
 func (f *fakeDB) SetPhase(_ context.Context, o shard.Plan, phase shard.Phase, cutover wal.LSN) (bool, error) {
 	if err := f.step("phase " + string(phase)); err != nil {
 		return false, err
@@ -303,12 +310,47 @@ func TestRunChecksEveryNewPublication(t *testing.T) {
 	refused := &PermanentError{Err: errors.New(`publication "outboxd" does not include "orders"."events"`)}
 	_, _, err := Run(context.Background(), refuseCheck{f, refused}, Config{Slot: "outboxd", Publication: "outboxd", Want: 1, Poll: time.Millisecond}, f.drain,
 		slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if !errors.Is(err, refused) || !strings.Contains(err.Error(), "set postgres.shards: 2 to roll the reshard back") {
+	if !errors.Is(err, refused) || !strings.Contains(err.Error(), "set postgres.shards: 2 to roll the reshard back") || !strings.Contains(err.Error(), "run what is named with outboxd stopped and start outboxd again") {
 		t.Fatalf("Run = %v, want the refusal with the way back", err)
 	}
 	if f.plan == nil || f.plan.Phase != shard.Creating || f.slots["outboxd_0of2"] == nil || f.slots["outboxd_1of2"] == nil || slices.Contains(f.log, "phase draining") {
 		t.Errorf("after the refusal: row %+v, slots %v (steps %v), want the reshard creating with the old slots", f.plan, slotNames(f), f.log)
 	}
+}
+
+// Second review of issue 35 §1, S1: the cutover is taken past the WAL
+// write position read after the check before it passed, not only past
+// the slots' positions observed before the check: a publication put right
+// by hand after the new slots were made (as the check's refusal names) is
+// then right for every transaction the new shards deliver.
+func TestRunCutoverAfterTheCheck(t *testing.T) {
+	f := newFake("outboxd_0of2", "outboxd_1of2")
+	var checked wal.LSN
+	c := checkAt{f, &checked}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, w, err := Run(ctx, c, Config{Slot: "outboxd", Publication: "outboxd", Want: 3, Poll: time.Millisecond}, f.drain,
+		slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatalf("Run: %v (steps %v)", err, f.log)
+	}
+	if checked == 0 || w.After < checked {
+		t.Errorf("cutover %s, before the WAL position %s at which the check before it passed (steps %v)", w.After, checked, f.log)
+	}
+}
+
+// checkAt records the WAL position of the check before the cutover.
+type checkAt struct {
+	*fakeDB
+	at *wal.LSN
+}
+
+func (c checkAt) CreatePublications(ctx context.Context, names []string, fix bool) error {
+	err := c.fakeDB.CreatePublications(ctx, names, fix)
+	if !fix && err == nil {
+		*c.at = c.wal
+	}
+	return err
 }
 
 // refuseCheck refuses the check before the cutover.
