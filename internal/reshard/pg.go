@@ -249,7 +249,18 @@ func (p *PG) createPublication(ctx context.Context, name string, fix bool) error
 	if !ok {
 		return &PermanentError{fmt.Errorf("publication %q is not a shard of %q", name, p.Cfg.Publication)}
 	}
-	if n == 1 {
+	exists, err := p.publicationExists(ctx, name)
+	if err != nil {
+		return err
+	}
+	switch {
+	case !exists && !fix:
+		// Made now, after the new shards' slots, it would publish
+		// nothing committed between the two; pgoutput would fail on,
+		// or pass over, the WAL before it (second review of issue 35
+		// §1, S2: one shard too).
+		return &PermanentError{fmt.Errorf("publication %q of new shard %d of %d does not exist (dropped after the new shards' slots were made): made now, it would publish nothing written before it, so roll the reshard back rather than create it", name, i, n)}
+	case n == 1:
 		// Its own refusals (a missing publication with
 		// create_publication false, a table it lacks) carry no
 		// SQLSTATE: only a server error is judged by transient here.
@@ -259,16 +270,6 @@ func (p *PG) createPublication(ctx context.Context, name string, fix bool) error
 			return &PermanentError{err}
 		}
 		return nil
-	}
-	exists, err := p.publicationExists(ctx, name)
-	if err != nil {
-		return err
-	}
-	switch {
-	case !exists && !fix:
-		// Made now, after the new shards' slots, it would publish
-		// nothing committed between the two.
-		return &PermanentError{fmt.Errorf("publication %q of new shard %d of %d does not exist", name, i, n)}
 	case !exists:
 		return p.createShardPublication(ctx, name, i, n)
 	}

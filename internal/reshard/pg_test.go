@@ -2,13 +2,17 @@ package reshard_test
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/internal/reshard"
 	"github.com/outboxd/outboxd/internal/testenv"
+	"github.com/outboxd/outboxd/shard"
 )
 
 // TxnEnd finds the end LSN of a transaction by its commit LSN in an idle
@@ -91,5 +95,41 @@ func TestTxnEnd(t *testing.T) {
 	}
 	if after != before {
 		t.Errorf("the slot moved from %s to %s", before, after)
+	}
+}
+
+// Second review of issue 35 §1, S2: right before the cutover (no fix), a
+// new shard's publication that does not exist is refused, not made after
+// the new slots, for a single shard too (its publication dropped by hand),
+// whatever postgres.create_publication says; every missing one is named
+// in one refusal. It needs the test bed's Postgres.
+func TestCreatePublicationsMissingBeforeTheCutover(t *testing.T) {
+	_, dsn := testenv.NewDatabase(t, "newpubs")
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `CREATE TABLE outbox (id bigserial PRIMARY KEY, k text)`); err != nil {
+		t.Fatal(err)
+	}
+	db := &reshard.PG{Conn: conn, Cfg: config.Postgres{Publication: "outboxd", CreatePublication: true},
+		Tables: []shard.Table{{Schema: "public", Name: "outbox", KeyColumn: "k"}}}
+	for _, names := range [][]string{{"outboxd"}, {"outboxd_0of2", "outboxd_1of2"}} {
+		err := db.CreatePublications(ctx, names, false)
+		var perm *reshard.PermanentError
+		if !errors.As(err, &perm) {
+			t.Errorf("%v: CreatePublications = %v, want a refusal", names, err)
+		}
+		for _, name := range names {
+			if err != nil && !strings.Contains(err.Error(), `publication "`+name+`" of new shard`) {
+				t.Errorf("%v: the refusal does not name %s: %v", names, name, err)
+			}
+			var made bool
+			if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_publication WHERE pubname = $1)`, name).Scan(&made); err != nil || made {
+				t.Errorf("publication %s made after the new slots (%v)", name, err)
+			}
+		}
 	}
 }
