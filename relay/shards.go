@@ -20,6 +20,7 @@ import (
 	"github.com/outboxd/outboxd/internal/preflight"
 	"github.com/outboxd/outboxd/internal/reshard"
 	"github.com/outboxd/outboxd/internal/slotlag"
+	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/shard"
 	"github.com/outboxd/outboxd/sink"
 	"github.com/outboxd/outboxd/wal"
@@ -274,11 +275,15 @@ func (s *Shards) reshard(ctx context.Context, strict bool) error {
 				n, shard.MinVersion, version)
 		}
 	}
-	tables, err := s.cfg.ShardTables()
+	per, err := s.cfg.PerTable()
 	if err != nil {
 		return err
 	}
-	db := &reshard.PG{Conn: conn, Cfg: pc, Tables: tables, Log: s.log}
+	reads := make([][]string, len(per))
+	for i, t := range per {
+		reads[i] = router.Columns(t.Router)
+	}
+	db := &reshard.PG{Conn: conn, Cfg: pc, Tables: config.ShardTablesOf(per), Reads: reads, Log: s.log}
 	o, err := db.Observe(ctx)
 	if err != nil {
 		if n <= 1 && !strict {

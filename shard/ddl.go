@@ -65,6 +65,12 @@ func PublicationSQL(name string, tables []Table, i, n int) string {
 		quote.Ident(name), tableList(tables, i, n), Publish)
 }
 
+// OptionsSQL returns the statement that gives the existing publication
+// name the options PublicationSQL creates a shard's publication with.
+func OptionsSQL(name string) string {
+	return fmt.Sprintf("ALTER PUBLICATION %s SET (publish = '%s', publish_via_partition_root = true)", quote.Ident(name), Publish)
+}
+
 // AddTableSQL returns the statement that adds table t, with its row filter,
 // to the existing publication name of shard i of n.
 func AddTableSQL(name string, t Table, i, n int) string {

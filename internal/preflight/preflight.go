@@ -692,6 +692,9 @@ func inspectAtStart(ctx context.Context, conn *pgx.Conn, cfg config.Config, log 
 func (c *Checker) checkShardPublication(ctx context.Context, conn *pgx.Conn) ([]wal.Publication, error) {
 	pc := c.cfg.Postgres
 	tables := c.shardTables()
+	if err := c.checkShardOptions(ctx, conn, tables); err != nil {
+		return nil, err
+	}
 	pubs := make([]wal.Publication, len(tables))
 	for i, t := range tables {
 		var filter *string
@@ -722,6 +725,40 @@ func (c *Checker) checkShardPublication(ctx context.Context, conn *pgx.Conn) ([]
 		}
 	}
 	return pubs, nil
+}
+
+// checkShardOptions refuses a shard publication that does not publish
+// inserts (nothing would reach outboxd, and nothing else would say so), or
+// that publishes a partitioned outbox table under each partition's name,
+// where each partition's own row filter (none) applies, so every shard
+// would deliver its rows; both with shard.OptionsSQL (second review of
+// issue 35 §1, S3). A missing publication is left to the caller.
+func (c *Checker) checkShardOptions(ctx context.Context, conn *pgx.Conn, tables []shard.Table) error {
+	pc := c.cfg.Postgres
+	var inserts, viaRoot bool
+	err := conn.QueryRow(ctx, `SELECT pubinsert, pubviaroot FROM pg_publication WHERE pubname = $1`, pc.Publication).Scan(&inserts, &viaRoot)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil
+	case err != nil:
+		return fmt.Errorf("reading publication %q: %w", pc.Publication, err)
+	case !inserts:
+		return fmt.Errorf("publication %q of shard %d of %d does not publish INSERTs, so no event of this shard reaches outboxd; run %s",
+			pc.Publication, c.shard.Index, c.shard.Count, shard.OptionsSQL(pc.Publication))
+	case viaRoot:
+		return nil
+	}
+	for _, t := range tables {
+		var partitioned bool
+		if err := conn.QueryRow(ctx, `SELECT coalesce((SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass($1)), false)`, t.String()).Scan(&partitioned); err != nil {
+			return fmt.Errorf("reading outbox table %s: %w", t, err)
+		}
+		if partitioned {
+			return fmt.Errorf("the outbox table %s is partitioned, and publication %q of shard %d of %d publishes its rows under each partition's name, where each partition's own row filter (none) applies, so every shard would deliver them; run %s",
+				t, pc.Publication, c.shard.Index, c.shard.Count, shard.OptionsSQL(pc.Publication))
+		}
+	}
+	return nil
 }
 
 // refuseShardedOthers refuses, with one outbox table, another table in the

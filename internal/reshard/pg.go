@@ -28,6 +28,10 @@ type PG struct {
 	// Tables are the outbox tables, each with its router.key_column, which
 	// its row filter hashes (config.Config.ShardTables).
 	Tables []shard.Table
+	// Reads are the columns the router reads of each of Tables, at the
+	// same index (router.Columns): a new shard's publication whose column
+	// list leaves one out is refused before the cutover. Nil: not checked.
+	Reads  [][]string
 	Log    *slog.Logger
 	probed bool
 }
@@ -264,10 +268,19 @@ func (p *PG) createPublication(ctx context.Context, name string, fix bool) error
 		// Its own refusals (a missing publication with
 		// create_publication false, a table it lacks) carry no
 		// SQLSTATE: only a server error is judged by transient here.
-		if _, err := wal.EnsurePublicationOf(ctx, p.Conn, name, p.walTables(), p.Cfg.CreatePublication); err != nil && sqlState(err) != "" && transient(err) {
+		pubs, err := wal.EnsurePublicationOf(ctx, p.Conn, name, p.walTables(), p.Cfg.CreatePublication)
+		if err != nil && sqlState(err) != "" && transient(err) {
 			return err
 		} else if err != nil {
 			return &PermanentError{err}
+		}
+		for j, pub := range pubs {
+			if pub.Columns == nil || j >= len(p.Reads) {
+				continue
+			}
+			if left := missingColumns(pub.Columns, p.Reads[j]); len(left) > 0 {
+				return &PermanentError{wal.ColumnListError(name, p.Tables[j].Schema, p.Tables[j].Name, pub.Columns, left)}
+			}
 		}
 		return nil
 	case !exists:
@@ -406,16 +419,24 @@ type filters struct {
 	stale      []shard.Table // outboxd's filter from before NULL keys had a shard
 	wrong      []shard.Table // a filter that selects other rows
 	why        []error       // why each of wrong is
+	narrow     []shard.Table // a column list without a column the router reads (PG.Reads)
+	left       [][]string    // the columns each of narrow leaves out
 }
 
 func (f filters) ok() bool {
-	return len(f.missing)+len(f.unfiltered)+len(f.stale)+len(f.wrong) == 0
+	return len(f.missing)+len(f.unfiltered)+len(f.stale)+len(f.wrong)+len(f.narrow) == 0
 }
 
-// listed are the outbox tables the publication lists with a filter to
-// replace.
+// listed are the outbox tables the publication lists with a filter or a
+// column list to replace.
 func (f filters) listed() []shard.Table {
-	return slices.Concat(f.unfiltered, f.stale, f.wrong)
+	var out []shard.Table
+	for _, t := range slices.Concat(f.unfiltered, f.stale, f.wrong, f.narrow) {
+		if !slices.Contains(out, t) {
+			out = append(out, t)
+		}
+	}
+	return out
 }
 
 // String says what is wrong with the publication's outbox tables.
@@ -433,6 +454,9 @@ func (f filters) String() string {
 	for _, err := range f.why {
 		parts = append(parts, err.Error())
 	}
+	for j, t := range f.narrow {
+		parts = append(parts, fmt.Sprintf("its column list of %s leaves out %s, which outboxd reads", t, strings.Join(f.left[j], ", ")))
+	}
 	return strings.Join(parts, "; ")
 }
 
@@ -449,23 +473,34 @@ func tableNames(tables []shard.Table) string {
 // fix(t) is the statement a refusal of t's filter names.
 func (p *PG) readFilters(ctx context.Context, name string, i, n int, fix func(shard.Table) string) (filters, error) {
 	var f filters
-	rows, err := p.Conn.Query(ctx, `SELECT schemaname::text, tablename::text, to_jsonb(pt) ->> 'rowfilter' FROM pg_publication_tables pt WHERE pt.pubname = $1`, name)
+	// attnames names every column when there is no column list.
+	rows, err := p.Conn.Query(ctx, `SELECT schemaname::text, tablename::text, to_jsonb(pt) ->> 'rowfilter', coalesce(to_jsonb(pt) -> 'attnames', 'null')
+		FROM pg_publication_tables pt WHERE pt.pubname = $1`, name)
 	if err != nil {
 		return f, fmt.Errorf("reading the row filters of publication %q: %w", name, err)
 	}
 	listed := map[shard.Table]*string{}
+	columns := map[shard.Table][]string{}
 	var schema, table string
 	var filter *string
-	_, err = pgx.ForEachRow(rows, []any{&schema, &table, &filter}, func() error {
+	var attnames []string
+	_, err = pgx.ForEachRow(rows, []any{&schema, &table, &filter, &attnames}, func() error {
 		listed[shard.Table{Schema: schema, Name: table}] = filter
+		columns[shard.Table{Schema: schema, Name: table}] = attnames
 		return nil
 	})
 	if err != nil {
 		return f, fmt.Errorf("reading the row filters of publication %q: %w", name, err)
 	}
 	f.others = len(listed)
-	for _, t := range p.Tables {
+	for j, t := range p.Tables {
 		actual, ok := listed[shard.Table{Schema: t.Schema, Name: t.Name}]
+		if cols := columns[shard.Table{Schema: t.Schema, Name: t.Name}]; ok && cols != nil && j < len(p.Reads) {
+			if left := missingColumns(cols, p.Reads[j]); len(left) > 0 {
+				f.narrow = append(f.narrow, t)
+				f.left = append(f.left, left)
+			}
+		}
 		switch {
 		case !ok:
 			f.missing = append(f.missing, t)
@@ -493,18 +528,103 @@ func (p *PG) readFilters(ctx context.Context, name string, i, n int, fix func(sh
 	return f, nil
 }
 
+// missingColumns are the columns of want that present lacks.
+func missingColumns(present, want []string) []string {
+	var out []string
+	for _, c := range want {
+		if !slices.Contains(present, c) {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// options is what readOptions finds wrong with a shard publication's
+// options.
+type options struct {
+	noInsert bool          // it does not publish inserts: nothing after the cutover
+	roots    []shard.Table // partitioned outbox tables published under each partition's name
+}
+
+func (o options) ok() bool { return !o.noInsert && len(o.roots) == 0 }
+
+func (o options) String() string {
+	var parts []string
+	if o.noInsert {
+		parts = append(parts, "it does not publish INSERTs, so no event would reach the new shard")
+	}
+	if len(o.roots) > 0 {
+		parts = append(parts, "the outbox tables "+tableNames(o.roots)+" are partitioned and it publishes their rows under each partition's name, where each partition's own row filter (none) applies: every shard would deliver them")
+	}
+	return strings.Join(parts, "; ")
+}
+
+// readOptions reads the options of the existing publication name that
+// outboxd relies on: publish includes insert, and
+// publish_via_partition_root for a partitioned outbox table (as
+// shard.PublicationSQL makes it, and wal.EnsurePublicationOf requires of
+// one shard's).
+func (p *PG) readOptions(ctx context.Context, name string) (options, error) {
+	var o options
+	var viaRoot bool
+	if err := p.Conn.QueryRow(ctx, `SELECT NOT pubinsert, pubviaroot FROM pg_publication WHERE pubname = $1`, name).Scan(&o.noInsert, &viaRoot); err != nil {
+		return o, fmt.Errorf("reading publication %q: %w", name, err)
+	}
+	if viaRoot {
+		return o, nil
+	}
+	for _, t := range p.Tables {
+		var partitioned bool
+		if err := p.Conn.QueryRow(ctx, `SELECT coalesce((SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass($1)), false)`, t.String()).Scan(&partitioned); err != nil {
+			return o, fmt.Errorf("reading outbox table %s: %w", t, err)
+		}
+		if partitioned {
+			o.roots = append(o.roots, t)
+		}
+	}
+	return o, nil
+}
+
 // checkNewPublication checks the existing publication name of new shard i
-// of n before the cutover (CreatePublications): every outbox table listed
-// with its filter. With fix and postgres.create_publication, a wrong one is
-// put right in one transaction that touches only the outbox tables it
-// names (shard.RefilterStatements); otherwise it is refused.
+// of n before the cutover (CreatePublications): its options (readOptions),
+// and every outbox table listed with its filter and without a column list
+// that leaves out a column outboxd reads. With fix and
+// postgres.create_publication, a wrong one is put right in one transaction
+// that touches only the outbox tables it names (shard.OptionsSQL,
+// shard.RefilterStatements); otherwise it is refused, naming that
+// transaction.
 func (p *PG) checkNewPublication(ctx context.Context, name string, i, n int, fix bool) error {
-	f, err := p.readFilters(ctx, name, i, n, func(t shard.Table) string { return shard.RefilterSQL(name, []shard.Table{t}, nil, i, n) })
-	if err != nil || f.ok() {
+	o, err := p.readOptions(ctx, name)
+	if err != nil {
 		return err
 	}
-	stmt := shard.RefilterSQL(name, f.listed(), f.missing, i, n)
-	what := fmt.Sprintf("publication %q of new shard %d of %d: %s", name, i, n, f)
+	var f filters
+	if len(o.roots) == 0 {
+		// Without publish_via_partition_root the tables are listed by
+		// their partitions' names: checked once that is set.
+		f, err = p.readFilters(ctx, name, i, n, func(t shard.Table) string { return shard.RefilterSQL(name, []shard.Table{t}, nil, i, n) })
+		if err != nil {
+			return err
+		}
+	}
+	if o.ok() && f.ok() {
+		return nil
+	}
+	var stmts []string
+	var wrong []string
+	if !o.ok() {
+		stmts = append(stmts, shard.OptionsSQL(name))
+		wrong = append(wrong, o.String())
+	}
+	if !f.ok() {
+		stmts = append(stmts, shard.RefilterStatements(name, f.listed(), f.missing, i, n)...)
+		wrong = append(wrong, f.String())
+	}
+	stmt := txSQL(stmts)
+	what := fmt.Sprintf("publication %q of new shard %d of %d: %s", name, i, n, strings.Join(wrong, "; "))
+	if len(o.roots) > 0 {
+		what += " (its tables and row filters are checked once that is put right)"
+	}
 	switch {
 	case !fix:
 		return &PermanentError{fmt.Errorf("%s; %s puts it right", what, stmt)}
@@ -514,7 +634,7 @@ func (p *PG) checkNewPublication(ctx context.Context, name string, i, n int, fix
 	if err := p.probeOnce(ctx); err != nil {
 		return err
 	}
-	err = p.refilter(ctx, name, f.listed(), f.missing, i, n)
+	err = p.runTx(ctx, stmts)
 	if err != nil && transient(err) {
 		return fmt.Errorf("putting publication %q right with %s: %w", name, stmt, err)
 	} else if err != nil {
@@ -523,13 +643,30 @@ func (p *PG) checkNewPublication(ctx context.Context, name string, i, n int, fix
 	if p.Log != nil {
 		p.Log.Info("put a new shard's publication right before the reshard's cutover", "publication", name, "statement", stmt)
 	}
+	if len(o.roots) > 0 {
+		return p.checkNewPublication(ctx, name, i, n, fix) // its tables, now listed by the roots' names
+	}
 	return nil
+}
+
+// txSQL returns stmts as the operator runs them: in one transaction
+// (BEGIN; ...; COMMIT;) when there are several.
+func txSQL(stmts []string) string {
+	if len(stmts) == 1 {
+		return stmts[0]
+	}
+	return "BEGIN; " + strings.Join(stmts, "; ") + "; COMMIT;"
 }
 
 // refilter runs shard.RefilterStatements in one transaction.
 func (p *PG) refilter(ctx context.Context, name string, listed, missing []shard.Table, i, n int) error {
+	return p.runTx(ctx, shard.RefilterStatements(name, listed, missing, i, n))
+}
+
+// runTx runs stmts in one transaction.
+func (p *PG) runTx(ctx context.Context, stmts []string) error {
 	return pgx.BeginFunc(ctx, p.Conn, func(tx pgx.Tx) error {
-		for _, s := range shard.RefilterStatements(name, listed, missing, i, n) {
+		for _, s := range stmts {
 			if _, err := tx.Exec(ctx, s); err != nil {
 				return err
 			}

@@ -3,6 +3,7 @@ package reshard_test
 import (
 	"context"
 	"errors"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -131,5 +132,57 @@ func TestCreatePublicationsMissingBeforeTheCutover(t *testing.T) {
 				t.Errorf("publication %s made after the new slots (%v)", name, err)
 			}
 		}
+	}
+}
+
+// Second review of issue 35 §1, S3: before the cutover a new shard's
+// publication is checked for more than its tables and filters: it must
+// publish inserts, publish a partitioned outbox table via its root (else
+// each partition's own filter, none, applies; Postgres refuses a filter on
+// the root then, so it is listed without one), and have no column list
+// that leaves out a column the router reads. Each is refused with the
+// statement that puts it right; with fix and create_publication it is put
+// right. It needs the test bed's Postgres.
+func TestNewPublicationOptionsChecked(t *testing.T) {
+	_, dsn := testenv.NewDatabase(t, "newpubopts")
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `CREATE TABLE outbox (id bigserial PRIMARY KEY, k text, payload text);
+		CREATE TABLE parts (k text, payload text) PARTITION BY LIST (k); CREATE TABLE parts_a PARTITION OF parts DEFAULT`); err != nil {
+		t.Fatal(err)
+	}
+	filter := shard.Filter("k", 1, 2)
+	tests := []struct {
+		name, table, create, want string
+	}{
+		{"publish", "outbox", `FOR TABLE public.outbox WHERE (` + filter + `) WITH (publish = 'update')`,
+			`does not publish INSERTs.*ALTER PUBLICATION "outboxd_1of2" SET \(publish = 'insert', publish_via_partition_root = true\)`},
+		{"via root", "parts", `FOR TABLE public.parts WITH (publish = 'insert', publish_via_partition_root = false)`,
+			`"public"."parts" are partitioned .*every shard would deliver them.*ALTER PUBLICATION "outboxd_1of2" SET \(publish = 'insert', publish_via_partition_root = true\)`},
+		{"column list", "outbox", `FOR TABLE public.outbox (id, k) WHERE (` + filter + `) WITH (publish = 'insert')`,
+			`column list of "public"."outbox" leaves out payload, which outboxd reads.*ALTER PUBLICATION "outboxd_1of2" DROP TABLE "public"."outbox"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if _, err := conn.Exec(ctx, `DROP PUBLICATION IF EXISTS outboxd_1of2; CREATE PUBLICATION outboxd_1of2 `+tt.create); err != nil {
+				t.Fatal(err)
+			}
+			db := &reshard.PG{Conn: conn, Cfg: config.Postgres{Publication: "outboxd", CreatePublication: true},
+				Tables: []shard.Table{{Schema: "public", Name: tt.table, KeyColumn: "k"}}, Reads: [][]string{{"k", "payload"}}}
+			err := db.CreatePublications(ctx, []string{"outboxd_1of2"}, false)
+			if err == nil || !regexp.MustCompile(tt.want).MatchString(err.Error()) {
+				t.Fatalf("CreatePublications = %v, want a refusal matching %s", err, tt.want)
+			}
+			if err := db.CreatePublications(ctx, []string{"outboxd_1of2"}, true); err != nil {
+				t.Fatalf("with fix: %v", err)
+			}
+			if err := db.CreatePublications(ctx, []string{"outboxd_1of2"}, false); err != nil {
+				t.Errorf("after the fix: %v", err)
+			}
+		})
 	}
 }
