@@ -307,10 +307,12 @@ func (s *Shards) reshard(ctx context.Context, strict bool) error {
 		}
 	}
 	if n > 1 {
-		for _, r := range s.streams {
-			if err := db.EnsureShardPublication(ctx, r.shard.Publication, r.shard.Index, r.shard.Count); err != nil {
-				return err
-			}
+		shards := make([]shard.Shard, len(s.streams))
+		for i, r := range s.streams {
+			shards[i] = r.shard
+		}
+		if err := db.EnsureShardPublications(ctx, shards); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -374,13 +376,13 @@ func (s *Shards) lockedReshard(ctx context.Context, db *reshard.PG) error {
 // Their metrics go to a registry of their own, so that they leave no
 // series behind once the reshard is over.
 func (s *Shards) drain(ctx context.Context, db *reshard.PG, shards []shard.Shard, w shard.Window) error {
+	if len(shards) > 0 && shards[0].Count > 1 {
+		if err := db.EnsureShardPublications(ctx, shards); err != nil {
+			return err
+		}
+	}
 	var olds []*oldShard
 	for _, sh := range shards {
-		if sh.Count > 1 {
-			if err := db.EnsureShardPublication(ctx, sh.Publication, sh.Index, sh.Count); err != nil {
-				return err
-			}
-		}
 		s.mu.Lock()
 		old := s.draining[sh.Slot]
 		s.mu.Unlock()

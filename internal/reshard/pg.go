@@ -311,19 +311,38 @@ func (p *PG) walTables() []wal.Table {
 	return out
 }
 
-// EnsureShardPublication creates publication name of shard i of n, of
-// every outbox table, when it does not exist (running the probe first), or
-// says which statement to run when postgres.create_publication is false.
-// An existing one has each table's row filter checked (checkFilters).
-func (p *PG) EnsureShardPublication(ctx context.Context, name string, i, n int) error {
-	exists, err := p.publicationExists(ctx, name)
-	if err != nil {
-		return err
+// EnsureShardPublications creates the publication of each of shards (of
+// a count above 1), of every outbox table, when it does not exist (running
+// the probe first), or says which statement to run when
+// postgres.create_publication is false. The existing ones have each
+// table's row filter checked, all of them before anything is decided
+// (checkFilters).
+func (p *PG) EnsureShardPublications(ctx context.Context, shards []shard.Shard) error {
+	var seen []checked
+	for _, sh := range shards {
+		exists, err := p.publicationExists(ctx, sh.Publication)
+		if err != nil {
+			return err
+		}
+		if !exists {
+			if err := p.createShardPublication(ctx, sh.Publication, sh.Index, sh.Count); err != nil {
+				return err
+			}
+			continue
+		}
+		f, err := p.readFilters(ctx, sh.Publication, sh.Index, sh.Count, func(shard.Table) string { return "the transaction at the end of this message" })
+		if err != nil {
+			return err
+		}
+		seen = append(seen, checked{sh, f})
 	}
-	if exists {
-		return p.checkFilters(ctx, name, i, n)
-	}
-	return p.createShardPublication(ctx, name, i, n)
+	return p.checkFilters(ctx, seen)
+}
+
+// checked is a shard's existing publication with what readFilters found.
+type checked struct {
+	sh shard.Shard
+	f  filters
 }
 
 func (p *PG) publicationExists(ctx context.Context, name string) (bool, error) {
@@ -675,54 +694,75 @@ func (p *PG) runTx(ctx context.Context, stmts []string) error {
 	})
 }
 
-// checkFilters checks the row filter of each outbox table in the existing
-// publication name of shard i of n, a shard that streams or drains, every
-// table before it decides. A filter from before NULL keys had a shard is
-// fixed when postgres.create_publication is true, and refused otherwise:
-// either way the rows with a NULL key committed before the fix were
-// published to no slot, and the log or the refusal says so with the query
-// that finds them. The fix drops and adds back, in one transaction, only
-// the tables whose filter is stale (shard.RefilterStatements): no other
-// table of the publication is touched. A publication that lacks a table
-// is refused with the transaction that adds it to every shard publication
-// (refuseMissing); a table without a filter is left to the start-up
-// checks, which explain it (preflight). outboxd fixes neither itself: the
-// rows committed before reached no shard, or every shard.
-func (p *PG) checkFilters(ctx context.Context, name string, i, n int) error {
-	f, err := p.readFilters(ctx, name, i, n, func(t shard.Table) string { return shard.RefilterSQL(name, []shard.Table{t}, nil, i, n) })
-	if err != nil {
-		return err
+// checkFilters decides on the row filters of the outbox tables in the
+// existing publications of shards that stream or drain, read by
+// readFilters. A filter that selects other rows, on any table of any of
+// them, is refused with one transaction that re-filters every such table
+// in every such publication (shard.RefilterStatements, only the tables
+// named; a stale filter beside them too): put right one publication at a
+// time, a row whose key column changed between two fixes would reach both
+// shards, or neither (second review of issue 35 §1, S4). Otherwise a
+// filter from before NULL keys had a shard is fixed when
+// postgres.create_publication is true, and refused otherwise: either way
+// the rows with a NULL key committed before the fix were published to no
+// slot, and the log or the refusal says so with the query that finds
+// them. A publication that lacks a table is refused with the transaction
+// that adds it to every shard publication (refuseMissing); a table without
+// a filter is left to the start-up checks, which explain it (preflight).
+// outboxd fixes neither itself: the rows committed before reached no
+// shard, or every shard.
+func (p *PG) checkFilters(ctx context.Context, seen []checked) error {
+	var why []error
+	for _, c := range seen {
+		why = append(why, c.f.why...)
 	}
-	var stale error
-	var lost string
-	if len(f.stale) > 0 {
-		queries := make([]string, len(f.stale))
-		nulls := make([]string, len(f.stale))
-		for j, t := range f.stale {
-			queries[j] = shard.NullKeysSQL(t)
-			nulls[j] = fmt.Sprintf("column %q of %s is NULL", t.KeyColumn, t)
+	if len(why) > 0 {
+		var stmts []string
+		for _, c := range seen {
+			if tables := slices.Concat(c.f.wrong, c.f.stale); len(tables) > 0 {
+				stmts = append(stmts, shard.RefilterStatements(c.sh.Publication, tables, nil, c.sh.Index, c.sh.Count)...)
+			}
+			if lost, stale := staleOf(c, "the transaction at the end of this message"); stale != nil {
+				why = append(why, fmt.Errorf("%w. %s", stale, lost))
+			}
 		}
-		lost = fmt.Sprintf("The rows with a NULL key committed before then were published to no shard's slot and are lost to outboxd: find them with %s (while the table keeps them) and deliver them by hand",
-			strings.Join(queries, "; "))
-		stale = fmt.Errorf("publication %q of shard %d of %d: %w (%s), so outboxd never sees such a row: %s fixes it",
-			name, i, n, shard.ErrStaleFilter, strings.Join(nulls, "; "), shard.RefilterSQL(name, f.stale, nil, i, n))
+		return &PermanentError{fmt.Errorf("%w. Put every wrong filter right at once, with outboxd stopped: %s. "+
+			"A wrong filter that came from changing a table's router.key_column at more than one shard reorders that table's events across the change, since a row's old and new key may hash to different shards",
+			errors.Join(why...), txSQL(stmts))}
 	}
-	if len(f.why) > 0 {
-		// Refused; a stale filter beside it is named, not fixed.
-		if stale != nil {
-			return &PermanentError{errors.Join(append(f.why, fmt.Errorf("%w. %s", stale, lost))...)}
+	for _, c := range seen {
+		name, i, n := c.sh.Publication, c.sh.Index, c.sh.Count
+		if len(c.f.stale) > 0 {
+			lost, stale := staleOf(c, shard.RefilterSQL(name, c.f.stale, nil, i, n))
+			if err := p.fixStale(ctx, name, c.f.stale, stale, lost, i, n); err != nil {
+				return err
+			}
 		}
-		return &PermanentError{errors.Join(f.why...)}
-	}
-	if stale != nil {
-		if err := p.fixStale(ctx, name, f.stale, stale, lost, i, n); err != nil {
-			return err
+		if len(c.f.missing) > 0 {
+			return p.refuseMissing(ctx, name, c.f.missing, i, n)
 		}
-	}
-	if len(f.missing) > 0 {
-		return p.refuseMissing(ctx, name, f.missing, i, n)
 	}
 	return nil
+}
+
+// staleOf says what the stale filters of c's publication mean (stale),
+// naming fix as the statement that fixes them, and which rows with a NULL
+// key they published to no shard, with the queries that find them (lost);
+// nil when there is none.
+func staleOf(c checked, fix string) (lost string, stale error) {
+	if len(c.f.stale) == 0 {
+		return "", nil
+	}
+	queries := make([]string, len(c.f.stale))
+	nulls := make([]string, len(c.f.stale))
+	for j, t := range c.f.stale {
+		queries[j] = shard.NullKeysSQL(t)
+		nulls[j] = fmt.Sprintf("column %q of %s is NULL", t.KeyColumn, t)
+	}
+	lost = fmt.Sprintf("The rows with a NULL key committed before then were published to no shard's slot and are lost to outboxd: find them with %s (while the table keeps them) and deliver them by hand",
+		strings.Join(queries, "; "))
+	return lost, fmt.Errorf("publication %q of shard %d of %d: %w (%s), so outboxd never sees such a row: %s fixes it",
+		c.sh.Publication, c.sh.Index, c.sh.Count, shard.ErrStaleFilter, strings.Join(nulls, "; "), fix)
 }
 
 // refuseMissing refuses the publication name of shard i of n, which lacks
