@@ -299,7 +299,8 @@ func (s *Shards) reshard(ctx context.Context, strict bool) error {
 		// The reshard's publications would list only the tables named
 		// exactly (config.Config.ShardTables), not those of patterns.
 		return fmt.Errorf("the slots of %q in the database are not those of postgres.shards: %d, or a reshard is recorded, and resharding with a pattern in postgres.tables (%s) is not supported: "+
-			"set postgres.shards back to the count of the slots in the database (outboxd status lists them), or list the tables by name", pc.Slot, n, pc.EntryNames())
+			"list the tables by name, reshard, then put the pattern back once the database holds a single shard (patterns take no postgres.shards above 1). "+
+			"If the slots in the database are a single shard's (outboxd status lists them), set postgres.shards: 1 instead", pc.Slot, n, pc.EntryNames())
 	}
 	if a.Kind != shard.Stream {
 		if err := s.lockedReshard(ctx, db); err != nil {

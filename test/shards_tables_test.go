@@ -525,6 +525,20 @@ func TestShardsSeveralTablesDrainAddTable(t *testing.T) {
 	}
 }
 
+// Second review of issue 35 §1, S6: with a pattern in postgres.tables,
+// slots of 2 shards in the database are refused leading with the way out
+// that works: list the tables by name (setting postgres.shards back to 2
+// is refused with a pattern).
+func TestShardsPatternReshardRefused(t *testing.T) {
+	d := newDB(t)
+	d.exec(t, patternCreate("tenant_a"))
+	for i := range 2 {
+		slot, _ := shard.Name(d.slot, i, 2)
+		d.exec(t, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, slot)
+	}
+	expectStartupError(t, d.env(), `resharding with a pattern in postgres.tables \(public.outbox, tenant_\*.events\) is not supported: list the tables by name`, "-config", patternConfig(t))
+}
+
 // Review of issue 35 §1, S5: the reshard state table is in the schema of
 // the first entry of postgres.tables. A reshard recorded in another
 // entry's schema (postgres.tables reordered while it was in progress; the

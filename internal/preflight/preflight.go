@@ -707,10 +707,17 @@ func (c *Checker) checkShardPublication(ctx context.Context, conn *pgx.Conn) ([]
 			return nil, wal.Errorf(wal.ErrPublicationMissing, "publication %q of shard %d of %d does not exist or does not include %s; drop it if it exists and create it with %s",
 				pc.Publication, c.shard.Index, c.shard.Count, t, shard.PublicationSQL(pc.Publication, tables, c.shard.Index, c.shard.Count))
 		case errors.Is(err, pgx.ErrNoRows):
+			add, aerr := c.addTablesSQL(ctx, conn, tables)
+			if aerr != nil {
+				return nil, aerr
+			}
+			if add == "" {
+				add = "(none lacks it but this one, which does not exist)"
+			}
 			return nil, wal.Errorf(wal.ErrPublicationMissing, "publication %q of shard %d of %d does not exist or does not include %s, so none of its rows whose key hashes to shard %d reach outboxd; "+
-				"add it with %s (rows of it written before are not delivered: send them with outboxd replay), or, if the publication does not exist, create it with %s",
+				"add the tables to every shard's publication at once, with outboxd stopped, with %s (rows of them written before are not delivered: send them with outboxd replay), or, if the publication does not exist, create it with %s",
 				pc.Publication, c.shard.Index, c.shard.Count, t, c.shard.Index,
-				shard.AddTableSQL(pc.Publication, t, c.shard.Index, c.shard.Count), shard.PublicationSQL(pc.Publication, tables, c.shard.Index, c.shard.Count))
+				add, shard.PublicationSQL(pc.Publication, tables, c.shard.Index, c.shard.Count))
 		case err != nil:
 			return nil, fmt.Errorf("reading tables of publication %q: %w", pc.Publication, err)
 		case filter == nil:
@@ -725,6 +732,33 @@ func (c *Checker) checkShardPublication(ctx context.Context, conn *pgx.Conn) ([]
 		}
 	}
 	return pubs, nil
+}
+
+// addTablesSQL returns the one transaction that adds each of tables to
+// every existing publication of this shard count that lacks it
+// (shard.AddTablesSQL): added one shard at a time, each shard would miss
+// its rows written before its own ADD (second review of issue 35 §1, S6).
+func (c *Checker) addTablesSQL(ctx context.Context, conn *pgx.Conn, tables []shard.Table) (string, error) {
+	base := strings.TrimSuffix(c.cfg.Postgres.Publication, fmt.Sprintf("_%dof%d", c.shard.Index, c.shard.Count))
+	pubs, err := shard.Names(base, c.shard.Count)
+	if err != nil {
+		return "", fmt.Errorf("postgres.publication: %w", err)
+	}
+	lacks := make([][]shard.Table, len(pubs))
+	for j, pub := range pubs {
+		for _, t := range tables {
+			var lacking bool
+			err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_publication WHERE pubname = $1)
+				AND NOT EXISTS (SELECT FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3)`, pub, t.Schema, t.Name).Scan(&lacking)
+			if err != nil {
+				return "", fmt.Errorf("reading tables of publication %q: %w", pub, err)
+			}
+			if lacking {
+				lacks[j] = append(lacks[j], t)
+			}
+		}
+	}
+	return shard.AddTablesSQL(pubs, lacks), nil
 }
 
 // checkShardOptions refuses a shard publication that does not publish
@@ -799,11 +833,9 @@ func (c *Checker) refuseShardedOthers(ctx context.Context, conn *pgx.Conn) error
 	for _, o := range others {
 		for _, col := range o.columns {
 			var fc shard.FilterCheck
-			// A filter on another column fails (undefined_column): not this one.
 			err := conn.QueryRow(ctx, shard.FilterCheckSQL(o.filter, col, c.shard.Index, c.shard.Count)).Scan(fc.Fields()...)
-			var pgErr *pgconn.PgError
 			switch {
-			case err != nil && !errors.As(err, &pgErr):
+			case err != nil && !otherColumn(err):
 				return fmt.Errorf("checking the row filter of %s in publication %q: %w", o.table, pc.Publication, err)
 			case err != nil || fc.KeysDiffer > 0:
 				continue
@@ -815,6 +847,16 @@ func (c *Checker) refuseShardedOthers(ctx context.Context, conn *pgx.Conn) error
 		}
 	}
 	return nil
+}
+
+// otherColumn reports the error of shard.FilterCheckSQL for a filter on
+// another column than the one tried: undefined_column, or
+// undefined_function (hashtext of a column of another type). Any other
+// error, such as a cancel or a serialization failure, says nothing about
+// the filter.
+func otherColumn(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "42703" || pgErr.Code == "42883")
 }
 
 // shardTables are the outbox tables with their key columns, as the shard

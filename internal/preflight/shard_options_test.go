@@ -2,10 +2,13 @@ package preflight
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/internal/testenv"
@@ -53,5 +56,54 @@ func TestShardPublicationOptionsChecked(t *testing.T) {
 				t.Errorf("checkShardPublication = %v, want %q and %q", err, tt.want, fix)
 			}
 		})
+	}
+}
+
+// Second review of issue 35 §1, S6: only undefined_column and
+// undefined_function say that another table's filter is on another
+// column; a cancel or a serialization failure is an error, not a pass.
+func TestOtherColumn(t *testing.T) {
+	for code, want := range map[string]bool{"42703": true, "42883": true, "57014": false, "40001": false} {
+		if got := otherColumn(fmt.Errorf("checking: %w", &pgconn.PgError{Code: code})); got != want {
+			t.Errorf("otherColumn(%s) = %v, want %v", code, got, want)
+		}
+	}
+	if otherColumn(errors.New("connection reset")) {
+		t.Error("otherColumn of an error without SQLSTATE = true")
+	}
+}
+
+// Second review of issue 35 §1, S6: with several tables, a table missing
+// from the shard publications is refused with the one transaction that
+// adds it to every shard publication lacking it, not one shard's ADD
+// TABLE. It needs the test bed's Postgres.
+func TestShardPublicationMissingTableAddedToEveryShard(t *testing.T) {
+	_, dsn := testenv.NewDatabase(t, "shardadd")
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	if _, err := conn.Exec(ctx, `CREATE TABLE outbox (k text); CREATE TABLE events (k text)`); err != nil {
+		t.Fatal(err)
+	}
+	outbox := []shard.Table{{Schema: "public", Name: "outbox", KeyColumn: "k"}}
+	events := []shard.Table{{Schema: "public", Name: "events", KeyColumn: "k"}}
+	pubs, _ := shard.Names("outboxd", 2)
+	for i, pub := range pubs {
+		if _, err := conn.Exec(ctx, shard.PublicationSQL(pub, outbox, i, 2)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := config.Config{Postgres: config.Postgres{Publication: pubs[1], Tables: []config.TableEntry{{Name: "public.outbox"}, {Name: "public.events"}}}, Router: config.Router{KeyColumn: "k"}}
+	per := []config.Config{cfg, cfg}
+	per[0].Postgres.Table, per[0].Postgres.Tables = "public.outbox", nil
+	per[1].Postgres.Table, per[1].Postgres.Tables = "public.events", nil
+	c := &Checker{cfg: cfg, per: per, shard: shard.Shard{Index: 1, Count: 2}}
+	_, err = c.checkShardPublication(ctx, conn)
+	want := shard.AddTablesSQL(pubs, [][]shard.Table{events, events})
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("checkShardPublication = %v, want the transaction %s", err, want)
 	}
 }

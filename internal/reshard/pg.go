@@ -432,7 +432,6 @@ func (p *PG) keyColumn(ctx context.Context, t shard.Table) (shard.KeyColumn, err
 // filters is what readFilters finds of the outbox tables in a shard
 // publication: every table is looked at before anything is decided.
 type filters struct {
-	others     int           // tables listed that are not outbox tables
 	missing    []shard.Table // not listed
 	unfiltered []shard.Table // listed without a row filter
 	stale      []shard.Table // outboxd's filter from before NULL keys had a shard
@@ -511,7 +510,6 @@ func (p *PG) readFilters(ctx context.Context, name string, i, n int, fix func(sh
 	if err != nil {
 		return f, fmt.Errorf("reading the row filters of publication %q: %w", name, err)
 	}
-	f.others = len(listed)
 	for j, t := range p.Tables {
 		actual, ok := listed[shard.Table{Schema: t.Schema, Name: t.Name}]
 		if cols := columns[shard.Table{Schema: t.Schema, Name: t.Name}]; ok && cols != nil && j < len(p.Reads) {
@@ -525,11 +523,9 @@ func (p *PG) readFilters(ctx context.Context, name string, i, n int, fix func(sh
 			f.missing = append(f.missing, t)
 			continue
 		case actual == nil:
-			f.others--
 			f.unfiltered = append(f.unfiltered, t)
 			continue
 		}
-		f.others--
 		var c shard.FilterCheck
 		err := p.Conn.QueryRow(ctx, shard.FilterCheckSQL(*actual, t.KeyColumn, i, n)).Scan(c.Fields()...)
 		if err != nil && transient(err) {
@@ -792,6 +788,7 @@ func (p *PG) refuseMissing(ctx context.Context, name string, missing []shard.Tab
 		counts = []int{plan.From, plan.To}
 	}
 	var lacks []shard.Lack
+	partly := false // a publication lists one of missing already
 	for _, count := range counts {
 		pubs, err := shard.Names(p.Cfg.Publication, count)
 		if err != nil {
@@ -813,6 +810,8 @@ func (p *PG) refuseMissing(ctx context.Context, name string, missing []shard.Tab
 			for _, t := range p.Tables {
 				if !listed[shard.Table{Schema: t.Schema, Name: t.Name}] {
 					l.Tables = append(l.Tables, t)
+				} else if slices.Contains(missing, t) {
+					partly = true
 				}
 			}
 			lacks = append(lacks, l)
@@ -822,10 +821,13 @@ func (p *PG) refuseMissing(ctx context.Context, name string, missing []shard.Tab
 	if plan != nil {
 		every = fmt.Sprintf("every shard's publication, of the %d old shards and of the %d new ones of the reshard in progress,", plan.From, plan.To)
 	}
+	before := "Rows of them written before that transaction are published to no shard: send them with outboxd replay"
+	if partly {
+		before = "Rows of them written before that transaction are published only by the shard publications that list them already (an earlier ADD TABLE of some of them), and to no other shard: send the missing ones with outboxd replay"
+	}
 	return &PermanentError{wal.Errorf(wal.ErrPublicationMissing, "publication %q of shard %d of %d does not include %s, so none of its rows whose key hashes to shard %d reach outboxd. "+
-		"Add the tables to %s at once, with outboxd stopped and before the application first writes them: %s. "+
-		"Rows of them written before that transaction are published to no shard: send them with outboxd replay",
-		name, i, n, tableNames(missing), i, every, shard.AddLacksSQL(lacks))}
+		"Add the tables to %s at once, with outboxd stopped and before the application first writes them: %s. %s",
+		name, i, n, tableNames(missing), i, every, shard.AddLacksSQL(lacks), before)}
 }
 
 // listedTables reads the tables of publication pub.

@@ -231,3 +231,36 @@ func TestWrongFiltersRefusedWithOneTransaction(t *testing.T) {
 		t.Errorf("after the printed transaction: %v", err)
 	}
 }
+
+// Second review of issue 35 §1, S6: a table that some shard publications
+// list already (an earlier ADD TABLE of one of them) is refused with the
+// transaction that adds it to the others, and the refusal does not say
+// that its rows written before reached no shard: those shards have them.
+// It needs the test bed's Postgres.
+func TestMissingTableListedByOneShard(t *testing.T) {
+	_, dsn := testenv.NewDatabase(t, "partlyadded")
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `CREATE TABLE outbox (k text); CREATE TABLE events (k text)`); err != nil {
+		t.Fatal(err)
+	}
+	tables := []shard.Table{{Schema: "public", Name: "outbox", KeyColumn: "k"}, {Schema: "public", Name: "events", KeyColumn: "k"}}
+	var shards []shard.Shard
+	for i, listed := range [][]shard.Table{tables, tables[:1]} {
+		name, _ := shard.Name("outboxd", i, 2)
+		if _, err := conn.Exec(ctx, shard.PublicationSQL(name, listed, i, 2)); err != nil {
+			t.Fatal(err)
+		}
+		shards = append(shards, shard.Shard{Index: i, Count: 2, Slot: name, Publication: name})
+	}
+	db := &reshard.PG{Conn: conn, Cfg: config.Postgres{Publication: "outboxd", Slot: "outboxd", CreatePublication: true}, Tables: tables}
+	err = db.EnsureShardPublications(ctx, shards)
+	if err == nil || !strings.Contains(err.Error(), shard.AddTableSQL("outboxd_1of2", tables[1], 1, 2)+".") ||
+		strings.Contains(err.Error(), "are published to no shard") || !strings.Contains(err.Error(), "published only by the shard publications that list them already") {
+		t.Errorf("EnsureShardPublications = %v; want the ADD TABLE for outboxd_1of2 alone, and that outboxd_0of2 published the rows before", err)
+	}
+}
