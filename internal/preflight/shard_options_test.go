@@ -7,7 +7,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxd/outboxd/config"
@@ -22,17 +21,9 @@ import (
 // at start-up with the statement that puts it right. It needs the test
 // bed's Postgres.
 func TestShardPublicationOptionsChecked(t *testing.T) {
-	_, dsn := testenv.NewDatabase(t, "shardopts")
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close(context.Background()) })
-	if _, err := conn.Exec(ctx, `CREATE TABLE outbox (k text, payload text);
-		CREATE TABLE parts (k text, payload text) PARTITION BY LIST (k); CREATE TABLE parts_a PARTITION OF parts DEFAULT`); err != nil {
-		t.Fatal(err)
-	}
+	conn := testenv.Connect(t, "shardopts", `CREATE TABLE outbox (k text, payload text);
+		CREATE TABLE parts (k text, payload text) PARTITION BY LIST (k); CREATE TABLE parts_a PARTITION OF parts DEFAULT`)
 	fix := `run ALTER PUBLICATION "outboxd_1of2" SET (publish = 'insert', publish_via_partition_root = true)`
 	tests := []struct {
 		name, table, create, want string
@@ -78,16 +69,8 @@ func TestOtherColumn(t *testing.T) {
 // adds it to every shard publication lacking it, not one shard's ADD
 // TABLE. It needs the test bed's Postgres.
 func TestShardPublicationMissingTableAddedToEveryShard(t *testing.T) {
-	_, dsn := testenv.NewDatabase(t, "shardadd")
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close(context.Background()) })
-	if _, err := conn.Exec(ctx, `CREATE TABLE outbox (k text); CREATE TABLE events (k text)`); err != nil {
-		t.Fatal(err)
-	}
+	conn := testenv.Connect(t, "shardadd", `CREATE TABLE outbox (k text); CREATE TABLE events (k text)`)
 	outbox := []shard.Table{{Schema: "public", Name: "outbox", KeyColumn: "k"}}
 	events := []shard.Table{{Schema: "public", Name: "events", KeyColumn: "k"}}
 	pubs, _ := shard.Names("outboxd", 2)
@@ -101,7 +84,7 @@ func TestShardPublicationMissingTableAddedToEveryShard(t *testing.T) {
 	per[0].Postgres.Table, per[0].Postgres.Tables = "public.outbox", nil
 	per[1].Postgres.Table, per[1].Postgres.Tables = "public.events", nil
 	c := &Checker{cfg: cfg, per: per, shard: shard.Shard{Index: 1, Count: 2}}
-	_, err = c.checkShardPublication(ctx, conn)
+	_, err := c.checkShardPublication(ctx, conn)
 	want := shard.AddTablesSQL(pubs, [][]shard.Table{events, events})
 	if err == nil || !strings.Contains(err.Error(), want) {
 		t.Errorf("checkShardPublication = %v, want the transaction %s", err, want)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/outboxd/outboxd/internal/pause"
+	"github.com/outboxd/outboxd/internal/pg"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -278,7 +279,7 @@ func (p *PG) createPublication(ctx context.Context, name string, fix bool) error
 			if pub.Columns == nil || j >= len(p.Reads) {
 				continue
 			}
-			if left := missingColumns(pub.Columns, p.Reads[j]); len(left) > 0 {
+			if left := pg.MissingColumns(pub.Columns, p.Reads[j]); len(left) > 0 {
 				return &PermanentError{wal.ColumnListError(name, p.Tables[j].Schema, p.Tables[j].Name, pub.Columns, left)}
 			}
 		}
@@ -513,7 +514,7 @@ func (p *PG) readFilters(ctx context.Context, name string, i, n int, fix func(sh
 	for j, t := range p.Tables {
 		actual, ok := listed[shard.Table{Schema: t.Schema, Name: t.Name}]
 		if cols := columns[shard.Table{Schema: t.Schema, Name: t.Name}]; ok && cols != nil && j < len(p.Reads) {
-			if left := missingColumns(cols, p.Reads[j]); len(left) > 0 {
+			if left := pg.MissingColumns(cols, p.Reads[j]); len(left) > 0 {
 				f.narrow = append(f.narrow, t)
 				f.left = append(f.left, left)
 			}
@@ -541,17 +542,6 @@ func (p *PG) readFilters(ctx context.Context, name string, i, n int, fix func(sh
 		}
 	}
 	return f, nil
-}
-
-// missingColumns are the columns of want that present lacks.
-func missingColumns(present, want []string) []string {
-	var out []string
-	for _, c := range want {
-		if !slices.Contains(present, c) {
-			out = append(out, c)
-		}
-	}
-	return out
 }
 
 // options is what readOptions finds wrong with a shard publication's

@@ -105,16 +105,8 @@ func TestTxnEnd(t *testing.T) {
 // whatever postgres.create_publication says; every missing one is named
 // in one refusal. It needs the test bed's Postgres.
 func TestCreatePublicationsMissingBeforeTheCutover(t *testing.T) {
-	_, dsn := testenv.NewDatabase(t, "newpubs")
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, `CREATE TABLE outbox (id bigserial PRIMARY KEY, k text)`); err != nil {
-		t.Fatal(err)
-	}
+	conn := testenv.Connect(t, "newpubs", `CREATE TABLE outbox (id bigserial PRIMARY KEY, k text)`)
 	db := &reshard.PG{Conn: conn, Cfg: config.Postgres{Publication: "outboxd", CreatePublication: true},
 		Tables: []shard.Table{{Schema: "public", Name: "outbox", KeyColumn: "k"}}}
 	for _, names := range [][]string{{"outboxd"}, {"outboxd_0of2", "outboxd_1of2"}} {
@@ -144,17 +136,9 @@ func TestCreatePublicationsMissingBeforeTheCutover(t *testing.T) {
 // statement that puts it right; with fix and create_publication it is put
 // right. It needs the test bed's Postgres.
 func TestNewPublicationOptionsChecked(t *testing.T) {
-	_, dsn := testenv.NewDatabase(t, "newpubopts")
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, `CREATE TABLE outbox (id bigserial PRIMARY KEY, k text, payload text);
-		CREATE TABLE parts (k text, payload text) PARTITION BY LIST (k); CREATE TABLE parts_a PARTITION OF parts DEFAULT`); err != nil {
-		t.Fatal(err)
-	}
+	conn := testenv.Connect(t, "newpubopts", `CREATE TABLE outbox (id bigserial PRIMARY KEY, k text, payload text);
+		CREATE TABLE parts (k text, payload text) PARTITION BY LIST (k); CREATE TABLE parts_a PARTITION OF parts DEFAULT`)
 	filter := shard.Filter("k", 1, 2)
 	tests := []struct {
 		name, table, create, want string
@@ -194,16 +178,8 @@ func TestNewPublicationOptionsChecked(t *testing.T) {
 // shards would reach both, or neither, in between. Run as printed, the
 // publications pass. It needs the test bed's Postgres.
 func TestWrongFiltersRefusedWithOneTransaction(t *testing.T) {
-	_, dsn := testenv.NewDatabase(t, "wrongfilters")
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, `CREATE TABLE outbox (k text, old_key text)`); err != nil {
-		t.Fatal(err)
-	}
+	conn := testenv.Connect(t, "wrongfilters", `CREATE TABLE outbox (k text, old_key text)`)
 	old := []shard.Table{{Schema: "public", Name: "outbox", KeyColumn: "old_key"}}
 	var shards []shard.Shard
 	for i := range 2 {
@@ -215,7 +191,7 @@ func TestWrongFiltersRefusedWithOneTransaction(t *testing.T) {
 	}
 	db := &reshard.PG{Conn: conn, Cfg: config.Postgres{Publication: "outboxd", CreatePublication: true},
 		Tables: []shard.Table{{Schema: "public", Name: "outbox", KeyColumn: "k"}}}
-	err = db.EnsureShardPublications(ctx, shards)
+	err := db.EnsureShardPublications(ctx, shards)
 	if err == nil {
 		t.Fatal("wrong filters passed")
 	}
@@ -238,16 +214,8 @@ func TestWrongFiltersRefusedWithOneTransaction(t *testing.T) {
 // that its rows written before reached no shard: those shards have them.
 // It needs the test bed's Postgres.
 func TestMissingTableListedByOneShard(t *testing.T) {
-	_, dsn := testenv.NewDatabase(t, "partlyadded")
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, `CREATE TABLE outbox (k text); CREATE TABLE events (k text)`); err != nil {
-		t.Fatal(err)
-	}
+	conn := testenv.Connect(t, "partlyadded", `CREATE TABLE outbox (k text); CREATE TABLE events (k text)`)
 	tables := []shard.Table{{Schema: "public", Name: "outbox", KeyColumn: "k"}, {Schema: "public", Name: "events", KeyColumn: "k"}}
 	var shards []shard.Shard
 	for i, listed := range [][]shard.Table{tables, tables[:1]} {
@@ -258,7 +226,7 @@ func TestMissingTableListedByOneShard(t *testing.T) {
 		shards = append(shards, shard.Shard{Index: i, Count: 2, Slot: name, Publication: name})
 	}
 	db := &reshard.PG{Conn: conn, Cfg: config.Postgres{Publication: "outboxd", Slot: "outboxd", CreatePublication: true}, Tables: tables}
-	err = db.EnsureShardPublications(ctx, shards)
+	err := db.EnsureShardPublications(ctx, shards)
 	if err == nil || !strings.Contains(err.Error(), shard.AddTableSQL("outboxd_1of2", tables[1], 1, 2)+".") ||
 		strings.Contains(err.Error(), "are published to no shard") || !strings.Contains(err.Error(), "published only by the shard publications that list them already") {
 		t.Errorf("EnsureShardPublications = %v; want the ADD TABLE for outboxd_1of2 alone, and that outboxd_0of2 published the rows before", err)

@@ -109,6 +109,24 @@ func dropDatabase(t testing.TB, adminDSN, name string) {
 	}
 }
 
+// Connect connects to a new database of the test bed's Postgres
+// (NewDatabase), runs setup there, and closes the connection when the
+// test ends.
+func Connect(t testing.TB, prefix, setup string) *pgx.Conn {
+	t.Helper()
+	_, dsn := NewDatabase(t, prefix)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	if _, err := conn.Exec(ctx, setup); err != nil {
+		t.Fatal(err)
+	}
+	return conn
+}
+
 // WithDatabase returns the URL dsn pointed at database name.
 func WithDatabase(dsn, name string) string {
 	i := strings.LastIndex(dsn, "/")
