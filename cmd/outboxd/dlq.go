@@ -150,7 +150,7 @@ func dlqCommand(args []string, stdout, stderr io.Writer) error {
 	defer stop()
 	filter := dlq.Filter{IDs: dlq.ParseIDs(f.ids), Since: since, All: f.all}
 	if cmd == "list" || f.dryRun {
-		t, err := dlq.Read(ctx, cfg.Kafka, dlq.NamesOf(cfg.Router), topic)
+		t, err := dlq.Read(ctx, cfg.Kafka, dlq.FallbackOf(cfg), topic)
 		if err != nil {
 			return err
 		}

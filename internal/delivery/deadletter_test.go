@@ -31,7 +31,7 @@ func TestRoutingFailureDeadLetterIsNotRedrivable(t *testing.T) {
 		for _, h := range rec.Headers {
 			kr.Headers = append(kr.Headers, kgo.RecordHeader{Key: h.Key, Value: h.Value})
 		}
-		return dlq.Build("dlq", dlq.NamesOf(cfg.Router), []*kgo.Record{kr}).Letters[0]
+		return dlq.Build("dlq", dlq.FallbackOf(cfg), []*kgo.Record{kr}).Letters[0]
 	}
 	l := letter(&router.RowError{EventID: "e1", Table: "public.outbox", Topic: "orders-events",
 		Reason: "column aggregateid is NULL; a key is required (router.require_key)", Value: []byte(`{"a":1}`), EventType: "Placed"})
@@ -92,7 +92,7 @@ func TestPipelinePoisonPerTable(t *testing.T) {
 		for _, h := range rec.Headers {
 			kr.Headers = append(kr.Headers, kgo.RecordHeader{Key: h.Key, Value: h.Value})
 		}
-		l := dlq.Build(rec.Topic, dlq.NamesOf(config.Default().Router), []*kgo.Record{kr}).Letters[0]
+		l := dlq.Build(rec.Topic, dlq.FallbackOf(config.Default()), []*kgo.Record{kr}).Letters[0]
 		if rec.Topic != w.topic || l.EventID != w.id || l.Names != (dlq.Names{ID: w.idHeader, EventType: w.typeHeader}) || l.EventType != "OrderCreated" || l.NotRedrivable != "" {
 			t.Errorf("dead letter %d: topic %s, read back as id %q type %q under %+v (%s); want %s, %s under %s and %s, redrivable",
 				i, rec.Topic, l.EventID, l.EventType, l.Names, l.NotRedrivable, w.topic, w.id, w.idHeader, w.typeHeader)
