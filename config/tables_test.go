@@ -284,6 +284,21 @@ router:
 	if got := fmt.Sprint(cfg.DLQTopics()); got != "[b-dlq c-dlq dlq]" {
 		t.Errorf("DLQTopics() = %s, want [b-dlq c-dlq dlq]", got)
 	}
+	// PoisonFrom: the entry whose own policy decides, for the halt error.
+	for _, tc := range []struct {
+		schema, table, entry string
+		own                  bool
+	}{
+		{"b", "outbox", "postgres.tables[1] (b.outbox)", true},
+		{"c", "outbox", "postgres.tables[2] (c.outbox)", false}, // only its dlq_topic
+		{"a", "outbox", "postgres.tables[0] (a.outbox)", false},
+		{"t_1", "outbox", "postgres.tables[3] (t_*.outbox)", false},
+		{"x", "outbox", "", false},
+	} {
+		if entry, own := cfg.PoisonFrom(tc.schema, tc.table); entry != tc.entry || own != tc.own {
+			t.Errorf("PoisonFrom(%s.%s) = %q, %v; want %q, %v", tc.schema, tc.table, entry, own, tc.entry, tc.own)
+		}
+	}
 
 	// A table that halts writes no dead letters; one table alone is the
 	// top-level router.

@@ -114,4 +114,12 @@ func TestPipelinePoisonPerTable(t *testing.T) {
 	if !errors.As(err, &rowErr) || len(tp.prod.recs) != 2 {
 		t.Errorf("a refused row of wallet.outbox (policy halt): Handle = %v, %d records handed over; want the row's error and no dead letter", err, len(tp.prod.recs))
 	}
+	// The error names the table and the entry whose setting decided, and
+	// the hint points at that entry, not at the top-level router (dlq).
+	if msg := err.Error(); !strings.Contains(msg, "router.poison.policy of table wallet.outbox is halt, set by postgres.tables[2] (wallet.outbox)") {
+		t.Errorf("halt error %q: want it to name wallet.outbox and postgres.tables[2], whose policy halt decided", msg)
+	}
+	if h := hintOf(err); !strings.Contains(h, "router.poison.policy: dlq (and router.poison.dlq_topic) in postgres.tables[2] (wallet.outbox) and restart") {
+		t.Errorf("halt hint %q: want it to point at postgres.tables[2] (wallet.outbox)", h)
+	}
 }
