@@ -803,6 +803,7 @@ func (r Router) validate() []error {
 	if r.EventTypeColumn != "" && r.EventTypeColumn != "-" && r.EventTypeHeader == "" {
 		bad("event_type_header", "must not be empty while router.event_type_column is set")
 	}
+	errs = append(errs, r.repeatedHeaders()...)
 	partitions := 0
 	for i, f := range r.AdditionalFields {
 		switch {
@@ -820,6 +821,45 @@ func (r Router) validate() []error {
 	}
 	if h := r.DebeziumHeaders; h.Enabled && h.ConnectorLogicalName == "" {
 		bad("debezium_headers.connector_logical_name", "must be set when router.debezium_headers.enabled is true: the connector's topic.prefix")
+	}
+	return errs
+}
+
+// repeatedHeaders refuses a header name that router.id_header or
+// router.event_type_header shares with another header of the same record:
+// the record would carry two, and a consumer, or outboxd dlq, would read the
+// other one's value as the event id or type. (Members of
+// router.headers_column are refused row by row, by the router.)
+func (r Router) repeatedHeaders() []error {
+	var errs []error
+	type named struct{ setting, header string }
+	own := []named{{"id_header", r.IDHeader}}
+	if r.EventTypeColumn != "" && r.EventTypeColumn != "-" {
+		own = append(own, named{"event_type_header", r.EventTypeHeader})
+	}
+	var others []named
+	if len(own) == 2 {
+		others = append(others, own[0])
+	}
+	if r.TraceparentColumn != "" {
+		others = append(others, named{"traceparent_column", "traceparent"})
+	}
+	for i, f := range r.AdditionalFields {
+		if f.Placement == PlacementHeader {
+			h := f.Alias
+			if h == "" {
+				h = f.Column
+			}
+			others = append(others, named{fmt.Sprintf("additional_fields[%d] (column %s, placement header)", i, f.Column), h})
+		}
+	}
+	for _, o := range own {
+		for _, x := range others {
+			if x.header == o.header && x.setting != o.setting {
+				errs = append(errs, fmt.Errorf("router.%s: %q is also the header of router.%s: each record would carry two %q headers, "+
+					"and consumers and outboxd dlq would read one's value as the other's; give one of them another name", o.setting, o.header, x.setting, o.header))
+			}
+		}
 	}
 	return errs
 }

@@ -236,6 +236,25 @@ func (c Config) TableRouter(i int) (Router, error) {
 	return r, nil
 }
 
+// PoisonFrom returns the entry of postgres.tables the table schema.table
+// takes its settings from, as "postgres.tables[I] (NAME)" ("" when none
+// does, as with postgres.table), and whether that entry sets
+// router.poison.policy itself; otherwise the top-level one decides.
+func (c Config) PoisonFrom(schema, table string) (entry string, own bool) {
+	i, ok := c.Postgres.EntryOf(schema, table)
+	if !ok {
+		return "", false
+	}
+	e := c.Postgres.Tables[i]
+	var peek struct {
+		Poison struct {
+			Policy string `yaml:"policy"`
+		} `yaml:"poison"`
+	}
+	own = e.Router.Kind != 0 && e.Router.Decode(&peek) == nil && peek.Poison.Policy != ""
+	return fmt.Sprintf("postgres.tables[%d] (%s)", i, e.Name), own
+}
+
 // inline returns a copy of n with each alias replaced by the node it
 // refers to, so that the node re-encoded alone still holds what anchors
 // elsewhere in the file gave it.

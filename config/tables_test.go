@@ -229,6 +229,16 @@ func TestLoadTablesErrors(t *testing.T) {
 		{"several, unowned messages", "postgres:\n  tables: [a.outbox, b.outbox]\n", nil, "router.messages.unowned: deliver with several postgres.tables"},
 		{"several, messages override", "postgres:\n  tables: [a.outbox, {name: b.outbox, router: {messages: {prefix: x}}}]\nrouter:\n  messages: {unowned: ignore}\n", nil, "postgres.tables[1] (b.outbox): router.messages cannot be set per table: outboxd matches a logical message by router.messages.prefix before it knows the message's table"},
 		{"several, pattern messages override", "postgres:\n  tables: [a.outbox, {name: 't_*.outbox', router: {messages: {default_route_by: x}}}]\nrouter:\n  messages: {unowned: ignore}\n", nil, "postgres.tables[1] (t_*.outbox): router.messages cannot be set per table"},
+		// A table's id or event type header is not another header of the same record.
+		{"several, id_header is an inherited additional header", "postgres:\n  tables: [a.outbox, {name: b.outbox, router: {id_header: eventId}}]\nrouter:\n  messages: {unowned: ignore}\n" +
+			"  additional_fields: [{column: business_id, placement: header, alias: eventId}]\n", nil,
+			`postgres.tables[1] (b.outbox): router.id_header: "eventId" is also the header of router.additional_fields[0] (column business_id, placement header): each record would carry two "eventId" headers`},
+		{"event_type_header is an additional header by its column name", "postgres:\n  tables: [{name: b.outbox, router: {event_type_header: kind, additional_fields: [{column: kind, placement: header}]}}]\n", nil,
+			`router.event_type_header: "kind" is also the header of router.additional_fields[0] (column kind, placement header)`},
+		{"event_type_header is id_header", "postgres:\n  tables: [a.outbox, {name: b.outbox, router: {event_type_header: id}}]\nrouter:\n  messages: {unowned: ignore}\n", nil,
+			`postgres.tables[1] (b.outbox): router.event_type_header: "id" is also the header of router.id_header`},
+		{"id_header is traceparent", "postgres:\n  table: a.outbox\nrouter:\n  id_header: traceparent\n  traceparent_column: tp\n", nil,
+			`router.id_header: "traceparent" is also the header of router.traceparent_column`},
 		{"several, per-table dlq without its topic", "postgres:\n  tables: [a.outbox, {name: b.outbox, router: {poison: {policy: dlq}}}]\nrouter:\n  messages: {unowned: ignore}\n", nil, "postgres.tables[1] (b.outbox): router.poison.dlq_topic: must name a topic"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -283,6 +293,21 @@ router:
 	}
 	if got := fmt.Sprint(cfg.DLQTopics()); got != "[b-dlq c-dlq dlq]" {
 		t.Errorf("DLQTopics() = %s, want [b-dlq c-dlq dlq]", got)
+	}
+	// PoisonFrom: the entry whose own policy decides, for the halt error.
+	for _, tc := range []struct {
+		schema, table, entry string
+		own                  bool
+	}{
+		{"b", "outbox", "postgres.tables[1] (b.outbox)", true},
+		{"c", "outbox", "postgres.tables[2] (c.outbox)", false}, // only its dlq_topic
+		{"a", "outbox", "postgres.tables[0] (a.outbox)", false},
+		{"t_1", "outbox", "postgres.tables[3] (t_*.outbox)", false},
+		{"x", "outbox", "", false},
+	} {
+		if entry, own := cfg.PoisonFrom(tc.schema, tc.table); entry != tc.entry || own != tc.own {
+			t.Errorf("PoisonFrom(%s.%s) = %q, %v; want %q, %v", tc.schema, tc.table, entry, own, tc.entry, tc.own)
+		}
 	}
 
 	// A table that halts writes no dead letters; one table alone is the

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -25,8 +26,8 @@ const dlqUsage = `Usage:
       send pending dead letters to their intended topics, once their cause is fixed
 
 The topic defaults to router.poison.dlq_topic; where the entries of
-postgres.tables dead-letter to topics of their own, pass -topic (each is
-listed and redriven on its own). A redriven record goes to its
+postgres.tables dead-letter to topics of their own, other than it, pass
+-topic (each is listed and redriven on its own). A redriven record goes to its
 intended topic with its original key, value and headers (without the
 outboxd.error.*, outboxd.source.*, outboxd.intended.topic and outboxd.dlq.*
 headers), partitioned by its key as outboxd partitions (Kafka's murmur2), by
@@ -150,7 +151,7 @@ func dlqCommand(args []string, stdout, stderr io.Writer) error {
 	defer stop()
 	filter := dlq.Filter{IDs: dlq.ParseIDs(f.ids), Since: since, All: f.all}
 	if cmd == "list" || f.dryRun {
-		t, err := dlq.Read(ctx, cfg.Kafka, dlq.NamesOf(cfg.Router), topic)
+		t, err := dlq.Read(ctx, cfg.Kafka, dlq.FallbackOf(cfg), topic)
 		if err != nil {
 			return err
 		}
@@ -185,23 +186,28 @@ func dlqCommand(args []string, stdout, stderr io.Writer) error {
 }
 
 // dlqTopic returns the dead-letter topic of a command: -topic, else the one
-// topic the configuration dead-letters to (config.Config.DLQTopics), else
-// router.poison.dlq_topic. Tables with dead-letter topics of their own
-// leave the choice to -topic.
+// candidate topic, else an error that lists them all. The candidates are
+// the topics the tables dead-letter to (config.Config.DLQTopics) and a set
+// top-level router.poison.dlq_topic, even where no table writes to it now
+// (its policy halt, or every entry with a topic of its own): it may hold
+// dead letters from before, which would otherwise be passed over silently.
 func dlqTopic(flagged string, cfg config.Config) (string, error) {
 	if flagged != "" {
 		return flagged, nil
 	}
-	switch topics := cfg.DLQTopics(); {
-	case len(topics) == 1:
+	topics := cfg.DLQTopics()
+	if t := cfg.Router.Poison.DLQTopic; t != "" && !slices.Contains(topics, t) {
+		topics = append(topics, t)
+		slices.Sort(topics)
+	}
+	switch len(topics) {
+	case 0:
+		return "", errors.New("no dead-letter topic: pass -topic, or set router.poison.dlq_topic")
+	case 1:
 		return topics[0], nil
-	case len(topics) > 1:
-		return "", fmt.Errorf("the outbox tables dead-letter to several topics (%s): pass -topic with one of them", strings.Join(topics, ", "))
 	}
-	if t := cfg.Router.Poison.DLQTopic; t != "" {
-		return t, nil
-	}
-	return "", errors.New("no dead-letter topic: pass -topic, or set router.poison.dlq_topic")
+	return "", fmt.Errorf("the configuration names several topics (%s): pass -topic with one of them "+
+		"(the topics the outbox tables dead-letter to, and router.poison.dlq_topic, which may hold older dead letters)", strings.Join(topics, ", "))
 }
 
 // writeRedrive reports what a redrive did.

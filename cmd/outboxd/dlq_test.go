@@ -60,15 +60,23 @@ func TestDLQTopic(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name, flag, top, want, err string
+		halt                       bool
 	}{
 		{name: "one table dead-letters", want: "b-dlq"},
 		{name: "-topic", flag: "x", top: "dlq", want: "x"},
 		{name: "several topics", top: "dlq", err: "several topics (b-dlq, dlq): pass -topic"},
+		// A top-level topic no table writes to now may hold dead letters
+		// from when it was written to: not passed over silently.
+		{name: "top-level topic under halt", top: "dlq", halt: true, err: "several topics (b-dlq, dlq): pass -topic"},
+		{name: "top-level topic is the table's", top: "b-dlq", halt: true, want: "b-dlq"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := cfg
 			if tc.top != "" {
 				c.Router.Poison = config.Poison{Policy: config.PoisonDLQ, DLQTopic: tc.top}
+				if tc.halt {
+					c.Router.Poison.Policy = config.PoisonHalt
+				}
 			}
 			got, err := dlqTopic(tc.flag, c)
 			if got != tc.want || (err == nil) != (tc.err == "") || (err != nil && !strings.Contains(err.Error(), tc.err)) {

@@ -31,7 +31,7 @@ func TestRoutingFailureDeadLetterIsNotRedrivable(t *testing.T) {
 		for _, h := range rec.Headers {
 			kr.Headers = append(kr.Headers, kgo.RecordHeader{Key: h.Key, Value: h.Value})
 		}
-		return dlq.Build("dlq", dlq.NamesOf(cfg.Router), []*kgo.Record{kr}).Letters[0]
+		return dlq.Build("dlq", dlq.FallbackOf(cfg), []*kgo.Record{kr}).Letters[0]
 	}
 	l := letter(&router.RowError{EventID: "e1", Table: "public.outbox", Topic: "orders-events",
 		Reason: "column aggregateid is NULL; a key is required (router.require_key)", Value: []byte(`{"a":1}`), EventType: "Placed"})
@@ -92,7 +92,7 @@ func TestPipelinePoisonPerTable(t *testing.T) {
 		for _, h := range rec.Headers {
 			kr.Headers = append(kr.Headers, kgo.RecordHeader{Key: h.Key, Value: h.Value})
 		}
-		l := dlq.Build(rec.Topic, dlq.NamesOf(config.Default().Router), []*kgo.Record{kr}).Letters[0]
+		l := dlq.Build(rec.Topic, dlq.FallbackOf(config.Default()), []*kgo.Record{kr}).Letters[0]
 		if rec.Topic != w.topic || l.EventID != w.id || l.Names != (dlq.Names{ID: w.idHeader, EventType: w.typeHeader}) || l.EventType != "OrderCreated" || l.NotRedrivable != "" {
 			t.Errorf("dead letter %d: topic %s, read back as id %q type %q under %+v (%s); want %s, %s under %s and %s, redrivable",
 				i, rec.Topic, l.EventID, l.EventType, l.Names, l.NotRedrivable, w.topic, w.id, w.idHeader, w.typeHeader)
@@ -113,5 +113,13 @@ func TestPipelinePoisonPerTable(t *testing.T) {
 	var rowErr *router.RowError
 	if !errors.As(err, &rowErr) || len(tp.prod.recs) != 2 {
 		t.Errorf("a refused row of wallet.outbox (policy halt): Handle = %v, %d records handed over; want the row's error and no dead letter", err, len(tp.prod.recs))
+	}
+	// The error names the table and the entry whose setting decided, and
+	// the hint points at that entry, not at the top-level router (dlq).
+	if msg := err.Error(); !strings.Contains(msg, "router.poison.policy of table wallet.outbox is halt, set by postgres.tables[2] (wallet.outbox)") {
+		t.Errorf("halt error %q: want it to name wallet.outbox and postgres.tables[2], whose policy halt decided", msg)
+	}
+	if h := hintOf(err); !strings.Contains(h, "router.poison.policy: dlq (and router.poison.dlq_topic) in postgres.tables[2] (wallet.outbox) and restart") {
+		t.Errorf("halt hint %q: want it to point at postgres.tables[2] (wallet.outbox)", h)
 	}
 }

@@ -479,13 +479,27 @@ func (p *Pipeline) deliver(o *table, rec *router.Record, routeErr error, lsn wal
 	}
 	// The poison policy and dead-letter topic of the row's own table: they
 	// may differ per table (postgres.tables[].router.poison).
-	if o.cfg.Router.Poison.Policy != config.PoisonDLQ {
-		return &hintError{err: fmt.Errorf("%w. outboxd stopped without confirming past it", poison),
-			hint: "to move past it deliberately, set router.poison.policy: dlq (and router.poison.dlq_topic) and restart, under the top-level router or this table's entry of postgres.tables: " +
-				"the row goes to the dead-letter topic and streaming continues"}
+	if policy := o.cfg.Router.Poison.Policy; policy != config.PoisonDLQ {
+		decided, where := p.poisonSetting(o)
+		return &hintError{err: fmt.Errorf("%w. outboxd stopped without confirming past it: router.poison.policy of table %s is %s, %s",
+			poison, o.cfg.Postgres.Table, policy, decided), hint: "to move past it deliberately, set router.poison.policy: dlq (and router.poison.dlq_topic) " +
+			where + " and restart: the row goes to the dead-letter topic and streaming continues"}
 	}
 	o.deadLettered.Inc()
 	p.log.Warn("outbox row sent to the dead-letter topic", "event_id", poison.EventID, "lsn", lsn.String(), "topic", o.cfg.Router.Poison.DLQTopic,
 		"table", o.cfg.Postgres.Table, "reason", poison.Reason)
 	return Produce(p.ctx, p.txn, DeadLetter(o.cfg, poison), p.producer, p.done)
+}
+
+// poisonSetting says which setting decided the poison policy of o's table,
+// and where to set it.
+func (p *Pipeline) poisonSetting(o *table) (decided, where string) {
+	switch entry, own := p.cfg.PoisonFrom(o.cfg.Postgres.TableName()); {
+	case own:
+		return "set by " + entry, "in " + entry
+	case entry != "":
+		return "set by the top-level router (" + entry + " sets none of its own)",
+			"in " + entry + " for this table alone, or under the top-level router for every table that sets none"
+	}
+	return "set by the top-level router", "under the top-level router"
 }

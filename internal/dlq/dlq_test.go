@@ -8,6 +8,9 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+	"gopkg.in/yaml.v3"
+
+	"github.com/outboxd/outboxd/config"
 )
 
 func hdrs(kv ...string) []kgo.RecordHeader {
@@ -48,7 +51,7 @@ func TestBuild(t *testing.T) {
 		deadLetter(1, 4, "", "orders-events"),
 		deadLetter(1, 5, "g", "orders-events", HeaderUnbuilt, "the key and value are the row's columns"),
 	}
-	top := Build("dlq", defaults, recs)
+	top := Build("dlq", Only(defaults), recs)
 	type want struct {
 		status Status
 		reason string
@@ -116,7 +119,7 @@ func TestBuildClaimsMustMatch(t *testing.T) {
 		{"rewritten of another event", again(0, 5, "zzz", "0/3"), Pending},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			top := Build("dlq", defaults, []*kgo.Record{deadLetter(0, 3, "a", "orders-events"), tc.claim})
+			top := Build("dlq", Only(defaults), []*kgo.Record{deadLetter(0, 3, "a", "orders-events"), tc.claim})
 			for _, l := range top.Letters {
 				if l.Ref() == "0/3" && l.Status != tc.want {
 					t.Errorf("letter a at 0/3 is %s, want %s", l.Status, tc.want)
@@ -138,7 +141,7 @@ func TestLetterHeaderNames(t *testing.T) {
 		"eventId", "e1", "kind", "Placed", "id", "not-the-id",
 		HeaderReason, "too large", HeaderSourceLSN, "0/10", HeaderSourceTable, "b.outbox", HeaderIntendedTopic, "b-events",
 		HeaderIDHeader, "eventId", HeaderEventTypeHeader, "kind")}
-	l := Build("dlq", defaults, []*kgo.Record{letter}).Letters[0]
+	l := Build("dlq", Only(defaults), []*kgo.Record{letter}).Letters[0]
 	if l.EventID != "e1" || l.EventType != "Placed" || l.Names != own || l.NotRedrivable != "" {
 		t.Fatalf("letter: id %q, type %q, names %+v, not redrivable %q; want e1, Placed, %+v, redrivable", l.EventID, l.EventType, l.Names, l.NotRedrivable, own)
 	}
@@ -153,30 +156,69 @@ func TestLetterHeaderNames(t *testing.T) {
 	if v, _ := header(kgoHeaders(m.Headers), "eventId"); v != "e1" {
 		t.Errorf("marker headers %v: want the event id under eventId", m.Headers)
 	}
-	top := Build("dlq", defaults, []*kgo.Record{letter, {Partition: 0, Offset: 1, Headers: kgoHeaders(m.Headers)}})
+	top := Build("dlq", Only(defaults), []*kgo.Record{letter, {Partition: 0, Offset: 1, Headers: kgoHeaders(m.Headers)}})
 	if len(top.Letters) != 1 || top.Letters[0].Status != Redriven {
 		t.Errorf("letter and its marker: %d letters, status %s; want one, redriven", len(top.Letters), top.Letters[0].Status)
 	}
 
 	// Written before the names were recorded: the configured ones.
 	old := deadLetter(0, 0, "a", "orders-events")
-	l = Build("dlq", defaults, []*kgo.Record{old}).Letters[0]
+	l = Build("dlq", Only(defaults), []*kgo.Record{old}).Letters[0]
 	if l.EventID != "a" || l.EventType != "Placed" || l.Names != defaults {
 		t.Errorf("old letter: id %q, type %q, names %+v; want a, Placed, the configured %+v", l.EventID, l.EventType, l.Names, defaults)
 	}
-	l = Build("dlq", Names{ID: "eventId"}, []*kgo.Record{old}).Letters[0]
+	l = Build("dlq", Only(Names{ID: "eventId"}), []*kgo.Record{old}).Letters[0]
 	if l.EventID != "" || !strings.Contains(l.NotRedrivable, `no event id in header "eventId"`) {
 		t.Errorf("old letter under another configured id header: id %q, not redrivable %q", l.EventID, l.NotRedrivable)
 	}
 	// Written again, it records them, and no longer depends on them.
-	l = Build("dlq", defaults, []*kgo.Record{old}).Letters[0]
+	l = Build("dlq", Only(defaults), []*kgo.Record{old}).Letters[0]
 	a := l.again("dlq", "redrive: refused")
-	b := Build("dlq", Names{ID: "eventId"}, []*kgo.Record{old, {Partition: 0, Offset: 1, Key: a.Key, Value: a.Value, Headers: kgoHeaders(a.Headers)}})
+	b := Build("dlq", Only(Names{ID: "eventId"}), []*kgo.Record{old, {Partition: 0, Offset: 1, Key: a.Key, Value: a.Value, Headers: kgoHeaders(a.Headers)}})
 	if len(b.Letters) != 2 || b.Letters[1].EventID != "a" || b.Letters[1].Names != defaults || b.Letters[1].NotRedrivable != "" {
 		t.Fatalf("written again, read under another configured id header: %+v", b.Letters[len(b.Letters)-1])
 	}
 	if b.Letters[0].Status != Pending {
 		t.Errorf("the old letter read under another id header is %s: its event id is unknown, so it stays pending (at worst sent twice, never skipped)", b.Letters[0].Status)
+	}
+}
+
+// A dead letter that records no header names is read with those of its
+// table's entry of postgres.tables: a deployment of one table could set
+// id_header in its entry before outboxd recorded the names, and listing a
+// second table must not change how its older dead letters read. So is an
+// older marker, by the names of the letter it names. Where the name still
+// finds no id, the reason says the letter predates the recorded names.
+func TestOldLettersTakeTheirTablesNames(t *testing.T) {
+	cfg := config.Default()
+	cfg.Postgres.Table = ""
+	cfg.Router.Messages.Unowned = config.UnownedIgnore
+	if err := yaml.Unmarshal([]byte(`[public.outbox, {name: orders.events, router: {id_header: eventId, poison: {policy: dlq, dlq_topic: dlq}}}]`), &cfg.Postgres.Tables); err != nil {
+		t.Fatal(err)
+	}
+	old := func(off int64, table, idHeader string) *kgo.Record {
+		return &kgo.Record{Partition: 0, Offset: off, Key: []byte("k"), Value: []byte("{}"), Headers: hdrs(idHeader, "e1", "eventType", "Placed",
+			HeaderReason, "too large", HeaderSourceLSN, "0/10", HeaderSourceTable, table, HeaderIntendedTopic, "orders.x")}
+	}
+	marker := &kgo.Record{Partition: 0, Offset: 1, Headers: hdrs(HeaderRedriven, "0/0", "eventId", "e1", HeaderIntendedTopic, "orders.x")}
+
+	top := Build("dlq", FallbackOf(cfg), []*kgo.Record{old(0, "orders.events", "eventId")})
+	if l := top.Letters[0]; l.EventID != "e1" || l.NotRedrivable != "" || l.Names.ID != "eventId" {
+		t.Errorf("older letter of orders.events: id %q, names %+v, not redrivable %q; want e1 under its entry's eventId", l.EventID, l.Names, l.NotRedrivable)
+	}
+	top = Build("dlq", FallbackOf(cfg), []*kgo.Record{old(0, "orders.events", "eventId"), marker})
+	if l := top.Letters[0]; l.Status != Redriven {
+		t.Errorf("older letter of orders.events and its older marker: %s, want redriven", l.Status)
+	}
+	// Another table, or none (a message): the top-level names.
+	if l := Build("dlq", FallbackOf(cfg), []*kgo.Record{old(0, "public.outbox", "id")}).Letters[0]; l.EventID != "e1" {
+		t.Errorf("older letter of public.outbox: id %q (%s), want e1 under the top-level id", l.EventID, l.NotRedrivable)
+	}
+	l := Build("dlq", FallbackOf(cfg), []*kgo.Record{old(0, "message outbox", "eventId")}).Letters[0]
+	for _, want := range []string{`no event id in header "id"`, "written before outboxd recorded its header names", "the top-level router", "message outbox"} {
+		if !strings.Contains(l.NotRedrivable, want) {
+			t.Errorf("older letter under a name its table does not use: not redrivable %q, want it to say %q", l.NotRedrivable, want)
+		}
 	}
 }
 
@@ -192,7 +234,7 @@ func refs(ls []*Letter) []string {
 // dead-letter topic's own; the marker and the rewritten dead letter go to
 // the dead letter's partition.
 func TestRecords(t *testing.T) {
-	l := Build("dlq", defaults, []*kgo.Record{deadLetter(2, 7, "a", "orders-events", HeaderSupersedes, "2/1")}).Letters[0]
+	l := Build("dlq", Only(defaults), []*kgo.Record{deadLetter(2, 7, "a", "orders-events", HeaderSupersedes, "2/1")}).Letters[0]
 	rec := l.record()
 	var got []string
 	for _, h := range rec.Headers {
@@ -207,7 +249,7 @@ func TestRecords(t *testing.T) {
 		t.Errorf("marker: topic %s partition %d value %q headers %v", m.Topic, m.Partition, m.Value, m.Headers)
 	}
 	a := l.again("dlq", "redrive: refused")
-	b := Build("dlq", defaults, []*kgo.Record{{Partition: a.Partition, Offset: 9, Timestamp: time.Now(), Key: a.Key, Value: a.Value, Headers: kgoHeaders(a.Headers)}}).Letters[0]
+	b := Build("dlq", Only(defaults), []*kgo.Record{{Partition: a.Partition, Offset: 9, Timestamp: time.Now(), Key: a.Key, Value: a.Value, Headers: kgoHeaders(a.Headers)}}).Letters[0]
 	if b.Reason != "redrive: refused" || b.Topic != "orders-events" || b.SourceLSN != "0/16B3748" || b.EventID != "a" || a.Partition != 2 {
 		t.Errorf("written again: reason %q topic %q lsn %q id %q partition %d", b.Reason, b.Topic, b.SourceLSN, b.EventID, a.Partition)
 	}
@@ -216,7 +258,7 @@ func TestRecords(t *testing.T) {
 	}
 	// Its age counts from the first dead-lettering, however often it is
 	// written again.
-	c := Build("dlq", defaults, []*kgo.Record{{Partition: 2, Offset: 12, Timestamp: time.Now(), Headers: kgoHeaders(b.again("dlq", "x").Headers)}}).Letters[0]
+	c := Build("dlq", Only(defaults), []*kgo.Record{{Partition: 2, Offset: 12, Timestamp: time.Now(), Headers: kgoHeaders(b.again("dlq", "x").Headers)}}).Letters[0]
 	if !b.Time.Equal(l.Time) || !c.Time.Equal(l.Time) {
 		t.Errorf("written again at %v and %v, first dead-lettered at %v: want the first time", b.Time, c.Time, l.Time)
 	}
@@ -253,7 +295,7 @@ func TestParseSince(t *testing.T) {
 }
 
 func TestWrite(t *testing.T) {
-	top := Build("dlq", defaults, []*kgo.Record{deadLetter(0, 0, "a", "orders-events"), deadLetter(0, 1, "b", "")})
+	top := Build("dlq", Only(defaults), []*kgo.Record{deadLetter(0, 0, "a", "orders-events"), deadLetter(0, 1, "b", "")})
 	now := time.Date(2026, 11, 26, 12, 30, 0, 0, time.UTC)
 	var buf bytes.Buffer
 	if err := WriteTable(&buf, top.Letters, now, false); err != nil {

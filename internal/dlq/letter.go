@@ -30,7 +30,7 @@ const (
 	// router.id_header and router.event_type_header of its table when it
 	// was written (they may differ per table). A dead letter written before
 	// outboxd recorded them lacks them: list and redrive then read the
-	// configured top-level names (Names).
+	// configured names of its table (Fallback).
 	HeaderIDHeader        = "outboxd.dlq.id.header"
 	HeaderEventTypeHeader = "outboxd.dlq.event.type.header"
 )
@@ -60,20 +60,49 @@ var ownHeaders = []string{HeaderReason, HeaderSourceLSN, HeaderSourceTable, Head
 // type.
 type Names struct{ ID, EventType string }
 
-// NamesOf returns r's router.id_header and router.event_type_header: the
-// names Build falls back to for a record that does not record its own.
+// NamesOf returns r's router.id_header and router.event_type_header.
 func NamesOf(r config.Router) Names { return Names{ID: r.IDHeader, EventType: r.EventTypeHeader} }
 
+// Fallback returns the names a dead letter of table (its HeaderSourceTable)
+// that does not record its own was most likely written with, and the
+// settings they come from, for messages.
+type Fallback func(table string) (n Names, from string)
+
+// FallbackOf returns the Fallback of cfg: the header names of the entry of
+// postgres.tables that the table takes its router settings from
+// (config.Postgres.EntryOf), else the top-level router's. A deployment of
+// one table could set them in its entry before outboxd recorded them, so
+// the top-level ones alone would misread its dead letters once a second
+// table is listed.
+func FallbackOf(cfg config.Config) Fallback {
+	return func(table string) (Names, string) {
+		if schema, name, ok := strings.Cut(table, "."); ok {
+			if i, ok := cfg.Postgres.EntryOf(schema, name); ok {
+				if r, err := cfg.TableRouter(i); err == nil {
+					return NamesOf(r), fmt.Sprintf("postgres.tables[%d] (%s)", i, cfg.Postgres.Tables[i].Name)
+				}
+			}
+		}
+		return NamesOf(cfg.Router), "the top-level router"
+	}
+}
+
+// Only returns the Fallback that gives n for every table.
+func Only(n Names) Fallback {
+	return func(string) (Names, string) { return n, "the top-level router" }
+}
+
 // of returns the names a record of the dead-letter topic was written with:
-// those it records (HeaderIDHeader, HeaderEventTypeHeader), else n.
-func (n Names) of(hs []kgo.RecordHeader) Names {
+// those it records (HeaderIDHeader, HeaderEventTypeHeader), else n;
+// recorded is false when it records no id header name.
+func (n Names) of(hs []kgo.RecordHeader) (_ Names, recorded bool) {
 	if v, ok := header(hs, HeaderIDHeader); ok && v != "" {
-		n.ID = v
+		n.ID, recorded = v, true
 	}
 	if v, ok := header(hs, HeaderEventTypeHeader); ok {
 		n.EventType = v
 	}
-	return n
+	return n, recorded
 }
 
 // headers returns n as the headers that record it.
@@ -103,8 +132,11 @@ type Letter struct {
 	EventType string    `json:"event_type,omitempty"`
 	Status    Status    `json:"status"`
 	// Names are the headers its event id and event type are in: those
-	// the dead letter records, else the configured ones.
+	// the dead letter records, else the configured ones of its table.
 	Names Names `json:"-"`
+	// guessed names the settings Names were taken from when the dead
+	// letter records none ("" when it does).
+	guessed string
 	// NotRedrivable says why redrive leaves the letter alone ("" when it
 	// can be redriven).
 	NotRedrivable string `json:"not_redrivable,omitempty"`
@@ -142,20 +174,23 @@ type Topic struct {
 // and rewritten dead letters, in offset order within each partition) into
 // its dead letters and their status. Each record's event id is read from
 // the header its HeaderIDHeader names; fallback names the headers of a
-// record without it (written before outboxd recorded the names): the
-// configured top-level router.id_header and router.event_type_header.
-func Build(name string, fallback Names, recs []*kgo.Record) *Topic {
+// dead letter without it (written before outboxd recorded the names), by
+// its table. A marker without it was written with the names its letter was
+// read with then: it is read with those of the letter it names.
+func Build(name string, fallback Fallback, recs []*kgo.Record) *Topic {
 	t := &Topic{Name: name}
 	done := map[string][]claim{} // by the ref of the letter they name
 	for _, r := range recs {
-		names := fallback.of(r.Headers)
-		id, _ := header(r.Headers, names.ID)
 		if to, ok := header(r.Headers, HeaderRedriven); ok {
-			done[to] = append(done[to], claim{Redriven, r.Partition, r.Offset, id})
+			done[to] = append(done[to], claim{Redriven, r.Partition, r.Offset, r.Headers})
 			continue
 		}
+		table, _ := header(r.Headers, HeaderSourceTable)
+		guess, from := fallback(table)
+		names, recorded := guess.of(r.Headers)
+		id, _ := header(r.Headers, names.ID)
 		if old, ok := header(r.Headers, HeaderSupersedes); ok {
-			done[old] = append(done[old], claim{Superseded, r.Partition, r.Offset, id})
+			done[old] = append(done[old], claim{Superseded, r.Partition, r.Offset, r.Headers})
 		}
 		l := &Letter{Partition: r.Partition, Offset: r.Offset, Time: r.Timestamp, Key: r.Key, Value: r.Value, Headers: r.Headers}
 		if first, ok := header(r.Headers, HeaderFirstTime); ok {
@@ -163,13 +198,15 @@ func Build(name string, fallback Names, recs []*kgo.Record) *Topic {
 				l.Time = ft
 			}
 		}
-		l.Names, l.EventID = names, id
+		l.Names, l.EventID, l.Table = names, id, table
+		if !recorded {
+			l.guessed = from
+		}
 		if names.EventType != "" {
 			l.EventType, _ = header(r.Headers, names.EventType)
 		}
 		l.Reason, _ = header(r.Headers, HeaderReason)
 		l.SourceLSN, _ = header(r.Headers, HeaderSourceLSN)
-		l.Table, _ = header(r.Headers, HeaderSourceTable)
 		l.Topic, _ = header(r.Headers, HeaderIntendedTopic)
 		l.NotRedrivable = notRedrivable(l)
 		t.Letters = append(t.Letters, l)
@@ -197,7 +234,7 @@ type claim struct {
 	status    Status
 	partition int32
 	offset    int64
-	eventID   string
+	headers   []kgo.RecordHeader
 }
 
 // of reports whether c settles l: redrive writes markers and rewritten dead
@@ -206,7 +243,9 @@ type claim struct {
 // mirrored from another cluster) leaves l pending: at worst it is sent
 // twice, never not at all.
 func (c claim) of(l *Letter) bool {
-	return c.partition == l.Partition && c.offset > l.Offset && c.eventID == l.EventID
+	names, _ := l.Names.of(c.headers)
+	id, _ := header(c.headers, names.ID)
+	return c.partition == l.Partition && c.offset > l.Offset && id == l.EventID
 }
 
 // notRedrivable says why l cannot be sent to its intended topic as it is,
@@ -228,6 +267,11 @@ func notRedrivable(l *Letter) string {
 		return "the dead letter lacks the payload (" + HeaderPayloadDropped + "); send the event again from the outbox table (outboxd replay)"
 	case hdropped:
 		return "the dead letter lacks the original headers (" + HeaderHeadersDropped + "); send the event again from the outbox table (outboxd replay)"
+	case l.EventID == "" && l.guessed != "":
+		return fmt.Sprintf("no event id in header %q: the dead letter was written before outboxd recorded its header names (%s), "+
+			"so it was read by router.id_header of %s (its table %s); if it was written under another name, set that name there, "+
+			"in the configuration outboxd dlq reads (-config), while you redrive it, else send the event again from the outbox table (outboxd replay)",
+			l.Names.ID, HeaderIDHeader, l.guessed, l.Table)
 	case l.EventID == "":
 		return fmt.Sprintf("no event id in header %q: consumers could not tell a second copy; send the event again from the outbox table (outboxd replay)", l.Names.ID)
 	}

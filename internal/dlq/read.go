@@ -23,7 +23,7 @@ import (
 // letters. The end is the high watermark: a Kafka transaction open in the
 // topic is waited for. A read that makes no progress for
 // kafka.delivery_timeout fails. fallback is as for Build.
-func Read(ctx context.Context, cfg config.Kafka, fallback Names, name string) (*Topic, error) {
+func Read(ctx context.Context, cfg config.Kafka, fallback Fallback, name string) (*Topic, error) {
 	opts, err := sink.ClientOptions(cfg)
 	if err != nil {
 		return nil, err

@@ -57,7 +57,7 @@ func TestReadWaitsForOpenTransaction(t *testing.T) {
 	if err := killed.EndTransaction(b.ctx, kgo.TryAbort); err != nil {
 		t.Fatal(err)
 	}
-	_, err := Read(b.ctx, b.cfg.Kafka, defaults, "dlq")
+	_, err := Read(b.ctx, b.cfg.Kafka, Only(defaults), "dlq")
 	if err == nil || !strings.Contains(err.Error(), "hold a Kafka transaction still open") {
 		t.Fatalf("a read held up by an open transaction ended with %v; want it to say so", err)
 	}
@@ -65,7 +65,7 @@ func TestReadWaitsForOpenTransaction(t *testing.T) {
 	if err := daemon.EndTransaction(b.ctx, kgo.TryCommit); err != nil {
 		t.Fatal(err)
 	}
-	top, err := Read(b.ctx, b.cfg.Kafka, defaults, "dlq")
+	top, err := Read(b.ctx, b.cfg.Kafka, Only(defaults), "dlq")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,14 +82,14 @@ func TestReadRefusesCompactedTopic(t *testing.T) {
 	if _, err := b.adm.CreateTopic(b.ctx, 1, 1, map[string]*string{"cleanup.policy": &compact}, "dlq-compacted"); err != nil {
 		t.Fatal(err)
 	}
-	_, err := Read(b.ctx, b.cfg.Kafka, defaults, "dlq-compacted")
+	_, err := Read(b.ctx, b.cfg.Kafka, Only(defaults), "dlq-compacted")
 	if err == nil || !strings.Contains(err.Error(), "cleanup.policy=compact,delete") || !strings.Contains(err.Error(), "set cleanup.policy=delete") {
 		t.Errorf("reading a compacted dead-letter topic: %v; want it refused, saying what to set", err)
 	}
 	if _, err := Redrive(b.ctx, b.cfg, Options{Topic: "dlq-compacted"}, slog.New(slog.DiscardHandler)); err == nil {
 		t.Errorf("redrive of a compacted dead-letter topic was not refused")
 	}
-	if _, err := Read(b.ctx, b.cfg.Kafka, defaults, "dlq"); err != nil {
+	if _, err := Read(b.ctx, b.cfg.Kafka, Only(defaults), "dlq"); err != nil {
 		t.Errorf("reading a topic with cleanup.policy=delete: %v", err)
 	}
 }

@@ -70,7 +70,7 @@ func Redrive(ctx context.Context, cfg config.Config, opts Options, log *slog.Log
 	if err := r.open(ctx); err != nil {
 		return nil, err
 	}
-	t, err := Read(ctx, cfg.Kafka, NamesOf(cfg.Router), opts.Topic)
+	t, err := Read(ctx, cfg.Kafka, FallbackOf(cfg), opts.Topic)
 	if err != nil {
 		return nil, err
 	}
@@ -314,7 +314,7 @@ func (r *run) batch(ctx context.Context, letters []*Letter) (err error) {
 // pending reads the dead-letter topic again and returns the refs of its
 // pending dead letters.
 func (r *run) pending(ctx context.Context) (map[string]bool, error) {
-	t, err := Read(ctx, r.cfg.Kafka, NamesOf(r.cfg.Router), r.dlq)
+	t, err := Read(ctx, r.cfg.Kafka, FallbackOf(r.cfg), r.dlq)
 	if err != nil {
 		return nil, err
 	}

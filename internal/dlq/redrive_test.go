@@ -101,7 +101,7 @@ func (b *bed) redrive(t *testing.T, f Filter) *Result {
 // read returns the records of topic, read_committed.
 func (b *bed) read(t *testing.T, topic string) []*Letter {
 	t.Helper()
-	top, err := Read(b.ctx, b.cfg.Kafka, defaults, topic)
+	top, err := Read(b.ctx, b.cfg.Kafka, Only(defaults), topic)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,7 +122,7 @@ func (f *Failure) id() string { return f.EventID }
 
 func pendingIDs(t *testing.T, b *bed) []string {
 	t.Helper()
-	top, err := Read(b.ctx, b.cfg.Kafka, defaults, "dlq")
+	top, err := Read(b.ctx, b.cfg.Kafka, Only(defaults), "dlq")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,7 +170,7 @@ func TestRedrive(t *testing.T) {
 					t.Errorf("redriven %s on partition %d, murmur2 of its key gives %d", l.EventID, l.Partition, want)
 				}
 			}
-			top, err := Read(b.ctx, b.cfg.Kafka, defaults, "dlq")
+			top, err := Read(b.ctx, b.cfg.Kafka, Only(defaults), "dlq")
 			if err != nil {
 				t.Fatal(err)
 			}
