@@ -414,3 +414,53 @@ func TestPatternTablesTriggerWatched(t *testing.T) {
 	p = start(t, env, "-config", cfg)
 	p.waitStreaming()
 }
+
+// Review-fix59 M1: outboxd migrate with a new pattern, run while an outboxd
+// with one outbox table streams, is refused before it changes anything:
+// it would add the tenants the pattern matches to the publication, and the
+// running outboxd would pass over their rows ("ignoring the changes to …")
+// and confirm past them. Run once that outboxd has stopped, it adds them;
+// a row written then is delivered by the outboxd started with the pattern.
+// Run again with the same patterns while that outboxd streams (an
+// upgrade), it goes through.
+func TestPatternTablesMigrateRefusedWhileStreaming(t *testing.T) {
+	d := newDB(t)
+	d.exec(t, patternCreate("tenant_a"))
+	env := d.env()
+	p := start(t, env)
+	p.waitStreaming()
+
+	cfg := patternConfig(t)
+	expectStartupError(t, env, `outboxd streams slot `+d.slot+` \(pid \d+\): stop it, run outboxd migrate, then start outboxd with this configuration. `+
+		`Run now, migrate would add tenant_a.events, which the patterns of postgres.tables match, to publication \\?"outboxd\\?"`, "migrate", "-config", cfg)
+	var published bool
+	if err := d.pool.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = 'outboxd' AND schemaname = 'tenant_a')`).Scan(&published); err != nil {
+		t.Fatal(err)
+	}
+	if published {
+		t.Fatalf("the refused migrate added tenant_a.events to the publication")
+	}
+	if code := p.stop(syscall.SIGTERM, 30*time.Second); code != 0 {
+		t.Fatalf("outboxd exited %d", code)
+	}
+
+	m := start(t, env, "migrate", "-config", cfg)
+	if code := m.waitExit(60 * time.Second); code != 0 {
+		t.Fatalf("outboxd migrate exited %d", code)
+	}
+	m.waitLog(`added to the publication the tables that a pattern`, time.Second)
+	typ := d.name + "_t"
+	const ins = `INSERT INTO tenant_a.events (event_id, stream, stream_no, kind, body) VALUES ($1, $2, 1, 'Happened', '{}')`
+	before := uuid()
+	d.exec(t, ins, before, typ)
+	p = start(t, env, "-config", cfg)
+	p.waitStreaming()
+	after := uuid()
+	d.exec(t, ins, after, typ)
+	readUntil(t, []string{"tenants." + typ}, 30*time.Second, 0, waitIDs(before, after))
+
+	m = start(t, env, "migrate", "-config", cfg)
+	if code := m.waitExit(60 * time.Second); code != 0 {
+		t.Fatalf("outboxd migrate with unchanged patterns, while outboxd streams, exited %d", code)
+	}
+}

@@ -24,7 +24,9 @@ import (
 // they are created (pg.InstallTrigger), which needs a superuser, and adds
 // those that exist and the publication lacks. Without a pattern it deletes
 // the patterns recorded for the publication by an earlier run
-// (pg.ForgetPatterns).
+// (pg.ForgetPatterns). It refuses, before it changes anything, to change
+// the recorded patterns or to add tables while an outboxd streams the
+// configuration's slot (pg.RefuseWhileStreaming).
 func Migrate(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	per, err := cfg.PerTable()
 	if err != nil {
@@ -35,6 +37,12 @@ func Migrate(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
+	// Before anything changes: a running outboxd of the configuration
+	// from before would pass over the rows of the tables this adds to
+	// the publication (review-fix59 M1).
+	if err := pg.RefuseWhileStreaming(ctx, conn, cfg.Postgres); err != nil {
+		return err
+	}
 	for _, c := range per {
 		if err := migrate(ctx, conn, c, log); err != nil {
 			if cfg.Postgres.Several() {
@@ -66,7 +74,8 @@ func Migrate(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		"trigger", pg.TriggerName, "publication", cfg.Postgres.Publication)
 	if len(added) > 0 {
 		log.Warn("added to the publication the tables that a pattern of postgres.tables matches and that it did not publish: their rows written before now are not delivered; "+
-			"send those still pending with outboxd replay -table <table> -where … (postgres.backfill delivers a table's pending rows only with a single outbox table and a new slot)",
+			"send those still pending with outboxd replay -table <table> -where … (postgres.backfill delivers a table's pending rows only with a single outbox table and a new slot). "+
+			"Start outboxd with this configuration: one whose configuration does not list them passes over their rows and confirms past them",
 			"publication", cfg.Postgres.Publication, "tables", strings.Join(added, ","))
 	}
 	for _, o := range cfg.Postgres.Overlaps() {

@@ -6,8 +6,11 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/internal/pg"
@@ -101,4 +104,94 @@ func TestMigratePatternsAddedAndRemoved(t *testing.T) {
 	if got := published(); got != "public.outbox,tenant_a.events" {
 		t.Errorf("published after a new tenant: %s; want tenant_b.events left out, the patterns deleted", got)
 	}
+}
+
+// Review-fix59 M1: outboxd migrate refuses, before it changes anything, to
+// add tables to the publication or change the recorded patterns while an
+// outboxd streams the configuration's slot, here shard 0 of 2 of
+// postgres.slot: a running outboxd of the configuration from before would
+// pass over the rows of the tables it adds. Once the slot is free it goes
+// through; run again with the same patterns while the slot is streamed
+// (an upgrade), it goes through too.
+func TestMigrateRefusedWhileStreaming(t *testing.T) {
+	ctx := context.Background()
+	_, dsn := testenv.NewDatabase(t, "migstream")
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	migrateLogged(t, migrateConfig(dsn, "public.outbox"))
+	const slot = "outboxd_0of2"
+	for _, q := range []string{`CREATE PUBLICATION outboxd FOR TABLE public.outbox`,
+		`CREATE SCHEMA tenant_a`, `CREATE TABLE tenant_a.events (id uuid PRIMARY KEY)`,
+		`SELECT pg_create_logical_replication_slot('` + slot + `', 'pgoutput')`} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	stream := func() *pgconn.PgConn {
+		t.Helper()
+		rc, err := pgconn.Connect(ctx, dsn+"&replication=database")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := pglogrepl.StartReplication(ctx, rc, slot, 0, pglogrepl.StartReplicationOptions{
+			PluginArgs: []string{"proto_version '1'", "publication_names 'outboxd'"}}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { rc.Close(context.Background()) })
+		return rc
+	}
+	// waitActive waits until the slot is streamed, or not.
+	waitActive := func(want bool) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			var active bool
+			if err := conn.QueryRow(ctx, `SELECT active FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&active); err != nil {
+				t.Fatal(err)
+			}
+			if active == want {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("slot %s active = %v after 10s, want %v", slot, active, want)
+			}
+		}
+	}
+	published := func() string {
+		t.Helper()
+		var names []string
+		if err := conn.QueryRow(ctx, `SELECT array_agg(schemaname || '.' || tablename ORDER BY 1) FROM pg_publication_tables WHERE pubname = 'outboxd'`).Scan(&names); err != nil {
+			t.Fatal(err)
+		}
+		return strings.Join(names, ",")
+	}
+
+	rc := stream()
+	waitActive(true)
+	patterned := migrateConfig(dsn, "public.outbox", "tenant_*.events")
+	err = Migrate(ctx, patterned, testenv.Logger(t))
+	if err == nil || !strings.Contains(err.Error(), "outboxd streams slot "+slot+" (pid ") ||
+		!strings.Contains(err.Error(), "stop it, run outboxd migrate, then start outboxd with this configuration") ||
+		!strings.Contains(err.Error(), `add tenant_a.events, which the patterns of postgres.tables match, to publication "outboxd"`) {
+		t.Fatalf("Migrate with a new pattern while %s is streamed: %v; want the refusal naming the slot and tenant_a.events", slot, err)
+	}
+	t.Logf("refusal: %v", err)
+	if got := published(); got != "public.outbox" {
+		t.Errorf("published after the refusal: %s, want public.outbox", got)
+	}
+	if p, err := pg.RecordedPatterns(ctx, conn, "outboxd"); err != nil || len(p) != 0 {
+		t.Errorf("patterns recorded after the refusal: %v, %v; want none", p, err)
+	}
+
+	rc.Close(ctx)
+	waitActive(false)
+	migrateLogged(t, patterned)
+	if got := published(); got != "public.outbox,tenant_a.events" {
+		t.Errorf("published after migrate with the slot free: %s, want public.outbox,tenant_a.events", got)
+	}
+	stream()
+	waitActive(true)
+	migrateLogged(t, patterned)
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/internal/quote"
+	"github.com/outboxd/outboxd/shard"
 )
 
 // The event trigger that adds a table a pattern of postgres.tables matches
@@ -164,8 +165,10 @@ var triggerSQL = []string{
 // other than a superuser and the one that runs it (checkOwners), and
 // checks what it installed as CheckTrigger does. When the publication
 // exists it adds to it, in the same transaction, the tables the patterns
-// match that it does not publish (a pattern added to a deployment that
-// runs), and returns their names, quoted: else the trigger would refuse
+// match that it does not publish (a pattern added to a deployment, or a
+// table that matched before its pattern was recorded), and returns their
+// names, quoted (outboxd migrate refuses this while the deployment's slot
+// is streamed: RefuseWhileStreaming): else the trigger would refuse
 // any ALTER TABLE of them and the check while outboxd streams would stop
 // it. Their rows written before are not delivered (review-patterns35 S3).
 // An UNLOGGED one is left to the start-up check, which refuses it with
@@ -210,7 +213,7 @@ func InstallTrigger(ctx context.Context, conn *pgx.Conn, pc config.Postgres) (ad
 			return nil, fmt.Errorf("recording the pattern %s of postgres.tables: %w", e.Name, err)
 		}
 	}
-	if added, err = publishMatching(ctx, tx, pc.Publication); err != nil {
+	if added, err = publishMatching(ctx, tx, pc); err != nil {
 		return nil, err
 	}
 	if err := CheckTrigger(ctx, tx, pc); err != nil {
@@ -219,34 +222,130 @@ func InstallTrigger(ctx context.Context, conn *pgx.Conn, pc config.Postgres) (ad
 	return added, tx.Commit(ctx)
 }
 
-// unpublishedQuery lists, quoted, the tables that the patterns recorded
-// for publication $1 match, as the trigger matches them, and that the
-// publication, which exists, does not publish. UNLOGGED ones are left
+// unpublishedQuery lists, quoted, the tables that the patterns whose LIKE
+// forms are $2 and $3 match, as the trigger matches them, and that
+// publication $1, which exists, does not publish. UNLOGGED ones are left
 // out: no publication can publish them.
 const unpublishedQuery = `SELECT DISTINCT format('%I.%I', n.nspname, c.relname)
-	FROM ` + PatternTable + ` p, pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-	WHERE p.publication = $1 AND ` + outboxKinds + ` AND c.relpersistence <> 'u'
-		AND n.nspname LIKE p.schema_like AND c.relname LIKE p.table_like
+	FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+	WHERE ` + outboxKinds + ` AND c.relpersistence <> 'u'
+		AND EXISTS (SELECT 1 FROM unnest($2::text[], $3::text[]) l(s, t) WHERE n.nspname LIKE l.s AND c.relname LIKE l.t)
 		AND EXISTS (SELECT 1 FROM pg_publication b WHERE b.pubname = $1)
 		AND NOT EXISTS (SELECT 1 FROM pg_publication_rel r JOIN pg_publication b ON b.oid = r.prpubid WHERE b.pubname = $1 AND r.prrelid = c.oid)
 	ORDER BY 1`
 
-// publishMatching adds to publication the tables its recorded patterns
-// match that it does not publish (unpublishedQuery), and returns their
-// names, quoted.
-func publishMatching(ctx context.Context, tx pgx.Tx, publication string) ([]string, error) {
-	rows, err := tx.Query(ctx, unpublishedQuery, publication)
+// unpublished returns, quoted, the tables the patterns of pc.Tables match
+// that publication pc.Publication, which exists, does not publish
+// (unpublishedQuery): those outboxd migrate adds to it.
+func unpublished(ctx context.Context, q querier, pc config.Postgres) ([]string, error) {
+	schemaLike, tableLike := likeForms(pc)
+	rows, err := q.Query(ctx, unpublishedQuery, pc.Publication, schemaLike, tableLike)
 	if err != nil {
-		return nil, fmt.Errorf("listing the tables the patterns of postgres.tables match that publication %q does not publish: %w", publication, err)
+		return nil, fmt.Errorf("listing the tables the patterns of postgres.tables match that publication %q does not publish: %w", pc.Publication, err)
 	}
 	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("listing the tables the patterns of postgres.tables match that publication %q does not publish: %w", pc.Publication, err)
+	}
+	return names, nil
+}
+
+// likeForms are the LIKE forms of the schema and the table parts of the
+// patterns of pc.Tables, in their order.
+func likeForms(pc config.Postgres) (schemaLike, tableLike []string) {
+	for _, e := range pc.Tables {
+		if e.Pattern() {
+			schema, table := e.Split()
+			schemaLike, tableLike = append(schemaLike, config.LikePattern(schema)), append(tableLike, config.LikePattern(table))
+		}
+	}
+	return schemaLike, tableLike
+}
+
+// publishMatching adds to publication pc.Publication the tables the
+// patterns of pc.Tables match that it does not publish (unpublished), and
+// returns their names, quoted.
+func publishMatching(ctx context.Context, tx pgx.Tx, pc config.Postgres) ([]string, error) {
+	names, err := unpublished(ctx, tx, pc)
 	if err != nil || len(names) == 0 {
 		return nil, err
 	}
-	if _, err := tx.Exec(ctx, "ALTER PUBLICATION "+pgx.Identifier{publication}.Sanitize()+" ADD TABLE "+strings.Join(names, ", ")); err != nil {
-		return nil, fmt.Errorf("adding %s, which the patterns of postgres.tables match, to publication %q: %w", strings.Join(names, ", "), publication, err)
+	if _, err := tx.Exec(ctx, "ALTER PUBLICATION "+pgx.Identifier{pc.Publication}.Sanitize()+" ADD TABLE "+strings.Join(names, ", ")); err != nil {
+		return nil, fmt.Errorf("adding %s, which the patterns of postgres.tables match, to publication %q: %w", strings.Join(names, ", "), pc.Publication, err)
 	}
 	return names, nil
+}
+
+// RefuseWhileStreaming refuses, before outboxd migrate changes anything,
+// to change what the deployment of pc publishes while an outboxd streams
+// its slot (review-fix59 M1): to record patterns for pc.Publication other
+// than those recorded, or to add tables to it. An outboxd of the
+// configuration from before would pass over the rows of a table it does
+// not list once the table is published ("ignoring the changes to …"),
+// and confirm past them, or stop at the changed trigger. The slots are
+// pc.Slot and, for postgres.shards > 1, every shard slot of it
+// (shard.Parse), of any shard count. A rerun with the recorded patterns
+// and nothing to add (an upgrade) goes through.
+func RefuseWhileStreaming(ctx context.Context, q querier, pc config.Postgres) error {
+	want := patternNames(pc)
+	recorded, err := RecordedPatterns(ctx, q, pc.Publication)
+	if err != nil {
+		return err
+	}
+	var add []string
+	if len(want) > 0 {
+		if add, err = unpublished(ctx, q, pc); err != nil {
+			return err
+		}
+	}
+	// By bytes: the database's collation may order them otherwise.
+	changed := !slices.Equal(slices.Sorted(slices.Values(want)), slices.Sorted(slices.Values(recorded)))
+	if !changed && len(add) == 0 {
+		return nil
+	}
+	active, err := activeSlots(ctx, q, pc.Slot)
+	if err != nil || len(active) == 0 {
+		return err
+	}
+	var would []string
+	if len(add) > 0 {
+		would = append(would, fmt.Sprintf("add %s, which the patterns of postgres.tables match, to publication %q", strings.Join(add, ", "), pc.Publication))
+	}
+	switch {
+	case changed && len(want) == 0:
+		would = append(would, fmt.Sprintf("delete the patterns %s recorded for publication %q, whose outboxd stops at the changed trigger", strings.Join(recorded, ", "), pc.Publication))
+	case changed:
+		would = append(would, fmt.Sprintf("record the patterns %s for publication %q in place of %s, after which the event trigger %s adds the tables they match to it as they are created",
+			strings.Join(want, ", "), pc.Publication, orNone(recorded), TriggerName))
+	}
+	return fmt.Errorf("outboxd streams slot %s: stop it, run outboxd migrate, then start outboxd with this configuration. "+
+		"Run now, migrate would %s; an outboxd whose configuration does not list a table passes over its rows once it is published (it logs \"ignoring the changes to …\") and confirms past them, "+
+		"so they would never be delivered", strings.Join(active, ", "), strings.Join(would, ", and "))
+}
+
+// activeSlots returns the replication slots of this database that a
+// walsender streams and that are slot or a shard slot of it, each as
+// "name (pid N)".
+func activeSlots(ctx context.Context, q querier, slot string) ([]string, error) {
+	rows, err := q.Query(ctx, `SELECT slot_name::text, coalesce(active_pid, 0) FROM pg_replication_slots
+		WHERE active AND database = current_database() ORDER BY 1`)
+	if err != nil {
+		return nil, fmt.Errorf("reading which replication slots an outboxd streams: %w", err)
+	}
+	var (
+		name   string
+		pid    int32
+		active []string
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&name, &pid}, func() error {
+		if _, _, ok := shard.Parse(slot, name); ok {
+			active = append(active, fmt.Sprintf("%s (pid %d)", name, pid))
+		}
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("reading which replication slots an outboxd streams: %w", err)
+	}
+	return active, nil
 }
 
 // ForgetPatterns deletes the patterns recorded for publication, for a
@@ -470,13 +569,7 @@ func WatchPatterns(ctx context.Context, q querier, pc config.Postgres) (unpublis
 	if len(want) == 0 {
 		return nil, nil, nil
 	}
-	var schemaLike, tableLike []string
-	for _, e := range pc.Tables {
-		if e.Pattern() {
-			schema, table := e.Split()
-			schemaLike, tableLike = append(schemaLike, config.LikePattern(schema)), append(tableLike, config.LikePattern(table))
-		}
-	}
+	schemaLike, tableLike := likeForms(pc)
 	lead := triggerLead(pc, want)
 	var st triggerState
 	var pubExists bool
