@@ -80,11 +80,30 @@ BEGIN
 				-- matching name (review-patterns35 S3).
 				RAISE EXCEPTION 'outboxd: %.% matches the outbox table pattern % of publication %, which does not publish it', m.nspname, m.relname, m.pattern, m.publication
 					USING DETAIL = 'the event trigger refuses any ALTER TABLE of a table a pattern matches while the publication does not publish it (a table that matched before the pattern was recorded, one removed from the publication, or one renamed or moved into a matching name): its rows written so far were never published and are not delivered',
-						HINT = format('run ALTER PUBLICATION %I ADD TABLE %I.%I first (its rows written before are not delivered: send them with outboxd replay), or remove the pattern from postgres.tables and run outboxd migrate, or give the table a name the pattern does not match', m.publication, m.nspname, m.relname);
+						HINT = format('publish it with the statement, as a superuser, in one transaction with the trigger disabled for that transaction only: '
+							'BEGIN; ALTER EVENT TRIGGER ` + TriggerName + ` DISABLE; <this statement>; ALTER PUBLICATION %I ADD TABLE %I.%I; ALTER EVENT TRIGGER ` + TriggerName + ` ENABLE ALWAYS; COMMIT '
+							'(or ADD TABLE it by the name it has before this statement, which a rename or SET SCHEMA changes, then run the statement again); '
+							'its rows written before are not delivered: send them with outboxd replay. Or remove the pattern from postgres.tables and run outboxd migrate, or give the table a name the pattern does not match',
+							m.publication, m.nspname, m.relname);
+			ELSIF cmd.command_tag = 'ALTER SCHEMA' THEN
+				-- The names the hint gives are the ones the statement
+				-- gives, which exist only once it has run (review-fix59 S1).
+				RAISE EXCEPTION 'outboxd: %.% matches the outbox table pattern % of publication %, which does not publish it', m.nspname, m.relname, m.pattern, m.publication
+					USING DETAIL = 'ALTER SCHEMA brought it into a matching name while the publication does not publish it: its rows written so far were never published and are not delivered',
+						HINT = format('publish the schema''s tables with the statement, as a superuser, in one transaction with the trigger disabled for that transaction only: '
+							'BEGIN; ALTER EVENT TRIGGER ` + TriggerName + ` DISABLE; <this statement>; ALTER PUBLICATION %I ADD TABLE %s; ALTER EVENT TRIGGER ` + TriggerName + ` ENABLE ALWAYS; COMMIT '
+							'(or ADD TABLE them by their names before this statement, then run the statement again); '
+							'their rows written before are not delivered: send them with outboxd replay. Or give the schema a name the pattern does not match',
+							m.publication, (SELECT string_agg(format('%I.%I', n.nspname, c.relname), ', ' ORDER BY c.relname)
+								FROM ` + PatternTable + ` p, pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+								WHERE p.publication = m.publication AND c.relnamespace = cmd.objid AND ` + outboxKinds + ` AND c.relpersistence <> 'u'
+									AND n.nspname LIKE p.schema_like AND c.relname LIKE p.table_like
+									AND NOT EXISTS (SELECT 1 FROM pg_publication_rel r JOIN pg_publication b ON b.oid = r.prpubid
+										WHERE b.pubname = p.publication AND r.prrelid = c.oid)));
 			ELSE
 				RAISE EXCEPTION 'outboxd: %.% matches the outbox table pattern % of publication %, which does not publish it', m.nspname, m.relname, m.pattern, m.publication
-					USING DETAIL = cmd.command_tag || ' made it, or brought it into a matching name, while the publication does not publish it: rows written to it before would never be delivered (CREATE TABLE AS and SELECT INTO write rows before the table can be published; a table whose schema is renamed into a matching name was not published when its rows were written)',
-						HINT = format('create a table with CREATE TABLE and then INSERT; for an existing table, run ALTER PUBLICATION %I ADD TABLE %I.%I first (its rows written before are not delivered: send them with outboxd replay), or give it a name the pattern does not match', m.publication, m.nspname, m.relname);
+					USING DETAIL = cmd.command_tag || ' made it while the publication does not publish it: rows written to it before would never be delivered (CREATE TABLE AS and SELECT INTO write rows before the table can be published)',
+						HINT = 'create the table with CREATE TABLE and then INSERT, or give it a name the pattern does not match';
 			END IF;
 		END LOOP;
 		-- A partition, at any depth, of a matching table that is UNLOGGED:

@@ -399,10 +399,15 @@ func TestWatchPatterns(t *testing.T) {
 // remedyOf returns the BEGIN … COMMIT statements that err gives.
 func remedyOf(t *testing.T, err error) string {
 	t.Helper()
-	msg := err.Error()
+	return transactionIn(t, err.Error())
+}
+
+// transactionIn returns the BEGIN … COMMIT statements that msg gives.
+func transactionIn(t *testing.T, msg string) string {
+	t.Helper()
 	i, j := strings.Index(msg, "BEGIN;"), strings.Index(msg, "; COMMIT")
 	if i < 0 || j < i {
-		t.Fatalf("%v: want statements from BEGIN to COMMIT", err)
+		t.Fatalf("%s: want statements from BEGIN to COMMIT", msg)
 	}
 	return msg[i : j+len("; COMMIT")]
 }
@@ -479,7 +484,7 @@ func TestUnloggedRemedyByRecordedPattern(t *testing.T) {
 
 // ALTER TABLE of a matching table the publication does not publish (here
 // removed from it), ADD COLUMN included, is refused with a DETAIL and a
-// HINT that fit it: ADD TABLE first, or remove the pattern, not "create
+// HINT that fit it: ADD TABLE with it, or remove the pattern, not "create
 // it, then INSERT" (review-patterns35 S3).
 func TestTriggerRefusesAlterTableOfUnpublished(t *testing.T) {
 	conn := triggerDB(t, "tenant_*.events")
@@ -499,7 +504,7 @@ func TestTriggerRefusesAlterTableOfUnpublished(t *testing.T) {
 			t.Errorf("DETAIL %q does not say %q", pgErr.Detail, want)
 		}
 	}
-	for _, want := range []string{"run ALTER PUBLICATION pub ADD TABLE tenant_a.events first", "or remove the pattern from postgres.tables and run outboxd migrate"} {
+	for _, want := range []string{"ALTER PUBLICATION pub ADD TABLE tenant_a.events;", "or ADD TABLE it by the name it has before this statement", "Or remove the pattern from postgres.tables and run outboxd migrate"} {
 		if !strings.Contains(pgErr.Hint, want) {
 			t.Errorf("HINT %q does not say %q", pgErr.Hint, want)
 		}
@@ -509,5 +514,35 @@ func TestTriggerRefusesAlterTableOfUnpublished(t *testing.T) {
 	}
 	if err := execs(conn, `ALTER PUBLICATION pub ADD TABLE tenant_a.events`, `ALTER TABLE tenant_a.events ADD COLUMN note text`); err != nil {
 		t.Fatalf("the HINT's remedy: %v", err)
+	}
+}
+
+// Review-fix59 S1: the trigger's refusal of a rename, SET SCHEMA or schema
+// rename into a matching name gives statements that run as printed, the
+// refused statement in place of <this statement>: the names it gives exist
+// only once that statement has run, so they come after it, in one
+// transaction with the trigger disabled. The table is then published
+// under its new name.
+func TestTriggerRenameHintRuns(t *testing.T) {
+	ctx := context.Background()
+	conn := triggerDB(t, "tenant_*.events")
+	if err := execs(conn, `CREATE SCHEMA tenant_b`, `CREATE TABLE tenant_b.staging (id int)`, `CREATE SCHEMA staging_c`, `CREATE TABLE staging_c.events (id int)`,
+		`CREATE SCHEMA tenant_d`, `CREATE SCHEMA staging_d`, `CREATE TABLE staging_d.events (id int)`); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{`ALTER TABLE tenant_b.staging RENAME TO events`, `ALTER SCHEMA staging_c RENAME TO tenant_c`, `ALTER TABLE staging_d.events SET SCHEMA tenant_d`} {
+		err := execs(conn, q)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) {
+			t.Fatalf("%s: %v; want the trigger's refusal", q, err)
+		}
+		t.Logf("%s: HINT %s", q, pgErr.Hint)
+		fix := strings.Replace(transactionIn(t, pgErr.Hint), "<this statement>", q, 1)
+		if _, err := conn.Exec(ctx, fix); err != nil {
+			t.Errorf("%s: the HINT's %q fails: %v", q, fix, err)
+		}
+	}
+	if got := published(t, conn); got != "tenant_b.events,tenant_c.events,tenant_d.events" {
+		t.Errorf("published: %q, want tenant_b.events,tenant_c.events,tenant_d.events", got)
 	}
 }
