@@ -48,7 +48,7 @@ func MatchTables(ctx context.Context, conn *pgx.Conn, entries []config.TableEntr
 	all := config.Postgres{Tables: entries}
 	for i, e := range entries {
 		schema, table := e.Split()
-		rows, err := conn.Query(ctx, `SELECT n.nspname::text, c.relname::text, c.relpersistence = 'u' FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		rows, err := conn.Query(ctx, `SELECT n.nspname::text, c.relname::text, c.relpersistence = 'u', c.relkind = 'p' FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 			WHERE n.nspname LIKE $1 AND c.relname LIKE $2 AND `+outboxKinds+`
 			ORDER BY 1, 2`, config.LikePattern(schema), config.LikePattern(table))
 		if err != nil {
@@ -56,15 +56,15 @@ func MatchTables(ctx context.Context, conn *pgx.Conn, entries []config.TableEntr
 		}
 		var ms []Match
 		var s, t string
-		var unlogged bool
+		var unlogged, partitioned bool
 		var ue *UnloggedError
-		_, err = pgx.ForEachRow(rows, []any{&s, &t, &unlogged}, func() error {
+		_, err = pgx.ForEachRow(rows, []any{&s, &t, &unlogged, &partitioned}, func() error {
 			// LIKE compares by the database's collation; Matches exactly.
 			if j, ok := all.EntryOf(s, t); !e.Matches(s, t) || !ok || j != i || ue != nil {
 				return nil
 			}
 			if unlogged {
-				ue = &UnloggedError{Match: Match{Schema: s, Table: t, Entry: i}}
+				ue = &UnloggedError{Match: Match{Schema: s, Table: t, Entry: i}, Partitioned: partitioned}
 				if e.Pattern() {
 					ue.Pattern = e.Name
 				}
@@ -76,10 +76,12 @@ func MatchTables(ctx context.Context, conn *pgx.Conn, entries []config.TableEntr
 		if err != nil {
 			return nil, fmt.Errorf("listing the tables postgres.tables[%d] (%s) names: %w", i, e.Name, err)
 		}
-		if ue != nil {
+		if ue != nil && !ue.Partitioned {
 			if ue.Recorded, err = RecordedFor(ctx, conn, ue.Schema, ue.Table); err != nil {
 				return nil, fmt.Errorf("outbox table %s (postgres.tables[%d]) is UNLOGGED, and reading the patterns recorded for the event trigger failed: %w", ue.Name(), i, err)
 			}
+		}
+		if ue != nil {
 			return nil, ue
 		}
 		if len(ms) == 0 && !e.Pattern() {
@@ -95,8 +97,9 @@ func MatchTables(ctx context.Context, conn *pgx.Conn, entries []config.TableEntr
 // publish it and they would never be delivered.
 type UnloggedError struct {
 	Match
-	Pattern  string     // the entry's pattern, "" for an exact name
-	Recorded []Recorded // the recorded patterns that match it
+	Pattern     string     // the entry's pattern, "" for an exact name
+	Partitioned bool       // a partitioned table, which SET LOGGED does not change
+	Recorded    []Recorded // the recorded patterns that match it, unless Partitioned
 }
 
 func (e *UnloggedError) Error() string {
@@ -106,9 +109,13 @@ func (e *UnloggedError) Error() string {
 		entry += ", pattern " + e.Pattern
 		other = ". Or drop it, or rename it to a name the pattern does not match"
 	}
+	fix := "Make it a logged table: " + loggedRemedy(name, e.Recorded)
+	if e.Partitioned {
+		fix = recreateRemedy(name)
+	}
 	return fmt.Sprintf("outbox table %s (%s) is UNLOGGED: Postgres writes no WAL for its rows, so no publication can publish it and they would never be delivered. "+
-		"Make it a logged table: %s; the rows it holds now were never in the WAL: send them with outboxd replay%s",
-		e.Name(), entry, loggedRemedy(name, e.Recorded), other)
+		"%s; the rows it holds now were never in the WAL: send them with outboxd replay%s",
+		e.Name(), entry, fix, other)
 }
 
 // Recorded is a pattern that outboxd migrate recorded for the event
@@ -163,6 +170,13 @@ func loggedRemedy(name string, rec []Recorded) string {
 	return fmt.Sprintf("the event trigger %s refuses SET LOGGED alone, for the recorded outbox table pattern %s matches it; "+
 		"as a superuser, in one transaction with the trigger disabled for that transaction only, make it logged and publish it: %s",
 		TriggerName, strings.Join(which, " and "), strings.Join(stmts, "; "))
+}
+
+// recreateRemedy is what makes the UNLOGGED partitioned table name
+// (quoted) a logged one: SET LOGGED changes nothing of a table without
+// storage of its own (Postgres 14 to 17; review-fix59 S2).
+func recreateRemedy(name string) string {
+	return fmt.Sprintf("re-create %s without UNLOGGED (SET LOGGED does not change a partitioned table) and move its partitions to it", name)
 }
 
 func addTable(publication, name string) string {
@@ -247,7 +261,7 @@ func (e *UnloggedPartitionError) Error() string {
 	if e.Partitioned {
 		// SET LOGGED of a partitioned table changes nothing: it has no
 		// storage of its own (Postgres 14 to 17).
-		fix = fmt.Sprintf("re-create %s without UNLOGGED (SET LOGGED does not change a partitioned table) and move its partitions to it", e.Partition)
+		fix = recreateRemedy(e.Partition)
 	}
 	return fmt.Sprintf("%s: Postgres writes no WAL for its rows, so the publication publishes none of them and they would never be delivered. "+
 		"Stop the application's writes to it; %s; send the rows it holds now, which were never in the WAL, with outboxd replay -table %s -where … (a condition selecting them); "+

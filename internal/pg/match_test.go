@@ -2,6 +2,7 @@ package pg
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 
@@ -61,5 +62,34 @@ func TestMatchTables(t *testing.T) {
 		if !strings.Contains(got, tc.want) {
 			t.Errorf("MatchTables(%v) = %s, want %s", tc.names, got, tc.want)
 		}
+	}
+}
+
+// Review-fix59 S2: an UNLOGGED partitioned table a pattern matches
+// (Postgres 14 to 17 allow one; made while the trigger was disabled, or
+// before the pattern was recorded) is refused by MatchTables with the
+// remedy RefuseUnlogged gives such a table: re-create it. SET LOGGED
+// changes nothing of a partitioned table, so the transaction with it would
+// fail ("cannot add relation") and the refusal would come back. The table
+// re-created without UNLOGGED is taken.
+func TestMatchTablesPartitionedUnlogged(t *testing.T) {
+	ctx := context.Background()
+	conn := triggerDB(t, "*.outbox")
+	if err := execs(conn, `ALTER EVENT TRIGGER `+TriggerName+` DISABLE`, `CREATE SCHEMA shop`,
+		`CREATE UNLOGGED TABLE shop.outbox (id int, at date) PARTITION BY RANGE (at)`,
+		`ALTER EVENT TRIGGER `+TriggerName+` ENABLE ALWAYS`); err != nil {
+		t.Skipf("this Postgres refuses an UNLOGGED partitioned table: %v", err)
+	}
+	_, err := MatchTables(ctx, conn, triggerConfig("*.outbox").Tables)
+	var ue *UnloggedError
+	if !errors.As(err, &ue) || !strings.Contains(err.Error(), `re-create "shop"."outbox" without UNLOGGED (SET LOGGED does not change a partitioned table)`) ||
+		strings.Contains(err.Error(), "SET LOGGED;") || strings.Contains(err.Error(), "BEGIN") {
+		t.Fatalf("MatchTables: %v; want an *UnloggedError that says to re-create the partitioned table", err)
+	}
+	if err := execs(conn, `DROP TABLE shop.outbox`, `CREATE TABLE shop.outbox (id int, at date) PARTITION BY RANGE (at)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := MatchTables(ctx, conn, triggerConfig("*.outbox").Tables); err != nil {
+		t.Errorf("MatchTables after the table was re-created: %v", err)
 	}
 }
