@@ -78,6 +78,15 @@ func Migrate(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 			"Start outboxd with this configuration: one whose configuration does not list them passes over their rows and confirms past them",
 			"publication", cfg.Postgres.Publication, "tables", strings.Join(added, ","))
 	}
+	// After the commit: their remedy depends on the patterns recorded.
+	unlogged, err := pg.UnloggedMatching(ctx, conn, cfg.Postgres)
+	if err != nil {
+		return err
+	}
+	for _, ue := range unlogged {
+		log.Warn("did not add to the publication a table that a pattern of postgres.tables matches, for it is UNLOGGED and no publication can publish it: outboxd refuses to start until it is logged",
+			"publication", cfg.Postgres.Publication, "table", ue.Name(), "remedy", ue.Error())
+	}
 	for _, o := range cfg.Postgres.Overlaps() {
 		log.Warn("two patterns of postgres.tables can match the same table, which takes the router settings of the first: "+
 			"if that is not what you mean, narrow them, or list such a table by its exact name (an exact name comes before every pattern)",

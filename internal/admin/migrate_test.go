@@ -43,8 +43,9 @@ func migrateLogged(t *testing.T, cfg config.Config) string {
 
 // Review-patterns35 S2 and S3: outboxd migrate with a pattern, run where
 // the publication exists, adds to it the tables the pattern already
-// matches (an UNLOGGED one left to the start-up check), and says that
-// their rows written before are not delivered; ALTER TABLE of such a table
+// matches, and says that their rows written before are not delivered (an
+// UNLOGGED one it leaves out, and names with the statements that make it
+// logged); ALTER TABLE of such a table
 // then goes through the trigger. Run again with a configuration without a
 // pattern, it deletes the patterns recorded for its publication, so that
 // the trigger no longer adds new tables to it. It needs the test bed's
@@ -83,6 +84,12 @@ func TestMigratePatternsAddedAndRemoved(t *testing.T) {
 	if !strings.Contains(log, `level=WARN msg="added to the publication the tables that a pattern of postgres.tables matches and that it did not publish: their rows written before now are not delivered; send those still pending with outboxd replay`) ||
 		!strings.Contains(log, `tables=tenant_a.events`) {
 		t.Errorf("migrate with the pattern logged:\n%s\nwant the warning naming tenant_a.events", log)
+	}
+	// The UNLOGGED one, with the statements that make it logged and
+	// publish it (review-fix59 S3).
+	if !strings.Contains(log, `level=WARN msg="did not add to the publication a table that a pattern of postgres.tables matches, for it is UNLOGGED`) ||
+		!strings.Contains(log, `table=tenant_u.events`) || !strings.Contains(log, `ALTER TABLE \"tenant_u\".\"events\" SET LOGGED; ALTER PUBLICATION \"outboxd\" ADD TABLE \"tenant_u\".\"events\"`) {
+		t.Errorf("migrate with the pattern logged:\n%s\nwant the warning naming tenant_u.events with SET LOGGED", log)
 	}
 	if _, err := conn.Exec(ctx, `ALTER TABLE tenant_a.events ADD COLUMN note text`); err != nil {
 		t.Errorf("ALTER TABLE of the table migrate published: %v", err)

@@ -190,8 +190,8 @@ var triggerSQL = []string{
 // is streamed: RefuseWhileStreaming): else the trigger would refuse
 // any ALTER TABLE of them and the check while outboxd streams would stop
 // it. Their rows written before are not delivered (review-patterns35 S3).
-// An UNLOGGED one is left to the start-up check, which refuses it with
-// the statements that make it logged.
+// An UNLOGGED one is left out (UnloggedMatching names it, and the
+// start-up check refuses it, with the statements that make it logged).
 func InstallTrigger(ctx context.Context, conn *pgx.Conn, pc config.Postgres) (added []string, err error) {
 	tx, err := conn.Begin(ctx)
 	if err != nil {
@@ -241,32 +241,85 @@ func InstallTrigger(ctx context.Context, conn *pgx.Conn, pc config.Postgres) (ad
 	return added, tx.Commit(ctx)
 }
 
-// unpublishedQuery lists, quoted, the tables that the patterns whose LIKE
-// forms are $2 and $3 match, as the trigger matches them, and that
-// publication $1, which exists, does not publish. UNLOGGED ones are left
-// out: no publication can publish them.
-const unpublishedQuery = `SELECT DISTINCT format('%I.%I', n.nspname, c.relname)
+// patternTablesQuery lists the tables that the patterns whose LIKE forms
+// are $2 and $3 match, as the trigger matches them: each quoted, its
+// schema and name, whether it is UNLOGGED and partitioned, and whether
+// publication $1 exists and does not publish it.
+const patternTablesQuery = `SELECT format('%I.%I', n.nspname, c.relname), n.nspname::text, c.relname::text, c.relpersistence = 'u', c.relkind = 'p',
+		EXISTS (SELECT 1 FROM pg_publication b WHERE b.pubname = $1)
+			AND NOT EXISTS (SELECT 1 FROM pg_publication_rel r JOIN pg_publication b ON b.oid = r.prpubid WHERE b.pubname = $1 AND r.prrelid = c.oid)
 	FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-	WHERE ` + outboxKinds + ` AND c.relpersistence <> 'u'
+	WHERE ` + outboxKinds + `
 		AND EXISTS (SELECT 1 FROM unnest($2::text[], $3::text[]) l(s, t) WHERE n.nspname LIKE l.s AND c.relname LIKE l.t)
-		AND EXISTS (SELECT 1 FROM pg_publication b WHERE b.pubname = $1)
-		AND NOT EXISTS (SELECT 1 FROM pg_publication_rel r JOIN pg_publication b ON b.oid = r.prpubid WHERE b.pubname = $1 AND r.prrelid = c.oid)
 	ORDER BY 1`
 
-// unpublished returns, quoted, the tables the patterns of pc.Tables match
-// that publication pc.Publication, which exists, does not publish
-// (unpublishedQuery): those outboxd migrate adds to it.
-func unpublished(ctx context.Context, q querier, pc config.Postgres) ([]string, error) {
+// patternTable is a row of patternTablesQuery.
+type patternTable struct {
+	quoted, schema, table              string
+	unlogged, partitioned, unpublished bool
+}
+
+// patternTables runs patternTablesQuery for the patterns of pc.Tables and
+// publication pc.Publication.
+func patternTables(ctx context.Context, q querier, pc config.Postgres) ([]patternTable, error) {
 	schemaLike, tableLike := likeForms(pc)
-	rows, err := q.Query(ctx, unpublishedQuery, pc.Publication, schemaLike, tableLike)
+	rows, err := q.Query(ctx, patternTablesQuery, pc.Publication, schemaLike, tableLike)
 	if err != nil {
-		return nil, fmt.Errorf("listing the tables the patterns of postgres.tables match that publication %q does not publish: %w", pc.Publication, err)
+		return nil, fmt.Errorf("listing the tables the patterns of postgres.tables match: %w", err)
 	}
-	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	var r patternTable
+	var out []patternTable
+	if _, err := pgx.ForEachRow(rows, []any{&r.quoted, &r.schema, &r.table, &r.unlogged, &r.partitioned, &r.unpublished}, func() error {
+		out = append(out, r)
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("listing the tables the patterns of postgres.tables match: %w", err)
+	}
+	return out, nil
+}
+
+// unpublished returns, quoted, the tables the patterns of pc.Tables match
+// that publication pc.Publication, which exists, does not publish: those
+// outboxd migrate adds to it. UNLOGGED ones are left out: no publication
+// can publish them (UnloggedMatching).
+func unpublished(ctx context.Context, q querier, pc config.Postgres) ([]string, error) {
+	all, err := patternTables(ctx, q, pc)
+	var names []string
+	for _, r := range all {
+		if r.unpublished && !r.unlogged {
+			names = append(names, r.quoted)
+		}
+	}
+	return names, err
+}
+
+// UnloggedMatching returns the UNLOGGED tables the patterns of pc.Tables
+// match, each the entry's config.Postgres.EntryOf gives, as the
+// *UnloggedError MatchTables refuses it with at start-up, with its
+// remedy: outboxd migrate leaves them out of the publication, which
+// cannot publish them, and says so (review-fix59 S3); the periodic check
+// tells them from the tables the publication lacks.
+func UnloggedMatching(ctx context.Context, q querier, pc config.Postgres) ([]*UnloggedError, error) {
+	all, err := patternTables(ctx, q, pc)
 	if err != nil {
-		return nil, fmt.Errorf("listing the tables the patterns of postgres.tables match that publication %q does not publish: %w", pc.Publication, err)
+		return nil, err
 	}
-	return names, nil
+	var out []*UnloggedError
+	for _, r := range all {
+		// LIKE compares by the database's collation; Matches exactly.
+		j, ok := pc.EntryOf(r.schema, r.table)
+		if !r.unlogged || !ok || !pc.Tables[j].Pattern() || !pc.Tables[j].Matches(r.schema, r.table) {
+			continue
+		}
+		ue := &UnloggedError{Match: Match{Schema: r.schema, Table: r.table, Entry: j}, Pattern: pc.Tables[j].Name, Partitioned: r.partitioned}
+		if !ue.Partitioned {
+			if ue.Recorded, err = RecordedFor(ctx, q, r.schema, r.table); err != nil {
+				return nil, fmt.Errorf("outbox table %s (postgres.tables[%d]) is UNLOGGED, and reading the patterns recorded for the event trigger failed: %w", ue.Name(), j, err)
+			}
+		}
+		out = append(out, ue)
+	}
+	return out, nil
 }
 
 // likeForms are the LIKE forms of the schema and the table parts of the

@@ -251,6 +251,16 @@ func (w *Watch) checkPatterns(ctx context.Context, conn *pgx.Conn) error {
 		return &wal.Error{Kind: ErrTrigger, Msg: "while outboxd ran: " + trigger.Error(),
 			Remedy: "then start outboxd again: it refuses, by name, a table a pattern matches that was created meanwhile and that the publication lacks"}
 	}
+	// An UNLOGGED one is not published either, but ADD TABLE of it fails:
+	// it needs the remedy of the start-up check (review-fix59 S3).
+	unlogged, err := pg.UnloggedMatching(ctx, conn, w.cfg)
+	if err != nil {
+		w.db.Close() // a new connection at the next tick
+		return err
+	}
+	if len(unlogged) > 0 {
+		return &wal.Error{Kind: ErrUnlogged, Msg: "while outboxd ran: " + unlogged[0].Error(), Remedy: "then start outboxd again"}
+	}
 	names, quoted := make([]string, len(unpublished)), make([]string, len(unpublished))
 	for i, m := range unpublished {
 		names[i], quoted[i] = m.Name(), pgx.Identifier{m.Schema, m.Table}.Sanitize()
