@@ -546,3 +546,49 @@ func TestTriggerRenameHintRuns(t *testing.T) {
 		t.Errorf("published: %q, want tenant_b.events,tenant_c.events,tenant_d.events", got)
 	}
 }
+
+// The tenant restore of docs/configuration.md, in one transaction
+// (review-fix59 S4): the trigger disabled inside it lets the restore's
+// CREATE TABLE through unpublished until its ADD TABLE, and stays on for
+// every other session, whose new tenant is published as usual. Once
+// committed, the trigger is enabled always and both tables are published.
+func TestTriggerRestoreInOneTransaction(t *testing.T) {
+	ctx := context.Background()
+	conn := triggerDB(t, "tenant_*.events")
+	other, err := pgx.Connect(ctx, conn.Config().ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close(ctx)
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
+	for _, q := range []string{`ALTER EVENT TRIGGER ` + TriggerName + ` DISABLE`, `CREATE SCHEMA tenant_x`, `CREATE TABLE tenant_x.events (id int)`,
+		`INSERT INTO tenant_x.events VALUES (1)`} {
+		if _, err := tx.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	if err := execs(other, `CREATE SCHEMA tenant_y`, `CREATE TABLE tenant_y.events (id int)`); err != nil {
+		t.Fatal(err)
+	}
+	if got := published(t, other); got != "tenant_y.events" {
+		t.Fatalf("published while the restore's transaction is open: %q, want tenant_y.events (the trigger on for other sessions)", got)
+	}
+	for _, q := range []string{`ALTER PUBLICATION pub ADD TABLE tenant_x.events`, `ALTER EVENT TRIGGER ` + TriggerName + ` ENABLE ALWAYS`} {
+		if _, err := tx.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := published(t, conn); got != "tenant_x.events,tenant_y.events" {
+		t.Errorf("published after the restore: %q, want tenant_x.events,tenant_y.events", got)
+	}
+	if err := CheckTrigger(ctx, conn, triggerConfig("tenant_*.events")); err != nil {
+		t.Errorf("the trigger after the restore: %v", err)
+	}
+}
