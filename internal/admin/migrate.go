@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -54,15 +55,7 @@ func Migrate(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	if !cfg.Postgres.Patterns() {
 		// Patterns recorded by an earlier run with patterns would have the
 		// trigger go on adding their tables (review-patterns35 S2).
-		forgot, err := pg.ForgetPatterns(ctx, conn, cfg.Postgres.Publication)
-		if err != nil {
-			return err
-		}
-		if len(forgot) > 0 {
-			log.Info("deleted the patterns recorded for the publication, which postgres.tables no longer has: the event trigger no longer adds the tables they match to it",
-				"publication", cfg.Postgres.Publication, "patterns", strings.Join(forgot, ","))
-		}
-		return nil
+		return forgetPatterns(ctx, conn, cfg.Postgres.Publication, per, log)
 	}
 	// Tables a pattern matches are the application's to create; the
 	// trigger adds each to the publication as it is created.
@@ -142,5 +135,32 @@ func migrate(ctx context.Context, conn *pgx.Conn, cfg config.Config, log *slog.L
 		log.Warn("the router reads columns the table lacks; add them, or outboxd will not start", "table", cfg.Postgres.Table, "columns", strings.Join(missing, ","))
 	}
 	log.Info("outbox table ready", "table", cfg.Postgres.Table)
+	return nil
+}
+
+// forgetPatterns deletes the patterns recorded for publication
+// (pg.ForgetPatterns) and logs them, and the tables they added that stay
+// in the publication and that no table of per is (review-fix59 S5), with
+// the DROP TABLE that removes them.
+func forgetPatterns(ctx context.Context, conn *pgx.Conn, publication string, per []config.Config, log *slog.Logger) error {
+	forgot, matched, err := pg.ForgetPatterns(ctx, conn, publication)
+	if err != nil || len(forgot) == 0 {
+		return err
+	}
+	var left, quoted []string
+	for _, m := range matched {
+		if !slices.ContainsFunc(per, func(c config.Config) bool { s, t := c.Postgres.TableName(); return s == m.Schema && t == m.Table }) {
+			left, quoted = append(left, m.Name()), append(quoted, pgx.Identifier{m.Schema, m.Table}.Sanitize())
+		}
+	}
+	msg := "deleted the patterns recorded for the publication, which postgres.tables no longer has: the event trigger no longer adds the tables they match to it"
+	if len(left) == 0 {
+		log.Info(msg, "publication", publication, "patterns", strings.Join(forgot, ","))
+		return nil
+	}
+	log.Warn(msg+"; the tables they added stay in the publication, which outboxd refuses at start-up with several postgres.tables and, with one, passes their rows over: "+
+		"once their rows are delivered, remove them from it",
+		"publication", publication, "patterns", strings.Join(forgot, ","), "tables", strings.Join(left, ","),
+		"run", fmt.Sprintf("ALTER PUBLICATION %s DROP TABLE %s", pgx.Identifier{publication}.Sanitize(), strings.Join(quoted, ", ")))
 	return nil
 }

@@ -48,7 +48,8 @@ func migrateLogged(t *testing.T, cfg config.Config) string {
 // logged); ALTER TABLE of such a table
 // then goes through the trigger. Run again with a configuration without a
 // pattern, it deletes the patterns recorded for its publication, so that
-// the trigger no longer adds new tables to it. It needs the test bed's
+// the trigger no longer adds new tables to it, and names the tables they
+// added, which stay in the publication. It needs the test bed's
 // Postgres (OUTBOXD_TEST_PG_DSN) and its superuser.
 func TestMigratePatternsAddedAndRemoved(t *testing.T) {
 	ctx := context.Background()
@@ -104,6 +105,12 @@ func TestMigratePatternsAddedAndRemoved(t *testing.T) {
 	}
 	if !strings.Contains(log, `msg="deleted the patterns recorded for the publication, which postgres.tables no longer has`) || !strings.Contains(log, `patterns=tenant_*.events`) {
 		t.Errorf("migrate without a pattern logged:\n%s\nwant the patterns it deleted", log)
+	}
+	// The table they added stays in the publication: said, with the DROP
+	// TABLE that removes it (review-fix59 S5).
+	if !strings.Contains(log, `the tables they added stay in the publication`) || !strings.Contains(log, `tables=tenant_a.events`) ||
+		!strings.Contains(log, `run="ALTER PUBLICATION \"outboxd\" DROP TABLE \"tenant_a\".\"events\""`) {
+		t.Errorf("migrate without a pattern logged:\n%s\nwant tenant_a.events named, with the DROP TABLE", log)
 	}
 	if _, err := conn.Exec(ctx, `CREATE SCHEMA tenant_b; CREATE TABLE tenant_b.events`+events); err != nil {
 		t.Fatal(err)

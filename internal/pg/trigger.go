@@ -421,23 +421,39 @@ func activeSlots(ctx context.Context, q querier, slot string) ([]string, error) 
 }
 
 // ForgetPatterns deletes the patterns recorded for publication, for a
-// configuration without a pattern (outboxd migrate), and returns them.
+// configuration without a pattern (outboxd migrate), and returns them, and
+// the tables they match that the publication publishes (matched), which
+// stay in it: the caller says so (review-fix59 S5).
 // Left there, the event trigger would go on adding the tables they match
 // to the publication, and outboxd, which no longer lists them, would stop
 // at their first row (review-patterns35 S2). Deleting needs a superuser
 // (or the trigger's owner); it is refused, with what to run, only when
 // there is something to delete.
-func ForgetPatterns(ctx context.Context, conn *pgx.Conn, publication string) ([]string, error) {
-	patterns, err := RecordedPatterns(ctx, conn, publication)
-	if err != nil || len(patterns) == 0 {
-		return nil, err
+func ForgetPatterns(ctx context.Context, conn *pgx.Conn, publication string) (patterns []string, matched []Match, err error) {
+	if patterns, err = RecordedPatterns(ctx, conn, publication); err != nil || len(patterns) == 0 {
+		return nil, nil, err
+	}
+	rows, err := conn.Query(ctx, `SELECT DISTINCT n.nspname::text, c.relname::text
+		FROM `+PatternTable+` p, pg_publication_rel r JOIN pg_publication b ON b.oid = r.prpubid
+			JOIN pg_class c ON c.oid = r.prrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE p.publication = $1 AND b.pubname = $1 AND n.nspname LIKE p.schema_like AND c.relname LIKE p.table_like
+		ORDER BY 1, 2`, publication)
+	if err != nil {
+		return nil, nil, fmt.Errorf("listing the tables of publication %q that the patterns recorded for it match: %w", publication, err)
+	}
+	var m Match
+	if _, err = pgx.ForEachRow(rows, []any{&m.Schema, &m.Table}, func() error {
+		matched = append(matched, m)
+		return nil
+	}); err != nil {
+		return nil, nil, fmt.Errorf("listing the tables of publication %q that the patterns recorded for it match: %w", publication, err)
 	}
 	if _, err := conn.Exec(ctx, `DELETE FROM `+PatternTable+` WHERE publication = $1`, publication); err != nil {
-		return nil, fmt.Errorf("deleting the patterns %s recorded in %s for publication %q, which postgres.tables no longer has (the event trigger %s would go on adding the tables they match to the publication, "+
+		return nil, nil, fmt.Errorf("deleting the patterns %s recorded in %s for publication %q, which postgres.tables no longer has (the event trigger %s would go on adding the tables they match to the publication, "+
 			"and outboxd would stop at their first row): %w; run outboxd migrate with a superuser's postgres.dsn, or, as a superuser, DELETE FROM %s WHERE publication = %s",
 			strings.Join(patterns, ", "), PatternTable, publication, TriggerName, err, PatternTable, quote.Literal(publication))
 	}
-	return patterns, nil
+	return patterns, matched, nil
 }
 
 // RecordedPatterns returns the patterns recorded for publication in
