@@ -99,7 +99,8 @@ func resume(st State, k Committed, s store) (resumed, error) {
 		start, err := wal.ParseLSN(st.LSN)
 		if err != nil {
 			return resumed{}, &StateError{fmt.Errorf("the backfill of slot %q recorded in %s has a consistent point %q that is not an LSN (%w): "+
-				"outboxd did not write it, and a restart reads it again. Write the slot's consistent point back into the state (the lsn key of the state column), "+
+				"outboxd did not write it, and a restart reads it again. Write the slot's consistent point back into the state (the lsn key of the state column): "+
+				"it is the lsn of outboxd's log line \"created replication slot with the backfill's snapshot\" for slot %[1]s (while nothing has streamed the slot, also its confirmed_flush_lsn in pg_replication_slots); "+
 				"or give the backfill up: DELETE FROM %[5]s WHERE slot = '%[1]s'; DROP TABLE IF EXISTS %[6]s; remove postgres.backfill, and send the rows not sent with outboxd replay",
 				st.Slot, s.name, st.LSN, err, s.state, s.keys)}
 		}

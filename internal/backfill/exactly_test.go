@@ -131,7 +131,7 @@ func TestResume(t *testing.T) {
 		if !errors.As(err, &se) || !se.Permanent() {
 			t.Fatalf("resume = %v; want a permanent *StateError", err)
 		}
-		for _, want := range []string{`"not an lsn"`, `DELETE FROM "public"."outboxd_backfill" WHERE slot = 'outboxd'; DROP TABLE IF EXISTS "public"."outboxd_backfill_outboxd"`} {
+		for _, want := range []string{`"not an lsn"`, `it is the lsn of outboxd's log line "created replication slot with the backfill's snapshot" for slot outboxd`, `DELETE FROM "public"."outboxd_backfill" WHERE slot = 'outboxd'; DROP TABLE IF EXISTS "public"."outboxd_backfill_outboxd"`} {
 			if !strings.Contains(err.Error(), want) {
 				t.Errorf("the refusal does not say %q: %v", want, err)
 			}
