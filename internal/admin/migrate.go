@@ -71,6 +71,16 @@ func Migrate(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 			"Start outboxd with this configuration: one whose configuration does not list them passes over their rows and confirms past them",
 			"publication", cfg.Postgres.Publication, "tables", strings.Join(added, ","))
 	}
+	// Another deployment's table: both would deliver it (review-fix59 S7).
+	listed, err := pg.ListedElsewhere(ctx, conn, cfg.Postgres.Publication, added)
+	if err != nil {
+		return err
+	}
+	if len(listed) > 0 {
+		log.Warn("added to the publication tables that other publications list by name: the outboxd of each delivers their rows, so they are delivered twice; "+
+			"if another deployment owns them, make the patterns of postgres.tables not match them and remove them from this publication (ALTER PUBLICATION … DROP TABLE)",
+			"publication", cfg.Postgres.Publication, "tables", strings.Join(listed, "; "))
+	}
 	// After the commit: their remedy depends on the patterns recorded.
 	unlogged, err := pg.UnloggedMatching(ctx, conn, cfg.Postgres)
 	if err != nil {

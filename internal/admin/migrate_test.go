@@ -62,7 +62,7 @@ func TestMigratePatternsAddedAndRemoved(t *testing.T) {
 	migrateLogged(t, migrateConfig(dsn, "public.outbox"))
 	const events = ` (id uuid PRIMARY KEY, aggregate_type text NOT NULL, aggregate_id text NOT NULL, event_type text NOT NULL, payload jsonb NOT NULL)`
 	for _, q := range []string{`CREATE PUBLICATION outboxd FOR TABLE public.outbox`,
-		`CREATE SCHEMA tenant_a`, `CREATE TABLE tenant_a.events` + events,
+		`CREATE SCHEMA tenant_a`, `CREATE TABLE tenant_a.events` + events, `CREATE PUBLICATION other FOR TABLE tenant_a.events`,
 		`CREATE SCHEMA tenant_u`, `CREATE UNLOGGED TABLE tenant_u.events` + events} {
 		if _, err := conn.Exec(ctx, q); err != nil {
 			t.Fatalf("%s: %v", q, err)
@@ -85,6 +85,10 @@ func TestMigratePatternsAddedAndRemoved(t *testing.T) {
 	if !strings.Contains(log, `level=WARN msg="added to the publication the tables that a pattern of postgres.tables matches and that it did not publish: their rows written before now are not delivered; send those still pending with outboxd replay`) ||
 		!strings.Contains(log, `tables=tenant_a.events`) {
 		t.Errorf("migrate with the pattern logged:\n%s\nwant the warning naming tenant_a.events", log)
+	}
+	// Another publication lists it by name: delivered twice (review-fix59 S7).
+	if !strings.Contains(log, `level=WARN msg="added to the publication tables that other publications list by name`) || !strings.Contains(log, `tables="tenant_a.events (publication other)"`) {
+		t.Errorf("migrate with the pattern logged:\n%s\nwant the warning that publication other lists tenant_a.events", log)
 	}
 	// The UNLOGGED one, with the statements that make it logged and
 	// publish it (review-fix59 S3).

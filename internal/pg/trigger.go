@@ -348,6 +348,31 @@ func publishMatching(ctx context.Context, tx pgx.Tx, pc config.Postgres) ([]stri
 	return names, nil
 }
 
+// ListedElsewhere returns, for the tables by their quoted names, those
+// that a publication other than publication lists by name (FOR TABLE;
+// not FOR ALL TABLES or TABLES IN SCHEMA), each as "table (publication
+// a, b)": another deployment streams such a table, and once outboxd
+// migrate has added it to publication too, both deliver its rows
+// (review-fix59 S7).
+func ListedElsewhere(ctx context.Context, q querier, publication string, quoted []string) ([]string, error) {
+	if len(quoted) == 0 {
+		return nil, nil
+	}
+	rows, err := q.Query(ctx, `SELECT format('%I.%I', n.nspname, c.relname) || ' (publication ' || string_agg(quote_ident(b.pubname), ', ' ORDER BY b.pubname) || ')'
+		FROM pg_publication_rel r JOIN pg_publication b ON b.oid = r.prpubid
+			JOIN pg_class c ON c.oid = r.prrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE b.pubname <> $1 AND r.prrelid IN (SELECT to_regclass(x) FROM unnest($2::text[]) x)
+		GROUP BY n.nspname, c.relname ORDER BY 1`, publication, quoted)
+	if err != nil {
+		return nil, fmt.Errorf("reading which other publications list %s: %w", strings.Join(quoted, ", "), err)
+	}
+	listed, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("reading which other publications list %s: %w", strings.Join(quoted, ", "), err)
+	}
+	return listed, nil
+}
+
 // RefuseWhileStreaming refuses, before outboxd migrate changes anything,
 // to change what the deployment of pc publishes while an outboxd streams
 // its slot (review-fix59 M1): to record patterns for pc.Publication other
