@@ -41,6 +41,37 @@ func migrateLogged(t *testing.T, cfg config.Config) string {
 	return buf.String()
 }
 
+// migrateDB returns a new database of the test bed, and a connection to
+// it, where outboxd migrate made public.outbox and stmts then ran.
+func migrateDB(t *testing.T, prefix string, stmts ...string) (dsn string, conn *pgx.Conn) {
+	t.Helper()
+	ctx := context.Background()
+	_, dsn = testenv.NewDatabase(t, prefix)
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	migrateLogged(t, migrateConfig(dsn, "public.outbox"))
+	for _, q := range stmts {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	return dsn, conn
+}
+
+// publishedBy returns the tables publication outboxd publishes, sorted
+// and comma-separated.
+func publishedBy(t *testing.T, conn *pgx.Conn) string {
+	t.Helper()
+	var names []string
+	if err := conn.QueryRow(context.Background(), `SELECT array_agg(schemaname || '.' || tablename ORDER BY 1) FROM pg_publication_tables WHERE pubname = 'outboxd'`).Scan(&names); err != nil {
+		t.Fatal(err)
+	}
+	return strings.Join(names, ",")
+}
+
 // Review-patterns35 S2 and S3: outboxd migrate with a pattern, run where
 // the publication exists, adds to it the tables the pattern already
 // matches, and says that their rows written before are not delivered (an
@@ -53,29 +84,11 @@ func migrateLogged(t *testing.T, cfg config.Config) string {
 // Postgres (OUTBOXD_TEST_PG_DSN) and its superuser.
 func TestMigratePatternsAddedAndRemoved(t *testing.T) {
 	ctx := context.Background()
-	_, dsn := testenv.NewDatabase(t, "migpat")
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close(context.Background()) })
-	migrateLogged(t, migrateConfig(dsn, "public.outbox"))
 	const events = ` (id uuid PRIMARY KEY, aggregate_type text NOT NULL, aggregate_id text NOT NULL, event_type text NOT NULL, payload jsonb NOT NULL)`
-	for _, q := range []string{`CREATE PUBLICATION outboxd FOR TABLE public.outbox`,
-		`CREATE SCHEMA tenant_a`, `CREATE TABLE tenant_a.events` + events, `CREATE PUBLICATION other FOR TABLE tenant_a.events`,
-		`CREATE SCHEMA tenant_u`, `CREATE UNLOGGED TABLE tenant_u.events` + events} {
-		if _, err := conn.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
-	published := func() string {
-		t.Helper()
-		var names []string
-		if err := conn.QueryRow(ctx, `SELECT array_agg(schemaname || '.' || tablename ORDER BY 1) FROM pg_publication_tables WHERE pubname = 'outboxd'`).Scan(&names); err != nil {
-			t.Fatal(err)
-		}
-		return strings.Join(names, ",")
-	}
+	dsn, conn := migrateDB(t, "migpat", `CREATE PUBLICATION outboxd FOR TABLE public.outbox`,
+		`CREATE SCHEMA tenant_a`, `CREATE TABLE tenant_a.events`+events, `CREATE PUBLICATION other FOR TABLE tenant_a.events`,
+		`CREATE SCHEMA tenant_u`, `CREATE UNLOGGED TABLE tenant_u.events`+events)
+	published := func() string { t.Helper(); return publishedBy(t, conn) }
 
 	patterned := migrateConfig(dsn, "public.outbox", "tenant_*.events")
 	log := migrateLogged(t, patterned)
@@ -133,21 +146,10 @@ func TestMigratePatternsAddedAndRemoved(t *testing.T) {
 // (an upgrade), it goes through too.
 func TestMigrateRefusedWhileStreaming(t *testing.T) {
 	ctx := context.Background()
-	_, dsn := testenv.NewDatabase(t, "migstream")
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close(context.Background()) })
-	migrateLogged(t, migrateConfig(dsn, "public.outbox"))
 	const slot = "outboxd_0of2"
-	for _, q := range []string{`CREATE PUBLICATION outboxd FOR TABLE public.outbox`,
+	dsn, conn := migrateDB(t, "migstream", `CREATE PUBLICATION outboxd FOR TABLE public.outbox`,
 		`CREATE SCHEMA tenant_a`, `CREATE TABLE tenant_a.events (id uuid PRIMARY KEY)`,
-		`SELECT pg_create_logical_replication_slot('` + slot + `', 'pgoutput')`} {
-		if _, err := conn.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
+		`SELECT pg_create_logical_replication_slot('`+slot+`', 'pgoutput')`)
 	stream := func() *pgconn.PgConn {
 		t.Helper()
 		rc, err := pgconn.Connect(ctx, dsn+"&replication=database")
@@ -177,19 +179,12 @@ func TestMigrateRefusedWhileStreaming(t *testing.T) {
 			}
 		}
 	}
-	published := func() string {
-		t.Helper()
-		var names []string
-		if err := conn.QueryRow(ctx, `SELECT array_agg(schemaname || '.' || tablename ORDER BY 1) FROM pg_publication_tables WHERE pubname = 'outboxd'`).Scan(&names); err != nil {
-			t.Fatal(err)
-		}
-		return strings.Join(names, ",")
-	}
+	published := func() string { t.Helper(); return publishedBy(t, conn) }
 
 	rc := stream()
 	waitActive(true)
 	patterned := migrateConfig(dsn, "public.outbox", "tenant_*.events")
-	err = Migrate(ctx, patterned, testenv.Logger(t))
+	err := Migrate(ctx, patterned, testenv.Logger(t))
 	if err == nil || !strings.Contains(err.Error(), "outboxd streams slot "+slot+" (pid ") ||
 		!strings.Contains(err.Error(), "stop it, run outboxd migrate, then start outboxd with this configuration") ||
 		!strings.Contains(err.Error(), `add tenant_a.events, which the patterns of postgres.tables match, to publication "outboxd"`) {

@@ -49,6 +49,18 @@ func published(t *testing.T, conn *pgx.Conn) string {
 	return strings.Join(names, ",")
 }
 
+// anotherConn returns a second connection to conn's database, closed at
+// the test's end.
+func anotherConn(t *testing.T, conn *pgx.Conn) *pgx.Conn {
+	t.Helper()
+	other, err := pgx.Connect(context.Background(), conn.Config().ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { other.Close(context.Background()) })
+	return other
+}
+
 // execs runs each statement in a transaction of its own and returns the
 // first error.
 func execs(conn *pgx.Conn, stmts ...string) error {
@@ -369,12 +381,7 @@ func TestWatchPatterns(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Another connection creates a tenant and has not committed.
-	other, err := pgx.Connect(ctx, conn.Config().ConnString())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close(ctx)
-	tx, err := other.Begin(ctx)
+	tx, err := anotherConn(t, conn).Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -555,11 +562,7 @@ func TestTriggerRenameHintRuns(t *testing.T) {
 func TestTriggerRestoreInOneTransaction(t *testing.T) {
 	ctx := context.Background()
 	conn := triggerDB(t, "tenant_*.events")
-	other, err := pgx.Connect(ctx, conn.Config().ConnString())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close(ctx)
+	other := anotherConn(t, conn)
 	tx, err := conn.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
