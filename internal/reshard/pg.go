@@ -225,8 +225,9 @@ func (p *PG) Begin(ctx context.Context, pl shard.Plan) error {
 // postgres.create_publication is true (a new shard's, not the configured
 // one of a single shard, which may be the user's), and refused otherwise.
 // Without fix every wrong one is refused, all in one error, each with the
-// statement that puts it right: Run takes the cutover past the check's
-// passing, so a fix by hand then loses nothing.
+// statement that puts it right: Run takes the cutover past the end of
+// every transaction open at the check's passing (CutoverLSN), so a fix by
+// hand then loses nothing.
 func (p *PG) CreatePublications(ctx context.Context, names []string, fix bool) error {
 	var refused []error
 	for _, name := range names {
@@ -290,17 +291,82 @@ func (p *PG) createPublication(ctx context.Context, name string, fix bool) error
 	return p.checkNewPublication(ctx, name, i, n, fix)
 }
 
-// CurrentLSN reads the WAL write position (pg_current_wal_lsn): every
-// commit that has returned ends at or before it (but for
-// synchronous_commit = off, within wal_writer_delay). Not the insert
-// position: at a page boundary it points past the page header, where the
-// old shards, on a database idle from then on, would never confirm it.
-func (p *PG) CurrentLSN(ctx context.Context) (wal.LSN, error) {
+// CutoverLSN returns the position to record as the cutover once the
+// publications' check has passed. A transaction open across a fix by hand
+// of a new shard's publication has its rows from before the fix decoded
+// by the new slot with the catalogue from before it (pgoutput reads the
+// publication at each change, not at the commit), so no new shard
+// delivers them: the cutover must lie past its commit, where the old
+// shards deliver it whole (third review of issue 35 §1, M1). So it takes
+// an xid, waits until every transaction that had one then (all that had
+// written by the check) has ended, and then reads the WAL insert position,
+// which is past every commit that has returned, even with
+// synchronous_commit = off. The wait logs the oldest transaction it waits
+// for every few seconds, and ends with ctx.
+func (p *PG) CutoverLSN(ctx context.Context) (wal.LSN, error) {
+	var xid string
+	if err := p.Conn.QueryRow(ctx, `SELECT pg_current_xact_id()::text`).Scan(&xid); err != nil {
+		return 0, fmt.Errorf("taking an xid for the cutover: %w", err)
+	}
+	start, logged := time.Now(), time.Now()
+	for {
+		var ended bool
+		if err := p.Conn.QueryRow(ctx, `SELECT pg_snapshot_xmin(pg_current_snapshot()) > $1::xid8`, xid).Scan(&ended); err != nil {
+			return 0, fmt.Errorf("waiting for the transactions open at the cutover's check to end: %w", err)
+		}
+		if ended {
+			break
+		}
+		if time.Since(logged) >= waitLogEvery {
+			logged = time.Now()
+			if err := p.logOldest(ctx, xid, time.Since(start)); err != nil {
+				return 0, err
+			}
+		}
+		if !pause.For(ctx, waitPoll) {
+			return 0, ctx.Err()
+		}
+	}
 	var s string
-	if err := p.Conn.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&s); err != nil {
-		return 0, fmt.Errorf("reading the WAL write position: %w", err)
+	if err := p.Conn.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&s); err != nil {
+		return 0, fmt.Errorf("reading the WAL insert position: %w", err)
 	}
 	return wal.ParseLSN(s)
+}
+
+// waitPoll and waitLogEvery pace CutoverLSN's wait.
+const (
+	waitPoll     = 100 * time.Millisecond
+	waitLogEvery = 5 * time.Second
+)
+
+// logOldest logs the oldest transaction with an xid CutoverLSN waits
+// for: a backend's (pg_stat_activity, of any database: the snapshot is the
+// cluster's) or a prepared one (pg_prepared_xacts).
+func (p *PG) logOldest(ctx context.Context, xid string, waited time.Duration) error {
+	if p.Log == nil {
+		return nil
+	}
+	var pid *int32
+	var db, what, query, started, age string
+	err := p.Conn.QueryRow(ctx, `SELECT pid, db, what, query, started::text, (now() - started)::text FROM (
+		SELECT pid, coalesce(datname::text, '') AS db, coalesce(state, '') AS what, left(coalesce(query, ''), 200) AS query,
+			xact_start AS started, age(backend_xid) AS a FROM pg_stat_activity WHERE backend_xid IS NOT NULL
+		UNION ALL
+		SELECT NULL, database::text, 'prepared transaction ' || gid, '', prepared, age(transaction) FROM pg_prepared_xacts) t
+		ORDER BY a DESC LIMIT 1`).Scan(&pid, &db, &what, &query, &started, &age)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil // ended since
+	} else if err != nil {
+		return fmt.Errorf("reading the oldest transaction open at the cutover's check: %w", err)
+	}
+	args := []any{"database", db, "state", what, "xact_start", started, "age", age, "query", query,
+		"xid", xid, "waited", waited.Round(time.Second).String()}
+	if pid != nil {
+		args = append(args, "pid", *pid)
+	}
+	p.Log.Warn("resharding: waiting for every transaction open at the cutover's check to end before recording the cutover (commit or roll back the oldest, or COMMIT/ROLLBACK PREPARED it)", args...)
+	return nil
 }
 
 // walTables are the outbox tables as package wal names them.

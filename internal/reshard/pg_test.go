@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
@@ -230,5 +231,139 @@ func TestMissingTableListedByOneShard(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), shard.AddTableSQL("outboxd_1of2", tables[1], 1, 2)+".") ||
 		strings.Contains(err.Error(), "are published to no shard") || !strings.Contains(err.Error(), "published only by the shard publications that list them already") {
 		t.Errorf("EnsureShardPublications = %v; want the ADD TABLE for outboxd_1of2 alone, and that outboxd_0of2 published the rows before", err)
+	}
+}
+
+// A transaction open across the operator's fix of a new shard's
+// publication, which the Cutover check's refusal prints: its rows written
+// before the fix are decoded by the new slot with the catalogue of before
+// the fix, so the cutover must lie past its commit, where the old shards
+// deliver it whole (third review of issue 35 §1, M1). This runs Run's
+// Cutover step: the refusal, the printed statement, the check passing,
+// CutoverLSN; the transaction writes again and commits while CutoverLSN
+// waits.
+func TestCutoverAfterATransactionOpenAcrossTheFix(t *testing.T) {
+	for _, tt := range []struct{ name, create string }{
+		{"missing table", `FOR TABLE other WITH (publish = 'insert', publish_via_partition_root = true)`},
+		{"publish update", `FOR TABLE outbox WHERE (` + shard.Filter("k", 1, 2) + `) WITH (publish = 'update', publish_via_partition_root = true)`},
+	} {
+		t.Run(tt.name, func(t *testing.T) { openAcrossTheFix(t, tt.create) })
+	}
+}
+
+func openAcrossTheFix(t *testing.T, create string) {
+	ctx := context.Background()
+	conn := testenv.Connect(t, "inflight", `CREATE TABLE outbox (id bigserial PRIMARY KEY, k text); CREATE TABLE other (id int)`)
+	var key string // of shard 1 of 2
+	if err := conn.QueryRow(ctx, `SELECT k FROM (SELECT chr(97 + g) AS k FROM generate_series(0, 25) g) v WHERE `+shard.Filter("k", 1, 2)+` LIMIT 1`).Scan(&key); err != nil {
+		t.Fatal(err)
+	}
+	// The new shard's publication made wrong by hand, its slot made.
+	for _, q := range []string{
+		`CREATE PUBLICATION outboxd_1of2 ` + create,
+		`SELECT pg_create_logical_replication_slot('outboxd_1of2', 'pgoutput')`,
+	} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	db := &reshard.PG{Conn: conn, Cfg: config.Postgres{Publication: "outboxd", Slot: "outboxd", CreatePublication: true},
+		Tables: []shard.Table{{Schema: "public", Name: "outbox", KeyColumn: "k"}}, Log: testenv.Logger(t)}
+
+	tx := openTx(t, conn, `INSERT INTO outbox (k) VALUES ($1)`, key)
+	err := db.CreatePublications(ctx, []string{"outboxd_1of2"}, false)
+	if err == nil {
+		t.Fatal("the wrong publication passed")
+	}
+	t.Logf("refused: %v", err)
+	stmt := regexp.MustCompile(`(ALTER PUBLICATION .*|BEGIN; .*COMMIT;) puts it right`).FindStringSubmatch(err.Error())
+	if stmt == nil {
+		t.Fatalf("no statement in %v", err)
+	}
+	if _, err := conn.Exec(ctx, stmt[1]); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.CreatePublications(ctx, []string{"outboxd_1of2"}, false); err != nil {
+		t.Fatalf("after the fix: %v", err)
+	}
+	// The transaction writes one more row and commits while the cutover
+	// is taken.
+	done := make(chan error, 1)
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		if _, err := tx.Exec(ctx, `INSERT INTO outbox (k) VALUES ($1)`, key); err != nil {
+			done <- err
+			return
+		}
+		done <- tx.Commit(ctx)
+	}()
+	x, err := db.CutoverLSN(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+
+	// The new shard delivers the transactions that commit past X.
+	rows, err := conn.Query(ctx, `SELECT data FROM pg_logical_slot_peek_binary_changes('outboxd_1of2', NULL, NULL, 'proto_version', '1', 'publication_names', 'outboxd_1of2')`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var data []byte
+	var final pglogrepl.LSN
+	inserts := 0
+	if _, err := pgx.ForEachRow(rows, []any{&data}, func() error {
+		m, err := pglogrepl.Parse(data)
+		if err != nil {
+			return err
+		}
+		switch m := m.(type) {
+		case *pglogrepl.BeginMessage:
+			final = m.FinalLSN
+		case *pglogrepl.InsertMessage:
+			inserts++
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("cutover %s, the transaction commits at %s", x, final)
+	if final > x && inserts != 2 {
+		t.Errorf("the transaction open across the fix commits at %s, past the cutover %s, and the new shard delivers %d of its 2 rows: the old shards stop at the cutover, so %d are lost", final, x, inserts, 2-inserts)
+	}
+}
+
+// openTx begins a transaction on a connection of its own to conn's
+// database and runs q in it; the test rolls it back at its end unless it
+// ended.
+func openTx(t *testing.T, conn *pgx.Conn, q string, args ...any) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	app, err := pgx.Connect(ctx, conn.Config().ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { app.Close(ctx) })
+	tx, err := app.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	if _, err := tx.Exec(ctx, q, args...); err != nil {
+		t.Fatal(err)
+	}
+	return tx
+}
+
+// CutoverLSN's wait for an open transaction ends with its context.
+func TestCutoverLSNWaitEndsWithItsContext(t *testing.T) {
+	conn := testenv.Connect(t, "cutoverwait", `CREATE TABLE outbox (k text)`)
+	openTx(t, conn, `INSERT INTO outbox VALUES ('a')`)
+	db := &reshard.PG{Conn: conn, Cfg: config.Postgres{Publication: "outboxd", Slot: "outboxd"}, Log: testenv.Logger(t)}
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	if x, err := db.CutoverLSN(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("CutoverLSN with a transaction open: %s, %v; want it to wait until its context ends", x, err)
 	}
 }

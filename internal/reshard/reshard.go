@@ -44,8 +44,9 @@ type DB interface {
 	// is refused otherwise (a *PermanentError).
 	CreatePublications(ctx context.Context, names []string, fix bool) error
 	CreateSlots(ctx context.Context, names []string) error
-	// CurrentLSN reads the WAL write position.
-	CurrentLSN(ctx context.Context) (wal.LSN, error)
+	// CutoverLSN waits until every transaction open when it is called
+	// has ended, then reads the WAL insert position.
+	CutoverLSN(ctx context.Context) (wal.LSN, error)
 	// SetPhase moves the row from the observed plan to phase (with cutover
 	// when not zero).
 	SetPhase(ctx context.Context, observed shard.Plan, phase shard.Phase, cutover wal.LSN) (bool, error)
@@ -157,14 +158,16 @@ func Run(ctx context.Context, db DB, cfg Config, drain Drain, log *slog.Logger) 
 			progress("resharding from %d to %d shards: recording the cutover", a.Plan.From, a.Plan.To)
 			// Checked again (a publication changed, or a table added to
 			// postgres.tables, since the slots were made), refusing only.
-			// The cutover is taken past the WAL of the check's passing:
-			// the old shards deliver every row up to it, so a publication
-			// put right by hand after the slots were made is right for
-			// every row the new shards deliver (second review of issue 35
-			// §1, S1).
+			// The cutover is taken past the commit of every transaction
+			// open at the check's passing: the old shards deliver every
+			// row up to it, so a publication put right by hand after the
+			// slots were made is right for every row the new shards
+			// deliver, a transaction open across the fix included
+			// (second review of issue 35 §1, S1; third, M1).
 			if err = checkPublications(ctx, db, cfg, a.Plan, false); err == nil {
+				progress("resharding from %d to %d shards: recording the cutover: waiting for the transactions open now to end", a.Plan.From, a.Plan.To)
 				var now wal.LSN
-				if now, err = db.CurrentLSN(ctx); err == nil {
+				if now, err = db.CutoverLSN(ctx); err == nil {
 					moved, err = db.SetPhase(ctx, a.Plan, shard.Draining, max(a.Cutover, now))
 				}
 			}
@@ -243,7 +246,7 @@ func checkPublications(ctx context.Context, db DB, cfg Config, p shard.Plan, fix
 		return &PermanentError{fmt.Errorf("checking the publications of the %d new shards before the cutover: %w. The reshard from %d to %d shards is still creating: "+
 			"the old shards' slots hold every event, and the new shards' slots are made once their publications are right, so no event is lost", p.To, err, p.From, p.To)}
 	}
-	return &PermanentError{fmt.Errorf("checking the publications of the %d new shards before the cutover: %w. No cutover is recorded yet, and it is taken past the moment this check passes (the old shards deliver every row up to it), so no event is lost: "+
+	return &PermanentError{fmt.Errorf("checking the publications of the %d new shards before the cutover: %w. No cutover is recorded yet, and it is taken past the end of every transaction open when this check passes (the old shards deliver every row up to it), so no event is lost: "+
 		"run what is named with outboxd stopped and start outboxd again, or set postgres.shards: %d to roll the reshard back (it drops the new shards' slots), then set postgres.shards: %d again", p.To, err, p.From, p.To)}
 }
 

@@ -97,8 +97,8 @@ func (f *fakeDB) CreateSlots(_ context.Context, names []string) error {
 	return nil
 }
 
-func (f *fakeDB) CurrentLSN(context.Context) (wal.LSN, error) {
-	if err := f.step("current_lsn"); err != nil {
+func (f *fakeDB) CutoverLSN(context.Context) (wal.LSN, error) {
+	if err := f.step("cutover_lsn"); err != nil {
 		return 0, err
 	}
 	return f.wal, nil
