@@ -225,13 +225,19 @@ func (p *PG) Begin(ctx context.Context, pl shard.Plan) error {
 // postgres.create_publication is true (a new shard's, not the configured
 // one of a single shard, which may be the user's), and refused otherwise.
 // Without fix every wrong one is refused, all in one error, each with the
-// statement that puts it right: Run takes the cutover past the end of
+// statement that puts it right, and an outbox table one lacks with the
+// transaction that adds it to the publications of both shard counts
+// (refuseMissing: the old shards' lack it too): Run takes the cutover past the end of
 // every transaction open at the check's passing (CutoverLSN), so a fix by
 // hand then loses nothing.
 func (p *PG) CreatePublications(ctx context.Context, names []string, fix bool) error {
 	var refused []error
+	first, lacking := "", []shard.Table(nil)
 	for _, name := range names {
-		err := p.createPublication(ctx, name, fix)
+		missing, err := p.createPublication(ctx, name, fix)
+		if len(missing) > 0 && first == "" {
+			first, lacking = name, missing
+		}
 		var perm *PermanentError
 		if !fix && errors.As(err, &perm) {
 			// Every wrong one named at once: put right one per restart,
@@ -243,21 +249,36 @@ func (p *PG) CreatePublications(ctx context.Context, names []string, fix bool) e
 			return err
 		}
 	}
+	if first != "" {
+		// The old shards' publications lack the tables too, and they
+		// deliver every row up to the cutover: one transaction over the
+		// publications of both counts, before the application writes
+		// them (third review of issue 35 §1, M2).
+		i, n, _ := shard.Parse(p.Cfg.Publication, first)
+		err := p.refuseMissing(ctx, first, lacking, i, n)
+		var perm *PermanentError
+		if !errors.As(err, &perm) {
+			return err
+		}
+		refused = append([]error{perm.Err}, refused...)
+	}
 	if len(refused) > 0 {
 		return &PermanentError{errors.Join(refused...)}
 	}
 	return nil
 }
 
-// createPublication is CreatePublications of the publication name.
-func (p *PG) createPublication(ctx context.Context, name string, fix bool) error {
+// createPublication is CreatePublications of the publication name. Without
+// fix it returns the outbox tables an existing publication of n > 1 lacks,
+// for CreatePublications to refuse, rather than refusing them.
+func (p *PG) createPublication(ctx context.Context, name string, fix bool) ([]shard.Table, error) {
 	i, n, ok := shard.Parse(p.Cfg.Publication, name)
 	if !ok {
-		return &PermanentError{fmt.Errorf("publication %q is not a shard of %q", name, p.Cfg.Publication)}
+		return nil, &PermanentError{fmt.Errorf("publication %q is not a shard of %q", name, p.Cfg.Publication)}
 	}
 	exists, err := p.publicationExists(ctx, name)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	switch {
 	case !exists && !fix:
@@ -265,28 +286,28 @@ func (p *PG) createPublication(ctx context.Context, name string, fix bool) error
 		// nothing committed between the two; pgoutput would fail on,
 		// or pass over, the WAL before it (second review of issue 35
 		// §1, S2: one shard too).
-		return &PermanentError{fmt.Errorf("publication %q of new shard %d of %d does not exist (dropped after the new shards' slots were made): made now, it would publish nothing written before it, so roll the reshard back rather than create it", name, i, n)}
+		return nil, &PermanentError{fmt.Errorf("publication %q of new shard %d of %d does not exist (dropped after the new shards' slots were made): made now, it would publish nothing written before it, so roll the reshard back rather than create it", name, i, n)}
 	case n == 1:
 		// Its own refusals (a missing publication with
 		// create_publication false, a table it lacks) carry no
 		// SQLSTATE: only a server error is judged by transient here.
 		pubs, err := wal.EnsurePublicationOf(ctx, p.Conn, name, p.walTables(), p.Cfg.CreatePublication)
 		if err != nil && sqlState(err) != "" && transient(err) {
-			return err
+			return nil, err
 		} else if err != nil {
-			return &PermanentError{err}
+			return nil, &PermanentError{err}
 		}
 		for j, pub := range pubs {
 			if pub.Columns == nil || j >= len(p.Reads) {
 				continue
 			}
 			if left := pg.MissingColumns(pub.Columns, p.Reads[j]); len(left) > 0 {
-				return &PermanentError{wal.ColumnListError(name, p.Tables[j].Schema, p.Tables[j].Name, pub.Columns, left)}
+				return nil, &PermanentError{wal.ColumnListError(name, p.Tables[j].Schema, p.Tables[j].Name, pub.Columns, left)}
 			}
 		}
-		return nil
+		return nil, nil
 	case !exists:
-		return p.createShardPublication(ctx, name, i, n)
+		return nil, p.createShardPublication(ctx, name, i, n)
 	}
 	return p.checkNewPublication(ctx, name, i, n, fix)
 }
@@ -663,11 +684,12 @@ func (p *PG) readOptions(ctx context.Context, name string) (options, error) {
 // postgres.create_publication, a wrong one is put right in one transaction
 // that touches only the outbox tables it names (shard.OptionsSQL,
 // shard.RefilterStatements); otherwise it is refused, naming that
-// transaction.
-func (p *PG) checkNewPublication(ctx context.Context, name string, i, n int, fix bool) error {
+// transaction. Without fix the outbox tables it lacks are returned, not
+// refused: the old shards' publications lack them too (CreatePublications).
+func (p *PG) checkNewPublication(ctx context.Context, name string, i, n int, fix bool) ([]shard.Table, error) {
 	o, err := p.readOptions(ctx, name)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var f filters
 	if len(o.roots) == 0 {
@@ -675,11 +697,15 @@ func (p *PG) checkNewPublication(ctx context.Context, name string, i, n int, fix
 		// their partitions' names: checked once that is set.
 		f, err = p.readFilters(ctx, name, i, n, func(t shard.Table) string { return shard.RefilterSQL(name, []shard.Table{t}, nil, i, n) })
 		if err != nil {
-			return err
+			return nil, err
 		}
 	}
+	var missing []shard.Table
+	if !fix {
+		missing, f.missing = f.missing, nil
+	}
 	if o.ok() && f.ok() {
-		return nil
+		return missing, nil
 	}
 	var stmts []string
 	var wrong []string
@@ -698,18 +724,18 @@ func (p *PG) checkNewPublication(ctx context.Context, name string, i, n int, fix
 	}
 	switch {
 	case !fix:
-		return &PermanentError{fmt.Errorf("%s; %s puts it right", what, stmt)}
+		return missing, &PermanentError{fmt.Errorf("%s; %s puts it right", what, stmt)}
 	case !p.Cfg.CreatePublication:
-		return &PermanentError{fmt.Errorf("%s, and postgres.create_publication is false: run %s and start outboxd again", what, stmt)}
+		return nil, &PermanentError{fmt.Errorf("%s, and postgres.create_publication is false: run %s and start outboxd again", what, stmt)}
 	}
 	if err := p.probeOnce(ctx); err != nil {
-		return err
+		return nil, err
 	}
 	err = p.runTx(ctx, stmts)
 	if err != nil && transient(err) {
-		return fmt.Errorf("putting publication %q right with %s: %w", name, stmt, err)
+		return nil, fmt.Errorf("putting publication %q right with %s: %w", name, stmt, err)
 	} else if err != nil {
-		return &PermanentError{fmt.Errorf("%s; putting it right with %s: %w", what, stmt, err)}
+		return nil, &PermanentError{fmt.Errorf("%s; putting it right with %s: %w", what, stmt, err)}
 	}
 	if p.Log != nil {
 		p.Log.Info("put a new shard's publication right before the reshard's cutover", "publication", name, "statement", stmt)
@@ -717,7 +743,7 @@ func (p *PG) checkNewPublication(ctx context.Context, name string, i, n int, fix
 	if len(o.roots) > 0 {
 		return p.checkNewPublication(ctx, name, i, n, fix) // its tables, now listed by the roots' names
 	}
-	return nil
+	return nil, nil
 }
 
 // txSQL returns stmts as the operator runs them: in one transaction
@@ -827,8 +853,9 @@ func staleOf(c checked, fix string) (lost string, stale error) {
 // deliver the rows up to the cutover, the new ones those after it, and a
 // transaction naming only the draining shards' publications would let the
 // application write rows after the cutover that no new shard publishes
-// (second review of issue 35 §1, M1). The filters need a key column they
-// can hash: that is checked first.
+// (second review of issue 35 §1, M1). The same holds at the cutover's
+// check, before the cutover is recorded (third review, M2). The filters
+// need a key column they can hash: that is checked first.
 func (p *PG) refuseMissing(ctx context.Context, name string, missing []shard.Table, i, n int) error {
 	for _, t := range missing {
 		if _, err := p.keyColumn(ctx, t); err != nil {
@@ -844,7 +871,11 @@ func (p *PG) refuseMissing(ctx context.Context, name string, missing []shard.Tab
 		counts = []int{plan.From, plan.To}
 	}
 	var lacks []shard.Lack
-	partly := false // a publication lists one of missing already
+	// A publication of the shards that deliver the rows written so far
+	// lists one of missing already: the old shards' while a reshard is
+	// recorded (the new ones deliver only rows past the cutover, which a
+	// start after the fix records at the earliest).
+	partly := false
 	for _, count := range counts {
 		pubs, err := shard.Names(p.Cfg.Publication, count)
 		if err != nil {
@@ -866,7 +897,7 @@ func (p *PG) refuseMissing(ctx context.Context, name string, missing []shard.Tab
 			for _, t := range p.Tables {
 				if !listed[shard.Table{Schema: t.Schema, Name: t.Name}] {
 					l.Tables = append(l.Tables, t)
-				} else if slices.Contains(missing, t) {
+				} else if slices.Contains(missing, t) && count == counts[0] {
 					partly = true
 				}
 			}
@@ -880,6 +911,9 @@ func (p *PG) refuseMissing(ctx context.Context, name string, missing []shard.Tab
 	before := "Rows of them written before that transaction are published to no shard: send them with outboxd replay"
 	if partly {
 		before = "Rows of them written before that transaction are published only by the shard publications that list them already (an earlier ADD TABLE of some of them), and to no other shard: send the missing ones with outboxd replay"
+		if plan != nil {
+			before = fmt.Sprintf("Rows of them written before that transaction reach a shard only where the publication that delivers them lists them already (an earlier ADD TABLE of some of them): up to the cutover those of the %d old shards, past it those of the %d new ones; send the missing ones with outboxd replay", plan.From, plan.To)
+		}
 	}
 	return &PermanentError{wal.Errorf(wal.ErrPublicationMissing, "publication %q of shard %d of %d does not include %s, so none of its rows whose key hashes to shard %d reach outboxd. "+
 		"Add the tables to %s at once, with outboxd stopped and before the application first writes them: %s. %s",

@@ -276,7 +276,7 @@ func openAcrossTheFix(t *testing.T, create string) {
 		t.Fatal("the wrong publication passed")
 	}
 	t.Logf("refused: %v", err)
-	stmt := regexp.MustCompile(`(ALTER PUBLICATION .*|BEGIN; .*COMMIT;) puts it right`).FindStringSubmatch(err.Error())
+	stmt := regexp.MustCompile(`(ALTER PUBLICATION .*?|BEGIN; .*?COMMIT;)(?: puts it right|\. Rows of them)`).FindStringSubmatch(err.Error())
 	if stmt == nil {
 		t.Fatalf("no statement in %v", err)
 	}
@@ -366,4 +366,85 @@ func TestCutoverLSNWaitEndsWithItsContext(t *testing.T) {
 	if x, err := db.CutoverLSN(ctx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("CutoverLSN with a transaction open: %s, %v; want it to wait until its context ends", x, err)
 	}
+}
+
+// Third review of issue 35 §1, M2: a table added to postgres.tables after
+// the new slots were made is refused at the cutover's check with the one
+// transaction that adds it to the publications of both shard counts
+// (refuseMissing): the old shards deliver its rows up to the cutover,
+// which the start after the fix records. It needs the test bed's Postgres.
+func TestCutoverCheckAddsAMissingTableToBothCounts(t *testing.T) {
+	ctx := context.Background()
+	conn, db, _ := reshardingTwoToThree(t, "cutadd", nil)
+	names, _ := shard.Names("outboxd", 3)
+	err := db.CreatePublications(ctx, names, false)
+	if err == nil {
+		t.Fatal("a table no publication lists passed")
+	}
+	t.Logf("refused: %v", err)
+	for _, want := range []string{`"outboxd_0of2"`, `"outboxd_2of3"`, "before the application first writes", "published to no shard"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the cutover's refusal of a table no publication lists does not say %s", want)
+		}
+	}
+	stmt := regexp.MustCompile(`BEGIN; .*?COMMIT;`).FindString(err.Error())
+	if stmt == "" {
+		t.Fatal("no transaction in the refusal")
+	}
+	if strings.Count(err.Error(), stmt) != 1 {
+		t.Errorf("the transaction is named %d times, want once", strings.Count(err.Error(), stmt))
+	}
+	if _, err := conn.Exec(ctx, stmt); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.CreatePublications(ctx, names, false); err != nil {
+		t.Errorf("after the printed transaction: %v", err)
+	}
+}
+
+// While a reshard is recorded, a table the new shards' publications list
+// and the old ones' do not had its rows written so far published to no
+// shard: the new shards deliver only past the cutover (third review of
+// issue 35 §1, M2). It needs the test bed's Postgres.
+func TestMissingTableListedByTheNewShardsOnly(t *testing.T) {
+	_, db, old := reshardingTwoToThree(t, "newonly", func(n int) bool { return n == 3 })
+	err := db.EnsureShardPublications(context.Background(), old)
+	if err == nil || strings.Contains(err.Error(), "list them already") || !strings.Contains(err.Error(), "published to no shard") {
+		t.Errorf("EnsureShardPublications of the old shards = %v; want the rows before the fix published to no shard", err)
+	}
+}
+
+// reshardingTwoToThree makes a database with the outbox tables outbox and
+// events, a reshard from 2 to 3 shards recorded (creating) and the
+// publications of both counts, listing events where lists(count): a table
+// added to postgres.tables after the new slots were made. It returns the
+// PG and the old shards.
+func reshardingTwoToThree(t *testing.T, prefix string, lists func(n int) bool) (*pgx.Conn, *reshard.PG, []shard.Shard) {
+	t.Helper()
+	ctx := context.Background()
+	conn := testenv.Connect(t, prefix, `CREATE TABLE outbox (k text); CREATE TABLE events (k text)`)
+	tables := []shard.Table{{Schema: "public", Name: "outbox", KeyColumn: "k"}, {Schema: "public", Name: "events", KeyColumn: "k"}}
+	var old []shard.Shard
+	for _, n := range []int{2, 3} {
+		listed := tables[:1]
+		if lists != nil && lists(n) {
+			listed = tables
+		}
+		for i := range n {
+			name, _ := shard.Name("outboxd", i, n)
+			if _, err := conn.Exec(ctx, shard.PublicationSQL(name, listed, i, n)); err != nil {
+				t.Fatal(err)
+			}
+			if n == 2 {
+				old = append(old, shard.Shard{Index: i, Count: n, Slot: name, Publication: name})
+			}
+		}
+	}
+	for _, q := range []string{shard.StateTableSQL("public"),
+		`INSERT INTO public.outboxd_reshard (slot, from_shards, to_shards, phase) VALUES ('outboxd', 2, 3, 'creating')`} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return conn, &reshard.PG{Conn: conn, Cfg: config.Postgres{Publication: "outboxd", Slot: "outboxd", Table: "public.outbox", CreatePublication: true}, Tables: tables}, old
 }
