@@ -17,6 +17,7 @@ import (
 	"github.com/outboxd/outboxd/internal/backfill"
 	"github.com/outboxd/outboxd/internal/pg"
 	"github.com/outboxd/outboxd/internal/quote"
+	"github.com/outboxd/outboxd/internal/reshard"
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/shard"
 	"github.com/outboxd/outboxd/sink"
@@ -715,7 +716,7 @@ func (c *Checker) checkShardPublication(ctx context.Context, conn *pgx.Conn) ([]
 				add = "(none lacks it but this one, which does not exist)"
 			}
 			return nil, wal.Errorf(wal.ErrPublicationMissing, "publication %q of shard %d of %d does not exist or does not include %s, so none of its rows whose key hashes to shard %d reach outboxd; "+
-				"add the tables to every shard's publication at once, with outboxd stopped, with %s (rows of them written before are not delivered: send them with outboxd replay), or, if the publication does not exist, create it with %s",
+				"add the tables to every shard's publication at once (of both shard counts while a reshard is recorded), with outboxd stopped and before the application first writes them, with %s (rows of them written before are not delivered: send them with outboxd replay), or, if the publication does not exist, create it with %s",
 				pc.Publication, c.shard.Index, c.shard.Count, t, c.shard.Index,
 				add, shard.PublicationSQL(pc.Publication, tables, c.shard.Index, c.shard.Count))
 		case err != nil:
@@ -736,29 +737,47 @@ func (c *Checker) checkShardPublication(ctx context.Context, conn *pgx.Conn) ([]
 
 // addTablesSQL returns the one transaction that adds each of tables to
 // every existing publication of this shard count that lacks it
-// (shard.AddTablesSQL): added one shard at a time, each shard would miss
+// (shard.AddLacksSQL): added one shard at a time, each shard would miss
 // its rows written before its own ADD (second review of issue 35 §1, S6).
+// While a reshard is recorded, that is every existing publication of both
+// its shard counts: the old shards deliver the rows up to the cutover, the
+// new ones those after it (third review, S2).
 func (c *Checker) addTablesSQL(ctx context.Context, conn *pgx.Conn, tables []shard.Table) (string, error) {
-	base := strings.TrimSuffix(c.cfg.Postgres.Publication, fmt.Sprintf("_%dof%d", c.shard.Index, c.shard.Count))
-	pubs, err := shard.Names(base, c.shard.Count)
+	suffix := fmt.Sprintf("_%dof%d", c.shard.Index, c.shard.Count)
+	base := strings.TrimSuffix(c.cfg.Postgres.Publication, suffix)
+	pc := c.cfg.Postgres
+	pc.Slot = strings.TrimSuffix(pc.Slot, suffix)
+	plan, err := reshard.ReadPlan(ctx, conn, pc)
 	if err != nil {
-		return "", fmt.Errorf("postgres.publication: %w", err)
+		return "", err
 	}
-	lacks := make([][]shard.Table, len(pubs))
-	for j, pub := range pubs {
-		for _, t := range tables {
-			var lacking bool
-			err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_publication WHERE pubname = $1)
-				AND NOT EXISTS (SELECT FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3)`, pub, t.Schema, t.Name).Scan(&lacking)
-			if err != nil {
-				return "", fmt.Errorf("reading tables of publication %q: %w", pub, err)
+	counts := []int{c.shard.Count}
+	if plan != nil {
+		counts = []int{plan.From, plan.To}
+	}
+	var lacks []shard.Lack
+	for _, n := range counts {
+		pubs, err := shard.Names(base, n)
+		if err != nil {
+			return "", fmt.Errorf("postgres.publication: %w", err)
+		}
+		for j, pub := range pubs {
+			l := shard.Lack{Publication: pub, I: j, N: n}
+			for _, t := range tables {
+				var lacking bool
+				err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_publication WHERE pubname = $1)
+					AND NOT EXISTS (SELECT FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3)`, pub, t.Schema, t.Name).Scan(&lacking)
+				if err != nil {
+					return "", fmt.Errorf("reading tables of publication %q: %w", pub, err)
+				}
+				if lacking {
+					l.Tables = append(l.Tables, t)
+				}
 			}
-			if lacking {
-				lacks[j] = append(lacks[j], t)
-			}
+			lacks = append(lacks, l)
 		}
 	}
-	return shard.AddTablesSQL(pubs, lacks), nil
+	return shard.AddLacksSQL(lacks), nil
 }
 
 // checkShardOptions refuses a shard publication that does not publish

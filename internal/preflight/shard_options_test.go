@@ -67,26 +67,49 @@ func TestOtherColumn(t *testing.T) {
 // Second review of issue 35 §1, S6: with several tables, a table missing
 // from the shard publications is refused with the one transaction that
 // adds it to every shard publication lacking it, not one shard's ADD
-// TABLE. It needs the test bed's Postgres.
+// TABLE. While a reshard is recorded, that transaction names the
+// publications of both shard counts (third review, S2). It needs the test
+// bed's Postgres.
 func TestShardPublicationMissingTableAddedToEveryShard(t *testing.T) {
+	for _, resharding := range []bool{false, true} {
+		t.Run(fmt.Sprintf("resharding %v", resharding), func(t *testing.T) { missingTableAddedToEveryShard(t, resharding) })
+	}
+}
+
+func missingTableAddedToEveryShard(t *testing.T, resharding bool) {
 	ctx := context.Background()
 	conn := testenv.Connect(t, "shardadd", `CREATE TABLE outbox (k text); CREATE TABLE events (k text)`)
 	outbox := []shard.Table{{Schema: "public", Name: "outbox", KeyColumn: "k"}}
 	events := []shard.Table{{Schema: "public", Name: "events", KeyColumn: "k"}}
-	pubs, _ := shard.Names("outboxd", 2)
-	for i, pub := range pubs {
-		if _, err := conn.Exec(ctx, shard.PublicationSQL(pub, outbox, i, 2)); err != nil {
-			t.Fatal(err)
+	counts := []int{2}
+	if resharding {
+		counts = []int{2, 3}
+		for _, q := range []string{shard.StateTableSQL("public"),
+			`INSERT INTO public.outboxd_reshard (slot, from_shards, to_shards, phase) VALUES ('outboxd', 2, 3, 'draining')`} {
+			if _, err := conn.Exec(ctx, q); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
-	cfg := config.Config{Postgres: config.Postgres{Publication: pubs[1], Tables: []config.TableEntry{{Name: "public.outbox"}, {Name: "public.events"}}}, Router: config.Router{KeyColumn: "k"}}
+	var lacks []shard.Lack
+	for _, n := range counts {
+		pubs, _ := shard.Names("outboxd", n)
+		for i, pub := range pubs {
+			if _, err := conn.Exec(ctx, shard.PublicationSQL(pub, outbox, i, n)); err != nil {
+				t.Fatal(err)
+			}
+			lacks = append(lacks, shard.Lack{Publication: pub, I: i, N: n, Tables: events})
+		}
+	}
+	cfg := config.Config{Postgres: config.Postgres{Publication: "outboxd_1of2", Slot: "outboxd_1of2",
+		Tables: []config.TableEntry{{Name: "public.outbox"}, {Name: "public.events"}}}, Router: config.Router{KeyColumn: "k"}}
 	per := []config.Config{cfg, cfg}
 	per[0].Postgres.Table, per[0].Postgres.Tables = "public.outbox", nil
 	per[1].Postgres.Table, per[1].Postgres.Tables = "public.events", nil
 	c := &Checker{cfg: cfg, per: per, shard: shard.Shard{Index: 1, Count: 2}}
 	_, err := c.checkShardPublication(ctx, conn)
-	want := shard.AddTablesSQL(pubs, [][]shard.Table{events, events})
-	if err == nil || !strings.Contains(err.Error(), want) {
-		t.Errorf("checkShardPublication = %v, want the transaction %s", err, want)
+	want := shard.AddLacksSQL(lacks)
+	if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "before the application first writes") {
+		t.Errorf("checkShardPublication = %v, want the transaction %s, run before the application first writes the table", err, want)
 	}
 }

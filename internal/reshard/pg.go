@@ -111,6 +111,13 @@ func stateSchema(cfg config.Postgres) string {
 
 func (p *PG) table() string { return stateTable(p.Cfg) }
 
+// ReadPlan reads the reshard recorded for the configured (base) slot of
+// cfg (nil: none), for a check that names the publications of both shard
+// counts while one is.
+func ReadPlan(ctx context.Context, conn *pgx.Conn, cfg config.Postgres) (*shard.Plan, error) {
+	return readPlan(ctx, conn, cfg)
+}
+
 // readPlan reads the state table's row for the configured slot: nil when
 // there is none, or no state table. A row for the slot in the state table
 // of another entry's schema is refused: it is a reshard recorded while
