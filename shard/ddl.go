@@ -115,6 +115,12 @@ func AddLacksSQL(lacks []Lack) string {
 			stmts = append(stmts, fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s", quote.Ident(l.Publication), tableList(l.Tables, l.I, l.N)))
 		}
 	}
+	return TxSQL(stmts)
+}
+
+// TxSQL returns stmts as the operator runs them: in one transaction
+// (BEGIN; ...; COMMIT;) when there are several, "" when there is none.
+func TxSQL(stmts []string) string {
 	switch len(stmts) {
 	case 0:
 		return ""
@@ -389,11 +395,7 @@ func RefilterStatements(name string, listed, missing []Table, i, n int) []string
 // RefilterSQL is RefilterStatements as the operator runs them: in one
 // transaction (BEGIN; ...; COMMIT;) when there are two.
 func RefilterSQL(name string, listed, missing []Table, i, n int) string {
-	stmts := RefilterStatements(name, listed, missing, i, n)
-	if len(stmts) == 1 {
-		return stmts[0]
-	}
-	return "BEGIN; " + strings.Join(stmts, "; ") + "; COMMIT;"
+	return TxSQL(RefilterStatements(name, listed, missing, i, n))
 }
 
 // ErrStaleFilter is returned by FilterCheckError for a publication of shard

@@ -784,8 +784,11 @@ func (c *Checker) addTablesSQL(ctx context.Context, conn *pgx.Conn, tables []sha
 // inserts (nothing would reach outboxd, and nothing else would say so), or
 // that publishes a partitioned outbox table under each partition's name,
 // where each partition's own row filter (none) applies, so every shard
-// would deliver its rows; both with shard.OptionsSQL (second review of
-// issue 35 §1, S3). A missing publication is left to the caller.
+// would deliver its rows (second review of issue 35 §1, S3). Both with
+// one transaction of shard.OptionsSQL over every publication of this
+// shard count that is wrong: put right one at a time, the shards not yet
+// put right would go on losing or repeating the rows in between (third
+// review, S3). A missing publication is left to the caller.
 func (c *Checker) checkShardOptions(ctx context.Context, conn *pgx.Conn, tables []shard.Table) error {
 	pc := c.cfg.Postgres
 	var inserts, viaRoot bool
@@ -795,23 +798,59 @@ func (c *Checker) checkShardOptions(ctx context.Context, conn *pgx.Conn, tables 
 		return nil
 	case err != nil:
 		return fmt.Errorf("reading publication %q: %w", pc.Publication, err)
-	case !inserts:
-		return fmt.Errorf("publication %q of shard %d of %d does not publish INSERTs, so no event of this shard reaches outboxd; run %s",
-			pc.Publication, c.shard.Index, c.shard.Count, shard.OptionsSQL(pc.Publication))
-	case viaRoot:
-		return nil
 	}
+	var partitioned *shard.Table
 	for _, t := range tables {
-		var partitioned bool
-		if err := conn.QueryRow(ctx, `SELECT coalesce((SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass($1)), false)`, t.String()).Scan(&partitioned); err != nil {
+		var is bool
+		if err := conn.QueryRow(ctx, `SELECT coalesce((SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass($1)), false)`, t.String()).Scan(&is); err != nil {
 			return fmt.Errorf("reading outbox table %s: %w", t, err)
 		}
-		if partitioned {
-			return fmt.Errorf("the outbox table %s is partitioned, and publication %q of shard %d of %d publishes its rows under each partition's name, where each partition's own row filter (none) applies, so every shard would deliver them; run %s",
-				t, pc.Publication, c.shard.Index, c.shard.Count, shard.OptionsSQL(pc.Publication))
+		if is {
+			partitioned = &t
+			break
 		}
 	}
-	return nil
+	if inserts && (viaRoot || partitioned == nil) {
+		return nil
+	}
+	stmt, err := c.optionsSQL(ctx, conn, partitioned != nil)
+	if err != nil {
+		return err
+	}
+	fix := "put the options of every shard publication that has them wrong right at once, with outboxd stopped: " + stmt
+	if !inserts {
+		return fmt.Errorf("publication %q of shard %d of %d does not publish INSERTs, so no event of this shard reaches outboxd; %s. "+
+			"The rows of this shard written while it did not publish INSERTs reached no slot: send them with outboxd replay",
+			pc.Publication, c.shard.Index, c.shard.Count, fix)
+	}
+	return fmt.Errorf("the outbox table %s is partitioned, and publication %q of shard %d of %d publishes its rows under each partition's name, where each partition's own row filter (none) applies, so every shard would deliver them; %s. "+
+		"Rows written before it are decoded with the old setting even after it: each shard whose publication lacked it delivers them all, so they are repeated, out of order across shards",
+		*partitioned, pc.Publication, c.shard.Index, c.shard.Count, fix)
+}
+
+// optionsSQL returns the one transaction of shard.OptionsSQL over every
+// existing publication of this shard count that does not publish inserts
+// or, when an outbox table is partitioned, does not publish via its root.
+func (c *Checker) optionsSQL(ctx context.Context, conn *pgx.Conn, partitioned bool) (string, error) {
+	base := strings.TrimSuffix(c.cfg.Postgres.Publication, fmt.Sprintf("_%dof%d", c.shard.Index, c.shard.Count))
+	pubs, err := shard.Names(base, c.shard.Count)
+	if err != nil {
+		return "", fmt.Errorf("postgres.publication: %w", err)
+	}
+	rows, err := conn.Query(ctx, `SELECT pubname::text FROM pg_publication WHERE pubname = ANY($1) AND (NOT pubinsert OR (NOT pubviaroot AND $2))
+		ORDER BY array_position($1, pubname::text)`, pubs, partitioned)
+	if err != nil {
+		return "", fmt.Errorf("reading the options of the shard publications: %w", err)
+	}
+	var stmts []string
+	var name string
+	if _, err := pgx.ForEachRow(rows, []any{&name}, func() error {
+		stmts = append(stmts, shard.OptionsSQL(name))
+		return nil
+	}); err != nil {
+		return "", fmt.Errorf("reading the options of the shard publications: %w", err)
+	}
+	return shard.TxSQL(stmts), nil
 }
 
 // refuseShardedOthers refuses, with one outbox table, another table in the

@@ -724,7 +724,7 @@ func (p *PG) checkNewPublication(ctx context.Context, name string, i, n int, fix
 		stmts = append(stmts, shard.RefilterStatements(name, f.listed(), f.missing, i, n)...)
 		wrong = append(wrong, f.String())
 	}
-	stmt := txSQL(stmts)
+	stmt := shard.TxSQL(stmts)
 	what := fmt.Sprintf("publication %q of new shard %d of %d: %s", name, i, n, strings.Join(wrong, "; "))
 	if len(o.roots) > 0 {
 		what += " (its tables and row filters are checked once that is put right)"
@@ -751,15 +751,6 @@ func (p *PG) checkNewPublication(ctx context.Context, name string, i, n int, fix
 		return p.checkNewPublication(ctx, name, i, n, fix) // its tables, now listed by the roots' names
 	}
 	return nil, nil
-}
-
-// txSQL returns stmts as the operator runs them: in one transaction
-// (BEGIN; ...; COMMIT;) when there are several.
-func txSQL(stmts []string) string {
-	if len(stmts) == 1 {
-		return stmts[0]
-	}
-	return "BEGIN; " + strings.Join(stmts, "; ") + "; COMMIT;"
 }
 
 // refilter runs shard.RefilterStatements in one transaction.
@@ -813,7 +804,7 @@ func (p *PG) checkFilters(ctx context.Context, seen []checked) error {
 		}
 		return &PermanentError{fmt.Errorf("%w. Put every wrong filter right at once, with outboxd stopped: %s. "+
 			"A wrong filter that came from changing a table's router.key_column at more than one shard reorders that table's events across the change, since a row's old and new key may hash to different shards",
-			errors.Join(why...), txSQL(stmts))}
+			errors.Join(why...), shard.TxSQL(stmts))}
 	}
 	for _, c := range seen {
 		name, i, n := c.sh.Publication, c.sh.Index, c.sh.Count
