@@ -57,18 +57,7 @@ func TestPipelineCursorOnKfake(t *testing.T) {
 		return kfaketest.ProduceResponse(req, kerr.InvalidRecord.Code), nil, true
 	})
 
-	cfg := config.Default()
-	cfg.Kafka.Brokers = c.ListenAddrs()
-	cfg.Kafka.TopicPartitions, cfg.Kafka.TopicReplicationFactor = 1, 1
-	cfg.Kafka.DeliveryTimeout = 10 * time.Second
-	cfg.Postgres.Backfill.Batch = batch
-	rel := &wal.Relation{ID: 16384, Namespace: "public", Name: "outbox", Columns: []wal.Column{
-		{Name: "id", TypeOID: 2950, Key: true}, {Name: "aggregate_type", TypeOID: 25}, {Name: "aggregate_id", TypeOID: 25},
-		{Name: "event_type", TypeOID: 25}, {Name: "payload", TypeOID: 3802}}}
-	r, err := router.New(cfg.Router, router.Schema{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg, rel, r := pipelineSetup(t, c, batch, 10*time.Second)
 	// Row i is keyed %06d; the second page goes to bad-events.
 	var rows []row
 	for i := range batch * pages {
@@ -158,4 +147,24 @@ func TestPipelineCursorOnKfake(t *testing.T) {
 	if last := saves[len(saves)-1]; last.Sent != int64(len(rows)) {
 		t.Errorf("the resumed run saved %d rows done, want %d", last.Sent, len(rows))
 	}
+}
+
+// pipelineSetup is the configuration of a backfill of batch-row pages into
+// the kfake cluster c, the outbox relation its rows come from and the
+// router for them.
+func pipelineSetup(t *testing.T, c *kfake.Cluster, batch int, deliveryTimeout time.Duration) (config.Config, *wal.Relation, *router.Router) {
+	t.Helper()
+	cfg := config.Default()
+	cfg.Kafka.Brokers = c.ListenAddrs()
+	cfg.Kafka.TopicPartitions, cfg.Kafka.TopicReplicationFactor = 1, 1
+	cfg.Kafka.DeliveryTimeout = deliveryTimeout
+	cfg.Postgres.Backfill.Batch = batch
+	rel := &wal.Relation{ID: 16384, Namespace: "public", Name: "outbox", Columns: []wal.Column{
+		{Name: "id", TypeOID: 2950, Key: true}, {Name: "aggregate_type", TypeOID: 25}, {Name: "aggregate_id", TypeOID: 25},
+		{Name: "event_type", TypeOID: 25}, {Name: "payload", TypeOID: 3802}}}
+	r, err := router.New(cfg.Router, router.Schema{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg, rel, r
 }

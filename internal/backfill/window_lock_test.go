@@ -16,9 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/internal/replay"
-	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/sink"
 	"github.com/outboxd/outboxd/wal"
 )
@@ -47,19 +45,8 @@ func TestPipelineShutdownDuringReadKeepsTheLock(t *testing.T) {
 		answered.Add(1)
 		return nil, nil, false
 	})
-	cfg := config.Default()
-	cfg.Kafka.Brokers = c.ListenAddrs()
-	cfg.Kafka.TopicPartitions, cfg.Kafka.TopicReplicationFactor = 1, 1
-	cfg.Kafka.DeliveryTimeout = 30 * time.Second
-	cfg.Postgres.Backfill.Batch = batch
+	cfg, rel, r := pipelineSetup(t, c, batch, 30*time.Second)
 	cfg.ShutdownTimeout = 10 * time.Second
-	rel := &wal.Relation{ID: 16384, Namespace: "public", Name: "outbox", Columns: []wal.Column{
-		{Name: "id", TypeOID: 2950, Key: true}, {Name: "aggregate_type", TypeOID: 25}, {Name: "aggregate_id", TypeOID: 25},
-		{Name: "event_type", TypeOID: 25}, {Name: "payload", TypeOID: 3802}}}
-	r, err := router.New(cfg.Router, router.Schema{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	var rows []row
 	for i := range batch {
 		text := func(s string) wal.Datum { return wal.Datum{Kind: wal.DatumText, Data: []byte(s)} }
