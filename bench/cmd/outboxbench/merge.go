@@ -23,9 +23,7 @@ import (
 // is cited without the build and the day that produced it.
 func cmdMerge(args []string) error {
 	fs := flag.NewFlagSet("merge", flag.ExitOnError)
-	out := fs.String("out", "bench/results/latest", "the merged results directory (replaced)")
-	docs := fs.String("docs", "", "comma-separated documents whose generated sections are rewritten (e.g. BENCHMARKS.md,README.md)")
-	withPlots := fs.Bool("plots", false, "also render the PNGs with gnuplot (bench/plot.gp, run from the repository's root)")
+	out, docs, withPlots := renderFlags(fs, "the merged results directory (replaced)")
 	_ = fs.Parse(args)
 	if fs.NArg() == 0 {
 		return fmt.Errorf("name the results directories of the runs to merge (each with results-full.jsonl and machine-full.txt)")

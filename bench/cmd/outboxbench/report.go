@@ -21,9 +21,7 @@ import (
 // README.md) from the same data.
 func cmdReport(args []string) error {
 	fs := flag.NewFlagSet("report", flag.ExitOnError)
-	out := fs.String("out", "bench/results/latest", "results directory: read from and written to")
-	docs := fs.String("docs", "", "comma-separated documents whose generated sections are rewritten (e.g. BENCHMARKS.md,README.md)")
-	withPlots := fs.Bool("plots", false, "also render the PNGs with gnuplot (bench/plot.gp, run from the repository's root)")
+	out, docs, withPlots := renderFlags(fs, "results directory: read from and written to")
 	_ = fs.Parse(args)
 	paths := fs.Args()
 	if len(paths) == 0 {
@@ -80,6 +78,16 @@ func cmdReport(args []string) error {
 		plots(*out, size)
 	}
 	return nil
+}
+
+// renderFlags are the flags of the commands that render a results
+// directory (report, merge): the directory, the documents whose generated
+// sections are rewritten, and whether the PNGs are rendered too.
+func renderFlags(fs *flag.FlagSet, outUsage string) (out, docs *string, withPlots *bool) {
+	out = fs.String("out", "bench/results/latest", outUsage)
+	docs = fs.String("docs", "", "comma-separated documents whose generated sections are rewritten (e.g. BENCHMARKS.md,README.md)")
+	withPlots = fs.Bool("plots", false, "also render the PNGs with gnuplot (bench/plot.gp, run from the repository's root)")
+	return out, docs, withPlots
 }
 
 // resultsFile finds a directory's result lines, a full run's first.
