@@ -365,7 +365,7 @@ func TestShardsSeveralTablesReshardStalePublication(t *testing.T) {
 		t.Fatalf("outboxd exited %d after SIGTERM", code)
 	}
 
-	expectStartupError(t, env(1), `checking the publications of the 1 new shards before the cutover: publication \\"outboxd\\" does not include orders\.events.*The reshard from 2 to 1 shards is still creating`, "-config", cfg)
+	expectStartupError(t, env(1), `checking the publications of the 1 new shards before the cutover: publication \\"outboxd\\" of shard 0 of 1 does not include \\"orders\\"\.\\"events\\".*ALTER PUBLICATION \\"outboxd\\" ADD TABLE \\"orders\\"\.\\"events\\"\..*up to the cutover those of the 2 old shards.*The reshard from 2 to 1 shards is still creating`, "-config", cfg)
 	var phase string
 	if err := d.pool.QueryRow(context.Background(), `SELECT phase FROM public.outboxd_reshard WHERE slot = $1`, d.slot).Scan(&phase); err != nil || phase != "creating" {
 		t.Errorf("after the refusal the reshard's phase is %q (%v), want creating", phase, err)

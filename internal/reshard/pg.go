@@ -275,9 +275,10 @@ func (p *PG) CreatePublications(ctx context.Context, names []string, fix bool) e
 	return nil
 }
 
-// createPublication is CreatePublications of the publication name. Without
-// fix it returns the outbox tables an existing publication of n > 1 lacks,
-// for CreatePublications to refuse, rather than refusing them.
+// createPublication is CreatePublications of the publication name. It
+// returns the outbox tables an existing publication lacks, for
+// CreatePublications to refuse, rather than refusing them: without fix
+// for n > 1, always for n = 1 (whose publication outboxd never alters).
 func (p *PG) createPublication(ctx context.Context, name string, fix bool) ([]shard.Table, error) {
 	i, n, ok := shard.Parse(p.Cfg.Publication, name)
 	if !ok {
@@ -295,6 +296,17 @@ func (p *PG) createPublication(ctx context.Context, name string, fix bool) ([]sh
 		// §1, S2: one shard too).
 		return nil, &PermanentError{fmt.Errorf("publication %q of new shard %d of %d does not exist (dropped after the new shards' slots were made): made now, it would publish nothing written before it, so roll the reshard back rather than create it", name, i, n)}
 	case n == 1:
+		// A table the existing "outboxd" lacks is returned, not refused
+		// with an ALTER of it alone: the old shards' publications lack it
+		// too, and they deliver every row up to the cutover
+		// (CreatePublications refuses it over both counts; fourth review
+		// of issue 35 §1, M1).
+		if exists {
+			missing, err := p.lacking(ctx, name)
+			if err != nil || len(missing) > 0 {
+				return missing, err
+			}
+		}
 		// Its own refusals (a missing publication with
 		// create_publication false, a table it lacks) carry no
 		// SQLSTATE: only a server error is judged by transient here.
@@ -317,6 +329,28 @@ func (p *PG) createPublication(ctx context.Context, name string, fix bool) ([]sh
 		return nil, p.createShardPublication(ctx, name, i, n)
 	}
 	return p.checkNewPublication(ctx, name, i, n, fix)
+}
+
+// lacking returns the outbox tables the existing publication name does
+// not list. A partitioned one it publishes under its partitions' names
+// (without publish_via_partition_root) is left to the check of its
+// options, which refuses that first.
+func (p *PG) lacking(ctx context.Context, name string) ([]shard.Table, error) {
+	o, err := p.readOptions(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	listed, err := p.listedTables(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	var missing []shard.Table
+	for _, t := range p.Tables {
+		if !listed[shard.Table{Schema: t.Schema, Name: t.Name}] && !slices.Contains(o.roots, t) {
+			missing = append(missing, t)
+		}
+	}
+	return missing, nil
 }
 
 // CutoverLSN returns the position to record as the cutover once the

@@ -15,6 +15,7 @@ import (
 	"github.com/outboxd/outboxd/internal/reshard"
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/shard"
+	"github.com/outboxd/outboxd/wal"
 )
 
 // TxnEnd finds the end LSN of a transaction by its commit LSN in an idle
@@ -374,25 +375,56 @@ func TestCutoverLSNWaitEndsWithItsContext(t *testing.T) {
 // (refuseMissing): the old shards deliver its rows up to the cutover,
 // which the start after the fix records. It needs the test bed's Postgres.
 func TestCutoverCheckAddsAMissingTableToBothCounts(t *testing.T) {
-	ctx := context.Background()
-	conn, db, _ := reshardingTwoToThree(t, "cutadd", nil)
+	conn, db, _ := resharding(t, "cutadd", 2, 3, nil)
 	names, _ := shard.Names("outboxd", 3)
+	refusedWithBothCounts(t, conn, db, names, `"outboxd_0of2"`, `"outboxd_2of3"`)
+}
+
+// Fourth review of issue 35 §1, M1: resharding down to one shard, a table
+// the new publication "outboxd" lacks is refused at the cutover's check
+// with the transaction over the publications of both counts, not with an
+// ALTER of "outboxd" alone: the old shards' publications lack it too, and
+// they deliver every row up to the cutover. The transaction runs as
+// printed. It needs the test bed's Postgres.
+func TestCutoverToOneShardAddsAMissingTableToBothCounts(t *testing.T) {
+	conn, db, _ := resharding(t, "cutdown", 2, 1, nil)
+	refusedWithBothCounts(t, conn, db, []string{"outboxd"}, `"outboxd_0of2"`, `"outboxd_1of2"`, `ALTER PUBLICATION "outboxd" ADD TABLE "public"."events";`)
+}
+
+// The same from one shard (1 -> 2): the transaction adds the table to the
+// old shard's publication "outboxd" unfiltered. It needs the test bed's
+// Postgres.
+func TestCutoverFromOneShardAddsAMissingTableToBothCounts(t *testing.T) {
+	conn, db, _ := resharding(t, "cutup", 1, 2, nil)
+	names, _ := shard.Names("outboxd", 2)
+	refusedWithBothCounts(t, conn, db, names, `"outboxd_1of2"`, `ALTER PUBLICATION "outboxd" ADD TABLE "public"."events";`)
+}
+
+// refusedWithBothCounts checks that the cutover's check of the new
+// publications names refuses a table no publication lists with one
+// transaction that says each of want and runs as printed, after which the
+// check passes.
+func refusedWithBothCounts(t *testing.T, conn *pgx.Conn, db *reshard.PG, names []string, want ...string) {
+	t.Helper()
+	ctx := context.Background()
 	err := db.CreatePublications(ctx, names, false)
 	if err == nil {
 		t.Fatal("a table no publication lists passed")
 	}
 	t.Logf("refused: %v", err)
-	for _, want := range []string{`"outboxd_0of2"`, `"outboxd_2of3"`, "before the application first writes", "published to no shard"} {
-		if !strings.Contains(err.Error(), want) {
-			t.Errorf("the cutover's refusal of a table no publication lists does not say %s", want)
+	stmt := regexp.MustCompile(`BEGIN; .*?COMMIT;`).FindString(err.Error())
+	for _, w := range want {
+		if !strings.Contains(stmt, w) {
+			t.Errorf("the transaction %q does not say %s", stmt, w)
 		}
 	}
-	stmt := regexp.MustCompile(`BEGIN; .*?COMMIT;`).FindString(err.Error())
-	if stmt == "" {
-		t.Fatal("no transaction in the refusal")
+	for _, w := range []string{"before the application first writes", "published to no shard"} {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("the refusal does not say %s", w)
+		}
 	}
-	if strings.Count(err.Error(), stmt) != 1 {
-		t.Errorf("the transaction is named %d times, want once", strings.Count(err.Error(), stmt))
+	if stmt == "" || strings.Count(err.Error(), stmt) != 1 {
+		t.Fatalf("the transaction is named %d times, want once", strings.Count(err.Error(), stmt))
 	}
 	if _, err := conn.Exec(ctx, stmt); err != nil {
 		t.Fatal(err)
@@ -407,44 +439,62 @@ func TestCutoverCheckAddsAMissingTableToBothCounts(t *testing.T) {
 // shard: the new shards deliver only past the cutover (third review of
 // issue 35 §1, M2). It needs the test bed's Postgres.
 func TestMissingTableListedByTheNewShardsOnly(t *testing.T) {
-	_, db, old := reshardingTwoToThree(t, "newonly", func(n int) bool { return n == 3 })
+	_, db, old := resharding(t, "newonly", 2, 3, func(n int) bool { return n == 3 })
 	err := db.EnsureShardPublications(context.Background(), old)
 	if err == nil || strings.Contains(err.Error(), "list them already") || !strings.Contains(err.Error(), "published to no shard") {
 		t.Errorf("EnsureShardPublications of the old shards = %v; want the rows before the fix published to no shard", err)
 	}
 }
 
-// reshardingTwoToThree makes a database with the outbox tables outbox and
-// events, a reshard from 2 to 3 shards recorded (creating) and the
-// publications of both counts, listing events where lists(count): a table
-// added to postgres.tables after the new slots were made. It returns the
-// PG and the old shards.
-func reshardingTwoToThree(t *testing.T, prefix string, lists func(n int) bool) (*pgx.Conn, *reshard.PG, []shard.Shard) {
+// resharding makes a database with the outbox tables outbox and events,
+// a reshard from shards to shards recorded (creating) and the
+// publications of both counts (one shard's unsharded, as outboxd makes
+// it), listing events where lists(count): a table added to
+// postgres.tables during the reshard. It returns the PG and the old
+// shards.
+func resharding(t *testing.T, prefix string, from, to int, lists func(n int) bool) (*pgx.Conn, *reshard.PG, []shard.Shard) {
 	t.Helper()
 	ctx := context.Background()
 	conn := testenv.Connect(t, prefix, `CREATE TABLE outbox (k text); CREATE TABLE events (k text)`)
 	tables := []shard.Table{{Schema: "public", Name: "outbox", KeyColumn: "k"}, {Schema: "public", Name: "events", KeyColumn: "k"}}
 	var old []shard.Shard
-	for _, n := range []int{2, 3} {
+	for _, n := range []int{from, to} {
 		listed := tables[:1]
 		if lists != nil && lists(n) {
 			listed = tables
 		}
 		for i := range n {
 			name, _ := shard.Name("outboxd", i, n)
-			if _, err := conn.Exec(ctx, shard.PublicationSQL(name, listed, i, n)); err != nil {
+			q := shard.PublicationSQL(name, listed, i, n)
+			if n == 1 {
+				q = wal.PublicationOfSQL(name, walTables(listed))
+			}
+			if _, err := conn.Exec(ctx, q); err != nil {
 				t.Fatal(err)
 			}
-			if n == 2 {
+			if n == from {
 				old = append(old, shard.Shard{Index: i, Count: n, Slot: name, Publication: name})
 			}
 		}
 	}
 	for _, q := range []string{shard.StateTableSQL("public"),
-		`INSERT INTO public.outboxd_reshard (slot, from_shards, to_shards, phase) VALUES ('outboxd', 2, 3, 'creating')`} {
-		if _, err := conn.Exec(ctx, q); err != nil {
+		`INSERT INTO public.outboxd_reshard (slot, from_shards, to_shards, phase) VALUES ('outboxd', $1, $2, 'creating')`} {
+		var args []any
+		if strings.HasPrefix(q, "INSERT") {
+			args = []any{from, to}
+		}
+		if _, err := conn.Exec(ctx, q, args...); err != nil {
 			t.Fatal(err)
 		}
 	}
 	return conn, &reshard.PG{Conn: conn, Cfg: config.Postgres{Publication: "outboxd", Slot: "outboxd", Table: "public.outbox", CreatePublication: true}, Tables: tables}, old
+}
+
+// walTables are tables as package wal names them.
+func walTables(tables []shard.Table) []wal.Table {
+	out := make([]wal.Table, len(tables))
+	for i, t := range tables {
+		out[i] = wal.Table{Schema: t.Schema, Name: t.Name}
+	}
+	return out
 }
