@@ -236,8 +236,13 @@ func (p *PG) Begin(ctx context.Context, pl shard.Plan) error {
 // transaction that adds it to the publications of both shard counts
 // (refuseMissing: the old shards' lack it too): Run takes the cutover past the end of
 // every transaction open at the check's passing (CutoverLSN), so a fix by
-// hand then loses nothing.
+// hand then loses nothing. Before all that, fix or not, an outbox table
+// an old shard's publication lacks is refused the same way
+// (checkOldPublications).
 func (p *PG) CreatePublications(ctx context.Context, names []string, fix bool) error {
+	if err := p.checkOldPublications(ctx); err != nil {
+		return err
+	}
 	var refused []error
 	first, lacking := "", []shard.Table(nil)
 	for _, name := range names {
@@ -271,6 +276,41 @@ func (p *PG) CreatePublications(ctx context.Context, names []string, fix bool) e
 	}
 	if len(refused) > 0 {
 		return &PermanentError{errors.Join(refused...)}
+	}
+	return nil
+}
+
+// checkOldPublications refuses, before anything is made or put right, an
+// outbox table that an existing publication of the old shards of the
+// reshard recorded lacks, through refuseMissing over both shard counts:
+// the old shards deliver every row up to the cutover, so adding it to the
+// new shards' publications alone would leave its rows up to then to no
+// shard, and the first word of it would come from the drain, after the
+// cutover is recorded (fourth review of issue 35 §1, S1).
+func (p *PG) checkOldPublications(ctx context.Context) error {
+	plan, err := readPlan(ctx, p.Conn, p.Cfg)
+	if err != nil || plan == nil {
+		return err
+	}
+	pubs, err := shard.Names(p.Cfg.Publication, plan.From)
+	if err != nil {
+		return &PermanentError{fmt.Errorf("postgres.publication: %w", err)}
+	}
+	for i, pub := range pubs {
+		exists, err := p.publicationExists(ctx, pub)
+		if err != nil {
+			return err
+		}
+		if !exists {
+			continue // the old shards' own start refuses it
+		}
+		missing, err := p.lacking(ctx, pub)
+		if err != nil {
+			return err
+		}
+		if len(missing) > 0 {
+			return p.refuseMissing(ctx, pub, missing, i, plan.From)
+		}
 	}
 	return nil
 }

@@ -377,7 +377,7 @@ func TestCutoverLSNWaitEndsWithItsContext(t *testing.T) {
 func TestCutoverCheckAddsAMissingTableToBothCounts(t *testing.T) {
 	conn, db, _ := resharding(t, "cutadd", 2, 3, nil)
 	names, _ := shard.Names("outboxd", 3)
-	refusedWithBothCounts(t, conn, db, names, `"outboxd_0of2"`, `"outboxd_2of3"`)
+	refusedWithBothCounts(t, conn, db, names, false, `"outboxd_0of2"`, `"outboxd_2of3"`)
 }
 
 // Fourth review of issue 35 §1, M1: resharding down to one shard, a table
@@ -388,7 +388,7 @@ func TestCutoverCheckAddsAMissingTableToBothCounts(t *testing.T) {
 // printed. It needs the test bed's Postgres.
 func TestCutoverToOneShardAddsAMissingTableToBothCounts(t *testing.T) {
 	conn, db, _ := resharding(t, "cutdown", 2, 1, nil)
-	refusedWithBothCounts(t, conn, db, []string{"outboxd"}, `"outboxd_0of2"`, `"outboxd_1of2"`, `ALTER PUBLICATION "outboxd" ADD TABLE "public"."events";`)
+	refusedWithBothCounts(t, conn, db, []string{"outboxd"}, false, `"outboxd_0of2"`, `"outboxd_1of2"`, `ALTER PUBLICATION "outboxd" ADD TABLE "public"."events";`)
 }
 
 // The same from one shard (1 -> 2): the transaction adds the table to the
@@ -397,17 +397,17 @@ func TestCutoverToOneShardAddsAMissingTableToBothCounts(t *testing.T) {
 func TestCutoverFromOneShardAddsAMissingTableToBothCounts(t *testing.T) {
 	conn, db, _ := resharding(t, "cutup", 1, 2, nil)
 	names, _ := shard.Names("outboxd", 2)
-	refusedWithBothCounts(t, conn, db, names, `"outboxd_1of2"`, `ALTER PUBLICATION "outboxd" ADD TABLE "public"."events";`)
+	refusedWithBothCounts(t, conn, db, names, false, `"outboxd_1of2"`, `ALTER PUBLICATION "outboxd" ADD TABLE "public"."events";`)
 }
 
-// refusedWithBothCounts checks that the cutover's check of the new
-// publications names refuses a table no publication lists with one
-// transaction that says each of want and runs as printed, after which the
-// check passes.
-func refusedWithBothCounts(t *testing.T, conn *pgx.Conn, db *reshard.PG, names []string, want ...string) {
+// refusedWithBothCounts checks that the check of the new publications
+// names (at Create with fix, else at the cutover) refuses a table no
+// publication lists with one transaction that says each of want and runs
+// as printed, after which the check passes.
+func refusedWithBothCounts(t *testing.T, conn *pgx.Conn, db *reshard.PG, names []string, fix bool, want ...string) {
 	t.Helper()
 	ctx := context.Background()
-	err := db.CreatePublications(ctx, names, false)
+	err := db.CreatePublications(ctx, names, fix)
 	if err == nil {
 		t.Fatal("a table no publication lists passed")
 	}
@@ -429,9 +429,21 @@ func refusedWithBothCounts(t *testing.T, conn *pgx.Conn, db *reshard.PG, names [
 	if _, err := conn.Exec(ctx, stmt); err != nil {
 		t.Fatal(err)
 	}
-	if err := db.CreatePublications(ctx, names, false); err != nil {
+	if err := db.CreatePublications(ctx, names, fix); err != nil {
 		t.Errorf("after the printed transaction: %v", err)
 	}
+}
+
+// Fourth review of issue 35 §1, S1: at Create, a table the old shards'
+// publications lack is refused with the transaction over both counts
+// before anything is made or put right, not added to the new shards'
+// publications alone (their rows up to the cutover would reach no shard,
+// and the first word of it would come from the drain). It needs the test
+// bed's Postgres.
+func TestCreateRefusesATableTheOldShardsLack(t *testing.T) {
+	conn, db, _ := resharding(t, "createold", 2, 3, nil)
+	names, _ := shard.Names("outboxd", 3)
+	refusedWithBothCounts(t, conn, db, names, true, `"outboxd_0of2"`, `"outboxd_1of2"`, `"outboxd_2of3"`)
 }
 
 // While a reshard is recorded, a table the new shards' publications list
