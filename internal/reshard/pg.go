@@ -943,11 +943,9 @@ func (p *PG) refuseMissing(ctx context.Context, name string, missing []shard.Tab
 		counts = []int{plan.From, plan.To}
 	}
 	var lacks []shard.Lack
-	// A publication of the shards that deliver the rows written so far
-	// lists one of missing already: the old shards' while a reshard is
-	// recorded (the new ones deliver only rows past the cutover, which a
-	// start after the fix records at the earliest).
-	partly := false
+	// Whether a publication of each count listsAny one of missing already
+	// (an earlier ADD TABLE of some of them), and whether one lacks one.
+	listsAny, lacksAny := map[int]bool{}, map[int]bool{}
 	for _, count := range counts {
 		pubs, err := shard.Names(p.Cfg.Publication, count)
 		if err != nil {
@@ -969,8 +967,9 @@ func (p *PG) refuseMissing(ctx context.Context, name string, missing []shard.Tab
 			for _, t := range p.Tables {
 				if !listed[shard.Table{Schema: t.Schema, Name: t.Name}] {
 					l.Tables = append(l.Tables, t)
-				} else if slices.Contains(missing, t) && count == counts[0] {
-					partly = true
+					lacksAny[count] = lacksAny[count] || slices.Contains(missing, t)
+				} else if slices.Contains(missing, t) {
+					listsAny[count] = true
 				}
 			}
 			lacks = append(lacks, l)
@@ -980,16 +979,42 @@ func (p *PG) refuseMissing(ctx context.Context, name string, missing []shard.Tab
 	if plan != nil {
 		every = fmt.Sprintf("every shard's publication, of the %d old shards and of the %d new ones of the reshard in progress,", plan.From, plan.To)
 	}
-	before := "Rows of them written before that transaction are published to no shard: send them with outboxd replay"
-	if partly {
-		before = "Rows of them written before that transaction are published only by the shard publications that list them already (an earlier ADD TABLE of some of them), and to no other shard: send the missing ones with outboxd replay"
-		if plan != nil {
-			before = fmt.Sprintf("Rows of them written before that transaction reach a shard only where the publication that delivers them lists them already (an earlier ADD TABLE of some of them): up to the cutover those of the %d old shards, past it those of the %d new ones; send the missing ones with outboxd replay", plan.From, plan.To)
-		}
-	}
+	before := rowsBefore(plan, counts[0], listsAny, lacksAny)
 	return &PermanentError{wal.Errorf(wal.ErrPublicationMissing, "publication %q of shard %d of %d does not include %s, so none of its rows whose key hashes to shard %d reach outboxd. "+
 		"Add the tables to %s at once, with outboxd stopped and before the application first writes them: %s. %s",
 		name, i, n, tableNames(missing), i, every, shard.AddLacksSQL(lacks), before)}
+}
+
+// rowsBefore says which shards deliver the rows of the tables refuseMissing
+// refuses that were written before its transaction, and which to replay,
+// given whether a publication of each shard count lists one of them
+// already and whether one lacks one. Before the cutover of a reshard
+// recorded, or without one, the shards of count first deliver them all
+// (the new ones only those past a cutover the start after the fix
+// records); once it is recorded, the old shards those up to it and the
+// new ones those past it, where their publications list them (fourth
+// review of issue 35 §1, S2).
+func rowsBefore(plan *shard.Plan, first int, listsAny, lacksAny map[int]bool) string {
+	if plan == nil || (plan.Phase != shard.Draining && plan.Phase != shard.Switched) {
+		switch {
+		case !listsAny[first]:
+			return "Rows of them written before that transaction are published to no shard: send them with outboxd replay"
+		case plan == nil:
+			return "Rows of them written before that transaction are published only by the shard publications that list them already (an earlier ADD TABLE of some of them), and to no other shard: send the missing ones with outboxd replay"
+		}
+		return fmt.Sprintf("Rows of them written before that transaction reach a shard only where the publication that delivers them lists them already (an earlier ADD TABLE of some of them): up to the cutover those of the %d old shards, past it those of the %d new ones; send the missing ones with outboxd replay", plan.From, plan.To)
+	}
+	deliver := func(count int, which string) string {
+		switch {
+		case !lacksAny[count]:
+			return fmt.Sprintf("the %d %s shards deliver them (their publications list them)", count, which)
+		case listsAny[count]:
+			return fmt.Sprintf("only those of the %d %s shards whose publications list them already deliver them", count, which)
+		}
+		return fmt.Sprintf("no shard delivers them (the %d %s shards' publications lack them)", count, which)
+	}
+	return fmt.Sprintf("Rows of them written before that transaction and up to the cutover at %s (recorded): %s. Written past it: %s. Send with outboxd replay only those no shard delivered: replaying the others repeats them",
+		plan.Cutover, deliver(plan.From, "old"), deliver(plan.To, "new"))
 }
 
 // listedTables reads the tables of publication pub.

@@ -458,6 +458,33 @@ func TestMissingTableListedByTheNewShardsOnly(t *testing.T) {
 	}
 }
 
+// Fourth review of issue 35 §1, S2: once the cutover is recorded, the
+// refusal of a table the old shards' publications lack and the new ones'
+// list says that the new shards deliver its rows past the cutover, and
+// names it, rather than sending every row before the fix to a replay,
+// which would repeat those. It needs the test bed's Postgres.
+func TestMissingTableAfterTheCutoverListedByTheNewShards(t *testing.T) {
+	conn, db, old := resharding(t, "drainnew", 2, 3, func(n int) bool { return n == 3 })
+	ctx := context.Background()
+	var cutover string
+	if err := conn.QueryRow(ctx, `UPDATE public.outboxd_reshard SET phase = 'draining', cutover = pg_current_wal_insert_lsn() RETURNING cutover::text`).Scan(&cutover); err != nil {
+		t.Fatal(err)
+	}
+	err := db.EnsureShardPublications(ctx, old)
+	if err == nil {
+		t.Fatal("the old shards' publications lack events, and EnsureShardPublications passed")
+	}
+	t.Logf("refused: %v", err)
+	if strings.Contains(err.Error(), "published to no shard") {
+		t.Errorf("the refusal says the rows before the fix reached no shard; the new shards deliver those past the cutover")
+	}
+	for _, want := range []string{"cutover at " + cutover, "the 3 new shards deliver them", "no shard delivers them (the 2 old"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the refusal does not say %q", want)
+		}
+	}
+}
+
 // resharding makes a database with the outbox tables outbox and events,
 // a reshard from shards to shards recorded (creating) and the
 // publications of both counts (one shard's unsharded, as outboxd makes
