@@ -168,6 +168,13 @@ func Run(ctx context.Context, db DB, cfg Config, drain Drain, log *slog.Logger) 
 				progress("resharding from %d to %d shards: recording the cutover: waiting for the transactions open now to end", a.Plan.From, a.Plan.To)
 				var now wal.LSN
 				if now, err = db.CutoverLSN(ctx); err == nil {
+					// Checked once more after the wait, which lasts as
+					// long as the oldest transaction: a publication
+					// changed during it is refused as before it
+					// (fourth review of issue 35 §1, S3).
+					err = checkPublications(ctx, db, cfg, a.Plan, false)
+				}
+				if err == nil {
 					moved, err = db.SetPhase(ctx, a.Plan, shard.Draining, max(a.Cutover, now))
 				}
 			}

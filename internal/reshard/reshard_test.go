@@ -339,7 +339,8 @@ func TestRunCutoverAfterTheCheck(t *testing.T) {
 	}
 }
 
-// checkAt records the WAL position of the check before the cutover.
+// checkAt records the WAL position of the check before the cutover's wait
+// (the first without fix).
 type checkAt struct {
 	*fakeDB
 	at *wal.LSN
@@ -347,10 +348,40 @@ type checkAt struct {
 
 func (c checkAt) CreatePublications(ctx context.Context, names []string, fix bool) error {
 	err := c.fakeDB.CreatePublications(ctx, names, fix)
-	if !fix && err == nil {
+	if !fix && err == nil && *c.at == 0 {
 		*c.at = c.wal
 	}
 	return err
+}
+
+// Fourth review of issue 35 §1, S3: the publications are checked again
+// after the cutover's wait for open transactions, which lasts as long as
+// the oldest one, and a refusal then records no cutover.
+func TestRunChecksAgainAfterTheWait(t *testing.T) {
+	f := newFake("outboxd_0of2", "outboxd_1of2")
+	refused := &PermanentError{Err: errors.New(`publication "outboxd_2of3" does not include "public"."events"`)}
+	_, _, err := Run(context.Background(), refuseAfterWait{f, refused}, Config{Slot: "outboxd", Publication: "outboxd", Want: 3, Poll: time.Millisecond}, f.drain,
+		slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if !errors.Is(err, refused) {
+		t.Fatalf("Run = %v (steps %v), want the refusal of the check after the wait", err, f.log)
+	}
+	if f.plan == nil || f.plan.Phase != shard.Creating || slices.Contains(f.log, "phase draining") {
+		t.Errorf("after the refusal: row %+v (steps %v), want the reshard creating", f.plan, f.log)
+	}
+}
+
+// refuseAfterWait refuses the check before the cutover once CutoverLSN
+// has waited.
+type refuseAfterWait struct {
+	*fakeDB
+	err error
+}
+
+func (r refuseAfterWait) CreatePublications(ctx context.Context, names []string, fix bool) error {
+	if !fix && slices.Contains(r.log, "cutover_lsn") {
+		return r.err
+	}
+	return r.fakeDB.CreatePublications(ctx, names, fix)
 }
 
 // refuseCheck refuses the check before the cutover.
