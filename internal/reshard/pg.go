@@ -292,27 +292,40 @@ func (p *PG) checkOldPublications(ctx context.Context) error {
 	if err != nil || plan == nil {
 		return err
 	}
-	pubs, err := shard.Names(p.Cfg.Publication, plan.From)
+	pubs, err := p.existingPublications(ctx, plan.From) // a missing one: the old shards' own start refuses it
 	if err != nil {
-		return &PermanentError{fmt.Errorf("postgres.publication: %w", err)}
+		return err
 	}
-	for i, pub := range pubs {
-		exists, err := p.publicationExists(ctx, pub)
-		if err != nil {
-			return err
-		}
-		if !exists {
-			continue // the old shards' own start refuses it
-		}
-		missing, err := p.lacking(ctx, pub)
+	for _, pub := range pubs {
+		missing, err := p.lacking(ctx, pub.Publication)
 		if err != nil {
 			return err
 		}
 		if len(missing) > 0 {
-			return p.refuseMissing(ctx, pub, missing, i, plan.From)
+			return p.refuseMissing(ctx, pub.Publication, missing, pub.I, pub.N)
 		}
 	}
 	return nil
+}
+
+// existingPublications returns the publications of count shards that
+// exist, each with its shard (no tables).
+func (p *PG) existingPublications(ctx context.Context, count int) ([]shard.Lack, error) {
+	names, err := shard.Names(p.Cfg.Publication, count)
+	if err != nil {
+		return nil, &PermanentError{fmt.Errorf("postgres.publication: %w", err)}
+	}
+	var out []shard.Lack
+	for i, name := range names {
+		exists, err := p.publicationExists(ctx, name)
+		if err != nil {
+			return nil, err
+		}
+		if exists {
+			out = append(out, shard.Lack{Publication: name, I: i, N: count})
+		}
+	}
+	return out, nil
 }
 
 // createPublication is CreatePublications of the publication name. It
@@ -943,27 +956,19 @@ func (p *PG) refuseMissing(ctx context.Context, name string, missing []shard.Tab
 		counts = []int{plan.From, plan.To}
 	}
 	var lacks []shard.Lack
-	// Whether a publication of each count listsAny one of missing already
+	// Whether a publication of each count lists one of missing already
 	// (an earlier ADD TABLE of some of them), and whether one lacks one.
 	listsAny, lacksAny := map[int]bool{}, map[int]bool{}
 	for _, count := range counts {
-		pubs, err := shard.Names(p.Cfg.Publication, count)
+		pubs, err := p.existingPublications(ctx, count) // a missing one is made with every table
 		if err != nil {
-			return &PermanentError{fmt.Errorf("postgres.publication: %w", err)}
+			return err
 		}
-		for j, pub := range pubs {
-			exists, err := p.publicationExists(ctx, pub)
+		for _, l := range pubs {
+			listed, err := p.listedTables(ctx, l.Publication)
 			if err != nil {
 				return err
 			}
-			if !exists {
-				continue // made with every table
-			}
-			listed, err := p.listedTables(ctx, pub)
-			if err != nil {
-				return err
-			}
-			l := shard.Lack{Publication: pub, I: j, N: count}
 			for _, t := range p.Tables {
 				if !listed[shard.Table{Schema: t.Schema, Name: t.Name}] {
 					l.Tables = append(l.Tables, t)
