@@ -251,10 +251,11 @@ func checkPublications(ctx context.Context, db DB, cfg Config, p shard.Plan, fix
 		return err
 	case fix:
 		return &PermanentError{fmt.Errorf("checking the publications of the %d new shards before the cutover: %w. The reshard from %d to %d shards is still creating: "+
-			"the old shards' slots hold every event, and the new shards' slots are made once their publications are right, so no event is lost", p.To, err, p.From, p.To)}
+			"the old shards' slots hold every event their publications list, and the new shards' slots are made once their publications are right, so the reshard itself loses no event "+
+			"(rows the refusal above says reached no shard were never published: send them as it says)", p.To, err, p.From, p.To)}
 	}
-	return &PermanentError{fmt.Errorf("checking the publications of the %d new shards before the cutover: %w. No cutover is recorded yet, and it is taken past the end of every transaction open when this check passes (the old shards deliver every row up to it), so no event is lost: "+
-		"run what is named with outboxd stopped and start outboxd again, or set postgres.shards: %d to roll the reshard back (it drops the new shards' slots), then set postgres.shards: %d again", p.To, err, p.From, p.To)}
+	return &PermanentError{fmt.Errorf("checking the publications of the %d new shards before the cutover: %w. No cutover is recorded yet, and it is taken past the end of every transaction open when this check passes (the old shards deliver every row their publications list up to it), so the reshard itself loses no event: "+
+		"run what is named with outboxd stopped and start outboxd again, and send the rows the refusal above says reached no shard as it says; or set postgres.shards: %d to roll the reshard back (it drops the new shards' slots), then set postgres.shards: %d again", p.To, err, p.From, p.To)}
 }
 
 // PermanentError is a step's failure that observing again cannot fix (a
