@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -17,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outboxd/outboxd/internal/replay"
+	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/sink"
 	"github.com/outboxd/outboxd/wal"
 )
@@ -28,10 +28,7 @@ import (
 // the same rows), and the pages Kafka acknowledges during the drain are not
 // saved.
 func TestPipelineShutdownDuringReadKeepsTheLock(t *testing.T) {
-	dsn := os.Getenv("OUTBOXD_TEST_PG_DSN")
-	if dsn == "" {
-		t.Skip("no OUTBOXD_TEST_PG_DSN")
-	}
+	dsn := testenv.PostgresDSN(t)
 	const batch = 100
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "order-events"))
 	if err != nil {

@@ -78,7 +78,11 @@ func TestMatchTablesPartitionedUnlogged(t *testing.T) {
 	if err := execs(conn, `ALTER EVENT TRIGGER `+TriggerName+` DISABLE`, `CREATE SCHEMA shop`,
 		`CREATE UNLOGGED TABLE shop.outbox (id int, at date) PARTITION BY RANGE (at)`,
 		`ALTER EVENT TRIGGER `+TriggerName+` ENABLE ALWAYS`); err != nil {
-		t.Skipf("this Postgres refuses an UNLOGGED partitioned table: %v", err)
+		var v int
+		if qerr := conn.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&v); qerr == nil && v >= 180000 {
+			t.Skipf("Postgres 18 refuses an UNLOGGED partitioned table, so none can be matched: %v", err)
+		}
+		t.Fatal(err)
 	}
 	_, err := MatchTables(ctx, conn, triggerConfig("*.outbox").Tables)
 	var ue *UnloggedError
