@@ -441,6 +441,11 @@ func (b *sender) record(ctx context.Context, n int, last []string, done bool) er
 			return err
 		}
 	}
+	// The rows are in Kafka now: they count, whether or not the save
+	// below fails (a failed save is retried when the run halts).
+	b.m.rows.Add(float64(n))
+	b.m.remaining.Set(float64(max(st.Total-st.Sent, 0)))
+	b.progress(st.Sent, st.Total)
 	if now := time.Now(); b.txn == nil || now.Sub(b.saved) >= saveEvery {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		err := b.save(sctx, *st)
@@ -450,9 +455,6 @@ func (b *sender) record(ctx context.Context, n int, last []string, done bool) er
 		}
 		b.saved = now
 	}
-	b.m.rows.Add(float64(n))
-	b.m.remaining.Set(float64(max(st.Total-st.Sent, 0)))
-	b.progress(st.Sent, st.Total)
 	return nil
 }
 
