@@ -1,12 +1,10 @@
 package pg
 
 import (
-	"bufio"
 	"context"
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"path/filepath"
 	"slices"
@@ -16,7 +14,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/outboxd/outboxd/config"
 )
@@ -137,7 +134,6 @@ func connectReplication(ctx context.Context, pg config.Postgres, addr string) (*
 	cfg := &ccfg.Config
 	cfg.RuntimeParams["replication"] = "database"
 	cfg.RuntimeParams["application_name"] = "outboxd"
-	cfg.BuildFrontend = replicationFrontend
 	where := pinTo(cfg, addr)
 	ctx, cancel := context.WithTimeout(ctx, connectTimeout(cfg))
 	defer cancel()
@@ -146,20 +142,6 @@ func connectReplication(ctx context.Context, pg config.Postgres, addr string) (*
 		return nil, fmt.Errorf("opening replication connection to %s as %s: %w; %s", where, cfg.User, unwrapConnect(err), connectHint(err))
 	}
 	return conn, nil
-}
-
-// replicationReadBuffer is how much of the replication stream one read
-// from the socket may take. pgproto3 reads at most 8 KB at a time, about 25
-// events of 250 bytes, which is right for queries; a catching-up walsender
-// keeps the socket full, so a larger read turns eight read syscalls (and
-// as many trips through the poller) into one. A read still returns what is
-// there and never waits for the buffer to fill, so latency is unchanged.
-const replicationReadBuffer = 64 << 10
-
-// replicationFrontend is pgproto3.NewFrontend reading through a buffer of
-// replicationReadBuffer bytes.
-func replicationFrontend(r io.Reader, w io.Writer) *pgproto3.Frontend {
-	return pgproto3.NewFrontend(bufio.NewReaderSize(r, replicationReadBuffer), w)
 }
 
 // errOtherServer refuses to dial a server other than the one pinned.
