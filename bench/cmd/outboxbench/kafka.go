@@ -462,14 +462,14 @@ func producePaced(ctx context.Context, c common, size int, rate float64, duratio
 // outboxd_eos's is (the marker's LogAppendTime, read back after the run);
 // the note gives send → commit returned too, which comes before the
 // markers are written. The client speaks transactions version 1 with a
-// 2 ms CONCURRENT_TRANSACTIONS backoff, as outboxd's exactly-once producer
+// 0.5 ms CONCURRENT_TRANSACTIONS backoff, as outboxd's exactly-once producer
 // does (sink.txnVersionOpts).
 func produceTxnPaced(ctx context.Context, c common, size int, rate float64, duration, warmup time.Duration) error {
 	pool := payloads(size)
 	vs := kversion.Stable()
 	vs.SetMaxKeyVersion(int16(kmsg.EndTxn), 4)
 	p, err := rawProducer(c, kgo.ProducerLinger(0), kgo.TransactionalID("outboxbench-"+c.prefix),
-		kgo.MaxVersions(vs), kgo.ConcurrentTransactionsBackoff(2*time.Millisecond))
+		kgo.MaxVersions(vs), kgo.ConcurrentTransactionsBackoff(500*time.Microsecond))
 	if err != nil {
 		return err
 	}
