@@ -93,12 +93,18 @@ func NewTransactional(cfg config.Kafka, m *Metrics, tm *TxnMetrics, log *slog.Lo
 // to add a partition to a transaction when the coordinator answers
 // CONCURRENT_TRANSACTIONS (franz-go's default: 20 ms). The next
 // transaction's first partition meets it while the previous commit's
-// markers are written (Kafka 4.3, one broker, 5,000 events/s: the flush
-// before each commit, which holds this wait, took 2.7 ms at the median), so
-// half the backoff is added to nearly every commit: at 2 ms the
-// read_committed p50 was 5.6 ms at 1,000 events/s, at 0.5 ms 2.9 ms (issue
-// 36 §2, same machine, back to back). A retry is one small request to the
-// coordinator.
+// markers are written, so up to one interval is added to nearly every
+// commit (Kafka 4.3, one broker, 5,000 events/s: the flush before each
+// commit, which holds this wait and the produce, took 2.7 ms at the
+// median). At 2 ms the read_committed p50 at 1,000 events/s was 5.6 ms, at
+// 0.5 ms 2.9 ms (issue 36 §2; quiet machine, back to back, two runs each:
+// more than the interval's average share, as a late commit also delays the
+// events that queue behind it). A retry is one small request to the
+// coordinator: about one a millisecond while a busy pipeline waits for the
+// markers; franz-go raises the interval to 200 ms after 1 s of refusals.
+// The loop is franz-go's CONCURRENT_TRANSACTIONS loop, which it takes only
+// because the error is not retriable to its sinks
+// (TestConcurrentTransactionsRetriedQuickly).
 const concurrentTxnBackoff = 500 * time.Microsecond
 
 // txnVersionOpts keep the transactional producer on transactions version 1

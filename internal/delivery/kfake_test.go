@@ -352,15 +352,29 @@ func TestProducerUnderBrokerFaults(t *testing.T) {
 				var n atomic.Int64
 				stop := make(chan struct{})
 				done := make(chan struct{})
+				// The first shuffle comes with the first produce request,
+				// then one every 20 ms: a quick run (300 transactions can
+				// take under 20 ms) still meets a leader change.
+				producing := make(chan struct{})
+				var once sync.Once
+				c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+					once.Do(func() { close(producing) }) // an unhandled request keeps its control
+					return nil, nil, false
+				})
 				go func() {
 					defer close(done)
+					select {
+					case <-stop:
+						return
+					case <-producing:
+					}
 					for {
+						c.ShufflePartitionLeaders()
+						n.Add(1)
 						select {
 						case <-stop:
 							return
 						case <-time.After(20 * time.Millisecond):
-							c.ShufflePartitionLeaders()
-							n.Add(1)
 						}
 					}
 				}()
