@@ -100,8 +100,8 @@ func NewTransactional(cfg config.Kafka, m *Metrics, tm *TxnMetrics, log *slog.Lo
 // 0.5 ms 2.9 ms (issue 36 §2; quiet machine, back to back, two runs each:
 // more than the interval's average share, as a late commit also delays the
 // events that queue behind it). A retry is one small request to the
-// coordinator: about one a millisecond while a busy pipeline waits for the
-// markers; franz-go raises the interval to 200 ms after 1 s of refusals.
+// coordinator, one every interval plus a round trip while a busy pipeline
+// waits for the markers (not measured as a rate); franz-go raises the interval to 200 ms after 1 s of refusals.
 // The loop is franz-go's CONCURRENT_TRANSACTIONS loop, which it takes only
 // because the error is not retriable to its sinks
 // (TestConcurrentTransactionsRetriedQuickly).

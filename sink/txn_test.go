@@ -361,7 +361,7 @@ func TestTransactionRetriesConcurrentTransactionsItself(t *testing.T) {
 
 // TestConcurrentTransactionsRetriedQuickly: the first partition of each
 // Kafka transaction is refused with CONCURRENT_TRANSACTIONS until the
-// previous commit's markers are written (2–3 ms on a local broker), and
+// previous commit's markers are written (a few ms on a local broker), and
 // up to the retry interval is added to nearly every commit's latency: at
 // 2 ms the exactly-once p50 at 1,000 events/s was 5.6 ms, at 0.5 ms 2.9 ms
 // (issue 36 §2). The interval must stay at a millisecond or less, and it
